@@ -1,0 +1,138 @@
+"""Composition root of the router: builds every part once and wires them.
+
+Request path: `serving.OpenAIServing` (validate, tokenize, shape responses)
+→ `pd.Orchestrator` (prefill pod, then decode pod, with retries and KV
+release) → `pods.PodPool` (health, load, pod choice) → gRPC to the engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.router.config import RouterSettings
+from services.router.errors import OpenAIError, install_error_handlers
+from services.router.metrics import RouterMetrics
+from services.router.pd import Orchestrator
+from services.router.pods import EnginePod, PodPool
+from services.router.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.serving import ModelCard, OpenAIServing
+from services.router.tokenizer import ChatTokenizer
+
+log = logging.getLogger("tandem.router")
+_STARTUP_WAIT_S = 600.0
+
+
+class RequestAccounting:
+    """ASGI middleware: stamps each request's arrival (for the overhead metric)
+    and counts responses by path and status. Pure ASGI, so streaming responses
+    and client disconnects pass through untouched."""
+
+    def __init__(self, app, metrics: RouterMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        scope.setdefault("state", {})["arrival"] = time.perf_counter()
+
+        async def send_counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(scope["path"], str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, send_counted)
+
+
+async def _model_card(pool: PodPool, settings: RouterSettings) -> tuple[ModelCard, str]:
+    """Ask the engines what they serve (waiting for the first to answer)."""
+    deadline = time.monotonic() + _STARTUP_WAIT_S
+    while True:
+        for pod in pool.pods:
+            try:
+                info = await pod.model_info(timeout=2.0)
+            except grpc.aio.AioRpcError:
+                continue
+            name = settings.served_model_name or info.served_model_name
+            return ModelCard(name=name, max_model_len=info.max_model_len,
+                             created=int(time.time())), info.model_path
+        if time.monotonic() > deadline:
+            raise RuntimeError("no engine pod answered GetModelInfo; are they running?")
+        log.info("waiting for engine pods %s", [p.address for p in pool.pods])
+        await asyncio.sleep(1.0)
+
+
+def create_app(settings: RouterSettings) -> FastAPI:
+    metrics = RouterMetrics()
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # gRPC channels belong to the serving event loop: create them here.
+        pods = ([EnginePod(a, "prefill", metrics) for a in settings.prefill]
+                + [EnginePod(a, "decode", metrics) for a in settings.decode]
+                + [EnginePod(a, "both", metrics) for a in settings.engines])
+        pool = state["pool"] = PodPool(pods, settings.poll_interval_s)
+        orchestrator = Orchestrator(pool, metrics)
+        card, engine_model_path = await _model_card(pool, settings)
+        model_dir = Path(settings.model or engine_model_path)
+        tokenizer = await asyncio.to_thread(ChatTokenizer, model_dir)
+        await pool.poll_once()
+        pool.start()
+        state["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
+                                         settings.request_timeout_s)
+        log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s)",
+                 settings.host, settings.port, card.name, settings.prefill, settings.decode,
+                 settings.engines)
+        yield
+        await orchestrator.drain_background()
+        await pool.close()
+
+    app = FastAPI(title="Tandem router", lifespan=lifespan)
+    app.add_middleware(RequestAccounting, metrics=metrics)
+    install_error_handlers(app)
+
+    def serving() -> OpenAIServing:
+        return state["serving"]
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        return await serving().chat(request, body)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest):
+        return await serving().completions(request, body)
+
+    @app.get("/v1/models")
+    async def models():
+        return serving().models()
+
+    @app.get("/health")
+    async def health():
+        pool: PodPool = state["pool"]
+        ready = {role: sum(p.available for p in pool.of_role(role))
+                 for role in ("prefill", "decode", "both")}
+        can_serve = ready["decode"] > 0 or ready["both"] > 0
+        body = {"status": "ok" if can_serve else "unavailable", "pods": {
+            p.address: {"role": p.role, "healthy": p.state.healthy,
+                        "draining": p.state.draining, "in_flight": p.state.in_flight}
+            for p in pool.pods}}
+        return JSONResponse(body, status_code=200 if can_serve else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+__all__ = ["create_app", "OpenAIError"]

@@ -1,0 +1,98 @@
+"""Router settings: one object, built from flags (each also read from an
+environment variable ``TANDEM_ROUTER_<NAME>``), validated once at start."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+
+def _env(name: str, default):
+    return os.environ.get(f"TANDEM_ROUTER_{name.upper()}", default)
+
+
+def _addresses(values: list[str] | None) -> list[str]:
+    """Accept repeated flags and comma-separated lists alike."""
+    out: list[str] = []
+    for value in values or []:
+        out.extend(a.strip() for a in value.split(",") if a.strip())
+    return out
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    prefill: list[str] = field(default_factory=list)
+    decode: list[str] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)
+    model: str | None = None
+    served_model_name: str | None = None
+    poll_interval_s: float = 1.0
+    request_timeout_s: float = 600.0
+    shutdown_grace_s: float = 30.0
+
+    def validate(self) -> None:
+        if not (self.decode or self.engines):
+            raise ValueError("no engine pods: give --decode (with --prefill for P/D) "
+                             "or --engine for aggregated engines")
+        if self.prefill and not self.decode:
+            raise ValueError("--prefill needs at least one --decode pod to hand KV to")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port {self.port}: not a TCP port")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem-router",
+        description=(
+            "Tandem router: the OpenAI-compatible HTTP entry point "
+            "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics). "
+            "Tokenizes once with the model's chat template and sends token ids over "
+            "gRPC: Prefill on a prefill pod, then Generate on a decode pod with the "
+            "KV hand-off parameters. Pods are host:port gRPC addresses."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--host", default=_env("host", "127.0.0.1"), help="HTTP listen address")
+    parser.add_argument("--port", type=int, default=int(_env("port", 8000)), help="HTTP port")
+    parser.add_argument("--prefill", action="append",
+                        default=[_env("prefill", "")] if _env("prefill", "") else None,
+                        help="prefill pod gRPC address (repeat or comma-separate)")
+    parser.add_argument("--decode", action="append",
+                        default=[_env("decode", "")] if _env("decode", "") else None,
+                        help="decode pod gRPC address (repeat or comma-separate)")
+    parser.add_argument("--engine", action="append", dest="engines",
+                        default=[_env("engines", "")] if _env("engines", "") else None,
+                        help="aggregated engine (role both) gRPC address; serves whole "
+                        "requests without a P/D split")
+    parser.add_argument("--model", default=_env("model", None),
+                        help="model folder for the tokenizer and chat template "
+                        "(default: the bundled SmolLM2-135M-Instruct)")
+    parser.add_argument("--served-model-name", default=_env("served_model_name", None),
+                        help="model name clients send (default: the engines' name)")
+    parser.add_argument("--poll-interval", type=float, dest="poll_interval_s",
+                        default=float(_env("poll_interval", 1.0)),
+                        help="seconds between health/load polls of each pod")
+    parser.add_argument("--request-timeout", type=float, dest="request_timeout_s",
+                        default=float(_env("request_timeout", 600)),
+                        help="seconds a request may take end to end")
+    parser.add_argument("--shutdown-grace", type=float, dest="shutdown_grace_s",
+                        default=float(_env("shutdown_grace", 30)),
+                        help="on SIGTERM, seconds in-flight requests may finish")
+    return parser
+
+
+def parse_settings(argv: list[str] | None = None) -> RouterSettings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settings = RouterSettings(
+        host=args.host, port=args.port, prefill=_addresses(args.prefill),
+        decode=_addresses(args.decode), engines=_addresses(args.engines), model=args.model,
+        served_model_name=args.served_model_name, poll_interval_s=args.poll_interval_s,
+        request_timeout_s=args.request_timeout_s, shutdown_grace_s=args.shutdown_grace_s)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return settings

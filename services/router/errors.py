@@ -1,0 +1,84 @@
+"""OpenAI-format errors, mapped from exceptions in one place.
+
+Every error leaves the router as ``{"error": {"message", "type", "param",
+"code"}}`` with the status OpenAI's API uses for the case — never a stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("tandem.router")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+          404: "invalid_request_error", 405: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error",
+          499: "invalid_request_error", 500: "server_error",
+          502: "server_error", 503: "service_unavailable", 504: "timeout"}
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def sse(self) -> str:
+        """The error as a server-sent event, for failures after streaming began."""
+        return f"data: {json.dumps(self.body())}\n\n"
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {first.get('msg', '')}".rstrip(": "), None
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "missing":
+        return f"'{param}' is a required property", param
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai(_: Request, exc: OpenAIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return bad_request(message, param=param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        return OpenAIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return OpenAIError(500, f"internal error: {type(exc).__name__}").response()

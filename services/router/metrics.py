@@ -1,0 +1,39 @@
+"""The router's Prometheus metrics, created once and passed where needed."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                 0.1, 0.25, 0.5, 1.0)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("tandem_router_requests_total",
+                                "HTTP requests by endpoint and status", ["endpoint", "status"],
+                                registry=r)
+        self.overhead = Histogram("tandem_router_overhead_seconds",
+                                  "Router's own added latency: request in to first gRPC call out",
+                                  buckets=_FAST_BUCKETS, registry=r)
+        self.ttft = Histogram("tandem_router_ttft_seconds",
+                              "Time to first token as the router sees it", registry=r)
+        self.pod_in_flight = Gauge("tandem_router_pod_in_flight",
+                                   "Requests the router has in flight per pod", ["pod", "role"],
+                                   registry=r)
+        self.pod_healthy = Gauge("tandem_router_pod_healthy",
+                                 "1 if the pod passes health checks", ["pod", "role"], registry=r)
+        self.retries = Counter("tandem_router_retries_total",
+                               "Requests retried on another pod before the first byte, by stage",
+                               ["stage"], registry=r)
+        self.local_prefill = Counter("tandem_router_local_prefill_total",
+                                     "Requests whose prompt the decode pod computed itself, "
+                                     "by reason", ["reason"], registry=r)
+        self.kv_released = Counter("tandem_router_kv_released_total",
+                                   "Prefill KV leases released early (decode failed or client "
+                                   "left)", registry=r)
+        self.client_disconnects = Counter("tandem_router_client_disconnects_total",
+                                          "Requests aborted because the client went away",
+                                          registry=r)

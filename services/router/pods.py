@@ -1,0 +1,131 @@
+"""Engine pods as the router sees them: a gRPC channel each, health and load
+refreshed by polling, and the router's own exact in-flight count per pod.
+
+The choice among pods is the simplest correct one — fewest requests in flight
+(the router's count plus the engine's queue), ties broken round-robin — and
+sits in `PodPool.pick`, the one place a smarter policy plugs in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.router.metrics import RouterMetrics
+from tandem.proto import engine_pb2 as pb
+from tandem.proto import engine_pb2_grpc as pb_grpc
+
+log = logging.getLogger("tandem.router")
+
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
+                    ("grpc.max_send_message_length", 64 << 20),
+                    ("grpc.keepalive_time_ms", 10_000),
+                    ("grpc.keepalive_timeout_ms", 5_000)]
+
+
+@dataclass
+class PodState:
+    healthy: bool = False
+    draining: bool = False
+    waiting: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    in_flight: int = 0  # the router's own count: exact, no polling lag
+
+
+class EnginePod:
+    def __init__(self, address: str, role: str, metrics: RouterMetrics) -> None:
+        self.address = address
+        self.role = role  # "prefill", "decode" or "both"
+        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stub = pb_grpc.EngineStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self.state = PodState()
+        self._metrics = metrics
+
+    @property
+    def available(self) -> bool:
+        return self.state.healthy and not self.state.draining
+
+    def acquire(self) -> None:
+        self.state.in_flight += 1
+        self._metrics.pod_in_flight.labels(self.address, self.role).set(self.state.in_flight)
+
+    def release(self) -> None:
+        self.state.in_flight -= 1
+        self._metrics.pod_in_flight.labels(self.address, self.role).set(self.state.in_flight)
+
+    def mark_unhealthy(self, why: str) -> None:
+        if self.state.healthy:
+            log.warning("pod %s (%s) marked unhealthy: %s", self.address, self.role, why)
+        self.state.healthy = False
+        self._metrics.pod_healthy.labels(self.address, self.role).set(0)
+
+    async def poll(self, timeout: float) -> None:
+        try:
+            reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""),
+                                             timeout=timeout)
+            load = await self.stub.GetLoad(pb.GetLoadRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            self.mark_unhealthy(exc.code().name)
+            return
+        healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
+        if healthy and not self.state.healthy:
+            log.info("pod %s (%s) is healthy", self.address, self.role)
+        if not healthy:
+            self.mark_unhealthy("health check says NOT_SERVING")
+        self.state.healthy = healthy
+        self.state.draining = load.draining
+        self.state.waiting, self.state.running = load.waiting, load.running
+        self.state.kv_cache_usage = load.kv_cache_usage
+        self._metrics.pod_healthy.labels(self.address, self.role).set(int(healthy))
+
+    async def model_info(self, timeout: float) -> pb.GetModelInfoResponse:
+        return await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class PodPool:
+    def __init__(self, pods: list[EnginePod], poll_interval_s: float) -> None:
+        self.pods = pods
+        self._poll_interval_s = poll_interval_s
+        self._rr = itertools.count()
+        self._poller: asyncio.Task | None = None
+
+    def of_role(self, *roles: str) -> list[EnginePod]:
+        return [p for p in self.pods if p.role in roles]
+
+    def pick(self, role: str, exclude: set[str] = frozenset()) -> EnginePod | None:
+        """An available pod of the role with the least work, or None."""
+        candidates = [p for p in self.of_role(role)
+                      if p.available and p.address not in exclude]
+        if not candidates:
+            return None
+        start = next(self._rr)
+        order = {p.address: (i - start) % len(candidates) for i, p in enumerate(candidates)}
+        return min(candidates, key=lambda p: (p.state.in_flight + p.state.waiting,
+                                              order[p.address]))
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(p.poll(timeout=max(self._poll_interval_s, 1.0))
+                               for p in self.pods))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self._poll_interval_s)
+
+    def start(self) -> None:
+        self._poller = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._poller:
+            self._poller.cancel()
+        await asyncio.gather(*(p.close() for p in self.pods), return_exceptions=True)

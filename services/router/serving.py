@@ -1,0 +1,265 @@
+"""OpenAI chat and completions endpoints over the orchestrator.
+
+The two families differ only in how the prompt is tokenized and how results
+are shaped; both run the same `Orchestrator.stream` and share the streaming
+and non-streaming assembly here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from services.router.errors import OpenAIError, bad_request
+from services.router.metrics import RouterMetrics
+from services.router.pd import EngineRequest, Orchestrator
+from services.router.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from services.router.tokenizer import ChatTokenizer
+from tandem.proto import engine_pb2 as pb
+
+
+@dataclass
+class ModelCard:
+    name: str
+    max_model_len: int
+    created: int
+
+
+def sampling_params(body: SamplingFields, max_tokens: int) -> pb.SamplingParams:
+    params = pb.SamplingParams(max_tokens=max_tokens, stop=body.stop or [],
+                               stop_token_ids=body.stop_token_ids or [],
+                               ignore_eos=body.ignore_eos, skip_special_tokens=True)
+    for name in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+                 "presence_penalty", "repetition_penalty", "min_tokens", "seed"):
+        value = getattr(body, name)
+        if value is not None:
+            setattr(params, name, value)
+    return params
+
+
+def _usage(usage: pb.Usage) -> dict:
+    return {"prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+async def _until_disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class OpenAIServing:
+    def __init__(self, card: ModelCard, tokenizer: ChatTokenizer,
+                 orchestrator: Orchestrator, metrics: RouterMetrics,
+                 request_timeout_s: float) -> None:
+        self.card = card
+        self._tokenizer = tokenizer
+        self._orchestrator = orchestrator
+        self._metrics = metrics
+        self._timeout_s = request_timeout_s
+
+    # -- shared ------------------------------------------------------------
+    def _check_model(self, body: SamplingFields) -> None:
+        if body.model != self.card.name:
+            raise OpenAIError(404, f"The model '{body.model}' does not exist; this server "
+                              f"serves '{self.card.name}'", param="model",
+                              code="model_not_found")
+
+    def _engine_request(self, prefix: str, request: Request, body: SamplingFields,
+                        token_ids: list[int]) -> EngineRequest:
+        limit = self.card.max_model_len
+        if len(token_ids) >= limit:
+            raise bad_request(f"This model's maximum context length is {limit} tokens; "
+                              f"the prompt has {len(token_ids)} tokens", param="messages",
+                              code="context_length_exceeded")
+        max_tokens = body.max_tokens or (limit - len(token_ids))
+        if len(token_ids) + max_tokens > limit:
+            raise bad_request(f"This model's maximum context length is {limit} tokens; "
+                              f"you requested {len(token_ids) + max_tokens} "
+                              f"({len(token_ids)} in the prompt, {max_tokens} to generate)",
+                              param="max_tokens", code="context_length_exceeded")
+        return EngineRequest(request_id=f"{prefix}-{uuid.uuid4().hex}", token_ids=token_ids,
+                             sampling=sampling_params(body, max_tokens),
+                             cache_salt=body.cache_salt,
+                             arrival=request.state.arrival)
+
+    async def _respond(self, request: Request, body: SamplingFields, ereq: EngineRequest,
+                       shape: "_Shape") -> JSONResponse | StreamingResponse:
+        if not body.stream:
+            return JSONResponse(await self._until_done_or_gone(request, self._collect(ereq, shape)))
+        # Wait for the first message before answering, so that errors before
+        # the first byte (no pod, invalid input) keep their HTTP status.
+        stream = self._orchestrator.stream(ereq)
+        try:
+            first = await self._until_done_or_gone(request, anext(stream))
+        except StopAsyncIteration:
+            raise OpenAIError(502, "the decode pod ended the stream without output") from None
+        except BaseException:
+            await stream.aclose()
+            raise
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(self._sse(ereq, shape, first, stream, include_usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def _until_done_or_gone(self, request: Request, work):
+        """Await `work`, cancelling it (which aborts it on the engines) if the
+        client disconnects or the request outlives its timeout."""
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(_until_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({task, watch}, timeout=self._timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not task.done():
+                task.cancel()
+        if task in done:
+            return task.result()
+        if watch in done:
+            self._metrics.client_disconnects.inc()
+            raise OpenAIError(499, "client closed the request")
+        raise OpenAIError(504, f"request took longer than {self._timeout_s:.0f}s")
+
+    async def _collect(self, ereq: EngineRequest, shape: "_Shape") -> dict:
+        text: list[str] = []
+        final = None
+        async for message in self._orchestrator.stream(ereq):
+            text.append(message.text)
+            if message.finish_reason:
+                final = message
+        if final is None:
+            raise OpenAIError(502, "the decode pod ended the stream without a final message")
+        return shape.whole(ereq.request_id, "".join(text), final.finish_reason,
+                           _usage(final.usage))
+
+    async def _sse(self, ereq: EngineRequest, shape: "_Shape", first: pb.GenerateResponse,
+                   rest: AsyncIterator[pb.GenerateResponse],
+                   include_usage: bool) -> AsyncIterator[str]:
+        def event(payload: dict) -> str:
+            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+        async def messages():
+            yield first
+            async for message in rest:
+                yield message
+
+        try:
+            if shape.opening is not None:
+                yield event(shape.opening(ereq.request_id))
+            async with asyncio.timeout(self._timeout_s):
+                async for message in messages():
+                    if message.text or message.finish_reason:
+                        yield event(shape.delta(ereq.request_id, message.text,
+                                                message.finish_reason or None))
+                    if message.finish_reason and include_usage:
+                        yield event(shape.usage_chunk(ereq.request_id, _usage(message.usage)))
+        except OpenAIError as exc:
+            yield exc.sse()
+        except TimeoutError:
+            yield OpenAIError(504, f"request took longer than {self._timeout_s:.0f}s").sse()
+        except (asyncio.CancelledError, GeneratorExit):
+            self._metrics.client_disconnects.inc()
+            raise
+        finally:
+            await rest.aclose()
+        yield "data: [DONE]\n\n"
+
+    # -- endpoints ---------------------------------------------------------
+    async def chat(self, request: Request, body: ChatCompletionRequest):
+        self._check_model(body)
+        try:
+            messages = body.template_messages()
+        except ValueError as exc:
+            raise bad_request(str(exc), param="messages") from None
+        token_ids = await self._tokenizer.chat_async(messages)
+        ereq = self._engine_request("chatcmpl", request, body, token_ids)
+        return await self._respond(request, body, ereq, _ChatShape(self.card))
+
+    async def completions(self, request: Request, body: CompletionRequest):
+        self._check_model(body)
+        if isinstance(body.prompt, str):
+            token_ids = await self._tokenizer.prompt_async(body.prompt)
+        else:
+            token_ids = list(body.prompt)
+            if any(not isinstance(t, int) or t < 0 for t in token_ids):
+                raise bad_request("prompt token ids must be non-negative integers",
+                                  param="prompt")
+        ereq = self._engine_request("cmpl", request, body, token_ids)
+        return await self._respond(request, body, ereq, _CompletionShape(self.card))
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{
+            "id": self.card.name, "object": "model", "created": self.card.created,
+            "owned_by": "tandem", "max_model_len": self.card.max_model_len}]}
+
+
+class _Shape:
+    """How one API family shapes whole responses and stream chunks."""
+
+    opening: Callable[[str], dict] | None = None
+
+    def __init__(self, card: ModelCard) -> None:
+        self.card = card
+        self.created = int(time.time())
+
+    def _base(self, request_id: str, obj: str) -> dict:
+        return {"id": request_id, "object": obj, "created": self.created,
+                "model": self.card.name}
+
+    def whole(self, request_id: str, text: str, finish_reason: str, usage: dict) -> dict:
+        raise NotImplementedError
+
+    def delta(self, request_id: str, text: str, finish_reason: str | None) -> dict:
+        raise NotImplementedError
+
+    def usage_chunk(self, request_id: str, usage: dict) -> dict:
+        raise NotImplementedError
+
+
+class _ChatShape(_Shape):
+    def whole(self, request_id, text, finish_reason, usage):
+        return {**self._base(request_id, "chat.completion"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": None, "finish_reason": finish_reason}],
+                "usage": usage}
+
+    def opening(self, request_id):
+        return {**self._base(request_id, "chat.completion.chunk"),
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None}]}
+
+    def delta(self, request_id, text, finish_reason):
+        return {**self._base(request_id, "chat.completion.chunk"),
+                "choices": [{"index": 0, "delta": {"content": text} if text else {},
+                             "logprobs": None, "finish_reason": finish_reason}]}
+
+    def usage_chunk(self, request_id, usage):
+        return {**self._base(request_id, "chat.completion.chunk"), "choices": [],
+                "usage": usage}
+
+
+class _CompletionShape(_Shape):
+    def whole(self, request_id, text, finish_reason, usage):
+        return {**self._base(request_id, "text_completion"),
+                "choices": [{"index": 0, "text": text, "logprobs": None,
+                             "finish_reason": finish_reason}],
+                "usage": usage}
+
+    def delta(self, request_id, text, finish_reason):
+        return {**self._base(request_id, "text_completion"),
+                "choices": [{"index": 0, "text": text, "logprobs": None,
+                             "finish_reason": finish_reason}]}
+
+    def usage_chunk(self, request_id, usage):
+        return {**self._base(request_id, "text_completion"), "choices": [], "usage": usage}
