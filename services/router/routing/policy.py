@@ -1,0 +1,239 @@
+"""Choosing pods: pure math, no I/O, the current time passed in.
+
+Input: one ``PodView`` per pod (health, load, and how many of this request's
+tokens the prefix index predicts it has cached), the request's size and
+session binding. Output: a ``Choice`` with the decode pod (or the one
+aggregated pod), an optional prefill pod, and a reason for metrics and logs.
+
+Cost model (the default policy, ``cost``), in *token-equivalents* so cache
+hits and queues compare directly; ``prefill_tokens_per_s`` turns it into a
+predicted TTFT:
+
+    cost(pod) = uncached prompt tokens on pod
+              + pending prefill tokens already routed to pod (all replicas)
+              + request_cost_tokens x max(router in-flight, engine running + waiting)
+              + kv_pressure_tokens x how far KV usage is above the high watermark
+
+Stickiness: a session's bound pod keeps it unless its cost exceeds the best
+other pod's cost plus the cost of moving the session, ``stickiness_margin_tokens``
+plus ``move_cost_factor`` x the session prefix the bound pod holds and the
+other does not (KV that would be rebuilt and duplicated). A bound pod that
+lost the session's blocks (evicted under KV pressure) has little to lose, so
+the session moves where load is lower: affinity never outweighs capacity.
+
+New sessions with nothing cached anywhere go to their consistent-hash home
+with bounded loads; a fork of a cached context goes where its prefix is.
+
+P/D (XpYd): the decode pod is chosen first (stickiness, load, KV pressure, the
+prefix it already holds weighted by ``transfer_weight`` since it arrives over
+NIXL rather than being computed); then, unless the part the decode pod lacks
+is below ``remote_prefill_threshold`` tokens (the decode pod prefills it
+locally), the prefill pod with the lowest prefill cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.router.routing.hashring import bounded_load_choice
+
+POLICIES = ("cost", "round-robin", "least-load", "prefix", "session")
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    role: str = "both"  # "prefill", "decode" or "both"
+    available: bool = True  # healthy, not draining, circuit closed
+    in_flight: int = 0  # requests routed there and not finished (all replicas)
+    pending_prefill_tokens: int = 0  # uncached tokens routed there, prefill not done
+    running: int = 0  # engine-reported
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    cached_tokens: int = 0  # predicted prefix hit for this request
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where a session's previous turn went."""
+    pod: str  # decode pod (or aggregated pod)
+    prefill_pod: str | None = None
+
+
+@dataclass(frozen=True)
+class RouteInput:
+    num_tokens: int
+    pods: Sequence[PodView]
+    session: str | None = None
+    binding: Binding | None = None
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    pod: str  # decode pod, or the aggregated pod
+    prefill_pod: str | None
+    reason: str
+    predicted_cached_tokens: int  # on the pod that computes the prompt
+    predicted_ttft_s: float
+    costs: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    policy: str = "cost"
+    prefill_tokens_per_s: float = 2_000.0
+    request_cost_tokens: float = 64.0
+    kv_high_watermark: float = 0.9
+    kv_pressure_tokens: float = 4_096.0
+    stickiness_margin_tokens: float = 256.0
+    move_cost_factor: float = 0.5
+    load_bound_factor: float = 1.25
+    remote_prefill_threshold: int = 256
+    transfer_weight: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"routing policy {self.policy!r}: choose one of {POLICIES}")
+        if self.prefill_tokens_per_s <= 0:
+            raise ValueError("prefill_tokens_per_s must be positive")
+        if not 0 < self.kv_high_watermark <= 1:
+            raise ValueError("kv_high_watermark must be in (0, 1]")
+        if self.load_bound_factor < 1:
+            raise ValueError("load_bound_factor must be >= 1")
+
+
+class NoPodAvailable(RuntimeError):
+    pass
+
+
+def load_tokens(pod: PodView, s: PolicySettings) -> float:
+    """Work queued on the pod ahead of a new request, in token-equivalents."""
+    queued = max(pod.in_flight, pod.running + pod.waiting)
+    cost = pod.pending_prefill_tokens + s.request_cost_tokens * queued
+    if pod.kv_cache_usage > s.kv_high_watermark:
+        over = (pod.kv_cache_usage - s.kv_high_watermark) / max(1e-9, 1 - s.kv_high_watermark)
+        cost += s.kv_pressure_tokens * min(1.0, over)
+    return cost
+
+
+def prefill_cost(pod: PodView, num_tokens: int, s: PolicySettings) -> float:
+    return max(0, num_tokens - pod.cached_tokens) + load_tokens(pod, s)
+
+
+def ttft_s(cost: float, s: PolicySettings) -> float:
+    return cost / s.prefill_tokens_per_s
+
+
+class Policy:
+    """The selectable policies behind one call. Holds only a round-robin cursor."""
+
+    def __init__(self, settings: PolicySettings) -> None:
+        self.settings = settings
+        self._cursor = 0
+
+    def choose(self, req: RouteInput) -> Choice:
+        s = self.settings
+        prefill = [p for p in req.pods if p.available and p.role == "prefill"]
+        decode = [p for p in req.pods if p.available and p.role in ("decode", "both")]
+        if not decode:
+            raise NoPodAvailable("no available decode or aggregated pod")
+        split = any(p.role == "prefill" for p in req.pods)
+        if not split:
+            return self._choose_one(req, decode, weight=1.0)
+        # P/D: decode first. Its missing prefix arrives by transfer, so it weighs less.
+        chosen = self._choose_one(req, decode, weight=s.transfer_weight)
+        d = next(p for p in decode if p.name == chosen.pod)
+        missing = req.num_tokens - d.cached_tokens
+        if missing < s.remote_prefill_threshold or not prefill:
+            why = ("short-uncached" if missing < s.remote_prefill_threshold
+                   else "no-prefill-pod")
+            cost = prefill_cost(d, req.num_tokens, s)
+            return Choice(d.name, None, f"{chosen.reason}+local-prefill:{why}",
+                          d.cached_tokens, ttft_s(cost, s), chosen.costs)
+        p, reason = self._choose_prefill(req, prefill)
+        cost = prefill_cost(p, req.num_tokens, s)
+        return Choice(d.name, p.name, f"{chosen.reason}+{reason}", p.cached_tokens,
+                      ttft_s(cost, s), chosen.costs)
+
+    # ----- one pool ----------------------------------------------------------
+    def _choose_one(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Choice:
+        s = self.settings
+        costs = {p.name: weight * max(0, req.num_tokens - p.cached_tokens) + load_tokens(p, s)
+                 for p in pods}
+        by_name = {p.name: p for p in pods}
+
+        def done(name: str, reason: str) -> Choice:
+            pod = by_name[name]
+            cost = prefill_cost(pod, req.num_tokens, s)
+            return Choice(name, None, reason, pod.cached_tokens, ttft_s(cost, s), costs)
+
+        least = min(pods, key=lambda p: (costs[p.name] if s.policy == "cost"
+                                         else load_tokens(p, s), p.name))
+        if s.policy == "round-robin":
+            ordered = sorted(pods, key=lambda p: p.name)
+            pod = ordered[self._cursor % len(ordered)]
+            self._cursor += 1
+            return done(pod.name, "round-robin")
+        if s.policy == "least-load":
+            return done(least.name, "least-load")
+        if s.policy == "prefix":
+            best = max(pods, key=lambda p: (p.cached_tokens, -load_tokens(p, s), p.name))
+            return done(best.name, "prefix-hit" if best.cached_tokens else "prefix-miss")
+
+        bound = req.binding.pod if req.binding else None
+        if bound is not None and bound not in by_name:
+            bound_reason = "rebind-unavailable"
+            bound = None
+        else:
+            bound_reason = None
+
+        if s.policy == "session":
+            if bound is not None:
+                return done(bound, "sticky")
+            return self._new_session(req, pods, costs, done, bound_reason, use_cost=False)
+
+        # cost (default)
+        if bound is not None:
+            others = [p for p in pods if p.name != bound]
+            if not others:
+                return done(bound, "sticky")
+            best = min(others, key=lambda p: (costs[p.name], p.name))
+            held = by_name[bound].cached_tokens
+            move_cost = (s.stickiness_margin_tokens
+                         + s.move_cost_factor * max(0, held - best.cached_tokens))
+            if costs[bound] <= costs[best.name] + move_cost:
+                return done(bound, "sticky")
+            return done(best.name, "sticky-yielded")
+        return self._new_session(req, pods, costs, done, bound_reason, use_cost=True)
+
+    def _new_session(self, req, pods, costs, done, bound_reason, use_cost: bool) -> Choice:
+        s = self.settings
+        prefix = bound_reason or "new"
+        cached = max(pods, key=lambda p: (p.cached_tokens, -costs[p.name], p.name))
+        if use_cost and cached.cached_tokens > 0:
+            best = min(pods, key=lambda p: (costs[p.name], p.name))
+            return done(best.name, f"{prefix}-prefix" if best.cached_tokens else f"{prefix}-cost")
+        if req.session is None:
+            best = min(pods, key=lambda p: (costs[p.name] if use_cost else load_tokens(p, s),
+                                            p.name))
+            return done(best.name, f"{prefix}-least-cost")
+        loads = {p.name: float(max(p.in_flight, p.running + p.waiting)) for p in pods}
+        name, spilled = bounded_load_choice(req.session, [p.name for p in pods], loads,
+                                            s.load_bound_factor)
+        return done(name, f"{prefix}-hash-spill" if spilled else f"{prefix}-hash")
+
+    def _choose_prefill(self, req: RouteInput, pods: Sequence[PodView]) -> tuple[PodView, str]:
+        s = self.settings
+        if s.policy == "round-robin":
+            ordered = sorted(pods, key=lambda p: p.name)
+            pod = ordered[self._cursor % len(ordered)]
+            return pod, "prefill-round-robin"
+        if s.policy == "least-load":
+            return min(pods, key=lambda p: (load_tokens(p, s), p.name)), "prefill-least-load"
+        if (s.policy == "session" and req.binding and req.binding.prefill_pod
+                and any(p.name == req.binding.prefill_pod for p in pods)):
+            return next(p for p in pods if p.name == req.binding.prefill_pod), "prefill-sticky"
+        best = min(pods, key=lambda p: (prefill_cost(p, req.num_tokens, s), p.name))
+        return best, "prefill-overlap" if best.cached_tokens else "prefill-load"

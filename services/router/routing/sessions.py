@@ -1,0 +1,154 @@
+"""Who a request belongs to, and its tokens without re-tokenizing the history.
+
+Session identity, first match wins: the configured header (default
+``x-session-id``), the OpenAI ``user`` field, else a key derived from the
+conversation's opening messages (its system prompt and first user message), so
+agents that send nothing still stick to one pod from turn to turn. Sub-agents
+that fork a parent's context with new opening messages get their own key and
+find the parent's pod through the prefix index instead.
+
+Incremental tokenization: each turn of a session renders the whole chat to
+text; a new turn usually extends the previous one. Tokenizers split text on
+special tokens before anything else, so the tokens up to the last special
+token inside the common prefix of the two texts are reused and only the rest
+is tokenized. Anything else (an edited history, a different template output)
+falls back to full tokenization. ``tests/router/routing/test_sessions.py``
+checks the result equals full tokenization.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_SESSION_HEADER = "x-session-id"
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    key: str
+    source: str  # "header", "user" or "derived"
+
+
+def session_key(headers: Mapping[str, str], body: Mapping[str, Any] | None,
+                header_name: str = DEFAULT_SESSION_HEADER) -> SessionKey | None:
+    """The request's session: header, else ``user``, else derived from messages."""
+    wanted = header_name.lower()
+    for name, value in headers.items():
+        if name.lower() == wanted and value:
+            return SessionKey(f"h:{value}", "header")
+    body = body or {}
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return SessionKey(f"u:{user}", "user")
+    derived = derive_session_key(body.get("messages"), body.get("prompt"))
+    return SessionKey(derived, "derived") if derived else None
+
+
+def derive_session_key(messages: Sequence[Mapping[str, Any]] | None,
+                       prompt: Any = None) -> str | None:
+    """A stable key from what every turn of one conversation repeats.
+
+    The system message(s) and the first user message are the opening of the
+    conversation and do not change as it grows. For raw completions the first
+    256 characters of the prompt play the same role.
+    """
+    opening: list[Any] = []
+    if messages:
+        for message in messages:
+            role = message.get("role")
+            opening.append([role, message.get("content")])
+            if role == "user":
+                break
+    elif isinstance(prompt, str) and prompt:
+        opening.append(prompt[:256])
+    if not opening:
+        return None
+    digest = hashlib.sha256(json.dumps(opening, sort_keys=True, default=str).encode())
+    return "d:" + digest.hexdigest()[:32]
+
+
+@dataclass
+class _Tokenized:
+    text: str
+    ids: list[int]
+    # (char offset just past a special token, number of tokens up to it), ascending.
+    cuts: list[tuple[int, int]]
+
+
+@dataclass
+class TokenizeStats:
+    full: int = 0
+    incremental: int = 0
+    reused_tokens: int = 0
+    tokenized_chars: int = 0
+
+
+class IncrementalTokenizer:
+    """Tokenizes a session's rendered chat text, reusing the previous turn's tokens.
+
+    ``tokenizer`` is a Hugging Face *fast* tokenizer (offsets are needed).
+    At most ``max_sessions`` sessions are remembered (least recently used out).
+    """
+
+    def __init__(self, tokenizer: Any, max_sessions: int = 10_000) -> None:
+        self._tok = tokenizer
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, _Tokenized] = OrderedDict()
+        self.stats = TokenizeStats()
+        # Split points are only safe after special tokens that do not swallow
+        # the whitespace following them.
+        decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self._cut_ids = {i for i, t in decoder.items()
+                         if getattr(t, "special", False) and not getattr(t, "rstrip", False)}
+
+    def render_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
+        return self._tok.apply_chat_template(messages, add_generation_prompt=True,
+                                             tokenize=False, **template_kwargs)
+
+    def encode(self, text: str, session: str | None = None) -> list[int]:
+        """Token ids of ``text`` (no special tokens added), as full tokenization gives."""
+        prev = self._sessions.get(session) if session is not None else None
+        result = self._encode_extending(prev, text) if prev is not None else None
+        if result is None:
+            result = self._encode_from(text, 0, [], [])
+            self.stats.full += 1
+        else:
+            self.stats.incremental += 1
+        if session is not None:
+            self._sessions[session] = result
+            self._sessions.move_to_end(session)
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+        return list(result.ids)
+
+    def forget(self, session: str) -> None:
+        self._sessions.pop(session, None)
+
+    def _encode_extending(self, prev: _Tokenized, text: str) -> _Tokenized | None:
+        common = len(os.path.commonprefix([prev.text, text]))
+        # The last split point fully inside the shared text.
+        i = bisect.bisect_right(prev.cuts, (common, float("inf"))) - 1
+        if i < 0:
+            return None
+        char_at, tokens_at = prev.cuts[i]
+        self.stats.reused_tokens += tokens_at
+        return self._encode_from(text, char_at, prev.ids[:tokens_at], prev.cuts[:i + 1])
+
+    def _encode_from(self, text: str, start: int, ids: list[int],
+                     cuts: list[tuple[int, int]]) -> _Tokenized:
+        enc = self._tok(text[start:], add_special_tokens=False, return_offsets_mapping=True)
+        new_ids = enc["input_ids"]
+        self.stats.tokenized_chars += len(text) - start
+        cuts = list(cuts)
+        base = len(ids)
+        for j, (tid, (_, end)) in enumerate(zip(new_ids, enc["offset_mapping"])):
+            if tid in self._cut_ids:
+                cuts.append((start + end, base + j + 1))
+        return _Tokenized(text, ids + list(new_ids), cuts)

@@ -1,0 +1,106 @@
+"""Routing settings: one object, flags to build it, validated once."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from services.router.routing.health import BreakerSettings
+from services.router.routing.policy import POLICIES, PolicySettings
+
+
+@dataclass(frozen=True)
+class KvEventSource:
+    pod: str  # the pod's gRPC address, as the router names pods
+    endpoint: str  # PUB endpoint, e.g. tcp://127.0.0.1:5701
+    replay_endpoint: str | None = None  # ROUTER endpoint, e.g. tcp://127.0.0.1:5702
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    block_size: int = 128
+    hash_algo: str = "sha256"
+    hash_seed: str | None = None  # None: PYTHONHASHSEED, else vLLM's fixed seed
+    index_capacity: int = 1_000_000
+    kv_events: tuple[KvEventSource, ...] = ()
+    kv_events_topic: str = "kv"
+    # Predicted entries: long-lived for pods without events, short for pods with
+    # events (only bridging the time until the engine's own events arrive).
+    predicted_ttl_s: float = 300.0
+    predicted_ttl_with_events_s: float = 5.0
+    session_header: str = "x-session-id"
+    redis_url: str | None = None
+    session_ttl_s: float = 3600.0
+    replica_id: str | None = None
+
+    def validate(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"--routing-block-size {self.block_size}: must be positive")
+        if self.index_capacity <= 0:
+            raise ValueError("--routing-index-capacity must be positive")
+        pods = [s.pod for s in self.kv_events]
+        if len(pods) != len(set(pods)):
+            raise ValueError("--kv-events names a pod twice")
+
+
+def parse_kv_event_source(text: str) -> KvEventSource:
+    """``POD=PUB_ENDPOINT[,REPLAY_ENDPOINT]``."""
+    pod, sep, rest = text.partition("=")
+    if not sep or not pod or not rest:
+        raise argparse.ArgumentTypeError(
+            f"--kv-events {text!r}: expected POD=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]")
+    endpoint, _, replay = rest.partition(",")
+    return KvEventSource(pod.strip(), endpoint.strip(), replay.strip() or None)
+
+
+def _env(name: str, default):
+    return os.environ.get(f"TANDEM_ROUTER_{name.upper()}", default)
+
+
+def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("routing")
+    g.add_argument("--routing-policy", choices=POLICIES, default=_env("routing_policy", "cost"),
+                   help="how pods are chosen: cost (prefix hits vs load, sticky sessions), "
+                        "round-robin, least-load, prefix (most cached), session (always sticky)")
+    g.add_argument("--kv-events", action="append", type=parse_kv_event_source, default=[],
+                   metavar="POD=PUB[,REPLAY]",
+                   help="subscribe to a pod's vLLM KV events (repeat per pod); pods without "
+                        "events get predicted index entries")
+    g.add_argument("--block-size", dest="routing_block_size", type=int,
+                   default=int(_env("block_size", 128)),
+                   help="engines' KV block size (must match --block-size of the engines)")
+    g.add_argument("--prefix-caching-hash-algo", dest="routing_hash_algo",
+                   choices=("sha256", "sha256_cbor"), default=_env("hash_algo", "sha256"),
+                   help="engines' --prefix-caching-hash-algo")
+    g.add_argument("--routing-index-capacity", type=int,
+                   default=int(_env("routing_index_capacity", 1_000_000)),
+                   help="most block hashes the prefix index keeps (LRU beyond)")
+    g.add_argument("--session-header", default=_env("session_header", "x-session-id"),
+                   help="request header naming the session (else `user`, else derived)")
+    g.add_argument("--redis-url", default=_env("redis_url", None),
+                   help="share session bindings and load with other router replicas")
+    g.add_argument("--remote-prefill-threshold", type=int,
+                   default=int(_env("remote_prefill_threshold", 256)),
+                   help="P/D: below this many uncached tokens the decode pod prefills locally")
+    g.add_argument("--prefill-tokens-per-s", type=float,
+                   default=float(_env("prefill_tokens_per_s", 2000.0)),
+                   help="a pod's prefill speed, to turn costs into predicted TTFT")
+
+
+def routing_settings_from_args(args: argparse.Namespace) -> RoutingSettings:
+    settings = RoutingSettings(
+        policy=PolicySettings(policy=args.routing_policy,
+                              remote_prefill_threshold=args.remote_prefill_threshold,
+                              prefill_tokens_per_s=args.prefill_tokens_per_s),
+        block_size=args.routing_block_size,
+        hash_algo=args.routing_hash_algo,
+        index_capacity=args.routing_index_capacity,
+        kv_events=tuple(args.kv_events),
+        session_header=args.session_header,
+        redis_url=args.redis_url,
+    )
+    settings.validate()
+    return settings
