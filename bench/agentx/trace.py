@@ -249,7 +249,9 @@ def _decode(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        kind = "truncated" if e.pos >= len(text.rstrip()) else "invalid"
+        truncated = (e.pos >= len(text.rstrip()) - 1
+                     or e.msg.startswith("Unterminated string"))
+        kind = "truncated" if truncated else "invalid"
         raise TraceError(f"{where}: {kind} JSON at line {e.lineno} column {e.colno}: "
                          f"{e.msg}") from None
 
