@@ -1,0 +1,135 @@
+"""Routing policy: pure math on dataclass inputs. No servers, no mocks."""
+
+from collections import Counter
+
+import pytest
+
+from services.router.routing.hashring import bounded_load_choice
+from services.router.routing.policy import (Binding, NoPodAvailable, PodView, Policy,
+                                            PolicySettings, RouteInput)
+
+
+def pol(name="cost", **kw):
+    return Policy(PolicySettings(policy=name, **kw))
+
+
+def pods(*specs):
+    return [PodView(**s) for s in specs]
+
+
+def test_sticky_when_comparable():
+    views = pods(dict(name="a", cached_tokens=3000, in_flight=2),
+                 dict(name="b", cached_tokens=0, in_flight=1))
+    c = pol().choose(RouteInput(4000, views, "s", Binding("a")))
+    assert (c.pod, c.reason) == ("a", "sticky")
+    assert c.predicted_cached_tokens == 3000
+
+
+def test_sticky_yields_when_bound_pod_is_much_worse():
+    # The bound pod has a long queue and holds little of the session any more
+    # (evicted under KV pressure): moving is cheaper than waiting.
+    views = pods(dict(name="a", cached_tokens=256, pending_prefill_tokens=20000, in_flight=8),
+                 dict(name="b", cached_tokens=0, in_flight=0))
+    c = pol().choose(RouteInput(4000, views, "s", Binding("a")))
+    assert (c.pod, c.reason) == ("b", "sticky-yielded")
+
+
+def test_sticky_keeps_big_cached_prefix_despite_moderate_queue():
+    views = pods(dict(name="a", cached_tokens=30000, in_flight=4, pending_prefill_tokens=2000),
+                 dict(name="b", cached_tokens=0))
+    assert pol().choose(RouteInput(31000, views, "s", Binding("a"))).pod == "a"
+
+
+def test_session_policy_never_yields_but_rebinds_unavailable():
+    views = pods(dict(name="a", pending_prefill_tokens=10**6),
+                 dict(name="b"))
+    assert pol("session").choose(RouteInput(100, views, "s", Binding("a"))).pod == "a"
+    views = pods(dict(name="a", available=False), dict(name="b"))
+    c = pol("session").choose(RouteInput(100, views, "s", Binding("a")))
+    assert c.pod == "b" and c.reason.startswith("rebind-unavailable")
+
+
+def test_new_session_follows_fork_prefix():
+    views = pods(dict(name="a", cached_tokens=0), dict(name="b", cached_tokens=2048))
+    c = pol().choose(RouteInput(2100, views, "child", None))
+    assert (c.pod, c.reason) == ("b", "new-prefix")
+
+
+def test_new_sessions_spread_by_consistent_hash_deterministically():
+    views = pods(dict(name="a"), dict(name="b"), dict(name="c"))
+    p = pol()
+    first = [p.choose(RouteInput(100, views, f"s{i}")).pod for i in range(300)]
+    second = [p.choose(RouteInput(100, views, f"s{i}")).pod for i in range(300)]
+    assert first == second  # every replica computes the same home
+    counts = Counter(first)
+    assert set(counts) == {"a", "b", "c"} and min(counts.values()) > 50
+
+
+def test_bounded_load_spills_from_hot_pod():
+    key = "session-x"
+    home, _ = bounded_load_choice(key, ["a", "b", "c"], {})
+    loads = {home: 10.0}
+    pod, spilled = bounded_load_choice(key, ["a", "b", "c"], loads, bound_factor=1.25)
+    assert spilled and pod != home
+    # removing a pod only moves the sessions that lived on it
+    keys = [f"k{i}" for i in range(500)]
+    before = {k: bounded_load_choice(k, ["a", "b", "c"], {})[0] for k in keys}
+    after = {k: bounded_load_choice(k, ["a", "b"], {})[0] for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert all(before[k] == "c" for k in moved)
+
+
+def test_round_robin_least_load_prefix():
+    views = pods(dict(name="a", in_flight=3), dict(name="b", in_flight=0, cached_tokens=0),
+                 dict(name="c", in_flight=1, cached_tokens=512))
+    rr = pol("round-robin")
+    assert [rr.choose(RouteInput(600, views)).pod for _ in range(4)] == ["a", "b", "c", "a"]
+    assert pol("least-load").choose(RouteInput(600, views)).pod == "b"
+    c = pol("prefix").choose(RouteInput(600, views))
+    assert (c.pod, c.reason) == ("c", "prefix-hit")
+
+
+def test_kv_pressure_counts_against_a_pod():
+    views = pods(dict(name="a", kv_cache_usage=0.99), dict(name="b", kv_cache_usage=0.2))
+    assert pol("least-load").choose(RouteInput(100, views)).pod == "b"
+
+
+def test_unavailable_pods_are_never_chosen():
+    views = pods(dict(name="a", available=False, cached_tokens=4000), dict(name="b"))
+    for name in ("cost", "round-robin", "least-load", "prefix", "session"):
+        assert pol(name).choose(RouteInput(5000, views, "s", Binding("a"))).pod == "b"
+    with pytest.raises(NoPodAvailable):
+        pol().choose(RouteInput(10, pods(dict(name="a", available=False))))
+
+
+def test_xpyd_decode_first_then_prefill_by_overlap():
+    views = pods(dict(name="p1", role="prefill", cached_tokens=0),
+                 dict(name="p2", role="prefill", cached_tokens=3072),
+                 dict(name="d1", role="decode", kv_cache_usage=0.95, in_flight=5),
+                 dict(name="d2", role="decode", in_flight=1))
+    c = pol().choose(RouteInput(4000, views, "s"))
+    assert c.pod == "d2"  # the decode pod with room, not the KV-full one
+    assert c.prefill_pod == "p2"  # the prefill pod holding the prefix
+    assert "prefill-overlap" in c.reason
+    assert c.predicted_cached_tokens == 3072
+
+
+def test_xpyd_skips_remote_prefill_when_uncached_part_is_short():
+    views = pods(dict(name="p1", role="prefill"),
+                 dict(name="d1", role="decode", cached_tokens=3968))
+    c = pol(remote_prefill_threshold=256).choose(RouteInput(4000, views, "s", Binding("d1")))
+    assert c.prefill_pod is None and c.pod == "d1"
+    assert "local-prefill:short-uncached" in c.reason
+    c = pol(remote_prefill_threshold=16).choose(RouteInput(4000, views, "s", Binding("d1")))
+    assert c.prefill_pod == "p1"
+
+
+def test_xpyd_prefill_pool_down_falls_back_to_local_prefill():
+    views = pods(dict(name="p1", role="prefill", available=False), dict(name="d1", role="decode"))
+    c = pol().choose(RouteInput(4000, views))
+    assert c.prefill_pod is None and "no-prefill-pod" in c.reason
+
+
+def test_invalid_policy_is_named():
+    with pytest.raises(ValueError, match="routing policy 'fastest'"):
+        PolicySettings(policy="fastest")

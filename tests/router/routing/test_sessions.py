@@ -1,0 +1,78 @@
+"""Session identity and incremental tokenization, with the real model tokenizer (no mocks)."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from services.router.routing.sessions import IncrementalTokenizer, session_key
+from tandem.model import resolve_model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(resolve_model(None))
+
+
+def test_identity_header_then_user_then_derived():
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    assert session_key({"X-Session-Id": "abc"}, {"user": "u", "messages": msgs}).key == "h:abc"
+    assert session_key({}, {"user": "u", "messages": msgs}).source == "user"
+    assert session_key({"x-agent": "z"}, {"messages": msgs}, header_name="X-Agent").key == "h:z"
+    derived = session_key({}, {"messages": msgs})
+    assert derived.source == "derived"
+    # later turns of the same conversation keep the key
+    longer = msgs + [{"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
+    assert session_key({}, {"messages": longer}).key == derived.key
+    other = [{"role": "system", "content": "sys"}, {"role": "user", "content": "other task"}]
+    assert session_key({}, {"messages": other}).key != derived.key
+    assert session_key({}, {"prompt": "abc"}).source == "derived"
+    assert session_key({}, {}) is None
+
+
+def conversation(turns):
+    msgs = [{"role": "system", "content": "You are a coding agent.  Tools: grep, edit."}]
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"Step {t}: run `grep -n foo{t}`\n\n  and fix it. "})
+        msgs.append({"role": "assistant", "content": f"<tool>grep foo{t}</tool>\nDone {t}.  "})
+    return msgs
+
+
+def test_incremental_equals_full_tokenization(tok):
+    inc = IncrementalTokenizer(tok)
+    for turns in range(1, 8):
+        msgs = conversation(turns)[:-1]  # ends with the user's turn
+        text = inc.render_chat(msgs)
+        assert inc.encode(text, "s1") == tok(text, add_special_tokens=False)["input_ids"]
+    assert inc.stats.incremental == 6 and inc.stats.full == 1
+    assert inc.stats.reused_tokens > 0
+
+
+def test_edited_history_still_equals_full(tok):
+    inc = IncrementalTokenizer(tok)
+    msgs = conversation(3)[:-1]
+    inc.encode(inc.render_chat(msgs), "s")
+    msgs[1]["content"] = "Edited first step"  # the client rewrote history
+    text = inc.render_chat(msgs)
+    assert inc.encode(text, "s") == tok(text, add_special_tokens=False)["input_ids"]
+    # unrelated text for the session: falls back to full tokenization
+    assert inc.encode("no special tokens here", "s") == tok(
+        "no special tokens here", add_special_tokens=False)["input_ids"]
+
+
+def test_tokenizes_only_the_new_suffix(tok):
+    inc = IncrementalTokenizer(tok)
+    msgs = conversation(20)[:-1]
+    first = inc.render_chat(msgs)
+    inc.encode(first, "s")
+    chars_before = inc.stats.tokenized_chars
+    msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+    second = inc.render_chat(msgs)
+    assert inc.encode(second, "s") == tok(second, add_special_tokens=False)["input_ids"]
+    tokenized = inc.stats.tokenized_chars - chars_before
+    assert tokenized < 100 < len(second)  # only the tail, not the 20-turn history
+
+
+def test_session_memory_is_bounded(tok):
+    inc = IncrementalTokenizer(tok, max_sessions=2)
+    for s in "abc":
+        inc.encode(inc.render_chat(conversation(1)), s)
+    assert list(inc._sessions) == ["b", "c"]
