@@ -1,0 +1,250 @@
+"""KV store settings: one frozen model, flags and ``TANDEM_KVSTORE_*`` env vars.
+
+Every flag reads an environment variable named ``TANDEM_KVSTORE_<FLAG>``
+(dashes become underscores), so a Helm chart or ``tandem up`` can configure
+the store without building a command line. :func:`validate` checks what can
+be checked before any process starts and names the setting at fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RETENTION_POLICIES = ("lru", "soft-pin")
+
+_SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+
+
+class SettingError(ValueError):
+    """A configuration value is wrong; ``setting`` names the flag at fault."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        env = "TANDEM_KVSTORE_" + setting.lstrip("-").replace("-", "_").upper()
+        super().__init__(f"{setting} (env {env}): {message}")
+        self.setting = setting
+
+
+def parse_size(value: str | int) -> int:
+    """``"4GB"``, ``"256 MB"``, ``"1.5gb"`` or a byte count → bytes (binary units)."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?b)?\s*", str(value).lower())
+    if not match:
+        raise ValueError(f"not a size: {value!r} (use e.g. 4GB, 512MB, 1048576)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2) or "b"])
+
+
+def _default_state_dir() -> str:
+    from tandem.model import cache_dir
+
+    return str(cache_dir() / "kvstore")
+
+
+@dataclass(frozen=True)
+class KvStoreSettings:
+    host: str = "127.0.0.1"
+    # Mooncake master: RPC (engines and the pool owner talk to it), the HTTP
+    # metadata server (transfer-engine segment descriptors), raw metrics.
+    master_port: int = 51100
+    metadata_port: int = 51101
+    master_metrics_port: int = 51102
+    # The standalone pool owner (mooncake_client): RPC port and health HTTP.
+    client_port: int = 51103
+    client_http_port: int = 51104
+    # This service: /health, /metrics (Prometheus), /v1/engine-config.
+    http_port: int = 9100
+    pool_size: str = "4GB"
+    disk_path: str = field(default_factory=lambda: os.path.join(_default_state_dir(), "disk"))
+    disk_size: str = "16GB"
+    enable_disk: bool = True
+    # Objects smaller than this bucket are batched before they are written to
+    # disk: spill begins once a bucket holds this many keys or bytes.
+    disk_bucket_keys: int = 500
+    disk_bucket_size: str = "256MB"
+    disk_staging_size: str = "128MB"
+    lease_ttl_ms: int = 10_000
+    retention: str = "lru"
+    session_ttl_s: float = 1800.0
+    allow_evict_pinned: bool = True
+    eviction_high_watermark: float = 0.9
+    eviction_ratio: float = 0.05
+    engine_buffer_size: str = "256MB"
+    state_dir: str = field(default_factory=_default_state_dir)
+    client_ttl_s: int = 10
+    restart_backoff_s: float = 1.0
+    start_timeout_s: float = 60.0
+
+    # -- derived ----------------------------------------------------------
+    @property
+    def master_address(self) -> str:
+        return f"{self.host}:{self.master_port}"
+
+    @property
+    def metadata_url(self) -> str:
+        return f"http://{self.host}:{self.metadata_port}/metadata"
+
+    @property
+    def engine_config_path(self) -> str:
+        """The Mooncake config file engines read (``MOONCAKE_CONFIG_PATH``)."""
+        return os.path.join(self.state_dir, "mooncake-engine.json")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+_PORTS = ("master_port", "metadata_port", "master_metrics_port", "client_port",
+          "client_http_port", "http_port")
+
+_HELP = {
+    "host": "address every store process binds to (loopback for the embedded stack)",
+    "master_port": "Mooncake master RPC port (engines' master_server_address)",
+    "metadata_port": "Mooncake HTTP metadata server port (engines' metadata_server)",
+    "master_metrics_port": "Mooncake master's own metrics HTTP port (raw; this service "
+                           "re-exports it on --http-port)",
+    "client_port": "RPC port of the standalone mooncake_client that owns the pool",
+    "client_http_port": "health HTTP port of the standalone mooncake_client",
+    "http_port": "this service's HTTP port: /health, /metrics, /v1/engine-config",
+    "pool_size": "CPU-RAM pool owned by the store (e.g. 4GB)",
+    "disk_path": "directory of the disk tier (must be writable)",
+    "disk_size": "disk tier capacity (e.g. 16GB)",
+    "enable_disk": "spill KV from the RAM pool to --disk-path (true/false)",
+    "disk_bucket_keys": "objects are written to disk in buckets of this many keys",
+    "disk_bucket_size": "... or of this many bytes, whichever fills first",
+    "disk_staging_size": "RAM staging buffer the pool owner allocates for disk I/O "
+                         "(Mooncake's default, 1.25 GB, takes seconds to allocate)",
+    "lease_ttl_ms": "lease on every object read: it cannot be evicted or removed "
+                    "for this long after a get (Mooncake default_kv_lease_ttl)",
+    "retention": "retention policy: 'lru' (evict least recently used under pressure) "
+                 "or 'soft-pin' (KV written by engines is soft-pinned for "
+                 "--session-ttl-s: evicted only after every unpinned object)",
+    "session_ttl_s": "soft-pin lifetime for the 'soft-pin' policy: how long an idle "
+                     "session's KV is preferred over other KV",
+    "allow_evict_pinned": "when only soft-pinned objects are left, may they be evicted "
+                          "(true) or do new puts fail (false)",
+    "eviction_high_watermark": "fraction of the RAM pool at which eviction starts",
+    "eviction_ratio": "fraction of objects evicted per eviction round",
+    "engine_buffer_size": "staging buffer each engine registers with the store",
+    "state_dir": "where logs and the engines' Mooncake config file are written",
+    "client_ttl_s": "seconds without a heartbeat after which the master drops "
+                    "the pool owner's segment",
+    "restart_backoff_s": "first delay before restarting a crashed Mooncake process "
+                         "(doubles per consecutive crash, up to 30 s)",
+    "start_timeout_s": "how long each Mooncake process may take to become ready",
+}
+
+
+def _env_name(name: str) -> str:
+    return f"TANDEM_KVSTORE_{name.upper()}"
+
+
+def _bool(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem-kvstore",
+        description=(
+            "Tandem KV store: launches and supervises Mooncake's master (with its "
+            "HTTP metadata server) and the standalone mooncake_client that owns "
+            "the shared CPU-RAM pool and disk tier. Engines are pure requesters "
+            "(vLLM MooncakeStoreConnector, standalone-store mode) and read the "
+            "config file this service writes (see --state-dir). Either Mooncake "
+            "process is restarted when it dies. Every flag also reads the "
+            "environment variable TANDEM_KVSTORE_<FLAG>."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    defaults = KvStoreSettings()
+    for name, default in asdict(defaults).items():
+        flag = "--" + name.replace("_", "-")
+        env = os.environ.get(_env_name(name))
+        kind = type(default)
+        conv = _bool if kind is bool else kind
+        value = default
+        if env is not None:
+            try:
+                value = conv(env)
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                raise SettingError(flag, f"bad value {env!r} from the environment: {exc}")
+        kwargs = {"default": value, "type": conv, "help": _HELP[name] + f" [env {_env_name(name)}]"}
+        if name == "retention":
+            kwargs["choices"] = RETENTION_POLICIES
+        parser.add_argument(flag, **kwargs)
+    return parser
+
+
+def parse_settings(argv: list[str] | None = None) -> KvStoreSettings:
+    args = build_parser().parse_args(argv)
+    return KvStoreSettings(**vars(args))
+
+
+def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
+    """Raise :class:`SettingError` naming the first setting that cannot work."""
+    seen: dict[int, str] = {}
+    for name in _PORTS:
+        port = getattr(settings, name)
+        flag = "--" + name.replace("_", "-")
+        if not 0 < port < 65536:
+            raise SettingError(flag, f"port {port} is out of range 1-65535")
+        if port in seen:
+            raise SettingError(flag, f"port {port} is already used by --{seen[port].replace('_', '-')}")
+        seen[port] = name
+    for name in ("pool_size", "disk_size", "disk_bucket_size", "disk_staging_size",
+                 "engine_buffer_size"):
+        flag = "--" + name.replace("_", "-")
+        try:
+            size = parse_size(getattr(settings, name))
+        except ValueError as exc:
+            raise SettingError(flag, str(exc)) from None
+        if size <= 0:
+            raise SettingError(flag, "must be greater than zero")
+    if parse_size(settings.pool_size) < 16 << 20:
+        raise SettingError("--pool-size", "must be at least 16MB")
+    if settings.retention not in RETENTION_POLICIES:
+        raise SettingError("--retention", f"must be one of {', '.join(RETENTION_POLICIES)}")
+    if not 0 < settings.eviction_high_watermark <= 1:
+        raise SettingError("--eviction-high-watermark", "must be in (0, 1]")
+    if not 0 < settings.eviction_ratio <= 1:
+        raise SettingError("--eviction-ratio", "must be in (0, 1]")
+    if settings.lease_ttl_ms <= 0:
+        raise SettingError("--lease-ttl-ms", "must be greater than zero")
+    if settings.session_ttl_s <= 0:
+        raise SettingError("--session-ttl-s", "must be greater than zero")
+    _check_writable("--state-dir", settings.state_dir)
+    if settings.enable_disk:
+        _check_writable("--disk-path", settings.disk_path)
+    if check_ports:
+        for name in _PORTS:
+            _check_port_free("--" + name.replace("_", "-"), settings.host, getattr(settings, name))
+
+
+def _check_writable(flag: str, path: str) -> None:
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        probe = Path(path) / f".tandem-write-probe-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise SettingError(flag, f"{path!r} is not a writable directory: {exc.strerror or exc}") from None
+
+
+def _check_port_free(flag: str, host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise SettingError(flag, f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                               "(another process holds it? pick another port)") from None
