@@ -32,6 +32,7 @@ class EngineSettings:
     kv_lease_seconds: int
     shutdown_grace_seconds: float
     engine_args: Any  # vllm.engine.arg_utils.AsyncEngineArgs
+    kv_store_config: str | None = None  # services/kvstore's engine config file
 
     def kv_transfer_config(self, device: str) -> dict[str, Any] | None:
         """The KV connector for this role, unless the user set one explicitly.
@@ -40,15 +41,21 @@ class EngineSettings:
         decode consumes it and, when the pull fails (prefill gone), recomputes
         the prompt locally instead of failing the request.
         """
-        if self.role == "both":
-            return None
-        return {
+        nixl = None if self.role == "both" else {
             "kv_connector": "NixlConnector",
             "kv_role": "kv_producer" if self.role == "prefill" else "kv_consumer",
             "kv_buffer_device": device,
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"kv_lease_duration": self.kv_lease_seconds},
         }
+        if self.kv_store_config is None:
+            return nixl
+        # With the shared KV store: NIXL for the hand-off plus the store for
+        # the prefix pool (MultiConnector). The gRPC port is unique per host,
+        # so it also names this engine's store lookup socket.
+        from services.kvstore.engine import with_store
+
+        return with_store(nixl, self.kv_store_config, lookup_port=self.grpc_port)
 
 
 def build_parser(default_role: str | None = None) -> argparse.ArgumentParser:
@@ -82,6 +89,10 @@ def build_parser(default_role: str | None = None) -> argparse.ArgumentParser:
                      help="how long a prefill engine keeps KV for a decode that has "
                      "not pulled it yet; waiting decodes renew it by heartbeat, so "
                      "short is safe and frees KV of decodes that died (default: %(default)s)")
+    own.add_argument("--kv-store-config", default=_env("kv_store_config", None) or None,
+                     help="use the shared KV store (Mooncake, services/kvstore): path of "
+                     "the engine config file it writes (<state-dir>/mooncake-engine.json). "
+                     "Adds vLLM's MooncakeStoreConnector next to NIXL (default: no store)")
     own.add_argument("--shutdown-grace-seconds", type=float,
                      default=float(_env("shutdown_grace_seconds", 30)),
                      help="on SIGTERM, how long in-flight requests may finish before "
@@ -111,6 +122,13 @@ def parse_settings(argv: list[str] | None = None, default_role: str | None = Non
         role = engine_args.kv_transfer_config.kv_role
         if role not in ("kv_both", "kv_producer" if args.role == "prefill" else "kv_consumer"):
             parser.error(f"--kv-transfer-config kv_role={role!r} does not fit --role {args.role}")
+    if args.kv_store_config is not None and engine_args.kv_transfer_config is None:
+        from services.kvstore.engine import check_store
+
+        try:
+            check_store(args.kv_store_config)
+        except ValueError as exc:
+            parser.error(str(exc))
     return EngineSettings(
         role=args.role,
         host=args.host,
@@ -120,6 +138,7 @@ def parse_settings(argv: list[str] | None = None, default_role: str | None = Non
         kv_lease_seconds=args.kv_lease_seconds,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         engine_args=engine_args,
+        kv_store_config=args.kv_store_config,
     )
 
 
