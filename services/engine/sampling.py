@@ -11,12 +11,18 @@ _OPTIONAL_FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty",
                     "presence_penalty", "repetition_penalty")
 
 
-def to_vllm(params: pb.SamplingParams, *, max_tokens: int | None = None,
+# The model's generation_config defaults that apply when a request leaves a
+# field unset (what vLLM's own OpenAI server does).
+DEFAULTABLE = (*_OPTIONAL_FLOATS, "top_k")
+
+
+def to_vllm(params: pb.SamplingParams, *, defaults: dict[str, Any] | None = None,
+            max_tokens: int | None = None,
             kv_transfer_params: dict[str, Any] | None = None):
     """Build vLLM SamplingParams; raises ValueError on invalid values."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if k in DEFAULTABLE}
     for name in _OPTIONAL_FLOATS:
         if params.HasField(name):
             kwargs[name] = getattr(params, name)

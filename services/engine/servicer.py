@@ -38,6 +38,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         self._served_model_name = served_model_name
         self._load = load
         self._metrics = metrics
+        self._sampling_defaults = engine.model_config.get_diff_sampling_param()
         self._active: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -97,7 +98,7 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     async def _sampling(self, context, request, **kwargs):
         try:
-            return to_vllm(request.sampling_params, **kwargs)
+            return to_vllm(request.sampling_params, defaults=self._sampling_defaults, **kwargs)
         except (ValueError, TypeError) as exc:
             self._metrics.errors.labels("sampling", "invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

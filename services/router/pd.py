@@ -69,6 +69,9 @@ class Orchestrator:
     async def stream(self, req: EngineRequest) -> AsyncIterator[pb.GenerateResponse]:
         """Run a request; yields the decode's messages, the last one final."""
         if self._pool.of_role("decode"):
+            # Decode first: without a decode pod, a prefill would only strand KV.
+            if self._pool.pick("decode") is None:
+                raise OpenAIError(503, "no healthy decode pod is available")
             kv_params = await self._prefill(req)
             async for message in self._generate(req, "decode", kv_params):
                 yield message

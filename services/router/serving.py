@@ -76,11 +76,11 @@ class OpenAIServing:
                               code="model_not_found")
 
     def _engine_request(self, prefix: str, request: Request, body: SamplingFields,
-                        token_ids: list[int]) -> EngineRequest:
+                        token_ids: list[int], prompt_param: str) -> EngineRequest:
         limit = self.card.max_model_len
         if len(token_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens; "
-                              f"the prompt has {len(token_ids)} tokens", param="messages",
+                              f"the prompt has {len(token_ids)} tokens", param=prompt_param,
                               code="context_length_exceeded")
         max_tokens = body.max_tokens or (limit - len(token_ids))
         if len(token_ids) + max_tokens > limit:
@@ -183,7 +183,7 @@ class OpenAIServing:
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
         token_ids = await self._tokenizer.chat_async(messages)
-        ereq = self._engine_request("chatcmpl", request, body, token_ids)
+        ereq = self._engine_request("chatcmpl", request, body, token_ids, "messages")
         return await self._respond(request, body, ereq, _ChatShape(self.card))
 
     async def completions(self, request: Request, body: CompletionRequest):
@@ -195,7 +195,7 @@ class OpenAIServing:
             if any(not isinstance(t, int) or t < 0 for t in token_ids):
                 raise bad_request("prompt token ids must be non-negative integers",
                                   param="prompt")
-        ereq = self._engine_request("cmpl", request, body, token_ids)
+        ereq = self._engine_request("cmpl", request, body, token_ids, "prompt")
         return await self._respond(request, body, ereq, _CompletionShape(self.card))
 
     def models(self) -> dict:

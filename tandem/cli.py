@@ -1,0 +1,172 @@
+"""`tandem`: run and inspect the embedded stack.
+
+    tandem up        start KV hand-off engines and the router; Ctrl-C stops all
+    tandem down      stop a stack started by `tandem up` (from another shell)
+    tandem status    what runs, and whether it is healthy
+    tandem model     prepare the bundled model and print its folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tandem.stack import Proc, Stack, StackConfig, StackError, read_state, stop_process_group
+
+_DEFAULT_STATE = Path.home() / ".cache" / "tandem" / "run"
+
+
+def _curl(url: str, model: str) -> str:
+    body = json.dumps({"model": model, "messages": [
+        {"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32})
+    return f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state = read_state(args.state_dir)
+    if state and Proc(name="supervisor", argv=[], log="", pid=state["supervisor_pid"]).alive():
+        print(f"a stack is already running (pid {state['supervisor_pid']}, "
+              f"{state['router_url']}); `tandem down` stops it", file=sys.stderr)
+        return 1
+    config = StackConfig(model=args.model, prefill=args.prefill, decode=args.decode,
+                         router_port=args.port, kv_cache_gib=args.kv_cache_gib,
+                         max_model_len=args.max_model_len, state_dir=args.state_dir,
+                         engine_args=args.engine_arg or [])
+    stack = Stack(config)
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"starting {args.prefill} prefill + {args.decode} decode engine(s) and the router; "
+          f"logs in {args.state_dir}", flush=True)
+    try:
+        stack.start()
+    except (StackError, RuntimeError) as exc:
+        print(f"tandem up failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    model = os.path.basename(os.path.normpath(args.model)) if args.model \
+        else "SmolLM2-135M-Instruct"
+    print(f"\nTandem is up: {stack.router_url}  (OpenAI API; metrics at {stack.router_url}/metrics)")
+    print(f"try:\n  {_curl(stack.router_url, model)}\n")
+    print("Ctrl-C or `tandem down` stops everything.", flush=True)
+    code = 0
+    while not stopping:
+        if dead := stack.dead():
+            names = ", ".join(p.name for p in dead)
+            print(f"{names} exited unexpectedly (see {dead[0].log}); stopping the stack",
+                  file=sys.stderr)
+            code = 1
+            break
+        time.sleep(0.5)
+    print("stopping…", flush=True)
+    stack.stop()
+    print("stopped.")
+    return code
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state = read_state(args.state_dir)
+    if state is None:
+        print("no stack is running")
+        return 0
+    supervisor = Proc(name="supervisor", argv=[], log="", pid=state["supervisor_pid"])
+    if supervisor.alive():
+        os.kill(supervisor.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while supervisor.alive() and time.monotonic() < deadline:
+            time.sleep(0.3)
+    # Whatever the supervisor did not stop (it was killed, say) goes now.
+    for raw in sorted(state["procs"], key=lambda p: p["name"] != "router"):
+        stop_process_group(Proc(**raw), grace_s=10)
+    (args.state_dir / "stack.json").unlink(missing_ok=True)
+    print("stopped.")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import grpc
+    import httpx
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    state = read_state(args.state_dir)
+    if state is None:
+        print("no stack is running")
+        return 3
+    ok = True
+    print(f"{'NAME':<12} {'PID':>7}  {'PROCESS':<8} {'HEALTH':<12} ADDRESS")
+    for raw in state["procs"]:
+        proc = Proc(**raw)
+        alive = proc.alive()
+        health = "-"
+        if alive and proc.grpc:
+            try:
+                with grpc.insecure_channel(proc.grpc) as channel:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(), timeout=2)
+                health = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.RpcError as exc:
+                health = exc.code().name
+        elif alive and proc.name == "router":
+            try:
+                health = str(httpx.get(f"{proc.url}/health", timeout=2).status_code)
+                health = "SERVING" if health == "200" else f"HTTP {health}"
+            except httpx.HTTPError as exc:
+                health = type(exc).__name__
+        ok &= alive and health == "SERVING"
+        print(f"{proc.name:<12} {proc.pid or '-':>7}  {'running' if alive else 'dead':<8} "
+              f"{health:<12} {proc.grpc or proc.url}")
+    return 0 if ok else 1
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from tandem.model import main as model_main
+    return model_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--state-dir", type=Path, default=_DEFAULT_STATE,
+                        help="where the running stack's state and logs live (default: %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start the embedded stack (foreground; Ctrl-C stops it)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    up.add_argument("--model", default=None,
+                    help="local Hugging Face model folder (default: bundled SmolLM2-135M-Instruct)")
+    up.add_argument("--port", type=int, default=8000, help="router HTTP port")
+    up.add_argument("--prefill", type=int, default=1, help="number of prefill engines")
+    up.add_argument("--decode", type=int, default=1, help="number of decode engines")
+    up.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache per engine (GiB, CPU)")
+    up.add_argument("--max-model-len", type=int, default=8192, help="context length")
+    up.add_argument("--engine-arg", action="append", metavar="ARG",
+                    help="extra vLLM engine flag for every engine (repeat; e.g. "
+                    "--engine-arg=--block-size=64)")
+    up.set_defaults(func=cmd_up)
+
+    sub.add_parser("down", help="stop the running stack").set_defaults(func=cmd_down)
+    sub.add_parser("status", help="show processes and health").set_defaults(func=cmd_status)
+    model = sub.add_parser("model", help="prepare the bundled model and print its folder")
+    model.add_argument("rest", nargs=argparse.REMAINDER)
+    model.set_defaults(func=cmd_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

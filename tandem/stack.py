@@ -1,0 +1,254 @@
+"""The embedded stack: every Tandem service as a local process on loopback.
+
+`Stack.start()` launches the prefill and decode engines, waits until their
+gRPC health says SERVING, then launches the router and waits for its /health.
+`Stack.stop()` stops the router first (no new work), then the engines, each
+with SIGTERM to its whole process group (vLLM forks engine-core and worker
+processes) and SIGKILL after a grace period — no orphans. Used by
+`tandem up` and by the integration tests (one stack per test session).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+@dataclass
+class StackConfig:
+    model: str | None = None  # None = the bundled SmolLM2 (prepared on first use)
+    prefill: int = 1
+    decode: int = 1
+    aggregated: int = 0  # engines of role "both" (whole requests, no P/D split)
+    router_port: int = 8000
+    host: str = "127.0.0.1"
+    kv_cache_gib: int = 2
+    max_model_len: int = 8192
+    dtype: str = "float32"
+    ports_from: int | None = None  # None = pick free ports
+    state_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "tandem" / "run")
+    engine_args: list[str] = field(default_factory=list)  # passed to every engine
+    startup_timeout_s: float = 600.0
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log: str
+    pid: int | None = None
+    grpc: str | None = None      # host:port of an engine
+    url: str | None = None       # http URL (router, metrics)
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        # A zombie (exited, not reaped) counts as dead.
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().split()[2] != "Z"
+        except OSError:
+            return False
+
+
+class StackError(RuntimeError):
+    pass
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.procs: list[Proc] = []
+        self._popen: dict[str, subprocess.Popen] = {}
+        self._next_port = config.ports_from
+
+    # -- ports and commands --------------------------------------------------
+    def _port(self) -> int:
+        if self._next_port is None:
+            return free_port()
+        port, self._next_port = self._next_port, self._next_port + 1
+        return port
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.router_port}"
+
+    def _engine(self, role: str, index: int, cpu: int) -> tuple[Proc, dict[str, str]]:
+        c = self.config
+        grpc_port, metrics_port, nixl_port = self._port(), self._port(), self._port()
+        argv = [sys.executable, "-m", f"services.{role}", "--host", c.host,
+                "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+                "--nixl-port", str(nixl_port), "--dtype", c.dtype, "--enforce-eager",
+                "--max-model-len", str(c.max_model_len),
+                *c.engine_args]
+        if c.model:
+            argv += ["--model", c.model]
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib),
+               "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
+        name = f"{role}-{index}"
+        proc = Proc(name=name, argv=argv, log=str(self.config.state_dir / f"{name}.log"),
+                    grpc=f"{c.host}:{grpc_port}", url=f"http://{c.host}:{metrics_port}/metrics")
+        return proc, env
+
+    def _launch(self, proc: Proc, env: dict[str, str]) -> None:
+        log = open(proc.log, "ab")
+        popen = subprocess.Popen(proc.argv, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                                 start_new_session=True)  # own process group
+        log.close()
+        proc.pid = popen.pid
+        self._popen[proc.name] = popen
+        self.procs.append(proc)
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        c = self.config
+        c.state_dir.mkdir(parents=True, exist_ok=True)
+        from tandem.model import resolve_model
+        resolve_model(c.model)  # convert the default model once, before engines race to
+
+        cpus = _cpus()
+        engines = []
+        for role, count in (("prefill", c.prefill), ("decode", c.decode),
+                            ("engine", c.aggregated)):
+            for i in range(count):
+                engines.append(self._engine(role, i, cpus[len(engines) % len(cpus)]))
+        try:
+            for proc, env in engines:
+                self._launch(proc, env)
+            self.write_state()
+            deadline = time.monotonic() + c.startup_timeout_s
+            for proc, _ in engines:
+                self._wait_engine(proc, deadline)
+            router = Proc(name="router", log=str(c.state_dir / "router.log"),
+                          url=self.router_url, argv=[
+                              sys.executable, "-m", "services.router", "--host", c.host,
+                              "--port", str(c.router_port),
+                              *[a for p, _ in engines if p.name.startswith("prefill")
+                                for a in ("--prefill", p.grpc)],
+                              *[a for p, _ in engines if p.name.startswith("decode")
+                                for a in ("--decode", p.grpc)],
+                              *[a for p, _ in engines if p.name.startswith("engine")
+                                for a in ("--engine", p.grpc)]])
+            if c.model:
+                router.argv += ["--model", c.model]
+            self._launch(router, {})
+            self.write_state()
+            self._wait_router(router, deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _check_alive(self, proc: Proc) -> None:
+        if not proc.alive():
+            tail = Path(proc.log).read_text(errors="replace")[-3000:]
+            raise StackError(f"{proc.name} exited during start-up; last log lines:\n{tail}")
+
+    def _wait_engine(self, proc: Proc, deadline: float) -> None:
+        with grpc.insecure_channel(proc.grpc) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                self._check_alive(proc)
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise StackError(f"{proc.name} not ready in time; see {proc.log}")
+                time.sleep(0.5)
+
+    def _wait_router(self, proc: Proc, deadline: float) -> None:
+        while True:
+            self._check_alive(proc)
+            try:
+                if httpx.get(f"{proc.url}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"router not ready in time; see {proc.log}")
+            time.sleep(0.3)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        # Router first, so nothing new reaches engines that are going away.
+        for proc in sorted(self.procs, key=lambda p: p.name != "router"):
+            stop_process_group(proc, grace_s)
+            popen = self._popen.pop(proc.name, None)
+            if popen is not None:
+                popen.wait(timeout=5)
+        self.procs.clear()
+        state = self.config.state_dir / "stack.json"
+        state.unlink(missing_ok=True)
+
+    def dead(self) -> list[Proc]:
+        return [p for p in self.procs if not p.alive()]
+
+    # -- state file (for `tandem status` / `tandem down`) --------------------
+    def write_state(self) -> None:
+        state = {"supervisor_pid": os.getpid(), "router_url": self.router_url,
+                 "procs": [asdict(p) for p in self.procs]}
+        (self.config.state_dir / "stack.json").write_text(json.dumps(state, indent=2))
+
+
+def stop_process_group(proc: Proc, grace_s: float) -> None:
+    """SIGTERM the process group, SIGKILL it if still alive after the grace."""
+    if proc.pid is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_alive(proc.pid):
+        time.sleep(0.2)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def read_state(state_dir: Path) -> dict | None:
+    path = state_dir / "stack.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())

@@ -1,0 +1,82 @@
+"""Shared fixtures. The real embedded stack (vLLM engines over gRPC, NIXL KV
+hand-off, the router) starts once per test session; nothing is mocked.
+
+A test that needs a piece that is absent (the model, vLLM, NIXL) fails: the
+fixture raises with the reason, it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tandem.model import default_model_dir, resolve_model
+from tandem.stack import Stack, StackConfig, free_port, stop_process_group, Proc
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+# Long enough that a prefill engine that never hands its KV over keeps it for
+# the whole test; early release is what the tests look for.
+KV_LEASE_SECONDS = 120
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def stack(model_dir, tmp_path_factory):
+    config = StackConfig(router_port=free_port(), kv_cache_gib=1, max_model_len=4096,
+                         state_dir=tmp_path_factory.mktemp("stack"),
+                         engine_args=["--kv-lease-seconds", str(KV_LEASE_SECONDS)])
+    s = Stack(config)
+    s.start()
+    s.model = MODEL_NAME
+    yield s
+    s.stop()
+
+
+def engine(stack: Stack, role: str) -> Proc:
+    return next(p for p in stack.procs if p.name.startswith(role))
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir, tmp_path_factory):
+    """vLLM's own OpenAI server with the same model and dtype, aggregated (no
+    P/D, no connector): the ground truth for token-identical output."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("reference") / "vllm.log"
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+            str(model_dir), "--served-model-name", MODEL_NAME, "--dtype", "float32",
+            "--enforce-eager", "--max-model-len", "4096", "--host", "127.0.0.1",
+            "--port", str(port), "--enable-prompt-tokens-details"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": str(sorted(os.sched_getaffinity(0))[0])}
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+    proc = Proc(name="reference", argv=argv, log=str(log), pid=popen.pid)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    try:
+        while True:
+            if popen.poll() is not None:
+                raise RuntimeError(f"reference vLLM server exited:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"reference vLLM server not ready; see {log}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        stop_process_group(proc, grace_s=10)
+        popen.wait(timeout=10)
