@@ -34,11 +34,11 @@ class RouterSettings:
     shutdown_grace_s: float = 30.0
 
     def validate(self) -> None:
+        if self.prefill and not self.decode:
+            raise ValueError("--prefill needs at least one --decode pod to hand KV to")
         if not (self.decode or self.engines):
             raise ValueError("no engine pods: give --decode (with --prefill for P/D) "
                              "or --engine for aggregated engines")
-        if self.prefill and not self.decode:
-            raise ValueError("--prefill needs at least one --decode pod to hand KV to")
         if not 0 < self.port < 65536:
             raise ValueError(f"--port {self.port}: not a TCP port")
 

@@ -1,0 +1,82 @@
+"""Request validation and settings of the router, without any engine."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.router.config import parse_settings
+from services.router.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.serving import sampling_params
+
+
+def chat(**fields):
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                 **fields)
+
+
+def test_text_parts_are_joined_for_the_template():
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert body.template_messages() == [{"role": "user", "content": "ab"}]
+
+
+def test_non_text_parts_are_refused():
+    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}])
+    with pytest.raises(ValueError, match="only text"):
+        body.template_messages()
+
+
+@pytest.mark.parametrize("fields", [
+    {"temperature": 2.5}, {"top_p": 0}, {"max_tokens": 0}, {"n": 3},
+    {"stop": [str(i) for i in range(17)]}, {"logprobs": True}, {"tools": [{"x": 1}]},
+    {"best_of": 2}, {"presence_penalty": 3},
+])
+def test_invalid_or_unsupported_fields_are_refused(fields):
+    with pytest.raises(ValidationError):
+        chat(**fields)
+
+
+def test_harmless_defaults_of_unsupported_fields_pass():
+    chat(logprobs=False, tools=[], best_of=1)
+
+
+def test_max_completion_tokens_is_an_alias():
+    assert chat(max_completion_tokens=7).max_tokens == 7
+
+
+def test_sampling_params_carry_only_what_was_set():
+    params = sampling_params(chat(temperature=0, stop="END", seed=3), max_tokens=10)
+    assert params.max_tokens == 10 and list(params.stop) == ["END"] and params.seed == 3
+    assert params.HasField("temperature") and params.temperature == 0
+    assert not params.HasField("top_p")  # engine applies the model's default
+
+
+@pytest.mark.parametrize("prompt, ok", [
+    ("text", True), ([1, 2, 3], True), (["one"], True), ([[1, 2]], True),
+    ("", False), ([], False), (["a", "b"], False),
+])
+def test_completion_prompt_shapes(prompt, ok):
+    if ok:
+        CompletionRequest(model="m", prompt=prompt)
+    else:
+        with pytest.raises(ValidationError):
+            CompletionRequest(model="m", prompt=prompt)
+
+
+def test_settings_accept_repeated_and_comma_separated_pods():
+    s = parse_settings(["--prefill", "a:1,b:2", "--decode", "c:3", "--decode", "d:4"])
+    assert s.prefill == ["a:1", "b:2"] and s.decode == ["c:3", "d:4"]
+
+
+def test_settings_without_pods_name_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_settings([])
+    assert "--decode" in capsys.readouterr().err
+
+
+def test_prefill_without_decode_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_settings(["--prefill", "a:1"])
+    assert "--prefill needs" in capsys.readouterr().err
