@@ -76,19 +76,40 @@ def _scope(s: Session) -> str:
 
 
 def write_aiperf_input(flat: list[Session], builder: PromptBuilder, path: Path,
-                       max_tokens_cap: int | None) -> int:
-    rows = 0
+                       max_tokens_cap: int | None) -> dict[tuple[str, int], int]:
+    """Write aiperf's single_turn JSONL; returns the expected prompt tokens of
+    each (session id, turn index)."""
+    expected: dict[tuple[str, int], int] = {}
     with path.open("w") as f:
         for s in flat:
-            for r in s.requests:
+            for turn, r in enumerate(s.requests):
                 p = builder.build(_scope(s), r.hash_ids, r.in_tokens, s.block_size)
                 out = max(1, r.out_tokens)
                 if max_tokens_cap:
                     out = min(out, max_tokens_cap)
                 f.write(json.dumps({"session_id": s.id, "text": p.messages[0]["content"],
                                     "output_length": out}) + "\n")
-                rows += 1
-    return rows
+                expected[(s.id, turn)] = p.expected_prompt_tokens
+    return expected
+
+
+def aiperf_prompt_check(artifact_dir: Path, expected: dict[tuple[str, int], int]) -> dict:
+    """Compare the prompt lengths the server reported to aiperf with the
+    prompts we built: equal lengths show aiperf sent the same token structure."""
+    files = sorted(artifact_dir.rglob("profile_export.jsonl"))
+    if not files:
+        return {"checked": 0, "equal": 0}
+    checked = equal = 0
+    for line in files[-1].read_text().splitlines():
+        d = json.loads(line)
+        meta, m = d.get("metadata", {}), d.get("metrics", {})
+        isl = (m.get("input_sequence_length") or {}).get("value")
+        key = (meta.get("conversation_id"), meta.get("turn_index"))
+        if isl is None or key not in expected:
+            continue
+        checked += 1
+        equal += int(isl) == expected[key]
+    return {"checked": checked, "equal": equal}
 
 
 def _metric(export: dict, tag: str, stat: str) -> float | None:
@@ -128,7 +149,10 @@ def run_aiperf(aiperf: Path, url: str, model: str, tokenizer_dir: str, input_fil
     with log_path.open("w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        # aiperf's offline mode resolves tokenizers as hub snapshots only, so a
+        # local model folder must be loaded with offline mode off.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                               timeout=timeout_s + 600)
     wall = time.time() - t0
@@ -195,11 +219,12 @@ def crosscheck(sessions: list[Session], cfg: ReplayConfig, tokenizer, tokenizer_
     # aiperf, same structure with another salt
     builder_b = PromptBuilder(tokenizer, salt=new_salt())
     input_file = out_dir / "aiperf_input.jsonl"
-    write_aiperf_input(flat, builder_b, input_file, cfg.max_tokens_cap)
+    expected = write_aiperf_input(flat, builder_b, input_file, cfg.max_tokens_cap)
     log(f"crosscheck: aiperf {aiperf_bin}")
     theirs = run_aiperf(aiperf_bin, cfg.url, cfg.model, tokenizer_dir, input_file,
                         cfg.concurrency, n_requests, out_dir / "aiperf",
                         cfg.timeout_s)
+    theirs["prompt_check"] = aiperf_prompt_check(out_dir / "aiperf", expected)
     cmp = compare(ours, theirs, tolerance)
     doc = {"kind": "tandem-agentx-crosscheck", "endpoint": cfg.url, "model": cfg.model,
            "concurrency": cfg.concurrency, "requests": n_requests, "agents": len(flat),
@@ -227,6 +252,9 @@ def crosscheck_markdown(doc: dict) -> str:
         d = "—" if row["rel_diff"] is None else f"{100 * row['rel_diff']:+.1f}%"
         lines.append(f"| {row['metric']} | {f(row['ours'])} | {f(row['aiperf'])} | {d} | "
                      f"{'yes' if row['within'] else 'no'} |")
+    pc = doc["aiperf"].get("prompt_check", {})
     lines += ["", f"Our failures: {doc['ours'].get('failures')}; aiperf errors: "
-              f"{doc['aiperf'].get('errors')}. Times in seconds, throughput per second.", ""]
+              f"{doc['aiperf'].get('errors')}. Prompt lengths the server reported to aiperf "
+              f"equal to the built prompts: {pc.get('equal')} of {pc.get('checked')} "
+              f"(same token structure). Times in seconds, throughput per second.", ""]
     return "\n".join(lines)

@@ -245,10 +245,13 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def reuse_bound(sessions: list[Session]) -> float:
+def reuse_bound(sessions: list[Session], engine_block_size: int | None = None) -> float:
     """Token share of all input that an unbounded prefix cache could serve
     (full blocks whose whole prefix chain appeared in an earlier request, in
-    trace order, capped at in - 1 like vLLM): the hit-rate ceiling of a trace."""
+    trace order, capped at in - 1 like vLLM): the hit-rate ceiling of a trace.
+    With ``engine_block_size``, the shared prefix is rounded down to the
+    engine's blocks (the replay's prompts put trace block i at the same
+    token offsets, so an engine caches whole engine blocks of it)."""
     seen: set[tuple] = set()
     hit = total = 0
     for s in sessions:
@@ -266,7 +269,10 @@ def reuse_bound(sessions: list[Session]) -> float:
                 else:
                     counting = False
             seen.update(chains)
-            hit += n_hit * s.block_size
+            shared = n_hit * s.block_size
+            if engine_block_size:
+                shared = min(shared, r.in_tokens - 1) // engine_block_size * engine_block_size
+            hit += shared
             total += r.in_tokens
     return hit / total if total else 0.0
 
@@ -319,6 +325,7 @@ def trace_stats(sessions: list[Session]) -> dict[str, Any]:
         "reuse_mean": statistics.fmean(reuses) if reuses else 0.0,
         "reuse_median": statistics.median(reuses) if reuses else 0.0,
         "reuse_bound": reuse_bound(sessions),
+        "reuse_bound_engine128": reuse_bound(sessions, 128),
         "in_p50": pct(ins, 50), "in_p99": pct(ins, 99), "in_max": max(ins, default=0),
         "out_p50": pct(outs, 50), "out_max": max(outs, default=0),
         "think_p50": pct(thinks, 50),

@@ -170,7 +170,8 @@ def markdown(runs: list[dict], baseline: str | None = None, images: list[str] = 
                   f"input p50 {_f(st.get('in_p50'), '{:.0f}')} / max "
                   f"{_f(st.get('in_max'), '{:.0f}')} tokens, output p50 "
                   f"{_f(st.get('out_p50'), '{:.0f}')} tokens. Hit-rate bound "
-                  f"(unbounded cache, trace order): {_pct(st.get('reuse_bound'))}.", ""]
+                  f"(unbounded cache, trace order): {_pct(st.get('reuse_bound'))} "
+                  f"({_pct(st.get('reuse_bound_engine128'))} in 128-token engine blocks).", ""]
     for n in notes:
         lines += [n, ""]
     lines += ["## Results", "",

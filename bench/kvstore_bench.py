@@ -1,0 +1,243 @@
+"""KV store benchmark: what the shared store buys, measured side by side in one run.
+
+1. **Store bandwidth**: put/get of KV-block-sized objects through the real
+   store (a requester with registered buffers, zero-copy ``put_from`` /
+   ``get_into``, as vLLM's connector does), next to this machine's memcpy
+   bandwidth measured in the same run.
+2. **Multi-turn replay across two engines**: sessions whose every turn is the
+   previous context plus a new tool result, each turn sent to the *other*
+   engine (what happens when a router rebalances or an engine restarts).
+   Run once with engines that use the store and once with engines that do
+   not; prefix hit rate and TTFT p50/p90 are reported as ratios.
+
+At most two engines are alive at a time. Usage:
+
+    python -m bench.kvstore_bench [--sessions 3 --turns 4] [--skip-replay]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "kvstore"))
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start_store(state: Path, pool_size: str):
+    from services.kvstore.api import store_launch, wait_ready
+
+    launch = store_launch(state, ports=_free_ports(6), pool_size=pool_size,
+                          lease_ttl_ms=500)
+    log = open(state.parent / f"{state.name}.log", "wb")
+    proc = subprocess.Popen(launch.argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wait_ready(launch.health_url, 180, alive=lambda: proc.poll() is None)
+    return launch, proc
+
+
+def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- 1. bandwidth -------------------------------------------------------------
+
+def memcpy_gbps(size: int, repeat: int) -> float:
+    import numpy as np
+
+    src = np.random.randint(0, 255, size, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault pages in
+    start = time.perf_counter()
+    for _ in range(repeat):
+        np.copyto(dst, src)
+    return size * repeat / (time.perf_counter() - start) / 1e9
+
+
+def store_gbps(launch, object_size: int, count: int) -> tuple[float, float]:
+    import numpy as np
+    from mooncake.store import MooncakeDistributedStore
+
+    s = launch.settings
+    store = MooncakeDistributedStore()
+    total = object_size * count
+    rc = store.setup(s.host, s.metadata_url, 0, total + (16 << 20), "tcp", "", s.master_address)
+    if rc != 0:
+        raise RuntimeError(f"store setup failed: {rc}")
+    src = np.random.randint(0, 255, total, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    for buf in (src, dst):
+        if store.register_buffer(buf.ctypes.data, buf.nbytes) != 0:
+            raise RuntimeError("register_buffer failed")
+    keys = [f"bench-{os.getpid()}-{i}" for i in range(count)]
+    ptrs = [src.ctypes.data + i * object_size for i in range(count)]
+    start = time.perf_counter()
+    res = store.batch_put_from(keys, ptrs, [object_size] * count)
+    put_s = time.perf_counter() - start
+    if any(r != 0 for r in res):
+        raise RuntimeError(f"puts failed: {sorted(set(res))}")
+    dptrs = [dst.ctypes.data + i * object_size for i in range(count)]
+    start = time.perf_counter()
+    got = store.batch_get_into(keys, dptrs, [object_size] * count)
+    get_s = time.perf_counter() - start
+    if any(g != object_size for g in got):
+        raise RuntimeError(f"gets failed: {sorted(set(got))}")
+    if not np.array_equal(src, dst):
+        raise RuntimeError("data read back differs from data written")
+    time.sleep(0.6)  # past the read lease
+    store.batch_remove(keys) if hasattr(store, "batch_remove") else None
+    store.close()
+    return total / put_s / 1e9, total / get_s / 1e9
+
+
+# -- 2. multi-turn replay -------------------------------------------------------
+
+def start_engine(role: str, cpu: int, tmp: Path, name: str, store_flags: list[str]):
+    from engine_client import EngineClient
+
+    grpc_port, metrics_port, nixl_port = _free_ports(3)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
+    log = open(tmp / f"{name}.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.engine", "--role", role, "--grpc-port", str(grpc_port),
+         "--metrics-port", str(metrics_port), "--nixl-port", str(nixl_port), "--dtype",
+         "float32", "--enforce-eager", "--max-model-len", "4096",
+         "--num-gpu-blocks-override", "24", *store_flags],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    client = EngineClient(grpc_port, metrics_port)
+    deadline = time.monotonic() + 900
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} (see {tmp / name}.log)")
+        try:
+            client.wait_ready(5)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+    return proc, client
+
+
+def replay(clients, tokenizer, sessions: int, turns: int, first_tokens: int,
+           turn_tokens: int) -> dict:
+    from engine_client import long_prompt
+
+    ttfts, prompt_total, cached_total = [], 0, 0
+    contexts = {s: long_prompt(tokenizer, first_tokens, seed=1000 + s) for s in range(sessions)}
+    for t in range(turns):
+        for s in range(sessions):
+            engine = clients[(s + t) % len(clients)]   # every turn on the other engine
+            ids = contexts[s]
+            r = engine.generate(ids, max_tokens=8)
+            ttfts.append(r.seconds)
+            if t > 0:  # the first turn has nothing to reuse
+                prompt_total += r.prompt_tokens
+                cached_total += r.cached_tokens
+            tool_result = long_prompt(tokenizer, turn_tokens, seed=5000 + s * 100 + t)
+            contexts[s] = ids + r.token_ids + tool_result
+    q = statistics.quantiles(ttfts, n=10)
+    return {"hit_rate": cached_total / max(prompt_total, 1), "ttft_p50": statistics.median(ttfts),
+            "ttft_p90": q[8], "requests": len(ttfts)}
+
+
+def run_replay(args, tmp: Path, store_flags: list[str], label: str) -> dict:
+    from transformers import AutoTokenizer
+
+    from tandem.model import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None)))
+    engines = []
+    try:
+        for i in range(2):
+            engines.append(start_engine("both", i, tmp, f"{label}-{i}", store_flags))
+        return replay([c for _, c in engines], tokenizer, args.sessions, args.turns,
+                      args.first_tokens, args.turn_tokens)
+    finally:
+        for proc, client in engines:
+            client.close()
+            stop(proc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--first-tokens", type=int, default=1000)
+    parser.add_argument("--turn-tokens", type=int, default=300)
+    parser.add_argument("--object-size", default="4MB", help="bandwidth test object size")
+    parser.add_argument("--objects", type=int, default=32)
+    parser.add_argument("--skip-replay", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    from services.kvstore.settings import parse_size
+
+    report: dict = {}
+    with tempfile.TemporaryDirectory(prefix="tandem-kvbench-") as d:
+        tmp = Path(d)
+        launch, store = start_store(tmp / "store", pool_size="1GB")
+        try:
+            size = parse_size(args.object_size)
+            put, get = store_gbps(launch, size, args.objects)
+            mem = memcpy_gbps(size * args.objects, 5)
+            report["bandwidth"] = {"object_bytes": size, "objects": args.objects,
+                                   "store_put_gbps": round(put, 2),
+                                   "store_get_gbps": round(get, 2),
+                                   "memcpy_gbps": round(mem, 2),
+                                   "put_over_memcpy": round(put / mem, 3),
+                                   "get_over_memcpy": round(get / mem, 3)}
+            if not args.skip_replay:
+                without = run_replay(args, tmp, [], "nostore")
+                with_store = run_replay(args, tmp, launch.engine_flags, "store")
+                report["replay"] = {
+                    "sessions": args.sessions, "turns": args.turns,
+                    "without_store": without, "with_store": with_store,
+                    "hit_rate_gain": round(with_store["hit_rate"] - without["hit_rate"], 3),
+                    "ttft_p50_ratio": round(without["ttft_p50"] / with_store["ttft_p50"], 2),
+                    "ttft_p90_ratio": round(without["ttft_p90"] / with_store["ttft_p90"], 2),
+                }
+        finally:
+            stop(store)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        b = report["bandwidth"]
+        print(f"store put {b['store_put_gbps']} GB/s, get {b['store_get_gbps']} GB/s, "
+              f"memcpy {b['memcpy_gbps']} GB/s (put {b['put_over_memcpy']}x, get "
+              f"{b['get_over_memcpy']}x of memcpy), {b['objects']} x {b['object_bytes']} B")
+        if "replay" in report:
+            r = report["replay"]
+            for k in ("without_store", "with_store"):
+                v = r[k]
+                print(f"{k:14s} hit rate {v['hit_rate']:.1%}  TTFT p50 {v['ttft_p50']:.2f}s "
+                      f"p90 {v['ttft_p90']:.2f}s  ({v['requests']} requests)")
+            print(f"TTFT ratio (without/with store): p50 {r['ttft_p50_ratio']}x, "
+                  f"p90 {r['ttft_p90_ratio']}x; hit rate +{r['hit_rate_gain']:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
