@@ -6,6 +6,7 @@
     tandem bench report    RUN_DIR...                report (and ratios) from saved runs
     tandem bench sweep     --endpoint pd=URL ...     concurrencies x endpoints, ratios vs a baseline
     tandem bench crosscheck --trace trace.jsonl      the same requests through aiperf, compared
+    tandem bench embedded  [--configs agg,pd]        start embedded stacks, replay, compare
 
 Also runnable as ``python -m bench.cli``. Exit status: 0 success, 1 the run
 had failures (or the cross-check disagreed), 2 bad input, 130 interrupted.
@@ -157,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relative tolerance (default 0.25 = ±25%%)")
     p.add_argument("--aiperf", help="aiperf executable (default .tandem/venv-aiperf/bin/aiperf, "
                                     "made by bench/setup_aiperf.sh)")
+
+    p = sub.add_parser("embedded", add_help=False,
+                       help="start the embedded stack as aggregated and as P/D, replay, compare",
+                       description="See `tandem bench embedded --help`.")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
     return ap
 
 
@@ -324,12 +330,21 @@ def cmd_crosscheck(a) -> int:
     return 0 if doc["comparison"]["agree"] else 1
 
 
-COMMANDS = {"generate": cmd_generate, "stats": cmd_stats, "replay": cmd_replay,
+def cmd_embedded(a) -> int:
+    from bench.agentx.embedded import main as embedded_main
+    return embedded_main(a.rest)
+
+
+COMMANDS = {"embedded": cmd_embedded, "generate": cmd_generate, "stats": cmd_stats, "replay": cmd_replay,
             "report": cmd_report, "sweep": cmd_sweep, "crosscheck": cmd_crosscheck}
 
 
 def main(argv: list[str] | None = None) -> int:
     from bench.agentx.trace import TraceError
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["embedded"]:          # its own parser, options passed through
+        from bench.agentx.embedded import main as embedded_main
+        return embedded_main(argv[1:])
     a = build_parser().parse_args(argv)
     try:
         return COMMANDS[a.command](a)

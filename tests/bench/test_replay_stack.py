@@ -46,6 +46,31 @@ def test_short_replay_completes_with_zero_failures(stack, tmp_path):
         assert r["ttft"] is not None and r["e2e"] >= r["ttft"]
     assert s["hit_rate"] is not None and s["hit_rate"] > 0
     assert (out / "report.md").is_file() and (out / "ttft_cdf.png").is_file()
+    _check_fork_join(run["records"])
+
+
+def _check_fork_join(records):
+    """Sub-agents of a fan-out start together; the parent's next turn starts
+    only after every sub-agent request has finished."""
+    by_session = {}
+    for r in records:
+        by_session.setdefault(r["session"], []).append(r)
+    forks = 0
+    for rs in by_session.values():
+        main = sorted((r for r in rs if r["agent"] == ""), key=lambda r: r["turn"])
+        subs = [r for r in rs if r["agent"]]
+        firsts = [r["start"] for r in subs if r["turn"] == 0]
+        if not firsts:
+            continue
+        forks += 1
+        assert max(firsts) - min(firsts) < 1.0, "sub-agents did not start together"
+        spawned_after = max((r for r in main if r["start"] < min(firsts)),
+                            key=lambda r: r["start"])
+        later = [r for r in main if r["turn"] > spawned_after["turn"]]
+        sub_end = max(r["start"] + r["e2e"] for r in subs)
+        assert later, "the parent has no turn after its sub-agents"
+        assert later[0]["start"] >= sub_end, "parent resumed before its sub-agents finished"
+    assert forks > 0
 
 
 def test_aiperf_sends_the_same_prompts(stack, tmp_path):
