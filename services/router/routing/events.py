@@ -118,7 +118,7 @@ class KvEventSubscriber:
     """
 
     def __init__(self, pod: str, endpoint: str, replay_endpoint: str | None,
-                 index: PrefixIndex, topic: str = "kv", replay_timeout_s: float = 2.0,
+                 index: PrefixIndex, topic: str = "kv", replay_timeout_s: float = 5.0,
                  on_batch: Callable[[str, KVEventBatch], None] | None = None,
                  media: frozenset[str] | None = None) -> None:
         self.pod = pod

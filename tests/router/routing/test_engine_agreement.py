@@ -75,6 +75,14 @@ def engine(tmp_path_factory):
         proc.kill()
 
 
+async def wait_until_held(core, pod, hashes, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while core.index.match(hashes, time.monotonic())[pod] < len(hashes):
+        if time.monotonic() > deadline:
+            pytest.fail(f"engine events for {len(hashes)} blocks did not arrive in {timeout} s")
+        await asyncio.sleep(0.05)
+
+
 async def generate(stub, tokens, max_tokens=8, cache_salt=None):
     req = pb.GenerateRequest(request_id=uuid.uuid4().hex, token_ids=tokens,
                              sampling_params=pb.SamplingParams(temperature=0.0,
@@ -126,13 +134,8 @@ async def test_prediction_matches_engine_on_multi_turn_replay(engine):
                     await core.release(decision)
                     results.append((decision.predicted_cached_tokens, cached))
                     msgs.append({"role": "assistant", "content": text})
-                    # the last scheduler step's events flush just after the reply
-                    seq = sub.stats.last_seq
-                    for _ in range(50):
-                        await asyncio.sleep(0.05)
-                        if sub.stats.last_seq == seq:
-                            break
-                        seq = sub.stats.last_seq
+                    # events flush once per scheduler step, just after the reply
+                    await wait_until_held(core, address, core.hasher.event_hashes(tokens, salt))
     finally:
         await core.close()
 
@@ -151,32 +154,38 @@ async def test_prediction_matches_engine_on_multi_turn_replay(engine):
     assert agree == len(results), results
 
 
-async def test_event_block_hashes_recomputed_from_their_tokens(engine):
-    """Every BlockStored in the engine's stream: re-hash its tokens from its parent."""
+async def test_late_join_replay_and_event_hashes_from_tokens(engine):
+    """A router that starts after the engine served requests recovers them by replay;
+    every root BlockStored's hashes recompute from its own token ids."""
     address, pub, replay = engine
-    settings = RoutingSettings(block_size=BLOCK_SIZE,
-                               kv_events=(KvEventSource(address, pub, replay),))
-    core = RoutingCore(settings, [PodSpec(address)])
-    events = []
-    core.subscribers[address].on_batch = lambda pod, b: events.extend(
-        e for e in b.events if type(e).__name__ == "BlockStored")
-    await core.start()  # joins late: everything so far arrives by replay
-    try:
-        async with grpc.aio.insecure_channel(address) as ch:
-            await generate(pb_grpc.EngineStub(ch), list(range(1000, 1000 + 5 * BLOCK_SIZE + 3)),
-                           max_tokens=16)
-        await asyncio.sleep(1.0)
-    finally:
-        await core.close()
-    assert core.subscribers[address].stats.replayed > 0  # the earlier test's batches
-    # Chain each event's hashes from the full hashes we compute for its tokens:
-    # for root blocks (no parent) the recomputation is exact end to end.
+    first = list(range(1000, 1000 + 5 * BLOCK_SIZE + 3))
+    second = list(range(3000, 3000 + 3 * BLOCK_SIZE + 1))
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = pb_grpc.EngineStub(ch)
+        await generate(stub, first, max_tokens=4)  # nobody listening yet
+        settings = RoutingSettings(block_size=BLOCK_SIZE,
+                                   kv_events=(KvEventSource(address, pub, replay),))
+        core = RoutingCore(settings, [PodSpec(address)])
+        events = []
+        core.subscribers[address].on_batch = lambda pod, b: events.extend(
+            e for e in b.events if type(e).__name__ == "BlockStored")
+        await core.start()
+        try:
+            await asyncio.sleep(0.5)
+            await generate(stub, second, max_tokens=4)  # its events reveal the gap
+            await wait_until_held(core, address, core.hasher.event_hashes(second))
+            await wait_until_held(core, address, core.hasher.event_hashes(first))
+        finally:
+            await core.close()
+    stats = core.subscribers[address].stats
+    assert stats.gaps >= 1 and stats.replayed > 0 and stats.lost == 0, stats
     checked = ok = 0
     for e in events:
-        if e.parent_block_hash is None and not e.extra_keys:
+        if e.parent_block_hash is None and all(k is None for k in e.extra_keys or []):
             ours = core.hasher.event_hashes(e.token_ids)
             checked += len(ours)
             ok += sum(a == b for a, b in zip(ours, e.block_hashes))
-    print(f"\nroot-chain event hashes recomputed: {ok}/{checked}")
-    assert checked > 0 and ok == checked, [(e.parent_block_hash, e.extra_keys, len(e.token_ids))
-                                           for e in events[:5]] + [len(events)]
+    print(f"\nroot-chain event hashes recomputed from event tokens: {ok}/{checked}; "
+          f"replayed {stats.replayed} batches")
+    assert checked > 0 and ok == checked, [(e.parent_block_hash, e.extra_keys,
+                                            len(e.token_ids)) for e in events[:5]]
