@@ -286,3 +286,19 @@ def test_translated_names_are_valid_exposition():
     text = generate_latest(registry).decode()
     assert "tandem_kvstore_hits_total{tier=\"disk\"} 5.0" in text
     assert "# TYPE tandem_kvstore_objects gauge" in text
+
+
+def test_store_launch_for_tandem_up(tmp_path):
+    from services.kvstore.api import store_launch
+    from services.kvstore.settings import parse_settings
+
+    launch = store_launch(tmp_path, ports=[51190, 51191, 51192, 51193, 51194, 9190],
+                          pool_size="1GB", retention="soft-pin", enable_disk=False)
+    assert launch.argv[1:3] == ["-m", "services.kvstore"]
+    # The argv parses back to the same settings (what the child will run with).
+    assert parse_settings(launch.argv[3:]) == launch.settings
+    assert launch.engine_flags == ["--kv-store-config",
+                                   str(tmp_path / "mooncake-engine.json")]
+    assert launch.health_url == "http://127.0.0.1:9190/health"
+    with pytest.raises(ValueError, match="ports"):
+        store_launch(tmp_path, ports=[1, 2])
