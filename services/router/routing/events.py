@@ -164,7 +164,13 @@ class KvEventSubscriber:
             while True:
                 topic, seq_bytes, payload = await sub.recv_multipart()
                 seq = int.from_bytes(seq_bytes, "big", signed=True)
-                await self.handle(seq, payload)
+                try:
+                    await self.handle(seq, payload)
+                except (msgspec.DecodeError, ValueError) as err:
+                    # A malformed batch must not stop the stream; treat it as lost.
+                    self.stats.errors.append(f"seq {seq}: {err}")
+                    self._count_lost(1)
+                    self._next_seq = seq + 1
         finally:
             self.stats.connected = False
             sub.close(linger=0)
