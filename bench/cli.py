@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_args(p)
     p.add_argument("--tolerance", type=float, default=0.25,
                    help="relative tolerance (default 0.25 = ±25%%)")
+    p.add_argument("--one-after-the-other", action="store_true",
+                   help="run the two clients one after the other instead of side by side "
+                        "(side by side, each sees the same load; the default)")
     p.add_argument("--aiperf", help="aiperf executable (default .tandem/venv-aiperf/bin/aiperf, "
                                     "made by bench/setup_aiperf.sh)")
 
@@ -325,7 +328,8 @@ def cmd_crosscheck(a) -> int:
     model = a.model or served_model(a.url)
     out = _out_dir(a, "crosscheck")
     doc = crosscheck(sessions, _replay_cfg(a, a.url, model), tok, tok_dir, out,
-                     tolerance=a.tolerance, aiperf=a.aiperf, log=_log)
+                     tolerance=a.tolerance, aiperf=a.aiperf,
+                     side_by_side=not a.one_after_the_other, log=_log)
     print((out / "crosscheck.md").read_text())
     return 0 if doc["comparison"]["agree"] else 1
 

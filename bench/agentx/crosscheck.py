@@ -1,7 +1,13 @@
-"""Cross-check with an independent client: the same requests, replayed once by
-our client and once by aiperf (NVIDIA's benchmark harness, the base of the
-AgentX harness), against the same endpoint; their TTFT and throughput must
-agree within a stated tolerance.
+"""Cross-check with an independent client: the same requests, replayed by our
+client and by aiperf (NVIDIA's benchmark harness, the base of the AgentX
+harness), against the same endpoint; their TTFT, ITL and throughput must agree
+within a stated tolerance.
+
+By default the two clients run side by side (our replay starts the moment
+aiperf's profiling phase begins), each at the given concurrency: both then see
+the same server under the same load, so the drift of a shared machine cannot
+favour either, and each instrument has to report what the other saw. With
+``side_by_side=False`` they run one after the other.
 
 To compare instruments rather than schedulers, both replay the same flattened
 workload: every agent (main and sub-agent) of the trace becomes one session of
@@ -132,46 +138,91 @@ def _metric(export: dict, tag: str, stat: str) -> float | None:
     return float(val)
 
 
-def run_aiperf(aiperf: Path, url: str, model: str, tokenizer_dir: str, input_file: Path,
-               concurrency: int, requests: int, artifact_dir: Path,
-               timeout_s: float) -> dict[str, Any]:
-    cmd = [str(aiperf), "profile", "--model", model, "--url", url,
-           "--endpoint-type", "chat", "--streaming",
-           "--custom-dataset-type", "single_turn", "--input-file", str(input_file),
-           "--concurrency", str(concurrency), "--request-count", str(requests),
-           "--tokenizer", str(tokenizer_dir), "--use-server-token-count",
-           "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
-           "--artifact-dir", str(artifact_dir), "--ui-type", "none",
-           "--request-timeout-seconds", str(int(timeout_s)), "--random-seed", "0"]
-    artifact_dir.mkdir(parents=True, exist_ok=True)
-    log_path = artifact_dir / "aiperf.log"
-    t0 = time.time()
-    with log_path.open("w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
+class AiperfRun:
+    """One aiperf ``profile`` process, started in the background."""
+
+    def __init__(self, aiperf: Path, url: str, model: str, tokenizer_dir: str,
+                 input_file: Path, concurrency: int, requests: int, artifact_dir: Path,
+                 timeout_s: float):
+        self.cmd = [str(aiperf), "profile", "--model", model, "--url", url,
+                    "--endpoint-type", "chat", "--streaming",
+                    "--custom-dataset-type", "single_turn", "--input-file", str(input_file),
+                    "--concurrency", str(concurrency), "--request-count", str(requests),
+                    "--tokenizer", str(tokenizer_dir), "--use-server-token-count",
+                    "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
+                    "--artifact-dir", str(artifact_dir), "--ui-type", "none",
+                    "--request-timeout-seconds", str(int(timeout_s)), "--random-seed", "0",
+                    # few service processes: the machine may have 2 cores
+                    "--workers-max", "2", "--record-processors", "1"]
+        self.dir = artifact_dir
+        self.timeout_s = timeout_s
+        artifact_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = artifact_dir / "aiperf.log"
+        self.t0 = time.time()
+        self._log = self.log_path.open("w")
+        self._log.write(" ".join(self.cmd) + "\n")
+        self._log.flush()
         # aiperf's offline mode resolves tokenizers as hub snapshots only, so a
         # local model folder must be loaded with offline mode off.
         env = {k: v for k, v in os.environ.items()
                if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                              timeout=timeout_s + 600)
-    wall = time.time() - t0
-    exports = sorted(artifact_dir.rglob("profile_export_aiperf.json"))
-    if proc.returncode != 0 or not exports:
-        tail = log_path.read_text()[-3000:]
-        raise RuntimeError(f"aiperf failed (exit {proc.returncode}); log {log_path}:\n{tail}")
-    export = json.loads(exports[-1].read_text())
-    return {
-        "command": cmd, "wall_s": wall, "export": str(exports[-1]),
-        "ttft_p50": _metric(export, "time_to_first_token", "p50"),
-        "ttft_p90": _metric(export, "time_to_first_token", "p90"),
-        "ttft_p99": _metric(export, "time_to_first_token", "p99"),
-        "itl_p50": _metric(export, "inter_token_latency", "p50"),
-        "output_tokens_per_s": _metric(export, "output_token_throughput", "avg"),
-        "requests_per_s": _metric(export, "request_throughput", "avg"),
-        "requests": _metric(export, "request_count", "avg"),
-        "errors": _metric(export, "error_request_count", "avg") or 0,
-    }
+        # its services must register within 30 s by default; a loaded 2-core
+        # machine needs longer
+        env.setdefault("AIPERF_SERVICE_REGISTRATION_TIMEOUT", "600")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+
+    def wait_profiling(self, timeout_s: float = 900.0) -> None:
+        """Block until aiperf has started sending (its profiling phase began)."""
+        deadline = time.time() + timeout_s
+        log = self.dir / "logs" / "aiperf.log"
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self._fail()
+            if log.is_file() and "Phase profiling (profiling) started" in log.read_text(
+                    errors="replace"):
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"aiperf did not start sending within {timeout_s:.0f}s; "
+                           f"log {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def _fail(self):
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"aiperf failed (exit {self.proc.returncode}); "
+                           f"log {self.log_path}:\n{tail}")
+
+    def finish(self) -> dict[str, Any]:
+        try:
+            self.proc.wait(self.timeout_s + 600)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise RuntimeError(f"aiperf did not finish; log {self.log_path}") from None
+        finally:
+            self._log.close()
+        exports = sorted(self.dir.rglob("profile_export_aiperf.json"))
+        if self.proc.returncode != 0 or not exports:
+            self._fail()
+        export = json.loads(exports[-1].read_text())
+        return {
+            "command": self.cmd, "wall_s": time.time() - self.t0, "export": str(exports[-1]),
+            "ttft_p50": _metric(export, "time_to_first_token", "p50"),
+            "ttft_p90": _metric(export, "time_to_first_token", "p90"),
+            "ttft_p99": _metric(export, "time_to_first_token", "p99"),
+            "itl_p50": _metric(export, "inter_token_latency", "p50"),
+            "output_tokens_per_s": _metric(export, "output_token_throughput", "avg"),
+            "requests_per_s": _metric(export, "request_throughput", "avg"),
+            "requests": _metric(export, "request_count", "avg"),
+            "errors": _metric(export, "error_request_count", "avg") or 0,
+        }
 
 
 COMPARED = ("ttft_p50", "ttft_p90", "itl_p50", "output_tokens_per_s", "requests_per_s")
@@ -197,7 +248,7 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any], tolerance: float) -> d
 
 def crosscheck(sessions: list[Session], cfg: ReplayConfig, tokenizer, tokenizer_dir: str,
                out_dir: Path, tolerance: float = 0.25, aiperf: str | None = None,
-               log=print) -> dict[str, Any]:
+               side_by_side: bool = True, log=print) -> dict[str, Any]:
     import asyncio
 
     from . import metrics
@@ -207,26 +258,42 @@ def crosscheck(sessions: list[Session], cfg: ReplayConfig, tokenizer, tokenizer_
     n_requests = sum(len(s.requests) for s in flat)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    # ours
-    builder = PromptBuilder(tokenizer, salt=new_salt())
-    prompts = build_prompts(flat, builder)
+    our_builder = PromptBuilder(tokenizer, salt=new_salt())
+    prompts = build_prompts(flat, our_builder)
     our_cfg = replace(cfg, think_scale=0.0)
-    log(f"crosscheck: our client, {n_requests} requests from {len(flat)} agents, "
-        f"concurrency {cfg.concurrency}")
-    result = asyncio.run(Replayer(our_cfg, flat, prompts, salt=builder.salt).run())
-    ours = metrics.summarize([r.__dict__ for r in result.records], result.duration_s)
-
-    # aiperf, same structure with another salt
-    builder_b = PromptBuilder(tokenizer, salt=new_salt())
+    their_builder = PromptBuilder(tokenizer, salt=new_salt())
     input_file = out_dir / "aiperf_input.jsonl"
-    expected = write_aiperf_input(flat, builder_b, input_file, cfg.max_tokens_cap)
-    log(f"crosscheck: aiperf {aiperf_bin}")
-    theirs = run_aiperf(aiperf_bin, cfg.url, cfg.model, tokenizer_dir, input_file,
-                        cfg.concurrency, n_requests, out_dir / "aiperf",
-                        cfg.timeout_s)
+    expected = write_aiperf_input(flat, their_builder, input_file, cfg.max_tokens_cap)
+
+    def aiperf_run() -> AiperfRun:
+        log(f"crosscheck: aiperf {aiperf_bin}")
+        return AiperfRun(aiperf_bin, cfg.url, cfg.model, tokenizer_dir, input_file,
+                         cfg.concurrency, n_requests, out_dir / "aiperf", cfg.timeout_s)
+
+    def ours_run():
+        log(f"crosscheck: our client, {n_requests} requests from {len(flat)} agents, "
+            f"concurrency {cfg.concurrency}")
+        return asyncio.run(Replayer(our_cfg, flat, prompts, salt=our_builder.salt).run())
+
+    if side_by_side:
+        # both clients at once: each sees the same server under the same load,
+        # which a shared machine's drift cannot bias
+        run = aiperf_run()
+        try:
+            run.wait_profiling()
+            result = ours_run()
+        except BaseException:
+            run.stop()
+            raise
+        theirs = run.finish()
+    else:
+        result = ours_run()
+        theirs = aiperf_run().finish()
+    ours = metrics.summarize([r.__dict__ for r in result.records], result.duration_s)
     theirs["prompt_check"] = aiperf_prompt_check(out_dir / "aiperf", expected)
     cmp = compare(ours, theirs, tolerance)
     doc = {"kind": "tandem-agentx-crosscheck", "endpoint": cfg.url, "model": cfg.model,
+           "mode": "side by side" if side_by_side else "one after the other",
            "concurrency": cfg.concurrency, "requests": n_requests, "agents": len(flat),
            "ours": {k: ours.get(k) for k in COMPARED + ("ttft_p99", "failures", "ok",
                                                          "hit_rate", "duration_s")},
@@ -240,8 +307,9 @@ def crosscheck_markdown(doc: dict) -> str:
     cmp = doc["comparison"]
     lines = ["# Cross-check: our replay client vs aiperf", "",
              f"Endpoint `{doc['endpoint']}` (model `{doc['model']}`), {doc['requests']} requests "
-             f"from {doc['agents']} agents, concurrency {doc['concurrency']}, no think time, "
-             f"same prompts' structure (different content salt per client). aiperf "
+             f"from {doc['agents']} agents, concurrency {doc['concurrency']} per client, no "
+             f"think time, same prompts' structure (different content salt per client), "
+             f"clients run {doc.get('mode', 'one after the other')}. aiperf "
              f"{AIPERF_VERSION}.", "",
              f"Tolerance ±{100 * cmp['tolerance']:.0f}% relative: "
              f"**{'agree' if cmp['agree'] else 'DISAGREE'}**.", "",
