@@ -218,13 +218,18 @@ class Stack:
 
 
 def stop_process_group(proc: Proc, grace_s: float) -> None:
-    """SIGTERM the process group, SIGKILL it if still alive after the grace."""
+    """SIGTERM the service's main process, SIGKILL its whole group if anything
+    is left after the grace period.
+
+    Only the main process gets SIGTERM, as in a Kubernetes pod: it drains and
+    shuts its vLLM engine down in order. (SIGTERM to the whole group would make
+    vLLM's engine core abort in-flight requests at once.)"""
     if proc.pid is None:
         return
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
-        return
+        pass
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and _group_alive(proc.pid):
         time.sleep(0.2)

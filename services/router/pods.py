@@ -28,6 +28,10 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.keepalive_timeout_ms", 5_000)]
 
 
+# Consecutive timed-out polls after which a pod counts as unhealthy.
+_SLOW_POLLS_BEFORE_UNHEALTHY = 3
+
+
 @dataclass
 class PodState:
     healthy: bool = False
@@ -47,6 +51,7 @@ class EnginePod:
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.state = PodState()
         self._metrics = metrics
+        self._slow_polls = 0
 
     @property
     def available(self) -> bool:
@@ -72,8 +77,14 @@ class EnginePod:
                                              timeout=timeout)
             load = await self.stub.GetLoad(pb.GetLoadRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            self.mark_unhealthy(exc.code().name)
+            # A refused connection is a dead pod; a slow answer from a busy
+            # one is not, unless it keeps happening.
+            self._slow_polls += 1
+            if (exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                    or self._slow_polls >= _SLOW_POLLS_BEFORE_UNHEALTHY):
+                self.mark_unhealthy(exc.code().name)
             return
+        self._slow_polls = 0
         healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
         if healthy and not self.state.healthy:
             log.info("pod %s (%s) is healthy", self.address, self.role)
@@ -114,7 +125,7 @@ class PodPool:
                                               order[p.address]))
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(p.poll(timeout=max(self._poll_interval_s, 1.0))
+        await asyncio.gather(*(p.poll(timeout=max(3 * self._poll_interval_s, 3.0))
                                for p in self.pods))
 
     async def _poll_forever(self) -> None:

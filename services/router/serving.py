@@ -124,6 +124,9 @@ class OpenAIServing:
             watch.cancel()
             if not task.done():
                 task.cancel()
+                # Let the work unwind (its finally blocks abort engine calls)
+                # before anyone touches the generator it was driving.
+                await asyncio.gather(task, return_exceptions=True)
         if task in done:
             return task.result()
         if watch in done:
