@@ -125,8 +125,7 @@ def start_engine(role: str, cpu: int, tmp: Path, name: str, store_flags: list[st
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.engine", "--role", role, "--grpc-port", str(grpc_port),
          "--metrics-port", str(metrics_port), "--nixl-port", str(nixl_port), "--dtype",
-         "float32", "--enforce-eager", "--max-model-len", "4096",
-         "--num-gpu-blocks-override", "24", *store_flags],
+         "float32", "--enforce-eager", "--max-model-len", "4096", *store_flags],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     client = EngineClient(grpc_port, metrics_port)
     deadline = time.monotonic() + 900

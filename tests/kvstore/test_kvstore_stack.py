@@ -44,7 +44,7 @@ def free_ports(n: int) -> list[int]:
 
 
 class Store:
-    def __init__(self, tmp: Path, pool_size: str = "96MB") -> None:
+    def __init__(self, tmp: Path, pool_size: str = "256MB") -> None:
         (self.master, self.metadata, self.master_metrics, self.client, self.client_http,
          self.http) = free_ports(6)
         self.state = tmp / "kvstore"
@@ -187,6 +187,20 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(str(resolve_model(None)))
 
 
+def settle(store: Store, timeout: float = 60) -> float:
+    """Wait until the store's object count stops changing (puts are asynchronous
+    to the request that computed the KV)."""
+    deadline = time.monotonic() + timeout
+    last = -1.0
+    while time.monotonic() < deadline:
+        now = store.metrics().get("tandem_kvstore_objects", 0.0)
+        if now == last and now > 0:
+            return now
+        last = now
+        time.sleep(1.5)
+    return last
+
+
 def external_hits(client: EngineClient) -> float:
     return client.metrics().get("vllm:external_prefix_cache_hits_total", 0.0)
 
@@ -203,7 +217,7 @@ def test_store_health_and_metrics(store):
     assert code == 200 and body["processes"]["master"]["ready"]
     m = store.metrics()
     assert m["tandem_kvstore_process_up{process=client}"] == 1
-    assert m["tandem_kvstore_capacity_bytes{tier=memory}"] == 96 << 20
+    assert m["tandem_kvstore_capacity_bytes{tier=memory}"] == 256 << 20
     assert m["tandem_kvstore_clients"] >= 1
 
 
@@ -224,20 +238,17 @@ def test_pd_transfer_under_multiconnector_is_token_identical(engines, tokenizer,
     assert pulled >= 1280, "decode did not receive the prompt KV (NIXL or store)"
     assert pd.token_ids == ref.token_ids
     # The prefill engine also wrote the prompt's blocks to the store.
-    deadline = time.monotonic() + 30
-    while store.metrics().get("tandem_kvstore_objects", 0) < 10 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert store.metrics()["tandem_kvstore_objects"] >= 10
+    assert settle(store) >= 10
 
 
-def test_cross_engine_reuse_through_store(engines, tokenizer):
+def test_cross_engine_reuse_through_store(engines, tokenizer, store):
     """A prompt prefilled on engine A is served on engine B from the store."""
     prefill, decode = engines
     ids = long_prompt(tokenizer, 1500, seed=2)
     kv_json, _, cold_s = prefill.client.prefill(ids)  # A computes it and puts it
     # B (decode engine) gets the prompt alone, without the NIXL hand-off: its
     # only source is the shared store.
-    time.sleep(1.0)  # the put is asynchronous to the request
+    settle(store)
     before = external_hits(decode.client)
     warm = decode.client.generate(ids, max_tokens=4)
     from_store = external_hits(decode.client) - before
@@ -257,7 +268,7 @@ def test_prefill_restart_served_from_store(engines, tokenizer, store):
     prefill, _ = engines
     ids = long_prompt(tokenizer, 1500, seed=3)
     _, _, first_s = prefill.client.prefill(ids)
-    time.sleep(1.0)
+    settle(store)
     prefill.stop()
     # The restarted engine also switches to the soft-pin retention policy
     # (read from the store's engine config when its connector starts).
@@ -283,12 +294,13 @@ def test_prefill_restart_served_from_store(engines, tokenizer, store):
 
 
 def test_pool_overflow_spills_to_disk_and_reads_back(engines, tokenizer, store):
-    """96 MB pool; each 1.5K prompt is ~70 MB of KV: a few prompts overflow it."""
+    """256 MB pool; each 1.5K-token prompt is 11 blocks of 5.9 MB (65 MB): the
+    earlier tests and these four prompts overflow it."""
     prefill, decode = engines
     prompts = [long_prompt(tokenizer, 1500, seed=100 + i) for i in range(4)]
     for ids in prompts:
-        kv_json, _, _ = prefill.client.prefill(ids)
-        decode.client.generate(ids, max_tokens=1, kv_params=kv_json)
+        prefill.client.prefill(ids)  # the prefill engine puts the blocks
+        settle(store, timeout=20)
     deadline = time.monotonic() + 60
     m = store.metrics()
     while m.get("tandem_kvstore_tier_objects{tier=disk}", 0) == 0 and time.monotonic() < deadline:
