@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     base = ReplayConfig(url="", model="", think_scale=a.think_scale, timeout_s=a.timeout,
                         progress=sys.stderr.isatty())
     runs: list[dict] = []
+    problems: list[str] = []
     for name in names:
         cfg = StackConfig(router_port=free_port(), kv_cache_gib=1, max_model_len=4096,
                           state_dir=Path(tempfile.mkdtemp(prefix=f"tandem-bench-{name}-")),
@@ -73,18 +74,21 @@ def main(argv: list[str] | None = None) -> int:
         stack = Stack(cfg)
         _log(f"starting the {name} stack ({CONFIGS[name]})")
         t0 = time.time()
-        stack.start()
         try:
+            stack.start()
             _log(f"{name} stack up in {time.time() - t0:.0f}s at {stack.router_url}")
             runs += run_sweep(sessions, info, [Endpoint(name, stack.router_url)], concs,
                               replace(base), tok, out, served_model, log=_log)
+        except Exception as e:           # report what was measured, say what was not
+            problems.append(f"**{name}: not measured** — {type(e).__name__}: {e}")
+            _log(f"{name}: {type(e).__name__}: {e}")
         finally:
             stack.stop()
     md = report.write_report(runs, out, baseline=names[0], title="P/D vs aggregated", notes=[
         f"Configurations run one after the other ({', '.join(names)}), each behind the "
-        f"Tandem router; think times scaled by {a.think_scale}."])
+        f"Tandem router; think times scaled by {a.think_scale}.", *problems])
     _log(f"report: {md}")
-    return 1 if any(r["summary"]["failures"] for r in runs) else 0
+    return 1 if problems or any(r["summary"]["failures"] for r in runs) else 0
 
 
 if __name__ == "__main__":
