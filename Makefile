@@ -10,12 +10,12 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model run test test-unit bench down clean
+.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-agentic down clean
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
 	@echo "make test   set up everything and run the whole test suite"
-	@echo "make bench  run the benchmarks in bench/ (P/D vs aggregated)"
+	@echo "make bench  run the benchmarks in bench/ (P/D vs aggregated, agentic replay)"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 
 setup: apt $(STAMP) proto model
@@ -51,13 +51,18 @@ proto: $(STAMP)
 model: $(STAMP)
 	$(PY) -m tandem.model
 
+# aiperf (the independent client the benchmark is cross-checked with) pins
+# dependencies that clash with vLLM's, so it lives in its own venv.
+aiperf:
+	PYTHON=$(PYTHON) bench/setup_aiperf.sh
+
 run: setup
 	$(VENV)/bin/tandem up
 
 down:
 	$(VENV)/bin/tandem down
 
-test: setup
+test: setup aiperf
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
@@ -65,6 +70,10 @@ test-unit: setup
 
 bench: setup
 	$(PY) -m bench.pd_vs_aggregated
+	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
+
+bench-agentic: setup aiperf
+	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
 
 clean:
 	rm -rf tandem/proto .pytest_cache

@@ -4,6 +4,7 @@
     tandem down      stop a stack started by `tandem up` (from another shell)
     tandem status    what runs, and whether it is healthy
     tandem model     prepare the bundled model and print its folder
+    tandem bench     agentic workload benchmark (see `tandem bench --help`)
 """
 
 from __future__ import annotations
@@ -134,6 +135,11 @@ def cmd_model(args: argparse.Namespace) -> int:
     return model_main(args.rest)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.cli import main as bench_main
+    return bench_main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,10 +166,17 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="prepare the bundled model and print its folder")
     model.add_argument("rest", nargs=argparse.REMAINDER)
     model.set_defaults(func=cmd_model)
+    bench = sub.add_parser("bench", help="agentic workload benchmark (bench/cli.py)",
+                           add_help=False)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # everything after `bench` is bench's, --help included
+        return cmd_bench(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
 

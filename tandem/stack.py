@@ -49,7 +49,9 @@ class StackConfig:
     ports_from: int | None = None  # None = pick free ports
     state_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "tandem" / "run")
     engine_args: list[str] = field(default_factory=list)  # passed to every engine
-    startup_timeout_s: float = 600.0
+    # Seconds for every engine and the router to come up. Engines start in
+    # under a minute on an idle 2-core machine; a busy one can take ten times that.
+    startup_timeout_s: float = 1200.0
 
 
 @dataclass
@@ -188,7 +190,7 @@ class Stack:
         while True:
             self._check_alive(proc)
             try:
-                if httpx.get(f"{proc.url}/health", timeout=1.0).status_code == 200:
+                if httpx.get(f"{proc.url}/health", timeout=5.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
