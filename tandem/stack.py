@@ -166,16 +166,11 @@ class Stack:
             self.stop()
             raise
 
-    def _check_alive(self, proc: Proc) -> None:
-        if not proc.alive():
-            tail = Path(proc.log).read_text(errors="replace")[-3000:]
-            raise StackError(f"{proc.name} exited during start-up; last log lines:\n{tail}")
-
     def _wait_engine(self, proc: Proc, deadline: float) -> None:
         with grpc.insecure_channel(proc.grpc) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
-                self._check_alive(proc)
+                raise_if_exited(proc)
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -187,16 +182,7 @@ class Stack:
                 time.sleep(0.5)
 
     def _wait_router(self, proc: Proc, deadline: float) -> None:
-        while True:
-            self._check_alive(proc)
-            try:
-                if httpx.get(f"{proc.url}/health", timeout=5.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise StackError(f"router not ready in time; see {proc.log}")
-            time.sleep(0.3)
+        wait_http_ok(f"{proc.url}/health", proc, deadline)
 
     def stop(self, grace_s: float = 20.0) -> None:
         # Router first, so nothing new reaches engines that are going away.
@@ -217,6 +203,26 @@ class Stack:
         state = {"supervisor_pid": os.getpid(), "router_url": self.router_url,
                  "procs": [asdict(p) for p in self.procs]}
         (self.config.state_dir / "stack.json").write_text(json.dumps(state, indent=2))
+
+
+def raise_if_exited(proc: Proc) -> None:
+    if not proc.alive():
+        tail = Path(proc.log).read_text(errors="replace")[-3000:]
+        raise StackError(f"{proc.name} exited during start-up; last log lines:\n{tail}")
+
+
+def wait_http_ok(url: str, proc: Proc, deadline: float) -> None:
+    """Wait until `url` answers 200, failing early if `proc` exits."""
+    while True:
+        raise_if_exited(proc)
+        try:
+            if httpx.get(url, timeout=5.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise StackError(f"{proc.name} not ready in time; see {proc.log}")
+        time.sleep(0.3)
 
 
 def stop_process_group(proc: Proc, grace_s: float) -> None:

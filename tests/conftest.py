@@ -13,11 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tandem.model import default_model_dir, resolve_model
-from tandem.stack import Stack, StackConfig, free_port, stop_process_group, Proc
+from tandem.stack import Proc, Stack, StackConfig, free_port, stop_process_group, wait_http_ok
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 # Long enough that a prefill engine that never hands its KV over keeps it for
@@ -63,19 +62,8 @@ def reference(model_dir, tmp_path_factory):
                                  start_new_session=True)
     proc = Proc(name="reference", argv=argv, log=str(log), pid=popen.pid)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
     try:
-        while True:
-            if popen.poll() is not None:
-                raise RuntimeError(f"reference vLLM server exited:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"reference vLLM server not ready; see {log}")
-            time.sleep(0.5)
+        wait_http_ok(f"{url}/health", proc, time.monotonic() + 1200)
         yield url
     finally:
         stop_process_group(proc, grace_s=10)
