@@ -62,7 +62,7 @@ run: setup
 down:
 	$(VENV)/bin/tandem down
 
-test: setup aiperf
+test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
