@@ -1,0 +1,61 @@
+"""vLLM plugin: gives NIXL's progress thread a poll timeout instead of a spin.
+
+NIXL's UCX backend runs a progress thread that waits on the UCX workers'
+event file descriptors with ``poll(timeout=pthrDelay)``. nixl's Python API
+hard-codes ``pthrDelay=0``, so the thread never sleeps: on a CPU-only machine
+each idle engine burns a whole core (two idle P/D engines measured at ~97%
+each on a 2-core machine), starving the engines themselves. The thread cannot
+simply be turned off: over UCX's TCP transport the prefill side must keep
+progressing while its engine is idle, or the decode's KV pull times out.
+With a non-zero delay the thread still wakes at once on every UCX event and
+otherwise re-polls every ``delay`` (NIXL's workaround for rare missed
+wake-ups), so transfers keep their latency and idle engines cost ~nothing.
+
+vLLM loads ``vllm.general_plugins`` entry points in every process it starts
+(engine core, workers), which is how this reaches the worker that creates the
+NIXL agent. The engine host sets ``TANDEM_NIXL_PROGRESS_DELAY_US`` from
+``--nixl-progress-delay-us``; without it this plugin does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+ENV = "TANDEM_NIXL_PROGRESS_DELAY_US"
+
+
+class _BindingsWithDelay:
+    """nixl's native bindings module, except that new agents get a delay."""
+
+    def __init__(self, bindings: Any, delay_us: int) -> None:
+        self._bindings = bindings
+        self.delay_us = delay_us
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bindings, name)
+
+    def nixlAgent(self, name: str, config: Any) -> Any:  # noqa: N802 (nixl's name)
+        if config.useProgThread and config.pthrDelay == 0:
+            config.pthrDelay = self.delay_us
+        return self._bindings.nixlAgent(name, config)
+
+
+def register() -> None:
+    delay_us = int(os.environ.get(ENV, "0"))
+    if delay_us <= 0:
+        return
+    try:
+        from vllm.distributed import nixl_utils
+
+        agent_cls = nixl_utils.NixlWrapper
+    except ImportError:
+        return
+    if agent_cls is None:  # NIXL not installed: nothing to tune
+        return
+    api = sys.modules[agent_cls.__module__]
+    if isinstance(api.nixlBind, _BindingsWithDelay):
+        api.nixlBind.delay_us = delay_us
+    else:
+        api.nixlBind = _BindingsWithDelay(api.nixlBind, delay_us)

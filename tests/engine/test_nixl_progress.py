@@ -1,0 +1,44 @@
+"""The NIXL progress-thread plugin: new agents get a poll timeout, not a spin."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from services.engine.config import parse_settings
+from services.engine.nixl_progress import _BindingsWithDelay
+
+
+def test_entry_point_is_registered_for_vllm():
+    names = {ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert "services.engine.nixl_progress:register" in names
+
+
+def test_agents_with_progress_thread_get_the_delay():
+    from vllm.distributed import nixl_utils
+
+    bindings = __import__(nixl_utils.NixlWrapper.__module__, fromlist=["nixlBind"]).nixlBind
+    if isinstance(bindings, _BindingsWithDelay):
+        bindings = bindings._bindings
+    created = []
+
+    class Recorder:
+        nixlAgentConfig = bindings.nixlAgentConfig
+
+        def nixlAgent(self, name, config):  # noqa: N802
+            created.append(config)
+
+    wrapped = _BindingsWithDelay(Recorder(), delay_us=10_000)
+    for prog_thread, delay in ((True, 0), (True, 500), (False, 0)):
+        config = wrapped.nixlAgentConfig()
+        config.useProgThread = prog_thread
+        config.pthrDelay = delay
+        wrapped.nixlAgent("agent", config)
+    assert [c.pthrDelay for c in created] == [10_000, 500, 0]
+
+
+def test_delay_defaults_by_device_and_flag_overrides():
+    auto = parse_settings(["--role", "prefill", "--model", "/nonexistent"])
+    assert auto.nixl_progress_delay("cpu") == 10_000
+    assert auto.nixl_progress_delay("cuda") == 0
+    spin = parse_settings(["--role", "prefill", "--model", "/x", "--nixl-progress-delay-us", "0"])
+    assert spin.nixl_progress_delay("cpu") == 0
