@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from services.engine import vllm_plugin
+
 ROLES = ("prefill", "decode", "both")
 
 
@@ -33,14 +35,16 @@ class EngineSettings:
     shutdown_grace_seconds: float
     engine_args: Any  # vllm.engine.arg_utils.AsyncEngineArgs
     kv_store_config: str | None = None  # services/kvstore's engine config file
-    nixl_progress_delay_us: int | None = None  # None = auto
+    nixl_progress_delay_us: int | None = None  # None = by device
 
-    def nixl_progress_delay(self, device: str) -> int:
-        """Poll timeout of NIXL's progress thread: 0 (NIXL's spin) on GPUs,
-        10 ms on CPU (see services/engine/nixl_progress.py)."""
-        if self.nixl_progress_delay_us is not None:
-            return self.nixl_progress_delay_us
-        return 10_000 if device == "cpu" else 0
+    def plugin_env(self, device: str) -> dict[str, str]:
+        """Settings for services/engine/vllm_plugin.py in the worker process:
+        NIXL's own busy spin with GPUs (a core per engine is cheap there), a
+        10 ms poll timeout on CPU, where every engine shares the same cores."""
+        delay = self.nixl_progress_delay_us
+        if delay is None:
+            delay = 10_000 if device == "cpu" else 0
+        return {vllm_plugin.NIXL_DELAY_ENV: str(delay)}
 
     def kv_transfer_config(self, device: str) -> dict[str, Any] | None:
         """The KV connector for this role, unless the user set one explicitly.

@@ -21,7 +21,6 @@ from prometheus_client import start_http_server
 from services.engine.config import EngineSettings, describe, parse_settings
 from services.engine.load import LoadTracker
 from services.engine.metrics import EngineMetrics
-from services.engine.nixl_progress import ENV as NIXL_PROGRESS_ENV
 from services.engine.servicer import EngineServicer
 from tandem.logs import setup_logging
 from tandem.proto import engine_pb2_grpc as pb_grpc
@@ -42,8 +41,8 @@ def _build_engine(settings: EngineSettings, load: LoadTracker):
     os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(settings.nixl_port)
     ea = settings.engine_args
     device = "cpu" if current_platform.is_cpu() else "cuda"
-    # Read by the vLLM plugin services/engine/nixl_progress.py in the worker.
-    os.environ[NIXL_PROGRESS_ENV] = str(settings.nixl_progress_delay(device))
+    # Read by services/engine/vllm_plugin.py in the engine core and worker.
+    os.environ.update(settings.plugin_env(device))
     if ea.kv_transfer_config is None:
         cfg = settings.kv_transfer_config(device)
         if cfg is not None:

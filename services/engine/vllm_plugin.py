@@ -4,17 +4,20 @@ NIXL's UCX backend runs a progress thread that waits on the UCX workers'
 event file descriptors with ``poll(timeout=pthrDelay)``. nixl's Python API
 hard-codes ``pthrDelay=0``, so the thread never sleeps: on a CPU-only machine
 each idle engine burns a whole core (two idle P/D engines measured at ~97%
-each on a 2-core machine), starving the engines themselves. The thread cannot
-simply be turned off: over UCX's TCP transport the prefill side must keep
-progressing while its engine is idle, or the decode's KV pull times out.
-With a non-zero delay the thread still wakes at once on every UCX event and
-otherwise re-polls every ``delay`` (NIXL's workaround for rare missed
-wake-ups), so transfers keep their latency and idle engines cost ~nothing.
+each on 2 cores), starving the engines' models. The thread cannot simply be
+off: over UCX's TCP transport an idle prefill must keep progressing or the
+decode's KV pull times out (seen: the pull failed after ~5 min). With a delay
+the thread still wakes at once on every UCX event and otherwise re-polls
+every ``delay`` (NIXL's guard against rare missed wake-ups).
+
+(vLLM's engine-core/worker shared-memory queues also spin, for 1 s after
+each message. Making them sleep instead was measured and rejected: decode
+inter-token latency doubled, 138 → 260 ms per token.)
 
 vLLM loads ``vllm.general_plugins`` entry points in every process it starts
-(engine core, workers), which is how this reaches the worker that creates the
-NIXL agent. The engine host sets ``TANDEM_NIXL_PROGRESS_DELAY_US`` from
-``--nixl-progress-delay-us``; without it this plugin does nothing.
+(engine core, workers); that is how the setting reaches the worker that
+creates the NIXL agent. The engine host sets ``TANDEM_NIXL_PROGRESS_DELAY_US``
+from ``--nixl-progress-delay-us``; without it this plugin changes nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ import os
 import sys
 from typing import Any
 
-ENV = "TANDEM_NIXL_PROGRESS_DELAY_US"
+NIXL_DELAY_ENV = "TANDEM_NIXL_PROGRESS_DELAY_US"
+
+
+def register() -> None:
+    delay_us = int(os.environ.get(NIXL_DELAY_ENV, "0"))
+    if delay_us > 0:
+        _set_nixl_progress_delay(delay_us)
 
 
 class _BindingsWithDelay:
@@ -42,10 +51,7 @@ class _BindingsWithDelay:
         return self._bindings.nixlAgent(name, config)
 
 
-def register() -> None:
-    delay_us = int(os.environ.get(ENV, "0"))
-    if delay_us <= 0:
-        return
+def _set_nixl_progress_delay(delay_us: int) -> None:
     try:
         from vllm.distributed import nixl_utils
 
@@ -59,3 +65,4 @@ def register() -> None:
         api.nixlBind.delay_us = delay_us
     else:
         api.nixlBind = _BindingsWithDelay(api.nixlBind, delay_us)
+

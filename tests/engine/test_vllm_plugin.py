@@ -1,16 +1,18 @@
-"""The NIXL progress-thread plugin: new agents get a poll timeout, not a spin."""
+"""The vLLM plugin: NIXL agents get a poll timeout instead of a spin, on CPU
+by default and wherever the flag asks for it."""
 
 from __future__ import annotations
 
 import importlib.metadata
 
+from services.engine import vllm_plugin
 from services.engine.config import parse_settings
-from services.engine.nixl_progress import _BindingsWithDelay
+from services.engine.vllm_plugin import _BindingsWithDelay
 
 
 def test_entry_point_is_registered_for_vllm():
     names = {ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
-    assert "services.engine.nixl_progress:register" in names
+    assert "services.engine.vllm_plugin:register" in names
 
 
 def test_agents_with_progress_thread_get_the_delay():
@@ -36,9 +38,9 @@ def test_agents_with_progress_thread_get_the_delay():
     assert [c.pthrDelay for c in created] == [10_000, 500, 0]
 
 
-def test_delay_defaults_by_device_and_flag_overrides():
-    auto = parse_settings(["--role", "prefill", "--model", "/nonexistent"])
-    assert auto.nixl_progress_delay("cpu") == 10_000
-    assert auto.nixl_progress_delay("cuda") == 0
+def test_defaults_by_device_and_flags_override():
+    auto = parse_settings(["--role", "prefill", "--model", "/x"])
+    assert auto.plugin_env("cpu") == {vllm_plugin.NIXL_DELAY_ENV: "10000"}
+    assert auto.plugin_env("cuda") == {vllm_plugin.NIXL_DELAY_ENV: "0"}
     spin = parse_settings(["--role", "prefill", "--model", "/x", "--nixl-progress-delay-us", "0"])
-    assert spin.nixl_progress_delay("cpu") == 0
+    assert spin.plugin_env("cpu") == {vllm_plugin.NIXL_DELAY_ENV: "0"}
