@@ -1,6 +1,6 @@
 """`tandem`: run and inspect the embedded stack.
 
-    tandem up        start KV hand-off engines and the router; Ctrl-C stops all
+    tandem up        start the KV store, prefill and decode engines, and the router; Ctrl-C stops all
     tandem down      stop a stack started by `tandem up` (from another shell)
     tandem status    what runs, and whether it is healthy
     tandem model     prepare the bundled model and print its folder
@@ -37,7 +37,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     config = StackConfig(model=args.model, prefill=args.prefill, decode=args.decode,
                          router_port=args.port, kv_cache_gib=args.kv_cache_gib,
                          max_model_len=args.max_model_len, state_dir=args.state_dir,
-                         engine_args=args.engine_arg or [])
+                         engine_args=args.engine_arg or [], kv_store=not args.no_kv_store,
+                         kv_store_pool=args.kv_store_pool, kv_store_disk=args.kv_store_disk)
     stack = Stack(config)
     stopping = False
 
@@ -47,7 +48,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    print(f"starting {args.prefill} prefill + {args.decode} decode engine(s) and the router; "
+    store = "" if args.no_kv_store else "the KV store, "
+    print(f"starting {store}{args.prefill} prefill + {args.decode} decode engine(s) and the router; "
           f"logs in {args.state_dir}", flush=True)
     try:
         stack.start()
@@ -87,8 +89,10 @@ def cmd_down(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + 60
         while supervisor.alive() and time.monotonic() < deadline:
             time.sleep(0.3)
-    # Whatever the supervisor did not stop (it was killed, say) goes now.
-    for raw in sorted(state["procs"], key=lambda p: p["name"] != "router"):
+    # Whatever the supervisor did not stop (it was killed, say) goes now:
+    # router first, store last.
+    order = {"router": 0, "kvstore": 2}
+    for raw in sorted(state["procs"], key=lambda p: order.get(p["name"], 1)):
         stop_process_group(Proc(**raw), grace_s=10)
     (args.state_dir / "stack.json").unlink(missing_ok=True)
     print("stopped.")
@@ -118,7 +122,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 health = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
             except grpc.RpcError as exc:
                 health = exc.code().name
-        elif alive and proc.name == "router":
+        elif alive and proc.url and proc.name in ("router", "kvstore"):
             try:
                 health = str(httpx.get(f"{proc.url}/health", timeout=2).status_code)
                 health = "SERVING" if health == "200" else f"HTTP {health}"
@@ -156,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--decode", type=int, default=1, help="number of decode engines")
     up.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache per engine (GiB, CPU)")
     up.add_argument("--max-model-len", type=int, default=8192, help="context length")
+    up.add_argument("--no-kv-store", action="store_true",
+                    help="run without the shared KV store (services/kvstore); engines "
+                    "then keep prefixes only in their own KV cache")
+    up.add_argument("--kv-store-pool", default="2GB",
+                    help="KV store RAM pool size (default: %(default)s)")
+    up.add_argument("--kv-store-disk", default="8GB",
+                    help="KV store disk tier size, under --state-dir (default: %(default)s)")
     up.add_argument("--engine-arg", action="append", metavar="ARG",
                     help="extra vLLM engine flag for every engine (repeat; e.g. "
                     "--engine-arg=--block-size=64)")

@@ -1,8 +1,10 @@
 """The embedded stack: every Tandem service as a local process on loopback.
 
-`Stack.start()` launches the prefill and decode engines, waits until their
-gRPC health says SERVING, then launches the router and waits for its /health.
-`Stack.stop()` stops the router first (no new work), then the engines, each
+`Stack.start()` launches the KV store (Mooncake, services/kvstore) and waits
+for its /health, then the prefill and decode engines configured to use it,
+waits until their gRPC health says SERVING, then launches the router and waits
+for its /health. `Stack.stop()` stops the router first (no new work), then the
+engines, then the store, each
 with SIGTERM to its whole process group (vLLM forks engine-core and worker
 processes) and SIGKILL after a grace period — no orphans. Used by
 `tandem up` and by the integration tests (one stack per test session).
@@ -49,6 +51,11 @@ class StackConfig:
     ports_from: int | None = None  # None = pick free ports
     state_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "tandem" / "run")
     engine_args: list[str] = field(default_factory=list)  # passed to every engine
+    # The shared KV store every engine reads and writes prefixes through.
+    kv_store: bool = True
+    kv_store_pool: str = "2GB"
+    kv_store_disk: str = "8GB"
+    kv_store_args: dict[str, object] = field(default_factory=dict)  # KvStoreSettings fields
     # Seconds for every engine and the router to come up. Engines start in
     # under a minute on an idle 2-core machine; a busy one can take ten times that.
     startup_timeout_s: float = 1200.0
@@ -100,13 +107,26 @@ class Stack:
     def router_url(self) -> str:
         return f"http://{self.config.host}:{self.config.router_port}"
 
-    def _engine(self, role: str, index: int, cpu: int) -> tuple[Proc, dict[str, str]]:
+    def _store(self):
+        from services.kvstore.api import store_launch
+
+        c = self.config
+        launch = store_launch(c.state_dir / "kvstore", host=c.host,
+                              ports=[self._port() for _ in range(6)],
+                              pool_size=c.kv_store_pool, disk_size=c.kv_store_disk,
+                              **c.kv_store_args)
+        proc = Proc(name="kvstore", argv=launch.argv, log=str(c.state_dir / "kvstore.log"),
+                    url=launch.health_url.removesuffix("/health"))
+        return proc, launch
+
+    def _engine(self, role: str, index: int, cpu: int, store_flags: list[str],
+                ) -> tuple[Proc, dict[str, str]]:
         c = self.config
         grpc_port, metrics_port, nixl_port = self._port(), self._port(), self._port()
         argv = [sys.executable, "-m", f"services.{role}", "--host", c.host,
                 "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
                 "--nixl-port", str(nixl_port), "--dtype", c.dtype, "--enforce-eager",
-                "--max-model-len", str(c.max_model_len),
+                "--max-model-len", str(c.max_model_len), *store_flags,
                 *c.engine_args]
         if c.model:
             argv += ["--model", c.model]
@@ -135,16 +155,26 @@ class Stack:
         resolve_model(c.model)  # convert the default model once, before engines race to
 
         cpus = _cpus()
-        engines = []
-        for role, count in (("prefill", c.prefill), ("decode", c.decode),
-                            ("engine", c.aggregated)):
-            for i in range(count):
-                engines.append(self._engine(role, i, cpus[len(engines) % len(cpus)]))
+        deadline = time.monotonic() + c.startup_timeout_s
         try:
+            store_flags = []
+            if c.kv_store:
+                # First: an engine given --kv-store-config refuses to start
+                # without a reachable store.
+                store, launch = self._store()
+                self._launch(store, launch.env)
+                self.write_state()
+                wait_http_ok(f"{store.url}/health", store, deadline)
+                store_flags = launch.engine_flags
+            engines = []
+            for role, count in (("prefill", c.prefill), ("decode", c.decode),
+                                ("engine", c.aggregated)):
+                for i in range(count):
+                    engines.append(self._engine(role, i, cpus[len(engines) % len(cpus)],
+                                                store_flags))
             for proc, env in engines:
                 self._launch(proc, env)
             self.write_state()
-            deadline = time.monotonic() + c.startup_timeout_s
             for proc, _ in engines:
                 self._wait_engine(proc, deadline)
             router = Proc(name="router", log=str(c.state_dir / "router.log"),
@@ -185,8 +215,10 @@ class Stack:
         wait_http_ok(f"{proc.url}/health", proc, deadline)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        # Router first, so nothing new reaches engines that are going away.
-        for proc in sorted(self.procs, key=lambda p: p.name != "router"):
+        # Router first, so nothing new reaches engines that are going away;
+        # the store last, so engines shut down with their store still there.
+        order = {"router": 0, "kvstore": 2}
+        for proc in sorted(self.procs, key=lambda p: order.get(p.name, 1)):
             stop_process_group(proc, grace_s)
             popen = self._popen.pop(proc.name, None)
             if popen is not None:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
+import grpc
 import httpx
+
+from tandem.proto import engine_pb2 as pb
+from tandem.proto import engine_pb2_grpc as pb_grpc
 
 
 def chat(url: str, model: str, content: str, **extra) -> httpx.Response:
@@ -30,6 +35,21 @@ def stream_text(events: list[str], field: str = "chat") -> str:
         for choice in chunk["choices"]:
             text.append(choice["delta"].get("content", "") if field == "chat" else choice["text"])
     return "".join(text)
+
+
+def engine_load(address: str) -> pb.GetLoadResponse:
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.EngineStub(channel).GetLoad(pb.GetLoadRequest(), timeout=5)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    """Poll until predicate() is truthy; return its last value."""
+    deadline = time.monotonic() + timeout
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval)
+        value = predicate()
+    return value
 
 
 def metric_value(text: str, name: str, labels: str = "") -> float:

@@ -1,0 +1,213 @@
+"""Faults: a client that leaves mid-stream, pods that are down or die, a
+decode that fails after its prefill succeeded. Each frees what it held and
+the stack keeps serving. Real engines; pod failures are real dead processes
+or closed ports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from services.router.errors import OpenAIError
+from services.router.metrics import RouterMetrics
+from services.router.pd import EngineRequest, Orchestrator
+from services.router.pods import EnginePod, PodPool
+from tandem.proto import engine_pb2 as pb
+from tandem.stack import Proc, free_port, stop_process_group
+from tests.conftest import MODEL_NAME, engine
+from tests.stack.helpers import chat, engine_load, metric_value, sse_events, wait_for
+from tests.stack.test_pd_identity import LONG_CONTEXT
+
+pytestmark = pytest.mark.stack
+
+
+def _idle(address: str) -> bool:
+    load = engine_load(address)
+    return load.in_flight == 0 and load.kv_cache_usage == 0.0
+
+
+@contextmanager
+def router_process(tmp_path, *pod_args: str):
+    port = free_port()
+    log = tmp_path / f"router-{port}.log"
+    argv = [sys.executable, "-m", "services.router", "--port", str(port),
+            "--poll-interval", "0.5", *pod_args]
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ready = wait_for(lambda: popen.poll() is None and _answers(url), timeout=120)
+        assert ready, f"router did not start:\n{log.read_text()[-2000:]}"
+        yield url
+    finally:
+        stop_process_group(Proc(name="router", argv=argv, log=str(log), pid=popen.pid), 10)
+        popen.wait(timeout=10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/v1/models", timeout=1)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+def test_client_disconnect_mid_stream_frees_kv_on_both_engines(stack):
+    prefill, decode = engine(stack, "prefill").grpc, engine(stack, "decode").grpc
+    body = {"model": MODEL_NAME, "stream": True, "max_tokens": 1500, "ignore_eos": True,
+            "messages": [{"role": "user", "content": LONG_CONTEXT}]}
+    chunks = 0
+    with httpx.stream("POST", f"{stack.router_url}/v1/chat/completions", json=body,
+                      timeout=120) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        while chunks < 4:
+            chunks += next(lines).startswith("data: ")
+        # Mid-generation: the decode engine is busy with this request. (Checked
+        # while `lines` is alive: a dropped line iterator closes the stream.)
+        assert engine_load(decode).in_flight == 1
+    # Leaving the `with` closed the connection mid-stream.
+    assert wait_for(lambda: _idle(decode), timeout=30), engine_load(decode)
+    assert wait_for(lambda: _idle(prefill), timeout=30), engine_load(prefill)
+    text = httpx.get(f"{stack.router_url}/metrics", timeout=10).text
+    assert metric_value(text, "tandem_router_client_disconnects_total") >= 1
+    # And the stack still serves.
+    assert chat(stack.router_url, MODEL_NAME, "Hi!", max_tokens=4).status_code == 200
+
+
+def test_release_kv_frees_a_prefill_lease_early(stack):
+    """KV a prefill keeps for a decode that never comes is freed through any
+    decode engine, long before its lease (120 s here) expires."""
+    import grpc
+    from tandem.proto import engine_pb2_grpc as pb_grpc
+
+    prefill, decode = engine(stack, "prefill").grpc, engine(stack, "decode").grpc
+    tokens = list(range(1000, 1700))  # 700 tokens: five full blocks of 128
+    with grpc.insecure_channel(prefill) as p_channel, grpc.insecure_channel(decode) as d_channel:
+        reply = pb_grpc.EngineStub(p_channel).Prefill(pb.PrefillRequest(
+            request_id=f"lease-{uuid.uuid4().hex}", token_ids=tokens,
+            sampling_params=pb.SamplingParams(max_tokens=1),
+            cache_salt=uuid.uuid4().hex), timeout=120)
+        params = json.loads(reply.kv_transfer_params_json)
+        assert params["do_remote_prefill"] and params["remote_block_ids"]
+        assert engine_load(prefill).kv_cache_usage > 0, "prefill holds no KV for the decode"
+        started = time.monotonic()
+        pb_grpc.EngineStub(d_channel).ReleaseKv(pb.ReleaseKvRequest(
+            request_id="test-release", kv_transfer_params_json=reply.kv_transfer_params_json),
+            timeout=30)
+        assert wait_for(lambda: engine_load(prefill).kv_cache_usage == 0.0, timeout=20)
+        assert time.monotonic() - started < 20
+
+
+async def test_decode_failure_after_prefill_releases_kv(stack):
+    """Prefill succeeds, the chosen decode pod is gone: the request fails with
+    503 and the prefill's KV is released at once, not at lease expiry."""
+    prefill, decode = engine(stack, "prefill").grpc, engine(stack, "decode").grpc
+    metrics = RouterMetrics()
+    p = EnginePod(prefill, "prefill", metrics)
+    dead = EnginePod(f"127.0.0.1:{free_port()}", "decode", metrics)
+    spare = EnginePod(decode, "decode", metrics)
+    pool = PodPool([p, dead, spare], poll_interval_s=60)  # no poller: states set by hand
+    await pool.poll_once()
+    dead.state.healthy = True      # the router believes it is up (it died after the poll)
+    spare.state.draining = True    # takes no new work, but can still release KV
+    orchestrator = Orchestrator(pool, metrics)
+    request = EngineRequest(request_id=f"fail-{uuid.uuid4().hex}",
+                            token_ids=list(range(2000, 2700)),
+                            sampling=pb.SamplingParams(max_tokens=8), cache_salt=None,
+                            arrival=time.perf_counter())
+    with pytest.raises(OpenAIError) as failure:
+        async for _ in orchestrator.stream(request):
+            pass
+    assert failure.value.status == 503
+    await orchestrator.drain_background()
+    assert metric_value(_text(metrics), "tandem_router_kv_released_total") == 1
+    deadline = time.monotonic() + 20
+    while engine_load(prefill).kv_cache_usage != 0.0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert engine_load(prefill).kv_cache_usage == 0.0
+    await pool.close()
+
+
+def _text(metrics: RouterMetrics) -> str:
+    from prometheus_client import generate_latest
+    return generate_latest(metrics.registry).decode()
+
+
+def test_no_healthy_decode_pod_is_503(stack, tmp_path):
+    prefill = engine(stack, "prefill").grpc
+    with router_process(tmp_path, "--prefill", prefill,
+                        "--decode", f"127.0.0.1:{free_port()}") as url:
+        started = time.monotonic()
+        response = chat(url, MODEL_NAME, "hello", max_tokens=4)
+        assert response.status_code == 503
+        assert "decode" in response.json()["error"]["message"]
+        assert time.monotonic() - started < 10, "503 must be immediate, not a hang"
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 503
+    assert engine_load(prefill).kv_cache_usage == 0.0  # nothing was prefilled for it
+
+
+def test_dead_prefill_pod_falls_back_to_local_prefill(stack, tmp_path):
+    decode = engine(stack, "decode").grpc
+    with router_process(tmp_path, "--prefill", f"127.0.0.1:{free_port()}",
+                        "--decode", decode) as url:
+        fallback = chat(url, MODEL_NAME, "What is 2+2?", temperature=0, max_tokens=12)
+        normal = chat(stack.router_url, MODEL_NAME, "What is 2+2?", temperature=0,
+                      max_tokens=12)
+        assert fallback.status_code == 200, fallback.text
+        assert (fallback.json()["choices"][0]["message"]["content"]
+                == normal.json()["choices"][0]["message"]["content"])
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        assert metric_value(text, "tandem_router_local_prefill_total",
+                            'reason="prefill_unavailable"') == 1
+
+
+def test_decode_pod_dying_mid_stream_ends_with_error_event(stack, tmp_path):
+    """A decode engine killed mid-stream: the client gets an error event and
+    [DONE], the router keeps running, and the rest of the stack is untouched."""
+    prefill = engine(stack, "prefill").grpc
+    grpc_port, nixl_port = free_port(), free_port()
+    log = tmp_path / "doomed-decode.log"
+    argv = [sys.executable, "-m", "services.decode", "--grpc-port", str(grpc_port),
+            "--metrics-port", str(free_port()), "--nixl-port", str(nixl_port),
+            "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+    doomed = Proc(name="doomed", argv=argv, log=str(log), pid=popen.pid,
+                  grpc=f"127.0.0.1:{grpc_port}")
+    try:
+        with router_process(tmp_path, "--prefill", prefill, "--decode", doomed.grpc) as url:
+            assert wait_for(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200,
+                            timeout=300), log.read_text()[-2000:]
+            body = {"model": MODEL_NAME, "stream": True, "max_tokens": 3000,
+                    "ignore_eos": True, "messages": [{"role": "user", "content": "Go on."}]}
+            lines = []
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body,
+                              timeout=120) as response:
+                assert response.status_code == 200
+                for line in response.iter_lines():
+                    lines.append(line)
+                    if len(lines) == 6:
+                        os.killpg(popen.pid, signal.SIGKILL)
+            events = sse_events(httpx.Response(200, text="\n".join(lines) + "\n\n"))
+            assert events[-1] == "[DONE]"
+            assert "error" in json.loads(events[-2]), events[-3:]
+            after = chat(url, MODEL_NAME, "hello", max_tokens=4)
+            assert after.status_code == 503
+    finally:
+        stop_process_group(doomed, 5)
+        popen.wait(timeout=10)
+    assert chat(stack.router_url, MODEL_NAME, "Still there?", max_tokens=4).status_code == 200
