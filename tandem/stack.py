@@ -56,6 +56,10 @@ class StackConfig:
     kv_store_pool: str = "2GB"
     kv_store_disk: str = "8GB"
     kv_store_args: dict[str, object] = field(default_factory=dict)  # KvStoreSettings fields
+    router_args: list[str] = field(default_factory=list)  # passed to the router
+    # Engines publish KV events (ZMQ) so the router's prefix index is exact;
+    # without them the router predicts each pod's cache from its own choices.
+    kv_events: bool = True
     # Seconds for every engine and the router to come up. Engines start in
     # under a minute on an idle 2-core machine; a busy one can take ten times that.
     startup_timeout_s: float = 1200.0
@@ -68,6 +72,7 @@ class Proc:
     log: str
     pid: int | None = None
     grpc: str | None = None      # host:port of an engine
+    kv_events: str | None = None  # the engine's KV event endpoints, as the router takes them
     url: str | None = None       # http URL (router, metrics)
 
     def alive(self) -> bool:
@@ -130,11 +135,19 @@ class Stack:
                 *c.engine_args]
         if c.model:
             argv += ["--model", c.model]
+        kv_events = None
+        if c.kv_events:
+            pub, replay = self._port(), self._port()
+            argv += ["--kv-events-config", json.dumps({
+                "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
+                "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"})]
+            kv_events = f"tcp://{c.host}:{pub},tcp://{c.host}:{replay}"
         env = {"VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib),
                "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
         name = f"{role}-{index}"
         proc = Proc(name=name, argv=argv, log=str(self.config.state_dir / f"{name}.log"),
-                    grpc=f"{c.host}:{grpc_port}", url=f"http://{c.host}:{metrics_port}/metrics")
+                    grpc=f"{c.host}:{grpc_port}", url=f"http://{c.host}:{metrics_port}/metrics",
+                    kv_events=kv_events)
         return proc, env
 
     def _launch(self, proc: Proc, env: dict[str, str]) -> None:
@@ -186,7 +199,10 @@ class Stack:
                               *[a for p, _ in engines if p.name.startswith("decode")
                                 for a in ("--decode", p.grpc)],
                               *[a for p, _ in engines if p.name.startswith("engine")
-                                for a in ("--engine", p.grpc)]])
+                                for a in ("--engine", p.grpc)],
+                              *[a for p, _ in engines if p.kv_events
+                                for a in ("--kv-events", f"{p.grpc}={p.kv_events}")],
+                              *c.router_args])
             if c.model:
                 router.argv += ["--model", c.model]
             self._launch(router, {})

@@ -1,8 +1,9 @@
 """Composition root of the router: builds every part once and wires them.
 
-Request path: `serving.OpenAIServing` (validate, tokenize, shape responses)
-→ `pd.Orchestrator` (prefill pod, then decode pod, with retries and KV
-release) → `pods.PodPool` (health, load, pod choice) → gRPC to the engines.
+Request path: `serving.OpenAIServing` (validate, session, tokenize, shape
+responses) → `pd.Orchestrator` (asks the routing core for pods, runs prefill
+then decode, with retries and KV release) → gRPC to the engines.
+`pods.PodPool` polls health and load and feeds them to the routing core.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -24,6 +26,7 @@ from services.router.metrics import RouterMetrics
 from services.router.pd import Orchestrator
 from services.router.pods import EnginePod, PodPool
 from services.router.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.routing import PodSpec, RoutingCore, RoutingSettings
 from services.router.serving import ModelCard, OpenAIServing
 from services.router.tokenizer import ChatTokenizer
 
@@ -53,22 +56,28 @@ class RequestAccounting:
         await self.app(scope, receive, send_counted)
 
 
-async def _model_card(pool: PodPool, settings: RouterSettings) -> tuple[ModelCard, str]:
+async def _model_info(pods: list[EnginePod]):
     """Ask the engines what they serve (waiting for the first to answer)."""
     deadline = time.monotonic() + _STARTUP_WAIT_S
     while True:
-        for pod in pool.pods:
+        for pod in pods:
             try:
-                info = await pod.model_info(timeout=2.0)
+                return await pod.model_info(timeout=2.0)
             except grpc.aio.AioRpcError:
                 continue
-            name = settings.served_model_name or info.served_model_name
-            return ModelCard(name=name, max_model_len=info.max_model_len,
-                             created=int(time.time())), info.model_path
         if time.monotonic() > deadline:
             raise RuntimeError("no engine pod answered GetModelInfo; are they running?")
-        log.info("waiting for engine pods %s", [p.address for p in pool.pods])
+        log.info("waiting for engine pods %s", [p.address for p in pods])
         await asyncio.sleep(1.0)
+
+
+def _routing_settings(routing: RoutingSettings, engine_block_size: int) -> RoutingSettings:
+    """The prefix index must hash blocks of the engines' size: theirs wins."""
+    if engine_block_size and engine_block_size != routing.block_size:
+        log.warning("engines use KV blocks of %d tokens, not --block-size %d: using %d",
+                    engine_block_size, routing.block_size, engine_block_size)
+        return replace(routing, block_size=engine_block_size)
+    return routing
 
 
 def create_app(settings: RouterSettings) -> FastAPI:
@@ -81,21 +90,30 @@ def create_app(settings: RouterSettings) -> FastAPI:
         pods = ([EnginePod(a, "prefill", metrics) for a in settings.prefill]
                 + [EnginePod(a, "decode", metrics) for a in settings.decode]
                 + [EnginePod(a, "both", metrics) for a in settings.engines])
-        pool = state["pool"] = PodPool(pods, settings.poll_interval_s)
-        orchestrator = Orchestrator(pool, metrics)
-        card, engine_model_path = await _model_card(pool, settings)
-        model_dir = Path(settings.model or engine_model_path)
-        tokenizer = await asyncio.to_thread(ChatTokenizer, model_dir)
+        info = await _model_info(pods)
+        card = ModelCard(name=settings.served_model_name or info.served_model_name,
+                         max_model_len=info.max_model_len, created=int(time.time()))
+        routing = _routing_settings(settings.routing, info.block_size)
+        core = RoutingCore(routing, [PodSpec(p.address, p.role) for p in pods],
+                           registry=metrics.registry)
+        pool = state["pool"] = PodPool(pods, settings.poll_interval_s, core)
+        orchestrator = Orchestrator(pool, core, metrics)
+        tokenizer = await asyncio.to_thread(ChatTokenizer, Path(settings.model or info.model_path))
+        await core.start()
         await pool.poll_once()
         pool.start()
         state["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
-                                         settings.request_timeout_s)
-        log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s)",
-                 settings.host, settings.port, card.name, settings.prefill, settings.decode,
-                 settings.engines)
-        yield
-        await orchestrator.drain_background()
-        await pool.close()
+                                         settings.request_timeout_s, routing.session_header)
+        log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
+                 "policy %s, KV events from %d pods)", settings.host, settings.port, card.name,
+                 settings.prefill, settings.decode, settings.engines, routing.policy.policy,
+                 len(routing.kv_events))
+        try:
+            yield
+        finally:
+            await orchestrator.drain_background()
+            await pool.close()
+            await core.close()
 
     app = FastAPI(title="Tandem router", lifespan=lifespan)
     app.add_middleware(RequestAccounting, metrics=metrics)

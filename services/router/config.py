@@ -7,6 +7,9 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from services.router.routing import (RoutingSettings, add_routing_arguments,
+                                     routing_settings_from_args)
+
 
 def _env(name: str, default):
     return os.environ.get(f"TANDEM_ROUTER_{name.upper()}", default)
@@ -32,6 +35,7 @@ class RouterSettings:
     poll_interval_s: float = 1.0
     request_timeout_s: float = 600.0
     shutdown_grace_s: float = 30.0
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
 
     def validate(self) -> None:
         if self.prefill and not self.decode:
@@ -41,6 +45,10 @@ class RouterSettings:
                              "or --engine for aggregated engines")
         if not 0 < self.port < 65536:
             raise ValueError(f"--port {self.port}: not a TCP port")
+        pods = set(self.prefill) | set(self.decode) | set(self.engines)
+        unknown = [s.pod for s in self.routing.kv_events if s.pod not in pods]
+        if unknown:
+            raise ValueError(f"--kv-events names pods that are not configured: {unknown}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,17 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-grace", type=float, dest="shutdown_grace_s",
                         default=float(_env("shutdown_grace", 30)),
                         help="on SIGTERM, seconds in-flight requests may finish")
+    add_routing_arguments(parser)
     return parser
 
 
 def parse_settings(argv: list[str] | None = None) -> RouterSettings:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        routing = routing_settings_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     settings = RouterSettings(
         host=args.host, port=args.port, prefill=_addresses(args.prefill),
         decode=_addresses(args.decode), engines=_addresses(args.engines), model=args.model,
         served_model_name=args.served_model_name, poll_interval_s=args.poll_interval_s,
-        request_timeout_s=args.request_timeout_s, shutdown_grace_s=args.shutdown_grace_s)
+        request_timeout_s=args.request_timeout_s, shutdown_grace_s=args.shutdown_grace_s,
+        routing=routing)
     try:
         settings.validate()
     except ValueError as exc:

@@ -1,10 +1,13 @@
-"""The request path across engines: Prefill on a prefill pod, then Generate
-on a decode pod with the prefill's KV hand-off parameters (or Generate alone
-on an aggregated pod).
+"""The request path across engines: the routing core chooses the pods, then
+Prefill on the prefill pod and Generate on the decode pod with the prefill's
+KV hand-off parameters (or Generate alone on a decode or aggregated pod that
+computes the prompt itself).
 
 Failure rules, in one place:
-* A pod that is unreachable before the first byte is marked unhealthy and the
-  step is retried on another pod of the same role.
+* No decode pod can serve → 503 before anything runs (a prefill would only
+  strand KV).
+* A pod that fails before the first byte is marked unhealthy, counts against
+  its circuit breaker, and the request is routed again without it.
 * No prefill pod can serve → the decode pod computes the prompt itself.
 * No decode pod can serve after a prefill succeeded, or the client leaves
   between prefill and decode → the prefill's leased KV is released at once
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
 import grpc
@@ -26,6 +29,7 @@ import grpc
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pods import EnginePod, PodPool
+from services.router.routing import NoPodAvailable, RouteDecision, RouteRequest, RoutingCore
 from tandem.proto import engine_pb2 as pb
 
 log = logging.getLogger("tandem.router")
@@ -42,6 +46,7 @@ class EngineRequest:
     sampling: pb.SamplingParams
     cache_salt: str | None
     arrival: float  # time.perf_counter() when the HTTP request arrived
+    session: str | None = None  # routing session key (sticky pod choice)
 
 
 def _to_openai_error(exc: grpc.aio.AioRpcError, pod: EnginePod) -> OpenAIError:
@@ -57,39 +62,70 @@ def _to_openai_error(exc: grpc.aio.AioRpcError, pod: EnginePod) -> OpenAIError:
     return OpenAIError(502, f"{pod.role} pod {pod.address} failed: {code.name}: {detail}")
 
 
+@dataclass
+class _Routing:
+    """One request's routing: the current decision, and every decision made
+    for it (all released when the request ends)."""
+    request: RouteRequest
+    decision: RouteDecision | None = None
+    decisions: list[RouteDecision] = field(default_factory=list)
+
+    def exclude(self, *pods: str) -> None:
+        self.request = replace(self.request, exclude=self.request.exclude | set(pods))
+
+
 class Orchestrator:
-    def __init__(self, pool: PodPool, metrics: RouterMetrics) -> None:
+    def __init__(self, pool: PodPool, core: RoutingCore, metrics: RouterMetrics) -> None:
         self._pool = pool
+        self._core = core
         self._metrics = metrics
         self._background: set[asyncio.Task] = set()
+        self._split = bool(pool.of_role("decode"))  # P/D, else aggregated pods
 
     def _first_call(self, req: EngineRequest) -> None:
         self._metrics.overhead.observe(time.perf_counter() - req.arrival)
 
+    async def _route(self, routing: _Routing, role: str, tried: int = 0) -> RouteDecision:
+        try:
+            decision = await self._core.route(routing.request, time.monotonic())
+        except NoPodAvailable:
+            raise OpenAIError(503, f"no healthy {role} pod is available ({tried} tried)"
+                              if tried else f"no healthy {role} pod is available") from None
+        routing.decision = decision
+        routing.decisions.append(decision)
+        return decision
+
+    async def _failed(self, routing: _Routing, pod: EnginePod, step: str,
+                      exc: grpc.aio.AioRpcError) -> None:
+        self._pool.mark_failed(pod.address, f"{step} failed: {exc.code().name}")
+        await self._core.report_failure(routing.decision, pod.address, time.monotonic())
+        await self._core.release(routing.decision)
+        routing.exclude(pod.address)
+
     async def stream(self, req: EngineRequest) -> AsyncIterator[pb.GenerateResponse]:
         """Run a request; yields the decode's messages, the last one final."""
-        if self._pool.of_role("decode"):
+        routing = _Routing(RouteRequest(req.token_ids, session=req.session,
+                                        cache_salt=req.cache_salt))
+        role = "decode" if self._split else "both"
+        try:
             # Decode first: without a decode pod, a prefill would only strand KV.
-            if self._pool.pick("decode") is None:
-                raise OpenAIError(503, "no healthy decode pod is available")
-            kv_params = await self._prefill(req)
-            async for message in self._generate(req, "decode", kv_params):
+            await self._route(routing, role)
+            kv_params = await self._prefill(req, routing) if self._split else ""
+            if not self._split:
+                self._first_call(req)
+            async for message in self._generate(req, routing, role, kv_params):
                 yield message
-        else:
-            self._first_call(req)
-            async for message in self._generate(req, "both", ""):
-                yield message
+        finally:
+            for decision in routing.decisions:
+                await self._core.release(decision)
 
-    async def _prefill(self, req: EngineRequest) -> str:
+    async def _prefill(self, req: EngineRequest, routing: _Routing) -> str:
         """KV hand-off parameters from a prefill pod, or "" for local prefill."""
-        if not self._pool.of_role("prefill"):
-            self._first_call(req)
-            self._metrics.local_prefill.labels("no_prefill_pods").inc()
-            return ""
-        tried: set[str] = set()
-        while (pod := self._pool.pick("prefill", exclude=tried)) is not None:
-            tried.add(pod.address)
-            if len(tried) == 1:
+        tried = 0
+        while (address := routing.decision.prefill_pod) is not None:
+            pod = self._pool.pod(address)
+            tried += 1
+            if tried == 1:
                 self._first_call(req)
             else:
                 self._metrics.retries.labels("prefill").inc()
@@ -98,33 +134,46 @@ class Orchestrator:
                 reply = await pod.stub.Prefill(pb.PrefillRequest(
                     request_id=req.request_id, token_ids=req.token_ids,
                     sampling_params=req.sampling, cache_salt=req.cache_salt))
+                await self._core.report_prefill(routing.decision, reply.cached_tokens,
+                                                time.monotonic(), pod=address)
                 return reply.kv_transfer_params_json
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _RETRYABLE:
                     raise _to_openai_error(exc, pod) from None
-                pod.mark_unhealthy(f"Prefill failed: {exc.code().name}")
+                await self._failed(routing, pod, "Prefill", exc)
             finally:
                 pod.release()
+            await self._route(routing, "decode")
         if not tried:
             self._first_call(req)
-        log.warning("request %s: no prefill pod could serve; decode prefills locally",
-                    req.request_id)
-        self._metrics.local_prefill.labels("prefill_unavailable").inc()
+        self._metrics.local_prefill.labels(self._local_prefill_reason(routing)).inc()
         return ""
 
-    async def _generate(self, req: EngineRequest, role: str,
+    def _local_prefill_reason(self, routing: _Routing) -> str:
+        prefill = self._pool.of_role("prefill")
+        if not prefill:
+            return "no_prefill_pods"
+        now = time.monotonic()
+        if not any(self._core.available(p.address, now)
+                   and p.address not in routing.request.exclude for p in prefill):
+            log.warning("no prefill pod can serve; the decode pod prefills locally")
+            return "prefill_unavailable"
+        return "short_uncached"  # the decode pod lacks too little to be worth a transfer
+
+    async def _generate(self, req: EngineRequest, routing: _Routing, role: str,
                         kv_params: str) -> AsyncIterator[pb.GenerateResponse]:
         tried: set[str] = set()
         first_byte = False
         try:
             while True:
-                pod = self._pool.pick(role, exclude=tried)
-                if pod is None:
-                    raise OpenAIError(503, f"no healthy {role} pod is available "
-                                      f"({len(tried)} tried)" if tried else
-                                      f"no healthy {role} pod is available")
                 if tried:
+                    # Retry on another pod of the role, keeping the prefill's
+                    # KV (or local prefill): no second prefill.
+                    routing.exclude(*(p.address for p in self._pool.of_role("prefill")))
+                    await self._route(routing, role, len(tried))
                     self._metrics.retries.labels(role).inc()
+                decision = routing.decision
+                pod = self._pool.pod(decision.decode_pod)
                 tried.add(pod.address)
                 pod.acquire()
                 call = pod.stub.Generate(pb.GenerateRequest(
@@ -136,12 +185,17 @@ class Orchestrator:
                         if not first_byte:
                             first_byte = True
                             self._metrics.ttft.observe(time.perf_counter() - req.arrival)
+                        if message.finish_reason and not kv_params:
+                            # This pod computed the prompt: its count is the truth.
+                            await self._core.report_prefill(
+                                decision, message.usage.cached_tokens, time.monotonic(),
+                                pod=pod.address)
                         yield message
                     return
                 except grpc.aio.AioRpcError as exc:
                     if first_byte or exc.code() not in _RETRYABLE:
                         raise _to_openai_error(exc, pod) from None
-                    pod.mark_unhealthy(f"Generate failed: {exc.code().name}")
+                    await self._failed(routing, pod, "Generate", exc)
                 finally:
                     call.cancel()  # no-op when finished; aborts the request otherwise
                     pod.release()

@@ -1,22 +1,23 @@
 """Engine pods as the router sees them: a gRPC channel each, health and load
 refreshed by polling, and the router's own exact in-flight count per pod.
 
-The choice among pods is the simplest correct one — fewest requests in flight
-(the router's count plus the engine's queue), ties broken round-robin — and
-sits in `PodPool.pick`, the one place a smarter policy plugs in.
+Which pod serves a request is the routing core's choice
+(`services/router/routing`); the pool feeds it every poll result
+(`RoutingCore.update_pod`) and every pod the request path saw fail.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.router.metrics import RouterMetrics
+from services.router.routing import RoutingCore
 from tandem.proto import engine_pb2 as pb
 from tandem.proto import engine_pb2_grpc as pb_grpc
 
@@ -104,29 +105,39 @@ class EnginePod:
 
 
 class PodPool:
-    def __init__(self, pods: list[EnginePod], poll_interval_s: float) -> None:
+    def __init__(self, pods: list[EnginePod], poll_interval_s: float,
+                 core: RoutingCore) -> None:
         self.pods = pods
+        self.core = core
+        self._by_address = {p.address: p for p in pods}
         self._poll_interval_s = poll_interval_s
-        self._rr = itertools.count()
         self._poller: asyncio.Task | None = None
 
     def of_role(self, *roles: str) -> list[EnginePod]:
         return [p for p in self.pods if p.role in roles]
 
-    def pick(self, role: str, exclude: set[str] = frozenset()) -> EnginePod | None:
-        """An available pod of the role with the least work, or None."""
-        candidates = [p for p in self.of_role(role)
-                      if p.available and p.address not in exclude]
-        if not candidates:
-            return None
-        start = next(self._rr)
-        order = {p.address: (i - start) % len(candidates) for i, p in enumerate(candidates)}
-        return min(candidates, key=lambda p: (p.state.in_flight + p.state.waiting,
-                                              order[p.address]))
+    def pod(self, address: str) -> EnginePod:
+        return self._by_address[address]
+
+    def mark_failed(self, address: str, why: str) -> None:
+        """A call to the pod failed before its first byte: no new work until a
+        poll finds it healthy again."""
+        pod = self._by_address[address]
+        pod.mark_unhealthy(why)
+        self._report(pod)
+
+    def _report(self, pod: EnginePod) -> None:
+        st = pod.state
+        self.core.update_pod(pod.address, time.monotonic(), healthy=st.healthy,
+                             draining=st.draining, running=st.running, waiting=st.waiting,
+                             kv_cache_usage=st.kv_cache_usage)
+
+    async def _poll(self, pod: EnginePod) -> None:
+        await pod.poll(timeout=max(3 * self._poll_interval_s, 3.0))
+        self._report(pod)
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(p.poll(timeout=max(3 * self._poll_interval_s, 3.0))
-                               for p in self.pods))
+        await asyncio.gather(*(self._poll(p) for p in self.pods))
 
     async def _poll_forever(self) -> None:
         while True:

@@ -21,6 +21,7 @@ from services.router.errors import OpenAIError, bad_request
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest, Orchestrator
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from services.router.routing import session_key
 from services.router.tokenizer import ChatTokenizer
 from tandem.proto import engine_pb2 as pb
 
@@ -61,8 +62,9 @@ async def _until_disconnected(request: Request) -> None:
 class OpenAIServing:
     def __init__(self, card: ModelCard, tokenizer: ChatTokenizer,
                  orchestrator: Orchestrator, metrics: RouterMetrics,
-                 request_timeout_s: float) -> None:
+                 request_timeout_s: float, session_header: str = "x-session-id") -> None:
         self.card = card
+        self._session_header = session_header
         self._tokenizer = tokenizer
         self._orchestrator = orchestrator
         self._metrics = metrics
@@ -75,8 +77,16 @@ class OpenAIServing:
                               f"serves '{self.card.name}'", param="model",
                               code="model_not_found")
 
+    def _session(self, request: Request, body: SamplingFields, **conversation) -> str | None:
+        """Session key: the session header, else `user`, else derived from the
+        conversation's opening (so clients that send neither still stick)."""
+        key = session_key(request.headers, {"user": body.user, **conversation},
+                          header_name=self._session_header)
+        return key.key if key else None
+
     def _engine_request(self, prefix: str, request: Request, body: SamplingFields,
-                        token_ids: list[int], prompt_param: str) -> EngineRequest:
+                        token_ids: list[int], prompt_param: str,
+                        session: str | None) -> EngineRequest:
         limit = self.card.max_model_len
         if len(token_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens; "
@@ -91,7 +101,7 @@ class OpenAIServing:
         return EngineRequest(request_id=f"{prefix}-{uuid.uuid4().hex}", token_ids=token_ids,
                              sampling=sampling_params(body, max_tokens),
                              cache_salt=body.cache_salt,
-                             arrival=request.state.arrival)
+                             arrival=request.state.arrival, session=session)
 
     async def _respond(self, request: Request, body: SamplingFields, ereq: EngineRequest,
                        shape: "_Shape") -> JSONResponse | StreamingResponse:
@@ -185,8 +195,9 @@ class OpenAIServing:
             messages = body.template_messages()
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
-        token_ids = await self._tokenizer.chat_async(messages)
-        ereq = self._engine_request("chatcmpl", request, body, token_ids, "messages")
+        session = self._session(request, body, messages=messages)
+        token_ids = await self._tokenizer.chat_async(messages, session)
+        ereq = self._engine_request("chatcmpl", request, body, token_ids, "messages", session)
         return await self._respond(request, body, ereq, _ChatShape(self.card))
 
     async def completions(self, request: Request, body: CompletionRequest):
@@ -198,7 +209,8 @@ class OpenAIServing:
             if any(not isinstance(t, int) or t < 0 for t in token_ids):
                 raise bad_request("prompt token ids must be non-negative integers",
                                   param="prompt")
-        ereq = self._engine_request("cmpl", request, body, token_ids, "prompt")
+        session = self._session(request, body, prompt=body.prompt)
+        ereq = self._engine_request("cmpl", request, body, token_ids, "prompt", session)
         return await self._respond(request, body, ereq, _CompletionShape(self.card))
 
     def models(self) -> dict:

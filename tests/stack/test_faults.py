@@ -22,6 +22,7 @@ from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest, Orchestrator
 from services.router.pods import EnginePod, PodPool
+from services.router.routing import PodSpec, RoutingCore, RoutingSettings
 from tandem.proto import engine_pb2 as pb
 from tandem.stack import Proc, free_port, stop_process_group
 from tests.conftest import MODEL_NAME, engine
@@ -118,11 +119,17 @@ async def test_decode_failure_after_prefill_releases_kv(stack):
     p = EnginePod(prefill, "prefill", metrics)
     dead = EnginePod(f"127.0.0.1:{free_port()}", "decode", metrics)
     spare = EnginePod(decode, "decode", metrics)
-    pool = PodPool([p, dead, spare], poll_interval_s=60)  # no poller: states set by hand
+    pods = [p, dead, spare]
+    core = RoutingCore(RoutingSettings(), [PodSpec(x.address, x.role) for x in pods],
+                       registry=metrics.registry)
+    pool = PodPool(pods, poll_interval_s=60, core=core)  # no poller: states set by hand
     await pool.poll_once()
     dead.state.healthy = True      # the router believes it is up (it died after the poll)
     spare.state.draining = True    # takes no new work, but can still release KV
-    orchestrator = Orchestrator(pool, metrics)
+    for pod in (dead, spare):
+        core.update_pod(pod.address, time.monotonic(), healthy=True,
+                        draining=pod.state.draining)
+    orchestrator = Orchestrator(pool, core, metrics)
     request = EngineRequest(request_id=f"fail-{uuid.uuid4().hex}",
                             token_ids=list(range(2000, 2700)),
                             sampling=pb.SamplingParams(max_tokens=8), cache_salt=None,

@@ -62,7 +62,8 @@ def _env(name: str, default):
 
 def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("routing")
-    g.add_argument("--routing-policy", choices=POLICIES, default=_env("routing_policy", "cost"),
+    g.add_argument("--routing-policy", "--policy", dest="routing_policy", choices=POLICIES,
+                   default=_env("routing_policy", "cost"),
                    help="how pods are chosen: cost (prefix hits vs load, sticky sessions), "
                         "round-robin, least-load, prefix (most cached), session (always sticky)")
     g.add_argument("--kv-events", action="append", type=parse_kv_event_source, default=[],

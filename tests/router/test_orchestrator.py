@@ -1,0 +1,170 @@
+"""The request path (`pd.Orchestrator`) over the routing core, with fake
+engine stubs: which pods are called, with which KV parameters, and what is
+counted when pods fail before the first byte. Fast; no engines."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from prometheus_client import generate_latest
+
+from services.router.errors import OpenAIError
+from services.router.metrics import RouterMetrics
+from services.router.pd import EngineRequest, Orchestrator
+from services.router.pods import EnginePod, PodPool
+from services.router.routing import PodSpec, RoutingCore, RoutingSettings
+from services.router.routing.policy import PolicySettings
+from tandem.proto import engine_pb2 as pb
+from tests.stack.helpers import metric_value
+
+
+def _unavailable() -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(), details="connection refused")
+
+
+class _Call:
+    def __init__(self, messages, error=None):
+        self._messages, self._error = messages, error
+
+    def __aiter__(self):
+        return self._iter()
+
+    async def _iter(self):
+        if self._error:
+            raise self._error
+        for m in self._messages:
+            yield m
+
+    def cancel(self):
+        pass
+
+
+class FakeStub:
+    def __init__(self, dead: bool = False, cached_tokens: int = 0) -> None:
+        self.dead = dead
+        self.cached_tokens = cached_tokens
+        self.calls: list[tuple[str, object]] = []
+
+    async def Prefill(self, req, **_):
+        self.calls.append(("Prefill", req))
+        if self.dead:
+            raise _unavailable()
+        return pb.PrefillResponse(kv_transfer_params_json='{"remote": 1}',
+                                  prompt_tokens=len(req.token_ids),
+                                  cached_tokens=self.cached_tokens)
+
+    def Generate(self, req, **_):
+        self.calls.append(("Generate", req))
+        final = pb.GenerateResponse(text="hi", finish_reason="stop", usage=pb.Usage(
+            prompt_tokens=len(req.token_ids), completion_tokens=1,
+            cached_tokens=self.cached_tokens))
+        return _Call([final], _unavailable() if self.dead else None)
+
+    async def ReleaseKv(self, req, **_):
+        self.calls.append(("ReleaseKv", req))
+        return pb.ReleaseKvResponse()
+
+
+def _setup(specs, threshold=0):
+    metrics = RouterMetrics()
+    pods = []
+    for i, (role, stub) in enumerate(specs):
+        pod = EnginePod(f"127.0.0.1:{1000 + i}", role, metrics)
+        pod.stub = stub
+        pod.state.healthy = True
+        pods.append(pod)
+    settings = RoutingSettings(block_size=16, policy=PolicySettings(
+        remote_prefill_threshold=threshold))
+    core = RoutingCore(settings, [PodSpec(p.address, p.role) for p in pods],
+                       registry=metrics.registry)
+    for p in pods:
+        core.update_pod(p.address, time.monotonic(), healthy=True)
+    pool = PodPool(pods, poll_interval_s=60, core=core)
+    return Orchestrator(pool, core, metrics), metrics, core
+
+
+def _request(n=100, session=None):
+    return EngineRequest(request_id="r1", token_ids=list(range(1, n + 1)),
+                         sampling=pb.SamplingParams(max_tokens=1), cache_salt=None,
+                         arrival=time.perf_counter(), session=session)
+
+
+async def _run(orchestrator, req):
+    return [m async for m in orchestrator.stream(req)]
+
+
+def _metrics(metrics) -> str:
+    return generate_latest(metrics.registry).decode()
+
+
+async def test_prefill_then_decode_with_the_prefill_kv():
+    prefill, decode = FakeStub(), FakeStub()
+    orch, metrics, core = _setup([("prefill", prefill), ("decode", decode)])
+    out = await _run(orch, _request())
+    assert out[-1].finish_reason == "stop"
+    assert [c[0] for c in prefill.calls] == ["Prefill"]
+    assert decode.calls[0][1].kv_transfer_params_json == '{"remote": 1}'
+    text = _metrics(metrics)
+    assert metric_value(text, "tandem_routing_prediction_total", 'outcome="exact"') == 1
+    loads = await core.state.loads()
+    assert all(l.in_flight == 0 and l.pending_prefill_tokens == 0 for l in loads.values())
+
+
+async def test_dead_prefill_pod_falls_back_to_local_prefill():
+    prefill, decode = FakeStub(dead=True), FakeStub()
+    orch, metrics, _ = _setup([("prefill", prefill), ("decode", decode)])
+    await _run(orch, _request())
+    assert decode.calls[0][1].kv_transfer_params_json == ""
+    text = _metrics(metrics)
+    assert metric_value(text, "tandem_router_local_prefill_total",
+                        'reason="prefill_unavailable"') == 1
+    assert metric_value(text, "tandem_router_pod_healthy",
+                        'pod="127.0.0.1:1000",role="prefill"') == 0
+
+
+async def test_short_uncached_prompt_prefills_on_the_decode_pod():
+    prefill, decode = FakeStub(), FakeStub()
+    orch, metrics, _ = _setup([("prefill", prefill), ("decode", decode)], threshold=256)
+    await _run(orch, _request(n=40))
+    assert prefill.calls == []
+    assert metric_value(_metrics(metrics), "tandem_router_local_prefill_total",
+                        'reason="short_uncached"') == 1
+
+
+async def test_decode_failure_retries_on_another_decode_with_the_same_kv():
+    prefill, dead, good = FakeStub(), FakeStub(dead=True), FakeStub()
+    # Equal costs: the core tries the lower address, the dead pod, first.
+    orch, metrics, _ = _setup([("prefill", prefill), ("decode", dead), ("decode", good)])
+    out = await _run(orch, _request())
+    assert out[-1].finish_reason == "stop"
+    assert [c[0] for c in dead.calls] == ["Generate"]
+    assert [c[0] for c in prefill.calls] == ["Prefill"]  # never prefilled twice
+    assert good.calls[0][1].kv_transfer_params_json == '{"remote": 1}'
+    assert metric_value(_metrics(metrics), "tandem_router_retries_total",
+                        'stage="decode"') == 1
+
+
+async def test_no_decode_pod_is_503_before_any_prefill():
+    prefill, decode = FakeStub(), FakeStub()
+    orch, _, core = _setup([("prefill", prefill), ("decode", decode)])
+    core.update_pod("127.0.0.1:1001", time.monotonic(), healthy=False)
+    with pytest.raises(OpenAIError) as err:
+        await _run(orch, _request())
+    assert err.value.status == 503 and "decode" in str(err.value.message)
+    assert prefill.calls == []
+
+
+async def test_aggregated_session_sticks_and_reports_cached_tokens():
+    a, b = FakeStub(), FakeStub()
+    orch, metrics, _ = _setup([("both", a), ("both", b)])
+    for i in range(3):
+        req = _request(session="s1")
+        req.request_id = f"r{i}"
+        await _run(orch, req)
+    assert sorted([len(a.calls), len(b.calls)]) == [0, 3]
+    assert metric_value(_metrics(metrics), "tandem_routing_prediction_total",
+                        'outcome="exact"') + metric_value(
+        _metrics(metrics), "tandem_routing_prediction_total", 'outcome="over"') == 3

@@ -1,0 +1,94 @@
+"""A multi-turn session through the router's HTTP API, on a stack of two
+aggregated engines that publish KV events: every turn carrying the same
+``x-session-id`` lands on the same engine, and for every turn the router's
+predicted cached-token count equals the ``cached_tokens`` the engine reports.
+Real engines, real ZMQ events; the router's side is read from its /metrics,
+the engines' side from their own /metrics and the responses."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+
+from tandem.stack import Stack, StackConfig, free_port
+from tests.conftest import MODEL_NAME
+from tests.stack.helpers import metric_value, wait_for
+
+pytestmark = pytest.mark.stack
+
+BLOCK_SIZE = 32  # small blocks: a short chat already spans many of them
+RULES = " ".join(f"Rule {i}: answer in at most {i + 3} words and never mention rule {i + 1}."
+                 for i in range(24))
+
+
+@pytest.fixture(scope="module")
+def two_engines(model_dir, tmp_path_factory):
+    config = StackConfig(prefill=0, decode=0, aggregated=2, router_port=free_port(),
+                         kv_cache_gib=1, max_model_len=4096,
+                         state_dir=tmp_path_factory.mktemp("two-engines"),
+                         engine_args=["--block-size", str(BLOCK_SIZE)],
+                         router_args=["--block-size", str(BLOCK_SIZE),
+                                      "--routing-policy", "cost"])
+    s = Stack(config)
+    s.start()
+    yield s
+    s.stop()
+
+
+def _router_metrics(url: str) -> str:
+    return httpx.get(f"{url}/metrics", timeout=30).text
+
+
+def _finished_requests(engine_metrics_url: str) -> float:
+    text = httpx.get(engine_metrics_url, timeout=30).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def _event_batches(text: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("tandem_routing_kv_event_batches_total{"))
+
+
+def test_session_sticks_and_prediction_equals_engine_cached_tokens(two_engines):
+    url = two_engines.router_url
+    engines = [p for p in two_engines.procs if p.name.startswith("engine")]
+    assert len(engines) == 2
+    finished_before = {p.name: _finished_requests(p.url) for p in engines}
+    session = f"agent-{uuid.uuid4().hex}"
+    messages = [{"role": "system", "content": RULES}]
+    turns = []  # (engine-reported cached tokens, router-predicted cached tokens)
+    for turn in range(4):
+        messages.append({"role": "user",
+                         "content": f"Turn {turn}: which rules mention the number {turn + 2}?"})
+        before = _router_metrics(url)
+        response = httpx.post(f"{url}/v1/chat/completions", headers={"x-session-id": session},
+                              json={"model": MODEL_NAME, "messages": messages,
+                                    "temperature": 0, "max_tokens": 12}, timeout=600)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        after = _router_metrics(url)
+        reported = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        predicted = (metric_value(after, "tandem_routing_predicted_cached_tokens_total")
+                     - metric_value(before, "tandem_routing_predicted_cached_tokens_total"))
+        actual = (metric_value(after, "tandem_routing_actual_cached_tokens_total")
+                  - metric_value(before, "tandem_routing_actual_cached_tokens_total"))
+        assert actual == reported, "the router recorded another count than the engine reported"
+        turns.append((reported, predicted))
+        messages.append({"role": "assistant",
+                         "content": body["choices"][0]["message"]["content"]})
+        # The engine's KV events for this turn reach the router before the next turn.
+        assert wait_for(lambda: _event_batches(_router_metrics(url)) > _event_batches(before),
+                        timeout=60), "no KV events reached the router"
+    print("(reported, predicted) cached tokens per turn:", turns)
+    assert all(reported == predicted for reported, predicted in turns), turns
+    assert all(reported > 0 for reported, _ in turns[1:]), turns  # later turns hit the cache
+
+    finished = {p.name: _finished_requests(p.url) - finished_before[p.name] for p in engines}
+    assert sorted(finished.values()) == [0, 4], f"the session moved between engines: {finished}"
+    text = _router_metrics(url)
+    assert metric_value(text, "tandem_routing_prediction_total", 'outcome="exact"') >= 4
+    assert metric_value(text, "tandem_routing_decisions_total",
+                        'policy="cost",reason="sticky"') == 3
