@@ -30,7 +30,10 @@ def two_engines(model_dir, tmp_path_factory):
                          state_dir=tmp_path_factory.mktemp("two-engines"),
                          engine_args=["--block-size", str(BLOCK_SIZE)],
                          router_args=["--block-size", str(BLOCK_SIZE),
-                                      "--routing-policy", "cost"])
+                                      "--routing-policy", "cost"],
+                         # A guard against hangs, not a performance bound: on a
+                         # loaded 2-core machine engines alone took 8 minutes.
+                         startup_timeout_s=1800)
     s = Stack(config)
     s.start()
     yield s
