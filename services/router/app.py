@@ -1,6 +1,8 @@
 """Composition root of the router: builds every part once and wires them.
 
-Request path: `serving.OpenAIServing` (validate, session, tokenize, shape
+Request path: middleware (`auth.ApiKeyAuth` checks API keys,
+`admission.AdmissionMiddleware` bounds concurrency and queueing) →
+`serving.OpenAIServing` (validate, session, tokenize, shape
 responses) → `pd.Orchestrator` (asks the routing core for pods, runs prefill
 then decode, with retries and KV release) → gRPC to the engines.
 `pods.PodPool` polls health and load and feeds them to the routing core.
@@ -20,6 +22,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.router.admission import AdmissionMiddleware, Limiter
+from services.router.auth import ApiKeyAuth
 from services.router.config import RouterSettings
 from services.router.errors import OpenAIError, install_error_handlers
 from services.router.metrics import RouterMetrics
@@ -80,6 +84,19 @@ def _routing_settings(routing: RoutingSettings, engine_block_size: int) -> Routi
     return routing
 
 
+def install_middleware(app: FastAPI, settings: RouterSettings,
+                       metrics: RouterMetrics) -> Limiter:
+    """Outermost first: accounting (so 401s and 429s are counted too), then
+    API keys (an unauthenticated request never takes a queue place), then
+    admission. Starlette wraps in reverse order of `add_middleware`."""
+    limiter = Limiter(settings.max_concurrent_requests, settings.max_queued_requests,
+                      settings.queue_timeout_s, metrics)
+    app.add_middleware(AdmissionMiddleware, limiter=limiter)
+    app.add_middleware(ApiKeyAuth, keys=settings.api_keys, metrics=metrics)
+    app.add_middleware(RequestAccounting, metrics=metrics)
+    return limiter
+
+
 def create_app(settings: RouterSettings) -> FastAPI:
     metrics = RouterMetrics()
     state: dict = {}
@@ -105,9 +122,12 @@ def create_app(settings: RouterSettings) -> FastAPI:
         state["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
                                          settings.request_timeout_s, routing.session_header)
         log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
-                 "policy %s, KV events from %d pods)", settings.host, settings.port, card.name,
+                 "policy %s, KV events from %d pods; admission %s running, %d queued; "
+                 "API keys %s)", settings.host, settings.port, card.name,
                  settings.prefill, settings.decode, settings.engines, routing.policy.policy,
-                 len(routing.kv_events))
+                 len(routing.kv_events), settings.max_concurrent_requests or "unlimited",
+                 settings.max_queued_requests,
+                 f"required ({len(settings.api_keys)})" if settings.api_keys else "off")
         try:
             yield
         finally:
@@ -116,7 +136,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
             await core.close()
 
     app = FastAPI(title="Tandem router", lifespan=lifespan)
-    app.add_middleware(RequestAccounting, metrics=metrics)
+    install_middleware(app, settings, metrics)
     install_error_handlers(app)
 
     def serving() -> OpenAIServing:

@@ -7,6 +7,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from services.router.auth import read_keys_file
 from services.router.routing import (RoutingSettings, add_routing_arguments,
                                      routing_settings_from_args)
 
@@ -15,7 +16,7 @@ def _env(name: str, default):
     return os.environ.get(f"TANDEM_ROUTER_{name.upper()}", default)
 
 
-def _addresses(values: list[str] | None) -> list[str]:
+def _comma_list(values: list[str] | None) -> list[str]:
     """Accept repeated flags and comma-separated lists alike."""
     out: list[str] = []
     for value in values or []:
@@ -35,6 +36,11 @@ class RouterSettings:
     poll_interval_s: float = 1.0
     request_timeout_s: float = 600.0
     shutdown_grace_s: float = 30.0
+    max_concurrent_requests: int = 256  # 0: no limit
+    max_queued_requests: int = 512
+    queue_timeout_s: float = 30.0
+    # Not in repr: settings must be printable without leaking keys.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
     routing: RoutingSettings = field(default_factory=RoutingSettings)
 
     def validate(self) -> None:
@@ -49,6 +55,12 @@ class RouterSettings:
         unknown = [s.pod for s in self.routing.kv_events if s.pod not in pods]
         if unknown:
             raise ValueError(f"--kv-events names pods that are not configured: {unknown}")
+        if self.max_concurrent_requests < 0 or self.max_queued_requests < 0:
+            raise ValueError("--max-concurrent-requests and --max-queued-requests "
+                             "cannot be negative")
+        if self.queue_timeout_s <= 0:
+            raise ValueError(f"--queue-timeout {self.queue_timeout_s:g}: must be positive "
+                             "(use --max-queued-requests 0 to refuse instead of queueing)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,8 +100,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-grace", type=float, dest="shutdown_grace_s",
                         default=float(_env("shutdown_grace", 30)),
                         help="on SIGTERM, seconds in-flight requests may finish")
+    _add_admission_arguments(parser)
     add_routing_arguments(parser)
     return parser
+
+
+def _add_admission_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "admission and API keys",
+        "Generation requests (POST /v1/chat/completions, /v1/completions) beyond "
+        "--max-concurrent-requests wait in FIFO order; beyond --max-queued-requests, or "
+        "after --queue-timeout, they get 429 with Retry-After. With any API key set, "
+        "every request except /health and /metrics needs 'Authorization: Bearer <key>' "
+        "(else 401).")
+    g.add_argument("--max-concurrent-requests", type=int, metavar="N",
+                   default=int(_env("max_concurrent_requests", 256)),
+                   help="generation requests served at once (0: no limit, no queue)")
+    g.add_argument("--max-queued-requests", type=int, metavar="N",
+                   default=int(_env("max_queued_requests", 512)),
+                   help="generation requests that may wait for a slot (0: refuse at once)")
+    g.add_argument("--queue-timeout", type=float, dest="queue_timeout_s", metavar="SECONDS",
+                   default=float(_env("queue_timeout", 30)),
+                   help="seconds a request may wait for a slot before it gets 429")
+    # The environment's keys are merged in parse_settings, not used as the
+    # default here: --help prints defaults, and must never print a key.
+    g.add_argument("--api-key", action="append", dest="api_keys", metavar="KEY",
+                   help="accepted API key (repeat or comma-separate; env "
+                   "TANDEM_ROUTER_API_KEYS). Visible in the process list: prefer "
+                   "--api-keys-file or the environment variable")
+    g.add_argument("--api-keys-file", default=_env("api_keys_file", None), metavar="PATH",
+                   help="file of accepted API keys, one per line; blank lines and lines "
+                   "starting with '#' are skipped")
 
 
 def parse_settings(argv: list[str] | None = None) -> RouterSettings:
@@ -97,14 +138,19 @@ def parse_settings(argv: list[str] | None = None) -> RouterSettings:
     args = parser.parse_args(argv)
     try:
         routing = routing_settings_from_args(args)
-    except ValueError as exc:
+        api_keys = _comma_list([_env("api_keys", "")] + (args.api_keys or []))
+        if args.api_keys_file:
+            api_keys += read_keys_file(args.api_keys_file)
+    except (ValueError, OSError) as exc:
         parser.error(str(exc))
     settings = RouterSettings(
-        host=args.host, port=args.port, prefill=_addresses(args.prefill),
-        decode=_addresses(args.decode), engines=_addresses(args.engines), model=args.model,
+        host=args.host, port=args.port, prefill=_comma_list(args.prefill),
+        decode=_comma_list(args.decode), engines=_comma_list(args.engines), model=args.model,
         served_model_name=args.served_model_name, poll_interval_s=args.poll_interval_s,
         request_timeout_s=args.request_timeout_s, shutdown_grace_s=args.shutdown_grace_s,
-        routing=routing)
+        max_concurrent_requests=args.max_concurrent_requests,
+        max_queued_requests=args.max_queued_requests, queue_timeout_s=args.queue_timeout_s,
+        api_keys=tuple(dict.fromkeys(api_keys)), routing=routing)
     try:
         settings.validate()
     except ValueError as exc:

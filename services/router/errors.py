@@ -16,7 +16,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("tandem.router")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+# 401 is invalid_request_error because that is what OpenAI's API answers for
+# a missing or wrong key (with code invalid_api_key); clients match on it.
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
           404: "invalid_request_error", 405: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_error",
           499: "invalid_request_error", 500: "server_error",

@@ -6,6 +6,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                  0.1, 0.25, 0.5, 1.0)
+# Queue waits run from nothing up to --queue-timeout (default 30 s).
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
+                  30.0, 60.0, 120.0)
 
 
 class RouterMetrics:
@@ -37,3 +40,17 @@ class RouterMetrics:
         self.client_disconnects = Counter("tandem_router_client_disconnects_total",
                                           "Requests aborted because the client went away",
                                           registry=r)
+        # Admission (services/router/admission.py) and API keys (auth.py).
+        self.running = Gauge("tandem_router_requests_running",
+                             "Generation requests admitted and not yet finished", registry=r)
+        self.queued = Gauge("tandem_router_requests_queued",
+                            "Generation requests waiting for a slot", registry=r)
+        self.rejected = Counter("tandem_router_requests_rejected_total",
+                                "Generation requests refused with 429, by reason "
+                                "(queue_full, queue_timeout)", ["reason"], registry=r)
+        self.queue_wait = Histogram("tandem_router_queue_wait_seconds",
+                                    "Time admitted generation requests waited for a slot",
+                                    buckets=_QUEUE_BUCKETS, registry=r)
+        self.auth_failures = Counter("tandem_router_auth_failures_total",
+                                     "Requests refused with 401, by reason (missing, invalid)",
+                                     ["reason"], registry=r)
