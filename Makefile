@@ -62,7 +62,8 @@ run: setup
 down:
 	$(VENV)/bin/tandem down
 
-test: setup
+# aiperf too: one test cross-checks the replay client against it.
+test: setup aiperf
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
