@@ -10,12 +10,12 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-agentic down clean
+.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all down clean
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
 	@echo "make test   set up everything and run the whole test suite"
-	@echo "make bench  run the benchmarks in bench/ (P/D vs aggregated, agentic replay)"
+	@echo "make bench  small agentic replay, aggregated vs P/D (about 10 min); bench-all: every benchmark"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 
 setup: apt $(STAMP) proto model
@@ -69,12 +69,17 @@ test: setup aiperf
 test-unit: setup
 	$(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
 
+# A small agentic replay on the embedded stack, aggregated vs P/D at two
+# concurrencies (about 10 minutes on 2 cores); report in bench/results/.
 bench: setup
-	$(PY) -m bench.pd_vs_aggregated
-	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
+	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2 --sessions 2 --turns-median 3
 
-bench-agentic: setup aiperf
+# Everything in bench/: the larger replay, P/D vs aggregated on plain chat,
+# the KV store (bandwidth vs memcpy, replay with and without the store).
+bench-all: setup aiperf
 	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
+	$(PY) -m bench.pd_vs_aggregated --concurrency 4 --requests 12
+	$(PY) -m bench.kvstore_bench
 
 clean:
 	rm -rf tandem/proto .pytest_cache
