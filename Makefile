@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all down clean
+.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all bench-routers down clean
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -80,6 +80,14 @@ bench-all: setup aiperf
 	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
 	$(PY) -m bench.pd_vs_aggregated --concurrency 4 --requests 12
 	$(PY) -m bench.kvstore_bench
+
+# The router's own overhead (added TTFT/e2e, req/s on one core), Tandem's
+# router vs vllm-router and sglang-router, each in front of a fixed-latency
+# fake backend; no engines. BENCH_ROUTERS_ARGS passes flags (see --help).
+BENCH_ROUTERS_ARGS ?=
+bench-routers: setup
+	$(PIP) install -q -e '.[routers]'
+	$(PY) -m bench.router_overhead $(BENCH_ROUTERS_ARGS)
 
 clean:
 	rm -rf tandem/proto .pytest_cache
