@@ -51,8 +51,8 @@ from typing import Any
 
 from bench.agentx.metrics import percentile
 from bench.router_fakes import MODEL_NAME
-from tandem.stack import (Proc, StackError, free_port, raise_if_exited, stop_process_group,
-                          wait_http_ok)
+from tandem.stack import (Proc, StackError, free_port, group_stats, raise_if_exited,
+                          stop_process_group, wait_http_ok)
 
 try:
     import orjson
@@ -575,16 +575,7 @@ def cpu_busy_seconds(cpus: list[int]) -> dict[int, float]:
 def group_cpu_seconds(pgid: int) -> float:
     """User + system CPU seconds of every live process in a process group."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
+    total = sum(int(f[11]) + int(f[12]) for f in group_stats(pgid))  # utime + stime
     return total / tick
 
 

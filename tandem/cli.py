@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from tandem.stack import Proc, Stack, StackConfig, StackError, read_state, stop_process_group
+from tandem.stack import (Proc, Stack, StackConfig, StackError, read_state, stop_order,
+                          stop_process_group)
 
 _DEFAULT_STATE = Path.home() / ".cache" / "tandem" / "run"
 
@@ -89,10 +90,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + 60
         while supervisor.alive() and time.monotonic() < deadline:
             time.sleep(0.3)
-    # Whatever the supervisor did not stop (it was killed, say) goes now:
-    # router first, store last.
-    order = {"router": 0, "kvstore": 2}
-    for raw in sorted(state["procs"], key=lambda p: order.get(p["name"], 1)):
+    # Whatever the supervisor did not stop (it was killed, say) goes now.
+    for raw in sorted(state["procs"], key=lambda p: stop_order(p["name"])):
         stop_process_group(Proc(**raw), grace_s=10)
     (args.state_dir / "stack.json").unlink(missing_ok=True)
     print("stopped.")

@@ -231,10 +231,7 @@ class Stack:
         wait_http_ok(f"{proc.url}/health", proc, deadline)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        # Router first, so nothing new reaches engines that are going away;
-        # the store last, so engines shut down with their store still there.
-        order = {"router": 0, "kvstore": 2}
-        for proc in sorted(self.procs, key=lambda p: order.get(p.name, 1)):
+        for proc in sorted(self.procs, key=lambda p: stop_order(p.name)):
             stop_process_group(proc, grace_s)
             popen = self._popen.pop(proc.name, None)
             if popen is not None:
@@ -251,6 +248,12 @@ class Stack:
         state = {"supervisor_pid": os.getpid(), "router_url": self.router_url,
                  "procs": [asdict(p) for p in self.procs]}
         (self.config.state_dir / "stack.json").write_text(json.dumps(state, indent=2))
+
+
+def stop_order(name: str) -> int:
+    """Router first, so nothing new reaches engines that are going away; the
+    store last, so engines shut down with their store still there."""
+    return {"router": 0, "kvstore": 2}.get(name, 1)
 
 
 def raise_if_exited(proc: Proc) -> None:
@@ -295,7 +298,9 @@ def stop_process_group(proc: Proc, grace_s: float) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
+def group_stats(pgid: int):
+    """The /proc/<pid>/stat fields (after the command name) of every process
+    in process group ``pgid``: field 0 is the state, 11 and 12 utime/stime."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -303,9 +308,12 @@ def _group_alive(pgid: int) -> bool:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        if int(fields[2]) == pgid:
+            yield fields
+
+
+def _group_alive(pgid: int) -> bool:
+    return any(fields[0] != "Z" for fields in group_stats(pgid))
 
 
 def read_state(state_dir: Path) -> dict | None:
