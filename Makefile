@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all bench-routers down clean
+.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all bench-routers bench-policies down clean
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -75,11 +75,13 @@ bench: setup
 	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2 --sessions 2 --turns-median 3
 
 # Everything in bench/: the larger replay, P/D vs aggregated on plain chat,
-# the KV store (bandwidth vs memcpy, replay with and without the store).
+# the KV store (bandwidth vs memcpy, replay with and without the store), the
+# router overhead and the routing policies (below).
 bench-all: setup aiperf
 	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
 	$(PY) -m bench.pd_vs_aggregated --concurrency 4 --requests 12
 	$(PY) -m bench.kvstore_bench
+	$(MAKE) bench-routers bench-policies
 
 # The router's own overhead (added TTFT/e2e, req/s on one core), Tandem's
 # router vs vllm-router and sglang-router, each in front of a fixed-latency
@@ -88,6 +90,14 @@ BENCH_ROUTERS_ARGS ?=
 bench-routers: setup
 	$(PIP) install -q -e '.[routers]'
 	$(PY) -m bench.router_overhead $(BENCH_ROUTERS_ARGS)
+
+# Routing policies on the same two vLLM engines, ample KV and KV smaller than
+# the working set: Tandem's default, round-robin and least-load vs
+# vllm-router's and sglang-router's best policies (about an hour on 2 cores).
+BENCH_POLICIES_ARGS ?=
+bench-policies: setup
+	$(PIP) install -q -e '.[routers]'
+	$(PY) -m bench.router_policies $(BENCH_POLICIES_ARGS)
 
 clean:
 	rm -rf tandem/proto .pytest_cache

@@ -130,25 +130,16 @@ class Stack:
         grpc_port, metrics_port, nixl_port = self._port(), self._port(), self._port()
         argv = [sys.executable, "-m", f"services.{role}", "--host", c.host,
                 "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-                "--nixl-port", str(nixl_port), "--dtype", c.dtype, "--enforce-eager",
-                "--max-model-len", str(c.max_model_len), *store_flags,
-                *c.engine_args]
-        if c.model:
-            argv += ["--model", c.model]
+                "--nixl-port", str(nixl_port), *vllm_flags(c), *store_flags, *c.engine_args]
         kv_events = None
         if c.kv_events:
-            pub, replay = self._port(), self._port()
-            argv += ["--kv-events-config", json.dumps({
-                "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
-                "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"})]
-            kv_events = f"tcp://{c.host}:{pub},tcp://{c.host}:{replay}"
-        env = {"VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib),
-               "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
+            flags, kv_events = kv_events_flags(c.host, self._port(), self._port())
+            argv += flags
         name = f"{role}-{index}"
         proc = Proc(name=name, argv=argv, log=str(self.config.state_dir / f"{name}.log"),
                     grpc=f"{c.host}:{grpc_port}", url=f"http://{c.host}:{metrics_port}/metrics",
                     kv_events=kv_events)
-        return proc, env
+        return proc, engine_env(c, cpu)
 
     def _launch(self, proc: Proc, env: dict[str, str]) -> None:
         log = open(proc.log, "ab")
@@ -191,26 +182,31 @@ class Stack:
             for proc, _ in engines:
                 self._wait_engine(proc, deadline)
             router = Proc(name="router", log=str(c.state_dir / "router.log"),
-                          url=self.router_url, argv=[
-                              sys.executable, "-m", "services.router", "--host", c.host,
-                              "--port", str(c.router_port),
-                              *[a for p, _ in engines if p.name.startswith("prefill")
-                                for a in ("--prefill", p.grpc)],
-                              *[a for p, _ in engines if p.name.startswith("decode")
-                                for a in ("--decode", p.grpc)],
-                              *[a for p, _ in engines if p.name.startswith("engine")
-                                for a in ("--engine", p.grpc)],
-                              *[a for p, _ in engines if p.kv_events
-                                for a in ("--kv-events", f"{p.grpc}={p.kv_events}")],
-                              *c.router_args])
-            if c.model:
-                router.argv += ["--model", c.model]
+                          url=self.router_url,
+                          argv=self.router_argv(c.router_port, c.router_args))
             self._launch(router, {})
             self.write_state()
             self._wait_router(router, deadline)
         except BaseException:
             self.stop()
             raise
+
+    def router_argv(self, port: int, extra_args: list[str] = ()) -> list[str]:
+        """The router's command line in front of this stack's engines (also
+        used by benchmarks that put routers with other policies in front of
+        the same engines)."""
+        c = self.config
+        engines = [p for p in self.procs if p.grpc]
+        flags = {"prefill": "--prefill", "decode": "--decode", "engine": "--engine"}
+        argv = [sys.executable, "-m", "services.router", "--host", c.host, "--port", str(port)]
+        for p in engines:
+            argv += [flags[p.name.split("-")[0]], p.grpc]
+        for p in engines:
+            if p.kv_events:
+                argv += ["--kv-events", f"{p.grpc}={p.kv_events}"]
+        if c.model:
+            argv += ["--model", c.model]
+        return [*argv, *extra_args]
 
     def _wait_engine(self, proc: Proc, deadline: float) -> None:
         with grpc.insecure_channel(proc.grpc) as channel:
@@ -248,6 +244,30 @@ class Stack:
         state = {"supervisor_pid": os.getpid(), "router_url": self.router_url,
                  "procs": [asdict(p) for p in self.procs]}
         (self.config.state_dir / "stack.json").write_text(json.dumps(state, indent=2))
+
+
+def vllm_flags(c: StackConfig, model: str | None = None) -> list[str]:
+    """The vLLM flags every engine of a stack shares: Tandem's engine hosts
+    and, in tests and benchmarks, vLLM's own OpenAI server beside them, so
+    both run the same engine. `model` overrides the config's model."""
+    model = model or c.model
+    return ["--dtype", c.dtype, "--enforce-eager", "--max-model-len", str(c.max_model_len),
+            *(["--model", model] if model else [])]
+
+
+def kv_events_flags(host: str, pub_port: int, replay_port: int) -> tuple[list[str], str]:
+    """vLLM flags that publish KV events over ZMQ, and the endpoints as the
+    router's --kv-events takes them (PUB,REPLAY)."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
+              "endpoint": f"tcp://*:{pub_port}", "replay_endpoint": f"tcp://*:{replay_port}"}
+    return (["--kv-events-config", json.dumps(config)],
+            f"tcp://{host}:{pub_port},tcp://{host}:{replay_port}")
+
+
+def engine_env(c: StackConfig, cpu: int) -> dict[str, str]:
+    """vLLM CPU settings of one engine: its KV cache size and the core its
+    OpenMP threads run on (engines on different cores do not contend)."""
+    return {"VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
 
 
 def stop_order(name: str) -> int:

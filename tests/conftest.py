@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tandem.model import default_model_dir, resolve_model
-from tandem.stack import Proc, Stack, StackConfig, free_port, stop_process_group, wait_http_ok
+from tandem.stack import (Proc, Stack, StackConfig, engine_env, free_port, stop_process_group,
+                          vllm_flags, wait_http_ok)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 # Long enough that a prefill engine that never hands its KV over keeps it for
@@ -54,12 +55,11 @@ def reference(model_dir, tmp_path_factory):
     P/D, no connector): the ground truth for token-identical output."""
     port = free_port()
     log = tmp_path_factory.mktemp("reference") / "vllm.log"
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-            str(model_dir), "--served-model-name", MODEL_NAME, "--dtype", "float32",
-            "--enforce-eager", "--max-model-len", "4096", "--host", "127.0.0.1",
-            "--port", str(port), "--enable-prompt-tokens-details"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": str(sorted(os.sched_getaffinity(0))[0])}
+    same_engine = StackConfig(kv_cache_gib=1, max_model_len=4096)
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            *vllm_flags(same_engine, model=str(model_dir)), "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details"]
+    env = {**os.environ, **engine_env(same_engine, sorted(os.sched_getaffinity(0))[0])}
     with open(log, "wb") as out:
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True)

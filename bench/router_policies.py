@@ -1,0 +1,338 @@
+"""Routing policies side by side: prefix hit rate, TTFT and throughput of the
+same agentic replay through Tandem's router (its default policy, round-robin,
+least-load) and through vllm-router's and sglang-router's best policies, in
+front of the same engines, with ample KV cache and with KV smaller than the
+sessions' working set.
+
+    python -m bench.router_policies [--regimes ample,tight] [--contenders ...]
+
+"Same engines": two vLLM CPU engines with the same vLLM flags (model, dtype,
+context, KV blocks, KV events, one core each). Tandem's router talks gRPC to
+Tandem's engine hosts; the Rust routers need OpenAI HTTP servers, so they get
+vLLM's own server (`vllm.entrypoints.openai.api_server`) with the same flags.
+Per regime the gRPC pair runs first (every Tandem policy), then the HTTP pair
+(every other router); this machine holds two engines at a time. Every run is
+the same trace with a fresh content salt, so no run inherits another's cache
+(in the tight regime the previous run's blocks are evicted as the next one
+fills the cache, for every contender alike). Rows read as ratios against
+Tandem's default policy in the same regime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bench.agentx import generate, report
+from bench.agentx.replay import ReplayConfig
+from bench.agentx.sweep import Endpoint, run_sweep
+from bench.cli import RESULTS, _log, served_model
+from bench.router_overhead import ROUTERS, Processes, find_binary
+
+HOST = "127.0.0.1"
+BASELINE = "tandem:cost"
+
+
+@dataclass(frozen=True)
+class Contender:
+    router: str  # "tandem", "vllm-router" or "sglang-router"
+    policy: str
+    # vllm-router's kv_aware subscribes to the engines' KV events (Tandem's
+    # router always does: that is its configuration in `tandem up`).
+    kv_events: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.router}:{self.policy}"
+
+
+CONTENDERS = (
+    Contender("tandem", "cost"),
+    Contender("tandem", "round-robin"),
+    Contender("tandem", "least-load"),
+    Contender("vllm-router", "consistent_hash"),
+    Contender("vllm-router", "sticky_least_loaded"),
+    Contender("vllm-router", "cache_aware"),
+    Contender("vllm-router", "kv_aware", kv_events=True),
+    Contender("sglang-router", "cache_aware"),
+)
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    kv_blocks: int | None  # --num-gpu-blocks-override per engine; None = ample
+
+
+@dataclass
+class HttpEngine:
+    url: str
+    kv_events: str  # PUB,REPLAY endpoints
+    proc: object
+
+
+def contender_argv(c: Contender, port: int, engines: list[HttpEngine], model_dir: str,
+                   block_size: int) -> list[str]:
+    """vllm-router / sglang-router in front of the HTTP engines. kv_aware gets
+    the engines' KV events and session affinity (its best configuration)."""
+    spec = ROUTERS[c.router]
+    urls = [e.url for e in engines]
+    common = ["--host", HOST, "--port", str(port), "--worker-urls", *urls,
+              "--policy", c.policy, "--worker-startup-check-interval", "1"]
+    if c.router == "sglang-router":
+        return [find_binary(spec), "launch", *common, "--log-level", "warn"]
+    argv = [find_binary(spec), *common, "--log-level", "warning"]
+    if c.kv_events:
+        for e in engines:
+            pub, replay = e.kv_events.split(",")
+            argv += ["--kv-event-source", f"{e.url}={pub}",
+                     "--kv-event-replay-source", f"{e.url}={replay}"]
+        argv += ["--kv-event-block-size", str(block_size), "--kv-event-model", model_dir,
+                 "--kv-aware-session-affinity-ttl-secs", "600"]
+    return argv
+
+
+class PolicyBench:
+    def __init__(self, a: argparse.Namespace, out: Path) -> None:
+        from transformers import AutoTokenizer
+
+        from tandem.model import resolve_model
+
+        self.a = a
+        self.out = out
+        self.model_dir = str(resolve_model(None))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        p = generate.params_for("small", sessions=a.sessions, turns_median=a.turns_median,
+                                seed=a.seed)
+        self.sessions = generate.generate(p)
+        self.info = {"path": f"<generated profile=small seed={p.seed}>",
+                     "params": generate.params_dict(p),
+                     "stats": generate.trace_stats(self.sessions)}
+        self.base = ReplayConfig(url="", model="", think_scale=a.think_scale,
+                                 timeout_s=a.timeout, progress=sys.stderr.isatty())
+        self.problems: list[str] = []
+
+    def stack_config(self, regime: Regime, state: Path):
+        from tandem.stack import StackConfig, free_port
+
+        blocks = [] if regime.kv_blocks is None else [
+            "--num-gpu-blocks-override", str(regime.kv_blocks)]
+        # No KV store: this compares routers, so a miss is a recompute for all.
+        return StackConfig(prefill=0, decode=0, aggregated=2, kv_store=False,
+                           router_port=free_port(), kv_cache_gib=1,
+                           max_model_len=self.a.max_model_len, state_dir=state,
+                           engine_args=blocks)
+
+    def replay(self, name: str, url: str, regime: Regime) -> dict | None:
+        try:
+            # The model by name: sglang-router's /v1/models says "unknown".
+            endpoint = Endpoint(name, url, model=Path(self.model_dir).name)
+            runs = run_sweep(self.sessions, self.info, [endpoint],
+                             [self.a.concurrency], replace(self.base), self.tokenizer,
+                             self.out / regime.name, served_model, log=_log)
+        except Exception as e:  # report what was measured, say what was not
+            self._failed(f"{regime.name} {name}", e)
+            return None
+        run = runs[0]
+        run["regime"] = regime.name
+        return run
+
+    def _failed(self, what: str, e: BaseException) -> None:
+        self.problems.append(f"**{what}: not measured** — {type(e).__name__}: {e}")
+        _log(f"{what}: {type(e).__name__}: {e}")
+
+    # -- Tandem: its engine hosts over gRPC, one router process per policy ----
+    def tandem_runs(self, regime: Regime, contenders: list[Contender]) -> list[dict]:
+        from tandem.stack import Stack, free_port, wait_http_ok
+
+        state = Path(tempfile.mkdtemp(prefix=f"tandem-policies-{regime.name}-"))
+        stack = Stack(self.stack_config(regime, state))
+        runs: list[dict] = []
+        t0 = time.time()
+        try:
+            stack.start()
+            _log(f"{regime.name}: Tandem engines up in {time.time() - t0:.0f}s")
+            procs = Processes(state)
+            for c in contenders:
+                port = free_port()
+                argv = stack.router_argv(port, ["--policy", c.policy])
+                proc, _ = procs.launch(f"router-{c.policy}", argv, set(os.sched_getaffinity(0)))
+                try:
+                    wait_http_ok(f"http://{HOST}:{port}/health", proc, time.monotonic() + 120)
+                    run = self.replay(c.name, f"http://{HOST}:{port}", regime)
+                    if run:
+                        runs.append(run)
+                finally:
+                    procs.stop(proc)
+        except Exception as e:
+            self._failed(f"{regime.name} Tandem engines", e)
+        finally:
+            stack.stop()
+        return runs
+
+    # -- Rust routers: vLLM's own HTTP server, same engine flags --------------
+    def http_runs(self, regime: Regime, contenders: list[Contender]) -> list[dict]:
+        from tandem.stack import engine_env, free_port, kv_events_flags, vllm_flags, wait_http_ok
+
+        state = Path(tempfile.mkdtemp(prefix=f"vllm-policies-{regime.name}-"))
+        cfg = self.stack_config(regime, state)
+        procs = Processes(state)
+        runs: list[dict] = []
+        try:
+            engines = []
+            t0 = time.time()
+            for i, cpu in enumerate(_cpus_for(2)):
+                port = free_port()
+                events, endpoints = kv_events_flags(HOST, free_port(), free_port())
+                argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                        *vllm_flags(cfg, model=self.model_dir),
+                        "--served-model-name", Path(self.model_dir).name, *cfg.engine_args,
+                        *events, "--host", HOST, "--port", str(port),
+                        "--enable-prompt-tokens-details"]
+                proc, _ = procs.launch(f"vllm-{i}", argv, set(os.sched_getaffinity(0)),
+                                       env=engine_env(cfg, cpu))
+                engines.append(HttpEngine(f"http://{HOST}:{port}", endpoints, proc))
+            for e in engines:
+                wait_http_ok(f"{e.url}/health", e.proc, time.monotonic() + cfg.startup_timeout_s)
+            _log(f"{regime.name}: vLLM HTTP engines up in {time.time() - t0:.0f}s")
+            for c in contenders:
+                port = free_port()
+                argv = contender_argv(c, port, engines, self.model_dir, self.a.block_size)
+                proc, _ = procs.launch(f"{c.router}-{c.policy}", argv,
+                                       set(os.sched_getaffinity(0)))
+                try:
+                    wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
+                                 time.monotonic() + 120)
+                    run = self.replay(c.name, f"http://{HOST}:{port}", regime)
+                    if run:
+                        runs.append(run)
+                finally:
+                    procs.stop(proc)
+        except Exception as e:
+            self._failed(f"{regime.name} vLLM HTTP engines", e)
+        finally:
+            procs.stop_all()
+        return runs
+
+
+def _cpus_for(n: int) -> list[int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return [cpus[i % len(cpus)] for i in range(n)]
+
+
+def summary_table(runs: list[dict], bound: float | None) -> str:
+    """One row per regime and contender; ratios against Tandem's default in
+    the same regime (TTFT: lower is better; hit rate and tok/s: higher)."""
+    head = ("| regime | router:policy | hit rate | TTFT p50 s | TTFT p90 s | output tok/s "
+            "| total tok/s | fail | TTFT p50 ÷ tandem | TTFT p90 ÷ tandem |")
+    lines = [head, "|" + "---|" * 10]
+    for regime in dict.fromkeys(r["regime"] for r in runs):
+        rows = [r for r in runs if r["regime"] == regime]
+        base = next((r["summary"] for r in rows if r["label"] == BASELINE), None)
+        for r in rows:
+            s = r["summary"]
+            lines.append(
+                f"| {regime} | {r['label']} | {_pct(s.get('hit_rate'))} | {_f(s.get('ttft_p50'))} "
+                f"| {_f(s.get('ttft_p90'))} | {_f(s.get('output_tokens_per_s'), 1)} "
+                f"| {_f(s.get('total_tokens_per_s'), 0)} | {s.get('failures')} "
+                f"| {_ratio(s, base, 'ttft_p50')} | {_ratio(s, base, 'ttft_p90')} |")
+    if bound is not None:
+        lines.append(f"\nHit-rate bound of the trace (unbounded cache, 128-token blocks): "
+                     f"{_pct(bound)}.")
+    return "\n".join(lines)
+
+
+def _f(v, digits: int = 2) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{100 * v:.1f}%"
+
+
+def _ratio(s: dict, base: dict | None, key: str) -> str:
+    if not base or not s.get(key) or not base.get(key):
+        return "—"
+    return f"{s[key] / base[key]:.2f}×"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.router_policies", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--regimes", default="ample,tight",
+                    help="ample (1 GiB of KV per engine) and/or tight "
+                         "(--tight-blocks per engine) (default: %(default)s)")
+    ap.add_argument("--tight-blocks", type=int, default=25,
+                    help="KV blocks per engine in the tight regime: one --max-model-len "
+                         "context (24 × 128 tokens) plus vLLM's null block, the least an "
+                         "engine starts with (default: %(default)s)")
+    ap.add_argument("--contenders", default=",".join(c.name for c in CONTENDERS),
+                    help="router:policy list, in order (default: all: %(default)s)")
+    ap.add_argument("--concurrency", type=int, default=4, help="agent lanes (default 4)")
+    ap.add_argument("--sessions", type=int, default=4, help="sessions of the small profile")
+    ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
+    ap.add_argument("--seed", type=int, default=0, help="trace seed")
+    ap.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
+    ap.add_argument("--max-model-len", type=int, default=3072,
+                    help="engines' context (the small profile compacts past 3072)")
+    ap.add_argument("--block-size", type=int, default=128, help="engines' KV block size")
+    ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
+    ap.add_argument("--out", help="output directory (default bench/results/<time>-policies)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    regimes = {"ample": Regime("ample", None), "tight": Regime("tight", a.tight_blocks)}
+    chosen = [r for r in a.regimes.split(",") if r]
+    by_name = {c.name: c for c in CONTENDERS}
+    contenders = [c for c in a.contenders.split(",") if c]
+    unknown = [n for n in chosen if n not in regimes] + [c for c in contenders
+                                                        if c not in by_name]
+    if unknown:
+        print(f"unknown regime(s)/contender(s): {unknown}; regimes: {sorted(regimes)}; "
+              f"contenders: {sorted(by_name)}", file=sys.stderr)
+        return 2
+    picked = [by_name[c] for c in contenders]
+    for c in picked:  # fail before any engine starts
+        if c.router != "tandem":
+            find_binary(ROUTERS[c.router])
+    out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-policies")
+    bench = PolicyBench(a, out)
+    runs: list[dict] = []
+    for name in chosen:
+        regime = regimes[name]
+        tandem = [c for c in picked if c.router == "tandem"]
+        others = [c for c in picked if c.router != "tandem"]
+        if tandem:
+            runs += bench.tandem_runs(regime, tandem)
+        if others:
+            runs += bench.http_runs(regime, others)
+    stats = bench.info["stats"]
+    table = summary_table(runs, stats.get("reuse_bound_engine128"))
+    notes = [f"Trace: small profile, {stats['sessions']} sessions, {stats['requests']} "
+             f"requests, input p50 {stats['in_p50']:.0f} tokens; concurrency "
+             f"{a.concurrency}; engines: 2 × vLLM CPU, --max-model-len {a.max_model_len}, "
+             f"tight = {a.tight_blocks} blocks of {a.block_size} tokens per engine, "
+             f"ample = 1 GiB per engine.", *bench.problems]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in chosen:
+        rows = [r for r in runs if r["regime"] == name]
+        if rows:
+            report.write_report(rows, out / name, baseline=BASELINE,
+                                title=f"Routing policies, {name} KV", notes=notes)
+    md = out / "policies.md"
+    md.write_text("# Routing policies on the same engines\n\n" + table + "\n\n"
+                  + "\n\n".join(notes) + "\n")
+    print(table)
+    _log(f"report: {md}")
+    return 1 if bench.problems or any(r["summary"]["failures"] for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
