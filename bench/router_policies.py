@@ -55,6 +55,9 @@ CONTENDERS = (
     Contender("tandem", "cost"),
     Contender("tandem", "round-robin"),
     Contender("tandem", "least-load"),
+    # round_robin on both frontends: the control that separates the policy from
+    # the engine front end (Tandem's gRPC host vs vLLM's HTTP server).
+    Contender("vllm-router", "round_robin"),
     Contender("vllm-router", "consistent_hash"),
     Contender("vllm-router", "sticky_least_loaded"),
     Contender("vllm-router", "cache_aware"),
@@ -142,13 +145,27 @@ class PolicyBench:
         run["regime"] = regime.name
         return run
 
+    def run_router(self, procs: Processes, c: Contender, argv: list[str], port: int,
+                   regime: Regime) -> list[dict]:
+        """Start one router, replay the trace through it, stop it."""
+        from tandem.stack import wait_http_ok
+
+        proc, _ = procs.launch(f"{c.router}-{c.policy}", argv, set(os.sched_getaffinity(0)))
+        try:
+            wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
+                         time.monotonic() + 120)
+            run = self.replay(c.name, f"http://{HOST}:{port}", regime)
+            return [run] if run else []
+        finally:
+            procs.stop(proc)
+
     def _failed(self, what: str, e: BaseException) -> None:
         self.problems.append(f"**{what}: not measured** — {type(e).__name__}: {e}")
         _log(f"{what}: {type(e).__name__}: {e}")
 
     # -- Tandem: its engine hosts over gRPC, one router process per policy ----
     def tandem_runs(self, regime: Regime, contenders: list[Contender]) -> list[dict]:
-        from tandem.stack import Stack, free_port, wait_http_ok
+        from tandem.stack import Stack, free_port
 
         state = Path(tempfile.mkdtemp(prefix=f"tandem-policies-{regime.name}-"))
         stack = Stack(self.stack_config(regime, state))
@@ -161,14 +178,7 @@ class PolicyBench:
             for c in contenders:
                 port = free_port()
                 argv = stack.router_argv(port, ["--policy", c.policy])
-                proc, _ = procs.launch(f"router-{c.policy}", argv, set(os.sched_getaffinity(0)))
-                try:
-                    wait_http_ok(f"http://{HOST}:{port}/health", proc, time.monotonic() + 120)
-                    run = self.replay(c.name, f"http://{HOST}:{port}", regime)
-                    if run:
-                        runs.append(run)
-                finally:
-                    procs.stop(proc)
+                runs += self.run_router(procs, c, argv, port, regime)
         except Exception as e:
             self._failed(f"{regime.name} Tandem engines", e)
         finally:
@@ -203,16 +213,7 @@ class PolicyBench:
             for c in contenders:
                 port = free_port()
                 argv = contender_argv(c, port, engines, self.model_dir, self.a.block_size)
-                proc, _ = procs.launch(f"{c.router}-{c.policy}", argv,
-                                       set(os.sched_getaffinity(0)))
-                try:
-                    wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
-                                 time.monotonic() + 120)
-                    run = self.replay(c.name, f"http://{HOST}:{port}", regime)
-                    if run:
-                        runs.append(run)
-                finally:
-                    procs.stop(proc)
+                runs += self.run_router(procs, c, argv, port, regime)
         except Exception as e:
             self._failed(f"{regime.name} vLLM HTTP engines", e)
         finally:

@@ -13,6 +13,7 @@ predicted TTFT:
               + pending prefill tokens already routed to pod (all replicas)
               + request_cost_tokens x max(router in-flight, engine running + waiting)
               + kv_pressure_tokens x how far KV usage is above the high watermark
+                x the share of the request's KV the pod lacks
 
 Stickiness: a session's bound pod keeps it unless its cost exceeds the best
 other pod's cost plus the cost of moving the session, ``stickiness_margin_tokens``
@@ -108,18 +109,32 @@ class NoPodAvailable(RuntimeError):
     pass
 
 
-def load_tokens(pod: PodView, s: PolicySettings) -> float:
-    """Work queued on the pod ahead of a new request, in token-equivalents."""
+def load_tokens(pod: PodView, s: PolicySettings, new_kv_share: float = 1.0) -> float:
+    """Work queued on the pod ahead of a new request, in token-equivalents.
+
+    KV pressure counts in proportion to ``new_kv_share``, the part of the
+    request's KV the pod would have to allocate (its uncached share): a pod
+    whose KV is full waits for running requests to free blocks only for the
+    blocks it lacks. A session turn that finds nearly all of its prefix cached
+    is not pushed off its pod because KV is busy; moving it would recompute
+    the whole context elsewhere and evict other sessions there (the trap of
+    KV-smaller-than-working-set measured in bench/router_policies.py).
+    """
     queued = max(pod.in_flight, pod.running + pod.waiting)
     cost = pod.pending_prefill_tokens + s.request_cost_tokens * queued
     if pod.kv_cache_usage > s.kv_high_watermark:
         over = (pod.kv_cache_usage - s.kv_high_watermark) / max(1e-9, 1 - s.kv_high_watermark)
-        cost += s.kv_pressure_tokens * min(1.0, over)
+        cost += s.kv_pressure_tokens * min(1.0, over) * new_kv_share
     return cost
 
 
+def uncached_share(pod: PodView, num_tokens: int) -> float:
+    return max(0, num_tokens - pod.cached_tokens) / num_tokens if num_tokens > 0 else 1.0
+
+
 def prefill_cost(pod: PodView, num_tokens: int, s: PolicySettings) -> float:
-    return max(0, num_tokens - pod.cached_tokens) + load_tokens(pod, s)
+    return (max(0, num_tokens - pod.cached_tokens)
+            + load_tokens(pod, s, uncached_share(pod, num_tokens)))
 
 
 def ttft_s(cost: float, s: PolicySettings) -> float:
@@ -160,8 +175,8 @@ class Policy:
     # ----- one pool ----------------------------------------------------------
     def _choose_one(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Choice:
         s = self.settings
-        costs = {p.name: weight * max(0, req.num_tokens - p.cached_tokens) + load_tokens(p, s)
-                 for p in pods}
+        costs = {p.name: weight * max(0, req.num_tokens - p.cached_tokens)
+                 + load_tokens(p, s, uncached_share(p, req.num_tokens)) for p in pods}
         by_name = {p.name: p for p in pods}
 
         def done(name: str, reason: str) -> Choice:

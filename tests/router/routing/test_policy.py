@@ -94,6 +94,17 @@ def test_kv_pressure_counts_against_a_pod():
     assert pol("least-load").choose(RouteInput(100, views)).pod == "b"
 
 
+def test_kv_pressure_weighs_only_the_kv_a_request_lacks():
+    # A session turn that finds its context cached on its pod stays although
+    # that pod's KV is full of running requests; moving would recompute it all.
+    views = pods(dict(name="a", kv_cache_usage=1.0, cached_tokens=1920, in_flight=1),
+                 dict(name="b", kv_cache_usage=0.2, cached_tokens=512, in_flight=1))
+    assert pol().choose(RouteInput(2000, views, "s", Binding("a"))).reason == "sticky"
+    # With nothing of it cached anywhere, a request avoids the full pod.
+    views = pods(dict(name="a", kv_cache_usage=1.0), dict(name="b", kv_cache_usage=0.2))
+    assert pol().choose(RouteInput(2000, views)).pod == "b"
+
+
 def test_unavailable_pods_are_never_chosen():
     views = pods(dict(name="a", available=False, cached_tokens=4000), dict(name="b"))
     for name in ("cost", "round-robin", "least-load", "prefix", "session"):
