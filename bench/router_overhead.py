@@ -919,7 +919,7 @@ def _interrupt(signum, frame) -> None:
 
 
 @contextmanager
-def _sigterm_as_interrupt():
+def sigterm_as_interrupt():
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         yield
@@ -935,7 +935,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(config)
     own_cpus = os.sched_getaffinity(0)
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             # The client (this process) shares the load CPUs with the backends.
             os.sched_setaffinity(0, set(config.load_cpus))
             report = bench.run()

@@ -32,7 +32,7 @@ from bench.agentx import generate, report
 from bench.agentx.replay import ReplayConfig
 from bench.agentx.sweep import Endpoint, run_sweep
 from bench.cli import RESULTS, _log, served_model
-from bench.router_overhead import ROUTERS, Processes, find_binary
+from bench.router_overhead import ROUTERS, Processes, find_binary, sigterm_as_interrupt
 
 HOST = "127.0.0.1"
 BASELINE = "tandem:cost"
@@ -119,6 +119,7 @@ class PolicyBench:
         self.base = ReplayConfig(url="", model="", think_scale=a.think_scale,
                                  timeout_s=a.timeout, progress=sys.stderr.isatty())
         self.problems: list[str] = []
+        self.runs: list[dict] = []  # every finished run, kept if interrupted
 
     def stack_config(self, regime: Regime, state: Path):
         from tandem.stack import StackConfig, free_port
@@ -146,7 +147,7 @@ class PolicyBench:
         return run
 
     def run_router(self, procs: Processes, c: Contender, argv: list[str], port: int,
-                   regime: Regime) -> list[dict]:
+                   regime: Regime) -> None:
         """Start one router, replay the trace through it, stop it."""
         from tandem.stack import wait_http_ok
 
@@ -155,7 +156,10 @@ class PolicyBench:
             wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
                          time.monotonic() + 120)
             run = self.replay(c.name, f"http://{HOST}:{port}", regime)
-            return [run] if run else []
+            if run:
+                self.runs.append(run)
+                if run["summary"].get("interrupted"):
+                    raise KeyboardInterrupt  # Ctrl-C / SIGTERM: stop, keep what ran
         finally:
             procs.stop(proc)
 
@@ -164,12 +168,11 @@ class PolicyBench:
         _log(f"{what}: {type(e).__name__}: {e}")
 
     # -- Tandem: its engine hosts over gRPC, one router process per policy ----
-    def tandem_runs(self, regime: Regime, contenders: list[Contender]) -> list[dict]:
+    def tandem_runs(self, regime: Regime, contenders: list[Contender]) -> None:
         from tandem.stack import Stack, free_port
 
         state = Path(tempfile.mkdtemp(prefix=f"tandem-policies-{regime.name}-"))
         stack = Stack(self.stack_config(regime, state))
-        runs: list[dict] = []
         t0 = time.time()
         try:
             stack.start()
@@ -178,21 +181,19 @@ class PolicyBench:
             for c in contenders:
                 port = free_port()
                 argv = stack.router_argv(port, ["--policy", c.policy])
-                runs += self.run_router(procs, c, argv, port, regime)
+                self.run_router(procs, c, argv, port, regime)
         except Exception as e:
             self._failed(f"{regime.name} Tandem engines", e)
         finally:
             stack.stop()
-        return runs
 
     # -- Rust routers: vLLM's own HTTP server, same engine flags --------------
-    def http_runs(self, regime: Regime, contenders: list[Contender]) -> list[dict]:
+    def http_runs(self, regime: Regime, contenders: list[Contender]) -> None:
         from tandem.stack import engine_env, free_port, kv_events_flags, vllm_flags, wait_http_ok
 
         state = Path(tempfile.mkdtemp(prefix=f"vllm-policies-{regime.name}-"))
         cfg = self.stack_config(regime, state)
         procs = Processes(state)
-        runs: list[dict] = []
         try:
             engines = []
             t0 = time.time()
@@ -213,12 +214,11 @@ class PolicyBench:
             for c in contenders:
                 port = free_port()
                 argv = contender_argv(c, port, engines, self.model_dir, self.a.block_size)
-                runs += self.run_router(procs, c, argv, port, regime)
+                self.run_router(procs, c, argv, port, regime)
         except Exception as e:
             self._failed(f"{regime.name} vLLM HTTP engines", e)
         finally:
             procs.stop_all()
-        return runs
 
 
 def _cpus_for(n: int) -> list[int]:
@@ -305,15 +305,21 @@ def main(argv: list[str] | None = None) -> int:
             find_binary(ROUTERS[c.router])
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-policies")
     bench = PolicyBench(a, out)
-    runs: list[dict] = []
-    for name in chosen:
-        regime = regimes[name]
-        tandem = [c for c in picked if c.router == "tandem"]
-        others = [c for c in picked if c.router != "tandem"]
-        if tandem:
-            runs += bench.tandem_runs(regime, tandem)
-        if others:
-            runs += bench.http_runs(regime, others)
+    interrupted = False
+    try:
+        with sigterm_as_interrupt():  # engines are stopped on the way out
+            for name in chosen:
+                regime = regimes[name]
+                tandem = [c for c in picked if c.router == "tandem"]
+                others = [c for c in picked if c.router != "tandem"]
+                if tandem:
+                    bench.tandem_runs(regime, tandem)
+                if others:
+                    bench.http_runs(regime, others)
+    except KeyboardInterrupt:
+        interrupted = True
+        bench.problems.append("**interrupted**: the rows below are what ran before it")
+    runs = bench.runs
     stats = bench.info["stats"]
     table = summary_table(runs, stats.get("reuse_bound_engine128"))
     notes = [f"Trace: small profile, {stats['sessions']} sessions, {stats['requests']} "
@@ -332,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                   + "\n\n".join(notes) + "\n")
     print(table)
     _log(f"report: {md}")
+    if interrupted:
+        return 130
     return 1 if bench.problems or any(r["summary"]["failures"] for r in runs) else 0
 
 
