@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.router.routing.policy import Binding
+from services.router.routing.tasks import cancel_and_wait
 
 log = logging.getLogger("tandem.router.routing.shared_state")
 
@@ -148,12 +149,8 @@ class RedisState(LocalState):
         self._task = asyncio.create_task(self._background(), name="redis-state")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._task)
+        self._task = None
         if self.up:
             try:
                 await self._redis.delete(self._load_key(self.replica_id))
