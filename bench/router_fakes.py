@@ -15,10 +15,13 @@ adds only its own cost:
   GetModelInfo (role ``both``, block size 128), GetLoad (its in-flight count),
   Generate (one token per message, usage on the last).
 
+Every token is the text " tok" unless the gRPC fake is given ``--token-text``
+(tests start several fakes with different texts to see which one served).
+
 Timing, per request, on an absolute schedule from arrival (so a slow event loop
 does not add up): token *i* (0-based) is sent at ``first_token_ms +
 i * token_delay_ms``. The number of tokens is the request's ``max_tokens``
-(``--tokens`` when absent). Every token is the text " tok".
+(``--tokens`` when absent).
 
     python -m bench.router_fakes openai --port 8100 --first-token-ms 20 --token-delay-ms 5
     python -m bench.router_fakes grpc --port 8101 --model-path ~/.cache/tandem/models/...
@@ -238,7 +241,8 @@ def serve_openai(host: str, port: int, timing: Timing, **kwargs) -> None:
 # -- gRPC engine --------------------------------------------------------------
 
 def create_grpc_servicer(timing: Timing, model: str = MODEL_NAME, model_path: str = "",
-                         max_model_len: int = 8192, block_size: int = 128):
+                         max_model_len: int = 8192, block_size: int = 128,
+                         token_text: str = TOKEN_TEXT):
     import grpc
 
     from tandem.proto import engine_pb2 as pb
@@ -257,7 +261,7 @@ def create_grpc_servicer(timing: Timing, model: str = MODEL_NAME, model_path: st
             try:
                 for i, due in enumerate(timing.offsets_s(n)):
                     await _sleep_until(arrival + due)
-                    message = pb.GenerateResponse(token_ids=[TOKEN_ID], text=TOKEN_TEXT)
+                    message = pb.GenerateResponse(token_ids=[TOKEN_ID], text=token_text)
                     if i == n - 1:
                         message.finish_reason = "length"
                         message.usage.CopyFrom(pb.Usage(prompt_tokens=len(request.token_ids),
@@ -337,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-path", default="",
                         help="model folder reported by GetModelInfo / get_model_info")
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--token-text", default=TOKEN_TEXT,
+                        help="grpc: the text of every generated token (e.g. the fake's name)")
     args = parser.parse_args(argv)
     timing = Timing(args.first_token_ms, args.token_delay_ms, args.tokens)
     if args.kind == "openai":
@@ -344,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                      max_model_len=args.max_model_len, model_path=args.model_path)
     else:
         serve_grpc(args.host, args.port, timing, model=args.model,
-                   model_path=args.model_path, max_model_len=args.max_model_len)
+                   model_path=args.model_path, max_model_len=args.max_model_len,
+                   token_text=args.token_text)
     return 0
 
 

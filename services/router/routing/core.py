@@ -86,8 +86,12 @@ class RoutingCore:
         self.health = PodHealth(settings.breaker)
         self.metrics = RoutingMetrics(registry)
         self.state = (RedisState(settings.redis_url, settings.replica_id,
-                                 binding_ttl_s=settings.session_ttl_s)
+                                 binding_ttl_s=settings.session_ttl_s,
+                                 timeout_s=settings.redis_timeout_s)
                       if settings.redis_url else LocalState(settings.session_ttl_s))
+        if self.state.shared:
+            state = self.state
+            self.metrics.shared_state_up.set_function(lambda: 1.0 if state.up else 0.0)
         unknown = [s.pod for s in settings.kv_events if s.pod not in self.pods]
         if unknown:
             raise ValueError(f"--kv-events names pods that are not configured: {unknown}")

@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from services.router.routing.index import PrefixIndex
+from services.router.routing.tasks import cancel_and_wait
 
 log = logging.getLogger("tandem.router.routing.events")
 
@@ -141,12 +142,8 @@ class KvEventSubscriber:
         self._task = asyncio.create_task(self._run(), name=f"kv-events-{self.pod}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None

@@ -33,6 +33,8 @@ class RoutingSettings:
     predicted_ttl_with_events_s: float = 5.0
     session_header: str = "x-session-id"
     redis_url: str | None = None
+    # A Redis call slower than this counts as Redis lost (serve on local state).
+    redis_timeout_s: float = 0.25
     session_ttl_s: float = 3600.0
     replica_id: str | None = None
 
@@ -41,6 +43,8 @@ class RoutingSettings:
             raise ValueError(f"--routing-block-size {self.block_size}: must be positive")
         if self.index_capacity <= 0:
             raise ValueError("--routing-index-capacity must be positive")
+        if self.redis_timeout_s <= 0:
+            raise ValueError(f"--redis-timeout {self.redis_timeout_s:g}: must be positive")
         pods = [s.pod for s in self.kv_events]
         if len(pods) != len(set(pods)):
             raise ValueError("--kv-events names a pod twice")
@@ -83,6 +87,10 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
                    help="request header naming the session (else `user`, else derived)")
     g.add_argument("--redis-url", default=_env("redis_url", None),
                    help="share session bindings and load with other router replicas")
+    g.add_argument("--redis-timeout", dest="redis_timeout_s", type=float,
+                   default=float(_env("redis_timeout", 0.25)), metavar="SECONDS",
+                   help="a Redis call slower than this counts as Redis lost: the router "
+                        "serves on local state and re-syncs when Redis answers again")
     g.add_argument("--remote-prefill-threshold", type=int,
                    default=int(_env("remote_prefill_threshold", 256)),
                    help="P/D: below this many uncached tokens the decode pod prefills locally")
@@ -102,6 +110,7 @@ def routing_settings_from_args(args: argparse.Namespace) -> RoutingSettings:
         kv_events=tuple(args.kv_events),
         session_header=args.session_header,
         redis_url=args.redis_url,
+        redis_timeout_s=args.redis_timeout_s,
     )
     settings.validate()
     return settings

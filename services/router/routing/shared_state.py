@@ -6,11 +6,18 @@ Two implementations of one async interface:
 * ``RedisState``: bindings live in Redis (``<prefix>:sess:<key>``, idle TTL), so
   any replica routes a session's next turn to the same pod. Each replica keeps
   its in-flight counts exact in memory and mirrors them into its own hash
-  (``<prefix>:load:<replica>``, expiring unless refreshed, so a crashed
-  replica's load disappears); a background task sums the other replicas'
-  hashes every ``refresh_s``. When Redis fails the replica logs it, keeps
+  (``<prefix>:load:<replica>``, fields ``POD|r`` and ``POD|t`` plus an
+  ``alive`` marker, expiring unless refreshed, so a crashed replica's load
+  disappears); a background task sums the other replicas' hashes every
+  ``refresh_s``, so their load is seen up to ``refresh_s`` late.
+
+  When Redis fails (or is unreachable at start) the replica logs it, keeps
   serving on local state, probes every ``retry_s``, and when Redis is back
-  re-writes its own load and the bindings it made meanwhile.
+  (on fresh connections) re-writes its own load, re-reads the others', and
+  writes back every binding it holds: those it made meanwhile overwrite, the
+  others are written only where Redis has none, so a Redis that came back
+  empty (restarted without persistence) gets them back and a binding another
+  replica made meanwhile is kept.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.router.routing.policy import Binding
+from services.router.routing.tasks import cancel_and_wait
 
 log = logging.getLogger("tandem.router.routing.shared_state")
 
@@ -31,6 +39,11 @@ log = logging.getLogger("tandem.router.routing.shared_state")
 class PodLoad:
     in_flight: int = 0
     pending_prefill_tokens: int = 0
+
+
+# Field of every replica's load hash, so that a replica with no load yet is not
+# taken for one that is gone (whose hash expired).
+_ALIVE = "alive"
 
 
 def _encode_binding(b: Binding) -> str:
@@ -123,6 +136,7 @@ class RedisState(LocalState):
                                               decode_responses=True)
         self.up = False
         self.outages = 0
+        self._down_logged = False
         self._dirty_sessions: set[str] = set()
         self._remote_loads: dict[str, PodLoad] = {}
         self._task: asyncio.Task | None = None
@@ -148,12 +162,8 @@ class RedisState(LocalState):
         self._task = asyncio.create_task(self._background(), name="redis-state")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._task)
+        self._task = None
         if self.up:
             try:
                 await self._redis.delete(self._load_key(self.replica_id))
@@ -165,37 +175,71 @@ class RedisState(LocalState):
     def _went_down(self, err: Exception) -> None:
         if self.up:
             self.outages += 1
+        if not self._down_logged:  # once per outage, and when unreachable at start
             log.warning("redis %s unreachable (%s): serving on local state until it returns",
                         self.url, err)
+            self._down_logged = True
         self.up = False
 
     async def _try_resync(self) -> bool:
         """Push this replica's state to Redis; True when Redis is up afterwards."""
         try:
+            if not self.up:
+                # Pooled connections to a Redis that restarted are dead; each
+                # would fail once later and count as a new outage.
+                await self._redis.connection_pool.disconnect()
             await self._redis.ping()
             pipe = self._redis.pipeline(transaction=False)
             key = self._load_key(self.replica_id)
             pipe.delete(key)
+            pipe.hset(key, _ALIVE, 1)  # the hash exists even before any load
             for pod, load in self.local_loads().items():
                 pipe.hset(key, mapping={f"{pod}|r": load.in_flight,
                                         f"{pod}|t": load.pending_prefill_tokens})
             pipe.expire(key, int(self.load_ttl_s))
             pipe.sadd(self._replicas_key, self.replica_id)
-            dirty = list(self._dirty_sessions)
-            for session in dirty:
-                b = self.local_binding(session)
-                if b is not None:
-                    pipe.set(self._sess_key(session), _encode_binding(b),
-                             ex=int(self.binding_ttl_s))
             await pipe.execute()
-            self._dirty_sessions.difference_update(dirty)
+            # Redis may have come back empty: restore what this replica knows,
+            # without overwriting what other replicas wrote meanwhile.
+            made_meanwhile = set(self._dirty_sessions)
+            restored = await self._write_bindings(
+                [s for s in self._bindings if s not in made_meanwhile], only_missing=True)
+            # The others' load as it is now, not as it was before the outage.
+            await self._refresh_remote_loads()
+            written = 0
+            while self._dirty_sessions:  # made during the outage (more may come meanwhile)
+                dirty = list(self._dirty_sessions)
+                await self._write_bindings(dirty, only_missing=False)
+                self._dirty_sessions.difference_update(dirty)
+                written += len(dirty)
+            # No await since the loop's last check: a binding made from here on
+            # sees up=True and goes straight to Redis.
             if not self.up:
-                log.info("redis %s reachable: state re-synced (%d bindings)", self.url,
-                         len(dirty))
+                log.info("redis %s reachable: state re-synced (%d bindings made while "
+                         "unreachable, %d restored)", self.url, written, restored)
             self.up = True
+            self._down_logged = False
         except Exception as err:  # redis.RedisError, OSError, timeouts
             self._went_down(err)
         return self.up
+
+    async def _write_bindings(self, sessions: list[str], only_missing: bool,
+                              chunk: int = 1000) -> int:
+        """Write these sessions' local bindings with their remaining TTL; with
+        ``only_missing``, only where Redis has none. Returns how many were written."""
+        written = 0
+        for i in range(0, len(sessions), chunk):
+            now = time.monotonic()
+            pipe = self._redis.pipeline(transaction=False)
+            for session in sessions[i:i + chunk]:
+                entry = self._bindings.get(session)
+                if entry is None or entry[1] <= now:
+                    continue
+                binding, expiry = entry
+                pipe.set(self._sess_key(session), _encode_binding(binding),
+                         ex=max(1, int(expiry - now)), nx=only_missing)
+            written += sum(1 for ok in await pipe.execute() if ok)
+        return written
 
     async def _background(self) -> None:
         last_heartbeat = 0.0
@@ -208,6 +252,7 @@ class RedisState(LocalState):
                 now = time.monotonic()
                 if now - last_heartbeat > self.load_ttl_s / 3:
                     pipe = self._redis.pipeline(transaction=False)
+                    pipe.hset(self._load_key(self.replica_id), _ALIVE, 1)
                     pipe.expire(self._load_key(self.replica_id), int(self.load_ttl_s))
                     pipe.sadd(self._replicas_key, self.replica_id)
                     await pipe.execute()
@@ -230,7 +275,9 @@ class RedisState(LocalState):
                 gone.append(r)  # its load key expired: the replica is gone
                 continue
             for name, value in fields.items():
-                pod, _, kind = name.rpartition("|")
+                pod, sep, kind = name.rpartition("|")
+                if not sep:
+                    continue  # the alive marker
                 load = totals.setdefault(pod, PodLoad())
                 if kind == "r":
                     load.in_flight += max(0, int(value))

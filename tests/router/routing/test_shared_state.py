@@ -1,65 +1,34 @@
-"""Two routing cores sharing state through a real Redis server (started here on a
-free loopback port), including Redis going away and coming back. No mocks."""
+"""Two routing cores sharing state through a real Redis server (started on a free
+loopback port by tests/router/conftest.py), including Redis going away and
+coming back. No mocks."""
 
 import asyncio
-import shutil
-import socket
-import subprocess
+import logging
 import time
 
-import pytest
+import redis
 
 from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings
+from services.router.routing.policy import Binding
+from services.router.routing.shared_state import RedisState
 
 PODS = [PodSpec("10.0.0.1:1"), PodSpec("10.0.0.2:1"), PodSpec("10.0.0.3:1")]
+# Not the 0.25-s default: on a loaded test machine a slow reply would count as
+# Redis lost. The outages here are real (connection refused or reset), never slow.
+TIMEOUT_S = 2.0
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(port):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (apt-get install -y redis-server)")
-    subprocess.run([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "no", "--daemonize", "yes"], check=True)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    pytest.fail("redis-server did not start")
-
-
-def stop_redis(port):
-    subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"],
-                   capture_output=True, timeout=10)
-
-
-@pytest.fixture
-def redis_port():
-    port = free_port()
-    start_redis(port)
-    yield port
-    stop_redis(port)
-
-
-def core_for(port, replica):
-    settings = RoutingSettings(block_size=4, redis_url=f"redis://127.0.0.1:{port}/0",
-                               replica_id=replica)
+def core_for(redis, replica):
+    settings = RoutingSettings(block_size=4, redis_url=redis.url, replica_id=replica,
+                               redis_timeout_s=TIMEOUT_S)
     core = RoutingCore(settings, PODS)
     core.state.refresh_s = 0.05
     core.state.retry_s = 0.1
     return core
 
 
-async def test_replicas_share_bindings_and_load(redis_port):
-    a, b = core_for(redis_port, "ra"), core_for(redis_port, "rb")
+async def test_replicas_share_bindings_and_load(redis_server):
+    a, b = core_for(redis_server, "ra"), core_for(redis_server, "rb")
     await a.start()
     await b.start()
     try:
@@ -82,13 +51,13 @@ async def test_replicas_share_bindings_and_load(redis_port):
         await b.close()
 
 
-async def test_redis_loss_and_return(redis_port):
-    a, b = core_for(redis_port, "ra"), core_for(redis_port, "rb")
+async def test_redis_loss_and_return(redis_server):
+    a, b = core_for(redis_server, "ra"), core_for(redis_server, "rb")
     await a.start()
     await b.start()
     try:
         assert a.state.up and b.state.up
-        stop_redis(redis_port)
+        redis_server.stop()
         await asyncio.sleep(0.3)
         # Both keep serving on local state.
         d = await a.route(RouteRequest(list(range(40)), session="during-outage"),
@@ -97,7 +66,7 @@ async def test_redis_loss_and_return(redis_port):
         again = await a.route(RouteRequest(list(range(44)), session="during-outage"),
                               time.monotonic())
         assert again.decode_pod == d.decode_pod  # local binding holds
-        start_redis(redis_port)
+        redis_server.start()
         deadline = time.monotonic() + 10
         while not (a.state.up and b.state.up):
             assert time.monotonic() < deadline, "replicas did not reconnect"
@@ -111,6 +80,110 @@ async def test_redis_loss_and_return(redis_port):
         for x in (d, again):
             await a.release(x)
         await b.release(d_b)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def wait_until(condition, what, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def wait_up(*states):
+    await wait_until(lambda: all(s.up for s in states), "did not reconnect")
+
+
+async def test_redis_back_empty_gets_every_binding_back(redis_server):
+    """Redis restarted without persistence comes back empty. Each replica writes
+    back every binding it holds, not only those made during the outage, yet
+    never over a binding another replica made meanwhile; its pooled
+    connections to the old server do not count as a second outage."""
+    a = RedisState(redis_server.url, "ra", timeout_s=TIMEOUT_S, refresh_s=0.05, retry_s=0.1)
+    b = RedisState(redis_server.url, "rb", timeout_s=TIMEOUT_S, refresh_s=0.05, retry_s=0.1)
+    await a.start()
+    await b.start()
+    try:
+        # Concurrent writes: several pooled connections, as under load.
+        await asyncio.gather(*(a.set_binding(f"s{i}", Binding("p1")) for i in range(8)))
+        await a.set_binding("moved", Binding("p1"))
+        redis_server.kill()
+        await wait_until(lambda: not (a.up or b.up), "the outage went unnoticed")
+        await b.set_binding("moved", Binding("p2"))  # b re-binds it while Redis is away
+        redis_server.start()
+        await wait_up(a, b)
+        for i in range(8):
+            assert await b.get_binding(f"s{i}") == Binding("p1")  # restored by a
+        assert await a.get_binding("moved") == Binding("p2")  # a's older one not written over
+        await asyncio.gather(*(a.get_binding(f"s{i}") for i in range(8)))
+        await asyncio.sleep(0.2)  # background refreshes on every pooled connection
+        assert a.up and b.up and (a.outages, b.outages) == (1, 1)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_unreachable_at_start_is_logged_then_synced(redis_servers, caplog):
+    server = redis_servers()  # its port is chosen, nothing listens there yet
+    state = RedisState(server.url, "rs", timeout_s=TIMEOUT_S, refresh_s=0.05, retry_s=0.1)
+    logger = logging.getLogger("tandem.router.routing.shared_state")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=logger.name):
+            await state.start()
+            assert not state.up and "unreachable" in caplog.text
+            await state.set_binding("s", Binding("p1"))  # served on local state
+            assert await state.get_binding("s") == Binding("p1")
+            server.start()
+            await wait_up(state)
+            assert "re-synced (1 bindings made while unreachable" in caplog.text
+        db = redis.Redis(port=server.port, decode_responses=True)
+        assert db.get("tandem:sess:s") == "p1|"
+        db.close()
+    finally:
+        logger.removeHandler(caplog.handler)
+        await state.close()
+
+
+async def test_resync_reads_the_other_replicas_load_afresh(redis_server):
+    """Coming back, a replica reads the others' load anew rather than using the
+    view from before the outage (requests that ended meanwhile would count
+    until its next refresh). ``a`` runs only the re-sync step, no background task."""
+    a = RedisState(redis_server.url, "ra", timeout_s=TIMEOUT_S)
+    b = RedisState(redis_server.url, "rb", timeout_s=TIMEOUT_S, refresh_s=0.05, retry_s=0.1)
+    await b.start()
+    try:
+        await b.add_load("p1", 1, 100)
+        assert await a._try_resync()
+        assert (await a.loads())["p1"].in_flight == 1
+        redis_server.kill()
+        assert await a.get_binding("x") is None and not a.up
+        await wait_until(lambda: not b.up, "b did not notice the outage")
+        await b.add_load("p1", -1, -100)  # the request ends while Redis is away
+        redis_server.start()
+        await wait_up(b)
+        assert await a._try_resync()
+        assert (await a.loads())["p1"].in_flight == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_an_idle_replica_is_not_taken_for_gone(redis_server):
+    """A replica that has routed nothing yet stays in the replica set, so its
+    first requests count in the others' view at their next refresh (not at its
+    next heartbeat, seconds later)."""
+    a = RedisState(redis_server.url, "ra", timeout_s=TIMEOUT_S, refresh_s=0.05)
+    b = RedisState(redis_server.url, "rb", timeout_s=TIMEOUT_S, refresh_s=0.05)
+    await a.start()
+    await b.start()
+    try:
+        await asyncio.sleep(0.3)  # b refreshes several times while a is idle
+        await a.add_load("p1", 1, 0)
+        await asyncio.sleep(0.3)
+        assert (await b.loads())["p1"].in_flight == 1
     finally:
         await a.close()
         await b.close()

@@ -1,0 +1,29 @@
+"""Fixtures of the router tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from .redis_server import RedisServer
+
+
+@pytest.fixture
+def redis_servers():
+    """Makes RedisServer objects (not yet started); kills them after the test."""
+    made: list[RedisServer] = []
+
+    def make() -> RedisServer:
+        made.append(RedisServer())
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.kill()
+
+
+@pytest.fixture
+def redis_server(redis_servers):
+    """A real redis-server on a free loopback port, killed after the test."""
+    server = redis_servers()
+    server.start()
+    return server
