@@ -46,6 +46,12 @@ def _duration_ms(seconds: float) -> str:
     return str(int(seconds * 1000))
 
 
+def max_pin_ttl_ms(s: KvStoreSettings) -> int:
+    """The longest soft pin the master accepts: the session TTL, at least a day
+    (router hints may pin longer than the engine-wide session TTL)."""
+    return int(max(s.session_ttl_s, 86400) * 1000)
+
+
 def master_command(s: KvStoreSettings, binary: str = "mooncake_master") -> Command:
     argv = [
         binary,
@@ -60,7 +66,7 @@ def master_command(s: KvStoreSettings, binary: str = "mooncake_master") -> Comma
         f"--enable_offload={'true' if s.enable_disk else 'false'}",
         f"--default_kv_lease_ttl={s.lease_ttl_ms}",
         f"--default_kv_soft_pin_ttl={_duration_ms(s.session_ttl_s)}",
-        f"--max_kv_soft_pin_ttl={_duration_ms(max(s.session_ttl_s, 86400))}",
+        f"--max_kv_soft_pin_ttl={max_pin_ttl_ms(s)}",
         f"--allow_evict_soft_pinned_objects={'true' if s.allow_evict_pinned else 'false'}",
         f"--eviction_high_watermark_ratio={s.eviction_high_watermark}",
         f"--eviction_ratio={s.eviction_ratio}",
@@ -115,6 +121,10 @@ def engine_store_config(s: KvStoreSettings) -> dict:
         ENGINE_CONFIG_TANDEM_KEY: {
             "retention": s.retention,
             "session_ttl_ms": int(s.session_ttl_s * 1000),
+            # Router hints: pins are capped at what the master accepts, and a
+            # released session's blocks are removed once their lease is over.
+            "max_pin_ttl_ms": max_pin_ttl_ms(s),
+            "lease_ttl_ms": s.lease_ttl_ms,
             "kvstore_health_url": f"http://{s.host}:{s.http_port}/health",
         },
     }

@@ -127,6 +127,7 @@ def test_engine_store_config_is_what_vllm_reads(tmp_path):
     assert cfg.metadata_server == s.metadata_url and cfg.enable_offload
     assert engine_store_config(s)["tandem"] == {
         "retention": "soft-pin", "session_ttl_ms": 90_000,
+        "max_pin_ttl_ms": 86_400_000, "lease_ttl_ms": s.lease_ttl_ms,
         "kvstore_health_url": f"http://127.0.0.1:{s.http_port}/health"}
 
 
