@@ -94,7 +94,14 @@ def client_command(s: KvStoreSettings, binary: str = "mooncake_client") -> Comma
     if s.enable_disk:
         env = {
             "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": s.disk_path,
+            # What the pool owner reports to the master as the tier's size ...
             "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(parse_size(s.disk_size)),
+            # ... and what its bucket backend enforces: unset, that is 90% of
+            # the physical disk, and a full tier refuses writes instead of
+            # dropping its least recently used buckets.
+            "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(parse_size(s.disk_size)),
+            "MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY": "lru",
+            "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": str(s.disk_write_interval_s),
             "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": str(s.disk_bucket_keys),
             "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": str(parse_size(s.disk_bucket_size)),
             "MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES": str(parse_size(s.disk_staging_size)),
