@@ -123,6 +123,7 @@ class Engine:
         self.grpc, self.metrics_port = free_ports(2)
         self.nixl = free_ports(1)[0]
         self.module, self.tmp, self.store, self.cpu, self.name = module, tmp, store, cpu, name
+        self.repicked_ports = False
         self.start()
 
     def start(self) -> None:
@@ -141,6 +142,17 @@ class Engine:
         deadline = time.monotonic() + ENGINE_START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if not self.repicked_ports and self._port_was_taken():
+                    # The ports were free when picked, but the engine binds them
+                    # only once vLLM is up (minutes later, on a busy machine):
+                    # another process (the other engine's vLLM) took one. Once.
+                    self.repicked_ports = True
+                    self.client.close()
+                    self.log.close()
+                    self.grpc, self.metrics_port = free_ports(2)
+                    self.nixl = free_ports(1)[0]
+                    self.start()
+                    continue
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
                                    f"see {self.tmp / (self.name + '.log')}")
             try:
@@ -149,6 +161,10 @@ class Engine:
             except Exception:
                 continue
         raise TimeoutError(f"{self.name} not ready after {ENGINE_START_S}s")
+
+    def _port_was_taken(self) -> bool:
+        tail = (self.tmp / f"{self.name}.log").read_bytes()[-20000:]
+        return b"Failed to bind to address" in tail or b"Address already in use" in tail
 
     def stop(self) -> None:
         self.client.close()
