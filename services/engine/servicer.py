@@ -18,6 +18,8 @@ import grpc
 from services.engine.load import LoadTracker
 from services.engine.metrics import EngineMetrics
 from services.engine.sampling import parse_kv_transfer_params, to_vllm
+from services.kvstore.retention import from_proto as retention_from_proto
+from services.kvstore.retention import with_hint
 from tandem.proto import engine_pb2 as pb
 from tandem.proto import engine_pb2_grpc as pb_grpc
 
@@ -103,6 +105,15 @@ class EngineServicer(pb_grpc.EngineServicer):
             self._metrics.errors.labels("sampling", "invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
+    async def _retention(self, context, request):
+        """The router's KV store retention hint, checked before vLLM sees it."""
+        if not request.HasField("retention"):
+            return None
+        try:
+            return retention_from_proto(request.retention)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"retention: {exc}")
+
     # -- RPCs --------------------------------------------------------------
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
         if self._role == "decode":
@@ -110,8 +121,9 @@ class EngineServicer(pb_grpc.EngineServicer):
                                 "this engine is a decode engine; send Prefill to a prefill engine")
         if not request.token_ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
+        hint = await self._retention(context, request)
         params = await self._sampling(context, request, max_tokens=1,
-                                      kv_transfer_params=dict(_REMOTE_DECODE))
+                                      kv_transfer_params=with_hint(dict(_REMOTE_DECODE), hint))
         final = None
         async for out in self._run(request.request_id,
                                    self._prompt(request.token_ids, request.cache_salt or None),
@@ -137,7 +149,9 @@ class EngineServicer(pb_grpc.EngineServicer):
         if kv_params and self._role == "prefill":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this engine is a prefill engine; it cannot pull remote KV")
-        params = await self._sampling(context, request, kv_transfer_params=kv_params)
+        hint = await self._retention(context, request)
+        params = await self._sampling(context, request,
+                                      kv_transfer_params=with_hint(kv_params, hint))
         completion_tokens = 0
         async for out in self._run(request.request_id,
                                    self._prompt(request.token_ids, request.cache_salt or None),

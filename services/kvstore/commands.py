@@ -46,6 +46,12 @@ def _duration_ms(seconds: float) -> str:
     return str(int(seconds * 1000))
 
 
+def max_pin_ttl_ms(s: KvStoreSettings) -> int:
+    """The longest soft pin the master accepts: the session TTL, at least a day
+    (router hints may pin longer than the engine-wide session TTL)."""
+    return int(max(s.session_ttl_s, 86400) * 1000)
+
+
 def master_command(s: KvStoreSettings, binary: str = "mooncake_master") -> Command:
     argv = [
         binary,
@@ -60,7 +66,7 @@ def master_command(s: KvStoreSettings, binary: str = "mooncake_master") -> Comma
         f"--enable_offload={'true' if s.enable_disk else 'false'}",
         f"--default_kv_lease_ttl={s.lease_ttl_ms}",
         f"--default_kv_soft_pin_ttl={_duration_ms(s.session_ttl_s)}",
-        f"--max_kv_soft_pin_ttl={_duration_ms(max(s.session_ttl_s, 86400))}",
+        f"--max_kv_soft_pin_ttl={max_pin_ttl_ms(s)}",
         f"--allow_evict_soft_pinned_objects={'true' if s.allow_evict_pinned else 'false'}",
         f"--eviction_high_watermark_ratio={s.eviction_high_watermark}",
         f"--eviction_ratio={s.eviction_ratio}",
@@ -88,7 +94,14 @@ def client_command(s: KvStoreSettings, binary: str = "mooncake_client") -> Comma
     if s.enable_disk:
         env = {
             "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": s.disk_path,
+            # What the pool owner reports to the master as the tier's size ...
             "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(parse_size(s.disk_size)),
+            # ... and what its bucket backend enforces: unset, that is 90% of
+            # the physical disk, and a full tier refuses writes instead of
+            # dropping its least recently used buckets.
+            "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE": str(parse_size(s.disk_size)),
+            "MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY": "lru",
+            "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS": str(s.disk_write_interval_s),
             "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT": str(s.disk_bucket_keys),
             "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES": str(parse_size(s.disk_bucket_size)),
             "MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES": str(parse_size(s.disk_staging_size)),
@@ -115,6 +128,10 @@ def engine_store_config(s: KvStoreSettings) -> dict:
         ENGINE_CONFIG_TANDEM_KEY: {
             "retention": s.retention,
             "session_ttl_ms": int(s.session_ttl_s * 1000),
+            # Router hints: pins are capped at what the master accepts, and a
+            # released session's blocks are removed once their lease is over.
+            "max_pin_ttl_ms": max_pin_ttl_ms(s),
+            "lease_ttl_ms": s.lease_ttl_ms,
             "kvstore_health_url": f"http://{s.host}:{s.http_port}/health",
         },
     }

@@ -16,6 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 RETENTION_POLICIES = ("lru", "soft-pin")
+# vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/worker.py:
+# DEFAULT_MOONCAKE_DISK_STAGING_BUFFER_BYTES, the pool owner's staging buffer
+# it assumes (Mooncake's default) when it splits disk-tier reads into batches.
+VLLM_DISK_READ_BUDGET = 1280 << 20
 
 _SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
 
@@ -66,7 +70,12 @@ class KvStoreSettings:
     # disk: spill begins once a bucket holds this many keys or bytes.
     disk_bucket_keys: int = 500
     disk_bucket_size: str = "256MB"
-    disk_staging_size: str = "128MB"
+    # vLLM's store connector sizes its disk-tier reads for Mooncake's default
+    # staging buffer; a smaller one fails every larger read (BUFFER_OVERFLOW).
+    disk_staging_size: str = "1280MB"
+    # How often the pool owner writes new objects to disk (Mooncake's offload
+    # heartbeat): until an object is on disk it cannot be evicted from RAM.
+    disk_write_interval_s: int = 10
     lease_ttl_ms: int = 10_000
     retention: str = "lru"
     session_ttl_s: float = 1800.0
@@ -115,8 +124,12 @@ _HELP = {
     "enable_disk": "spill KV from the RAM pool to --disk-path (true/false)",
     "disk_bucket_keys": "objects are written to disk in buckets of this many keys",
     "disk_bucket_size": "... or of this many bytes, whichever fills first",
-    "disk_staging_size": "RAM staging buffer the pool owner allocates for disk I/O "
-                         "(Mooncake's default, 1.25 GB, takes seconds to allocate)",
+    "disk_write_interval_s": "seconds between the pool owner's rounds of writing new "
+                             "objects to the disk tier; an object leaves RAM only once it "
+                             "is on disk, so under fast writes puts fail until it is",
+    "disk_staging_size": "RAM staging buffer the pool owner reads and writes the disk "
+                         "tier through; vLLM's store connector batches disk reads up to "
+                         "1280MB, so it must be at least that (a larger read fails)",
     "lease_ttl_ms": "lease on every object read: it cannot be evicted or removed "
                     "for this long after a get (Mooncake default_kv_lease_ttl)",
     "retention": "retention policy: 'lru' (evict least recently used under pressure) "
@@ -210,6 +223,11 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
             raise SettingError(flag, str(exc)) from None
         if size <= 0:
             raise SettingError(flag, "must be greater than zero")
+    if settings.enable_disk and parse_size(settings.disk_staging_size) < VLLM_DISK_READ_BUDGET:
+        raise SettingError("--disk-staging-size",
+                           "must be at least 1280MB: vLLM's MooncakeStoreConnector batches "
+                           "disk-tier reads up to that size, and a read larger than the "
+                           "pool owner's staging buffer fails (BUFFER_OVERFLOW)")
     if parse_size(settings.pool_size) < 16 << 20:
         raise SettingError("--pool-size", "must be at least 16MB")
     if settings.retention not in RETENTION_POLICIES:
@@ -220,6 +238,8 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
         raise SettingError("--eviction-ratio", "must be in (0, 1]")
     if settings.lease_ttl_ms <= 0:
         raise SettingError("--lease-ttl-ms", "must be greater than zero")
+    if settings.disk_write_interval_s <= 0:
+        raise SettingError("--disk-write-interval-s", "must be greater than zero")
     if settings.session_ttl_s <= 0:
         raise SettingError("--session-ttl-s", "must be greater than zero")
     _check_writable("--state-dir", settings.state_dir)

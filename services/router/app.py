@@ -30,6 +30,7 @@ from services.router.metrics import RouterMetrics
 from services.router.pd import Orchestrator
 from services.router.pods import EnginePod, PodPool
 from services.router.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.retention import SessionRetention
 from services.router.routing import PodSpec, RoutingCore, RoutingSettings
 from services.router.serving import ModelCard, OpenAIServing
 from services.router.tokenizer import ChatTokenizer
@@ -114,18 +115,21 @@ def create_app(settings: RouterSettings) -> FastAPI:
         core = RoutingCore(routing, [PodSpec(p.address, p.role) for p in pods],
                            registry=metrics.registry)
         pool = state["pool"] = PodPool(pods, settings.poll_interval_s, core)
-        orchestrator = Orchestrator(pool, core, metrics)
+        retention = SessionRetention(settings.retention, routing.block_size)
+        orchestrator = Orchestrator(pool, core, metrics, retention)
         tokenizer = await asyncio.to_thread(ChatTokenizer, Path(settings.model or info.model_path))
         await core.start()
         await pool.poll_once()
         pool.start()
         state["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
-                                         settings.request_timeout_s, routing.session_header)
+                                         settings.request_timeout_s, routing.session_header,
+                                         settings.retention.end_header)
         log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
-                 "policy %s, KV events from %d pods; admission %s running, %d queued; "
-                 "API keys %s)", settings.host, settings.port, card.name,
-                 settings.prefill, settings.decode, settings.engines, routing.policy.policy,
-                 len(routing.kv_events), settings.max_concurrent_requests or "unlimited",
+                 "policy %s, KV events from %d pods; KV retention %s, pins %gs; "
+                 "admission %s running, %d queued; API keys %s)", settings.host,
+                 settings.port, card.name, settings.prefill, settings.decode, settings.engines,
+                 routing.policy.policy, len(routing.kv_events), settings.retention.policy,
+                 settings.retention.ttl_s, settings.max_concurrent_requests or "unlimited",
                  settings.max_queued_requests,
                  f"required ({len(settings.api_keys)})" if settings.api_keys else "off")
         try:

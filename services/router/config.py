@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass, field
 
 from services.router.auth import read_keys_file
+from services.router.retention import POLICIES as RETENTION_POLICIES
+from services.router.retention import RetentionSettings
 from services.router.routing import (RoutingSettings, add_routing_arguments,
                                      routing_settings_from_args)
 
@@ -42,8 +44,10 @@ class RouterSettings:
     # Not in repr: settings must be printable without leaking keys.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     routing: RoutingSettings = field(default_factory=RoutingSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
 
     def validate(self) -> None:
+        self.retention.validate()
         if self.prefill and not self.decode:
             raise ValueError("--prefill needs at least one --decode pod to hand KV to")
         if not (self.decode or self.engines):
@@ -101,8 +105,30 @@ def build_parser() -> argparse.ArgumentParser:
                         default=float(_env("shutdown_grace", 30)),
                         help="on SIGTERM, seconds in-flight requests may finish")
     _add_admission_arguments(parser)
+    _add_retention_arguments(parser)
     add_routing_arguments(parser)
     return parser
+
+
+def _add_retention_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "KV store retention hints",
+        "With the shared KV store (services/kvstore), tell the engines which KV to keep: "
+        "blocks written by an active session's requests are soft-pinned (evicted only "
+        "after unpinned KV) for --kv-retention-ttl; a request carrying the session-end "
+        "header releases the session (its blocks that no other active session shares are "
+        "removed). Engines without the store ignore the hints.")
+    g.add_argument("--kv-retention", choices=RETENTION_POLICIES,
+                   default=_env("kv_retention", "named-sessions"),
+                   help="which sessions are pinned: sessions the client names (session "
+                   "header or `user`), all sessions (also those derived from the opening "
+                   "messages), or none")
+    g.add_argument("--kv-retention-ttl", type=float, dest="kv_retention_ttl_s",
+                   metavar="SECONDS", default=float(_env("kv_retention_ttl", 1800)),
+                   help="how long a session's KV blocks stay pinned after they are written; "
+                   "a session idle this long is released (its pins have lapsed)")
+    g.add_argument("--session-end-header", default=_env("session_end_header", "x-session-end"),
+                   help="request header (value 1/true/yes) marking a session's last request")
 
 
 def _add_admission_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,7 +176,9 @@ def parse_settings(argv: list[str] | None = None) -> RouterSettings:
         request_timeout_s=args.request_timeout_s, shutdown_grace_s=args.shutdown_grace_s,
         max_concurrent_requests=args.max_concurrent_requests,
         max_queued_requests=args.max_queued_requests, queue_timeout_s=args.queue_timeout_s,
-        api_keys=tuple(dict.fromkeys(api_keys)), routing=routing)
+        api_keys=tuple(dict.fromkeys(api_keys)), routing=routing,
+        retention=RetentionSettings(policy=args.kv_retention, ttl_s=args.kv_retention_ttl_s,
+                                    end_header=args.session_end_header))
     try:
         settings.validate()
     except ValueError as exc:

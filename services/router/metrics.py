@@ -54,3 +54,10 @@ class RouterMetrics:
         self.auth_failures = Counter("tandem_router_auth_failures_total",
                                      "Requests refused with 401, by reason (missing, invalid)",
                                      ["reason"], registry=r)
+        # KV store retention hints (services/router/retention.py).
+        self.retention_hints = Counter("tandem_router_kv_retention_hints_total",
+                                       "Requests sent with a KV store retention hint, by kind "
+                                       "(pin, release)", ["kind"], registry=r)
+        self.retention_sessions = Gauge("tandem_router_kv_retention_sessions",
+                                        "Sessions whose KV the router currently keeps pinned",
+                                        registry=r)

@@ -29,6 +29,7 @@ import grpc
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pods import EnginePod, PodPool
+from services.router.retention import SessionRetention
 from services.router.routing import NoPodAvailable, RouteDecision, RouteRequest, RoutingCore
 from tandem.proto import engine_pb2 as pb
 
@@ -47,6 +48,8 @@ class EngineRequest:
     cache_salt: str | None
     arrival: float  # time.perf_counter() when the HTTP request arrived
     session: str | None = None  # routing session key (sticky pod choice)
+    session_source: str | None = None  # "header", "user" or "derived"
+    session_end: bool = False  # the client marked this as the session's last request
 
 
 def _to_openai_error(exc: grpc.aio.AioRpcError, pod: EnginePod) -> OpenAIError:
@@ -75,10 +78,12 @@ class _Routing:
 
 
 class Orchestrator:
-    def __init__(self, pool: PodPool, core: RoutingCore, metrics: RouterMetrics) -> None:
+    def __init__(self, pool: PodPool, core: RoutingCore, metrics: RouterMetrics,
+                 retention: SessionRetention | None = None) -> None:
         self._pool = pool
         self._core = core
         self._metrics = metrics
+        self._retention = retention
         self._background: set[asyncio.Task] = set()
         self._split = bool(pool.of_role("decode"))  # P/D, else aggregated pods
 
@@ -109,17 +114,34 @@ class Orchestrator:
         role = "decode" if self._split else "both"
         try:
             # Decode first: without a decode pod, a prefill would only strand KV.
-            await self._route(routing, role)
-            kv_params = await self._prefill(req, routing) if self._split else ""
+            decision = await self._route(routing, role)
+            hint = self._retention_hint(req, decision)
+            kv_params = await self._prefill(req, routing, hint) if self._split else ""
             if not self._split:
                 self._first_call(req)
-            async for message in self._generate(req, routing, role, kv_params):
+            async for message in self._generate(req, routing, role, kv_params, hint):
                 yield message
         finally:
             for decision in routing.decisions:
                 await self._core.release(decision)
 
-    async def _prefill(self, req: EngineRequest, routing: _Routing) -> str:
+    def _retention_hint(self, req: EngineRequest,
+                        decision: RouteDecision) -> pb.RetentionHint | None:
+        """What the engine that writes this request's KV to the store should
+        keep (services/router/retention.py); once per request, not per retry."""
+        if self._retention is None:
+            return None
+        hint = self._retention.hint(req.session, req.session_source, decision.block_hashes,
+                                    end=req.session_end)
+        self._metrics.retention_sessions.set(self._retention.active_sessions)
+        if hint is None:
+            return None
+        self._metrics.retention_hints.labels("release" if hint.release else "pin").inc()
+        return pb.RetentionHint(session=hint.session, pin_ttl_ms=hint.pin_ttl_ms,
+                                release=hint.release, keep_tokens=hint.keep_tokens)
+
+    async def _prefill(self, req: EngineRequest, routing: _Routing,
+                       hint: pb.RetentionHint | None = None) -> str:
         """KV hand-off parameters from a prefill pod, or "" for local prefill."""
         tried = 0
         while (address := routing.decision.prefill_pod) is not None:
@@ -133,7 +155,8 @@ class Orchestrator:
             try:
                 reply = await pod.stub.Prefill(pb.PrefillRequest(
                     request_id=req.request_id, token_ids=req.token_ids,
-                    sampling_params=req.sampling, cache_salt=req.cache_salt))
+                    sampling_params=req.sampling, cache_salt=req.cache_salt,
+                    retention=hint))
                 await self._core.report_prefill(routing.decision, reply.cached_tokens,
                                                 time.monotonic(), pod=address)
                 return reply.kv_transfer_params_json
@@ -161,7 +184,8 @@ class Orchestrator:
         return "short_uncached"  # the decode pod lacks too little to be worth a transfer
 
     async def _generate(self, req: EngineRequest, routing: _Routing, role: str,
-                        kv_params: str) -> AsyncIterator[pb.GenerateResponse]:
+                        kv_params: str, hint: pb.RetentionHint | None = None,
+                        ) -> AsyncIterator[pb.GenerateResponse]:
         tried: set[str] = set()
         first_byte = False
         try:
@@ -176,10 +200,12 @@ class Orchestrator:
                 pod = self._pool.pod(decision.decode_pod)
                 tried.add(pod.address)
                 pod.acquire()
+                # The hint goes along when this pod computes the prompt (no
+                # prefill pod, or an aggregated pod): then it writes the KV.
                 call = pod.stub.Generate(pb.GenerateRequest(
                     request_id=req.request_id, token_ids=req.token_ids,
                     sampling_params=req.sampling, kv_transfer_params_json=kv_params,
-                    cache_salt=req.cache_salt))
+                    cache_salt=req.cache_salt, retention=None if kv_params else hint))
                 try:
                     async for message in call:
                         if not first_byte:

@@ -22,6 +22,7 @@ from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest, Orchestrator
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.router.routing import session_key
+from services.router.routing.sessions import SessionKey
 from services.router.tokenizer import ChatTokenizer
 from tandem.proto import engine_pb2 as pb
 
@@ -62,9 +63,11 @@ async def _until_disconnected(request: Request) -> None:
 class OpenAIServing:
     def __init__(self, card: ModelCard, tokenizer: ChatTokenizer,
                  orchestrator: Orchestrator, metrics: RouterMetrics,
-                 request_timeout_s: float, session_header: str = "x-session-id") -> None:
+                 request_timeout_s: float, session_header: str = "x-session-id",
+                 session_end_header: str = "x-session-end") -> None:
         self.card = card
         self._session_header = session_header
+        self._session_end_header = session_end_header
         self._tokenizer = tokenizer
         self._orchestrator = orchestrator
         self._metrics = metrics
@@ -77,16 +80,21 @@ class OpenAIServing:
                               f"serves '{self.card.name}'", param="model",
                               code="model_not_found")
 
-    def _session(self, request: Request, body: SamplingFields, **conversation) -> str | None:
+    def _session(self, request: Request, body: SamplingFields,
+                 **conversation) -> SessionKey | None:
         """Session key: the session header, else `user`, else derived from the
         conversation's opening (so clients that send neither still stick)."""
-        key = session_key(request.headers, {"user": body.user, **conversation},
-                          header_name=self._session_header)
-        return key.key if key else None
+        return session_key(request.headers, {"user": body.user, **conversation},
+                           header_name=self._session_header)
+
+    def _session_ends(self, request: Request) -> bool:
+        """The client marked this request as its session's last one."""
+        value = request.headers.get(self._session_end_header, "")
+        return value.strip().lower() in ("1", "true", "yes")
 
     def _engine_request(self, prefix: str, request: Request, body: SamplingFields,
                         token_ids: list[int], prompt_param: str,
-                        session: str | None) -> EngineRequest:
+                        session: SessionKey | None) -> EngineRequest:
         limit = self.card.max_model_len
         if len(token_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens; "
@@ -101,7 +109,10 @@ class OpenAIServing:
         return EngineRequest(request_id=f"{prefix}-{uuid.uuid4().hex}", token_ids=token_ids,
                              sampling=sampling_params(body, max_tokens),
                              cache_salt=body.cache_salt,
-                             arrival=request.state.arrival, session=session)
+                             arrival=request.state.arrival,
+                             session=session.key if session else None,
+                             session_source=session.source if session else None,
+                             session_end=self._session_ends(request))
 
     async def _respond(self, request: Request, body: SamplingFields, ereq: EngineRequest,
                        shape: "_Shape") -> JSONResponse | StreamingResponse:
@@ -196,7 +207,7 @@ class OpenAIServing:
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
         session = self._session(request, body, messages=messages)
-        token_ids = await self._tokenizer.chat_async(messages, session)
+        token_ids = await self._tokenizer.chat_async(messages, session.key if session else None)
         ereq = self._engine_request("chatcmpl", request, body, token_ids, "messages", session)
         return await self._respond(request, body, ereq, _ChatShape(self.card))
 

@@ -83,6 +83,13 @@ def test_bad_sizes_and_ratios(tmp_path):
         validate(_settings(tmp_path, disk_size="huge"), check_ports=False)
     with pytest.raises(SettingError, match="--eviction-high-watermark"):
         validate(_settings(tmp_path, eviction_high_watermark=1.5), check_ports=False)
+    # A staging buffer smaller than vLLM's disk-read batches fails those reads.
+    with pytest.raises(SettingError, match="--disk-staging-size.*1280MB"):
+        validate(_settings(tmp_path, disk_staging_size="128MB"), check_ports=False)
+    validate(_settings(tmp_path, disk_staging_size="128MB", enable_disk=False),
+             check_ports=False)
+    with pytest.raises(SettingError, match="--disk-write-interval-s"):
+        validate(_settings(tmp_path, disk_write_interval_s=0), check_ports=False)
 
 
 def test_master_command_has_offload_and_ports(tmp_path):
@@ -111,6 +118,10 @@ def test_client_command_owns_pool_and_disk(tmp_path):
     assert cmd.env["MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"] == s.disk_path
     assert cmd.env["MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"] == str(2 << 30)
     assert cmd.env["MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT"] == "8"
+    # --disk-size is enforced by the bucket backend too, full tier drops LRU buckets.
+    assert cmd.env["MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE"] == str(2 << 30)
+    assert cmd.env["MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY"] == "lru"
+    assert cmd.env["MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"] == "10"
     no_disk = client_command(_settings(tmp_path, enable_disk=False), "mooncake_client")
     assert "--enable_offload=false" in no_disk.argv and no_disk.env == {}
 
@@ -127,6 +138,7 @@ def test_engine_store_config_is_what_vllm_reads(tmp_path):
     assert cfg.metadata_server == s.metadata_url and cfg.enable_offload
     assert engine_store_config(s)["tandem"] == {
         "retention": "soft-pin", "session_ttl_ms": 90_000,
+        "max_pin_ttl_ms": 86_400_000, "lease_ttl_ms": s.lease_ttl_ms,
         "kvstore_health_url": f"http://127.0.0.1:{s.http_port}/health"}
 
 

@@ -68,7 +68,7 @@ class FakeStub:
         return pb.ReleaseKvResponse()
 
 
-def _setup(specs, threshold=0):
+def _setup(specs, threshold=0, retention=None):
     metrics = RouterMetrics()
     pods = []
     for i, (role, stub) in enumerate(specs):
@@ -83,13 +83,14 @@ def _setup(specs, threshold=0):
     for p in pods:
         core.update_pod(p.address, time.monotonic(), healthy=True)
     pool = PodPool(pods, poll_interval_s=60, core=core)
-    return Orchestrator(pool, core, metrics), metrics, core
+    return Orchestrator(pool, core, metrics, retention), metrics, core
 
 
-def _request(n=100, session=None):
+def _request(n=100, session=None, source=None, end=False):
     return EngineRequest(request_id="r1", token_ids=list(range(1, n + 1)),
                          sampling=pb.SamplingParams(max_tokens=1), cache_salt=None,
-                         arrival=time.perf_counter(), session=session)
+                         arrival=time.perf_counter(), session=session,
+                         session_source=source, session_end=end)
 
 
 async def _run(orchestrator, req):
@@ -168,3 +169,36 @@ async def test_aggregated_session_sticks_and_reports_cached_tokens():
     assert metric_value(_metrics(metrics), "tandem_routing_prediction_total",
                         'outcome="exact"') + metric_value(
         _metrics(metrics), "tandem_routing_prediction_total", 'outcome="over"') == 3
+
+
+async def test_retention_hint_goes_to_the_engine_that_writes_the_kv():
+    from services.router.retention import RetentionSettings, SessionRetention
+
+    retention = SessionRetention(RetentionSettings(ttl_s=30), block_size=16)
+    prefill, decode = FakeStub(), FakeStub()
+    orch, metrics, _ = _setup([("prefill", prefill), ("decode", decode)], retention=retention)
+    await _run(orch, _request(n=100, session="h:s", source="header"))
+    sent = prefill.calls[0][1].retention
+    assert (sent.session, sent.pin_ttl_ms, sent.release) == ("h:s", 30_000, False)
+    # The decode pod pulls the KV over NIXL and writes nothing: no hint.
+    assert not decode.calls[0][1].HasField("retention")
+    # The session's last request: release, keeping nothing (no other session).
+    await _run(orch, _request(n=120, session="h:s", source="header", end=True))
+    sent = prefill.calls[1][1].retention
+    assert (sent.release, sent.keep_tokens, sent.pin_ttl_ms) == (True, 0, 0)
+    # A session the client did not name is not pinned (named-sessions policy).
+    await _run(orch, _request(n=100, session="d:x", source="derived"))
+    assert not prefill.calls[2][1].HasField("retention")
+    text = _metrics(metrics)
+    assert metric_value(text, "tandem_router_kv_retention_hints_total", 'kind="pin"') == 1
+    assert metric_value(text, "tandem_router_kv_retention_hints_total", 'kind="release"') == 1
+
+
+async def test_retention_hint_on_generate_when_the_pod_computes_the_prompt():
+    from services.router.retention import RetentionSettings, SessionRetention
+
+    retention = SessionRetention(RetentionSettings(ttl_s=30), block_size=16)
+    a = FakeStub()
+    orch, _, _ = _setup([("both", a)], retention=retention)
+    await _run(orch, _request(session="u:alice", source="user"))
+    assert a.calls[0][1].retention.pin_ttl_ms == 30_000

@@ -1,0 +1,151 @@
+"""Session retention hints: what the router tells engines to keep in the KV store.
+
+Per request, from the routing decision (the prompt's block hashes) and the
+session key, :class:`SessionRetention` returns the ``RetentionHint`` the
+engines get (``services/kvstore/retention.py`` explains what an engine does
+with it):
+
+* a request of an active session → ``pin_ttl_ms``: the KV blocks it writes to
+  the store are soft-pinned for ``--kv-retention-ttl`` seconds, so pressure
+  from other traffic evicts unpinned KV first;
+* the session's last request (the client sends ``--session-end-header``) →
+  ``release``: once written, the session's blocks are removed from the store,
+  except the prefix other active sessions share (``keep_tokens``). A shared
+  system prompt or a parent context a live sub-agent forked stays.
+* a session that just stops sending is released by its pins lapsing: each
+  block's pin lasts ``--kv-retention-ttl`` from when it was written (Mooncake
+  pins are set at write time; reads do not renew them), so after that long
+  without a turn the session's KV is ordinary LRU cache again. The router
+  forgets such a session after the same time.
+
+Sharing is computed from the latest prompt of every session this router
+replica saw within the TTL: block i of a session is shared when another
+active session's latest prompt has the same block-hash chain up to i.
+Several router replicas each see only their own sessions (see README).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+POLICIES = ("off", "named-sessions", "all-sessions")
+# Session key sources (services/router/routing/sessions.py) a policy pins.
+_PINNED_SOURCES = {"off": frozenset(),
+                   "named-sessions": frozenset({"header", "user"}),
+                   "all-sessions": frozenset({"header", "user", "derived"})}
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    policy: str = "named-sessions"
+    ttl_s: float = 1800.0
+    end_header: str = "x-session-end"
+    max_sessions: int = 100_000
+
+    def validate(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"--kv-retention {self.policy!r}: must be one of {', '.join(POLICIES)}")
+        if not 0 < self.ttl_s <= 86400:
+            # The KV store's master refuses pins longer than a day by default.
+            raise ValueError(f"--kv-retention-ttl {self.ttl_s:g}: must be in (0, 86400] seconds")
+
+
+@dataclass(frozen=True)
+class Hint:
+    session: str
+    pin_ttl_ms: int = 0
+    release: bool = False
+    keep_tokens: int = 0
+
+
+@dataclass
+class _Session:
+    hashes: tuple[int, ...]
+    last_seen: float
+
+
+class SessionRetention:
+    """Tracks active sessions' latest prompts; builds each request's hint."""
+
+    def __init__(self, settings: RetentionSettings, block_size: int) -> None:
+        settings.validate()
+        self.settings = settings
+        self.block_size = block_size
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # oldest first
+        self._refs: Counter[int] = Counter()  # block hash → active sessions holding it
+        self.pins = 0
+        self.releases = 0
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+    def hint(self, session: str | None, source: str | None, hashes: Sequence[int],
+             end: bool = False, now: float | None = None) -> Hint | None:
+        """The hint for one request (None: nothing to say).
+
+        ``session``/``source`` come from ``session_key``; ``hashes`` are the
+        prompt's full-block hashes (the routing decision's); ``end`` is set
+        when the client marked this request as the session's last.
+        """
+        now = time.monotonic() if now is None else now
+        self._expire(now)
+        if not session or source not in _PINNED_SOURCES[self.settings.policy]:
+            return None
+        if end:
+            keep = self._shared_prefix(session, hashes)
+            self._forget(session)
+            self.releases += 1
+            return Hint(session, release=True, keep_tokens=keep * self.block_size)
+        self._remember(session, tuple(hashes), now)
+        self.pins += 1
+        return Hint(session, pin_ttl_ms=int(self.settings.ttl_s * 1000))
+
+    # -- internals ---------------------------------------------------------
+    def _shared_prefix(self, session: str, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` another active session's prompt also has.
+
+        Hashes chain (each covers its whole prefix), so sharing block i means
+        sharing every block before it: the shared part is a prefix.
+        """
+        own = self._sessions.get(session)
+        own_set = set(own.hashes) if own else set()
+        keep = 0
+        for h in hashes:
+            if self._refs[h] - (1 if h in own_set else 0) <= 0:
+                break
+            keep += 1
+        return keep
+
+    def _remember(self, session: str, hashes: tuple[int, ...], now: float) -> None:
+        old = self._sessions.pop(session, None)
+        if old is not None:
+            self._refs.subtract(set(old.hashes))
+        self._refs.update(set(hashes))
+        self._sessions[session] = _Session(hashes, now)
+        while len(self._sessions) > self.settings.max_sessions:
+            self._forget(next(iter(self._sessions)))
+        self._drop_zero_refs(old.hashes if old else ())
+
+    def _forget(self, session: str) -> None:
+        old = self._sessions.pop(session, None)
+        if old is not None:
+            self._refs.subtract(set(old.hashes))
+            self._drop_zero_refs(old.hashes)
+
+    def _drop_zero_refs(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            if self._refs.get(h, 1) <= 0:
+                del self._refs[h]
+
+    def _expire(self, now: float) -> None:
+        """Sessions idle past the TTL: their pins have lapsed; forget them."""
+        horizon = now - self.settings.ttl_s
+        while self._sessions:
+            name, state = next(iter(self._sessions.items()))
+            if state.last_seen > horizon:
+                break
+            self._forget(name)
