@@ -8,12 +8,12 @@ and non-streaming assembly here.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -50,6 +50,10 @@ def _usage(usage: pb.Usage) -> dict:
             "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+def _event(payload: dict) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 async def _until_disconnected(request: Request) -> None:
@@ -158,25 +162,27 @@ class OpenAIServing:
 
     async def _sse(self, ereq: EngineRequest, shape: "_Shape", first: pb.GenerateResponse,
                    rest: AsyncIterator[pb.GenerateResponse],
-                   include_usage: bool) -> AsyncIterator[str]:
-        def event(payload: dict) -> str:
-            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+                   include_usage: bool) -> AsyncIterator[bytes]:
+        """The SSE body: one chunk per engine message, holding every event it
+        makes (the role opening goes with the first message, usage with the
+        last), so events that are ready together take one write."""
+        rid = ereq.request_id
 
-        async def messages():
-            yield first
-            async for message in rest:
-                yield message
+        def events(message: pb.GenerateResponse, chunk: bytes = b"") -> bytes:
+            if message.text or message.finish_reason:
+                chunk += _event(shape.delta(rid, message.text, message.finish_reason or None))
+            if message.finish_reason and include_usage:
+                chunk += _event(shape.usage_chunk(rid, _usage(message.usage)))
+            return chunk
 
         try:
-            if shape.opening is not None:
-                yield event(shape.opening(ereq.request_id))
             async with asyncio.timeout(self._timeout_s):
-                async for message in messages():
-                    if message.text or message.finish_reason:
-                        yield event(shape.delta(ereq.request_id, message.text,
-                                                message.finish_reason or None))
-                    if message.finish_reason and include_usage:
-                        yield event(shape.usage_chunk(ereq.request_id, _usage(message.usage)))
+                opening = _event(shape.opening(rid)) if shape.opening is not None else b""
+                if chunk := events(first, opening):
+                    yield chunk
+                async for message in rest:
+                    if chunk := events(message):
+                        yield chunk
         except OpenAIError as exc:
             yield exc.sse()
         except TimeoutError:
@@ -186,7 +192,7 @@ class OpenAIServing:
             raise
         finally:
             await rest.aclose()
-        yield "data: [DONE]\n\n"
+        yield b"data: [DONE]\n\n"
 
     # -- endpoints ---------------------------------------------------------
     async def chat(self, request: Request, body: ChatCompletionRequest):
