@@ -16,6 +16,7 @@ from typing import AsyncIterator, Callable
 import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from services.router.errors import OpenAIError, bad_request
 from services.router.metrics import RouterMetrics
@@ -61,6 +62,48 @@ async def _until_disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class EventStream(StreamingResponse):
+    """An OpenAI event stream: the chunks, then ``data: [DONE]`` in the write
+    that ends the body.
+
+    Unlike StreamingResponse under uvicorn (ASGI 2.3), no anyio task group,
+    which cost ~90 µs of CPU per response: the chunks stream in this task and
+    a watcher task cancels it if the client disconnects, which ends the
+    response quietly, as StreamingResponse does."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        super().__init__(chunks, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                    "more_body": False})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        streaming = True
+
+        def client_gone(watcher: asyncio.Future) -> None:
+            if streaming and not watcher.cancelled():
+                task.cancel()
+
+        watcher = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        watcher.add_done_callback(client_gone)
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            # Ours (the client left) is swallowed; anyone else's goes on.
+            if not watcher.done() or watcher.cancelled() or task.uncancel():
+                raise
+        finally:
+            streaming = False
+            watcher.cancel()
 
 
 class OpenAIServing:
@@ -122,9 +165,7 @@ class OpenAIServing:
             await stream.aclose()
             raise
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(self._sse(ereq, shape, first, stream, include_usage),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return EventStream(self._sse(ereq, shape, first, stream, include_usage))
 
     async def _until_done_or_gone(self, request: Request, work):
         """Await `work`, cancelling it (which aborts it on the engines) if the
@@ -163,9 +204,10 @@ class OpenAIServing:
     async def _sse(self, ereq: EngineRequest, shape: "_Shape", first: pb.GenerateResponse,
                    rest: AsyncIterator[pb.GenerateResponse],
                    include_usage: bool) -> AsyncIterator[bytes]:
-        """The SSE body: one chunk per engine message, holding every event it
-        makes (the role opening goes with the first message, usage with the
-        last), so events that are ready together take one write."""
+        """The events before ``[DONE]`` (which `EventStream` adds): one chunk
+        per engine message, holding every event it makes (the role opening
+        goes with the first message, usage with the last), so events that are
+        ready together take one write."""
         rid = ereq.request_id
 
         def events(message: pb.GenerateResponse, chunk: bytes = b"") -> bytes:
@@ -192,7 +234,6 @@ class OpenAIServing:
             raise
         finally:
             await rest.aclose()
-        yield b"data: [DONE]\n\n"
 
     # -- endpoints ---------------------------------------------------------
     async def chat(self, request: Request, body: ChatCompletionRequest):
