@@ -27,19 +27,26 @@ class ChatTokenizer:
 
         self._tok = AutoTokenizer.from_pretrained(model_dir)
         self.eos_token_id = self._tok.eos_token_id
-        # Incremental reuse needs offsets, which only fast tokenizers give.
+        # Incremental reuse needs offsets, which only fast tokenizers give;
+        # their Rust backend also encodes without the Python wrapper's cost.
         self._incremental = IncrementalTokenizer(self._tok) if self._tok.is_fast else None
+        self._encoder = self._incremental.encoder if self._incremental else None
         self._lock = threading.Lock()  # the session cache is shared by worker threads
 
     def _render(self, messages: list[dict[str, str]]) -> str:
         return self._tok.apply_chat_template(messages, add_generation_prompt=True,
                                              tokenize=False)
 
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self._encoder is not None:
+            return self._encoder.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._tok(text, add_special_tokens=add_special_tokens)["input_ids"]
+
     def _encode(self, text: str, session: str | None, blocking: bool = True) -> list[int] | None:
         """Ids of rendered chat text; None when not `blocking` and another
         thread holds the session cache."""
         if self._incremental is None or session is None:
-            return self._tok(text, add_special_tokens=False)["input_ids"]
+            return self._ids(text, add_special_tokens=False)
         if not self._lock.acquire(blocking=blocking):
             return None
         try:
@@ -51,7 +58,7 @@ class ChatTokenizer:
         return self._encode(self._render(messages), session)
 
     def prompt(self, text: str) -> list[int]:
-        return self._tok(text, add_special_tokens=True)["input_ids"]
+        return self._ids(text, add_special_tokens=True)
 
     async def chat_async(self, messages: list[dict[str, str]],
                          session: str | None = None) -> list[int]:

@@ -40,3 +40,9 @@ async def test_busy_session_cache_sends_short_chats_to_a_thread(tokenizer):
         await asyncio.sleep(0.05)
         assert not pending.done()  # waits in a thread, not on the loop
     assert await pending == full
+
+
+@pytest.mark.parametrize("chars", [10, INLINE_MAX_CHARS * 3])
+async def test_prompt_tokens_equal_the_tokenizer(tokenizer, chars):
+    text = ("Once upon a time " * chars)[:chars]
+    assert await tokenizer.prompt_async(text) == tokenizer._tok(text)["input_ids"]
