@@ -49,17 +49,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orjson import loads as _loads
+
 from bench.agentx.metrics import percentile
 from bench.router_fakes import MODEL_NAME
 from tandem.stack import (Proc, StackError, free_port, group_stats, raise_if_exited,
                           stop_process_group, wait_http_ok)
-
-try:
-    import orjson
-
-    _loads = orjson.loads
-except ImportError:  # orjson comes with the routers extra; json is enough
-    _loads = json.loads
 
 HOST = "127.0.0.1"
 PROMPT = "Say hello in one short sentence."

@@ -42,9 +42,9 @@ class OpenAIError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
-    def sse(self) -> str:
+    def sse(self) -> bytes:
         """The error as a server-sent event, for failures after streaming began."""
-        return f"data: {json.dumps(self.body())}\n\n"
+        return f"data: {json.dumps(self.body())}\n\n".encode()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:

@@ -8,14 +8,15 @@ and non-streaming assembly here.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from services.router.errors import OpenAIError, bad_request
 from services.router.metrics import RouterMetrics
@@ -53,11 +54,57 @@ def _usage(usage: pb.Usage) -> dict:
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
+def _event(payload: dict) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
 async def _until_disconnected(request: Request) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class EventStream(StreamingResponse):
+    """An OpenAI event stream: the chunks, then ``data: [DONE]`` in the write
+    that ends the body.
+
+    Unlike StreamingResponse under uvicorn (ASGI 2.3), no anyio task group,
+    which cost ~90 µs of CPU per response: the chunks stream in this task and
+    a watcher task cancels it if the client disconnects, which ends the
+    response quietly, as StreamingResponse does."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        super().__init__(chunks, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                    "more_body": False})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        streaming = True
+
+        def client_gone(watcher: asyncio.Future) -> None:
+            if streaming and not watcher.cancelled():
+                task.cancel()
+
+        watcher = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        watcher.add_done_callback(client_gone)
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            # Ours (the client left) is swallowed; anyone else's goes on.
+            if not watcher.done() or watcher.cancelled() or task.uncancel():
+                raise
+        finally:
+            streaming = False
+            watcher.cancel()
 
 
 class OpenAIServing:
@@ -129,9 +176,7 @@ class OpenAIServing:
             await stream.aclose()
             raise
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(self._sse(ereq, shape, first, stream, include_usage),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return EventStream(self._sse(ereq, shape, first, stream, include_usage))
 
     async def _until_done_or_gone(self, request: Request, work):
         """Await `work`, cancelling it (which aborts it on the engines) if the
@@ -169,25 +214,28 @@ class OpenAIServing:
 
     async def _sse(self, ereq: EngineRequest, shape: "_Shape", first: pb.GenerateResponse,
                    rest: AsyncIterator[pb.GenerateResponse],
-                   include_usage: bool) -> AsyncIterator[str]:
-        def event(payload: dict) -> str:
-            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+                   include_usage: bool) -> AsyncIterator[bytes]:
+        """The events before ``[DONE]`` (which `EventStream` adds): one chunk
+        per engine message, holding every event it makes (the role opening
+        goes with the first message, usage with the last), so events that are
+        ready together take one write."""
+        rid = ereq.request_id
 
-        async def messages():
-            yield first
-            async for message in rest:
-                yield message
+        def events(message: pb.GenerateResponse, chunk: bytes = b"") -> bytes:
+            if message.text or message.finish_reason:
+                chunk += _event(shape.delta(rid, message.text, message.finish_reason or None))
+            if message.finish_reason and include_usage:
+                chunk += _event(shape.usage_chunk(rid, _usage(message.usage)))
+            return chunk
 
         try:
-            if shape.opening is not None:
-                yield event(shape.opening(ereq.request_id))
             async with asyncio.timeout(self._timeout_s):
-                async for message in messages():
-                    if message.text or message.finish_reason:
-                        yield event(shape.delta(ereq.request_id, message.text,
-                                                message.finish_reason or None))
-                    if message.finish_reason and include_usage:
-                        yield event(shape.usage_chunk(ereq.request_id, _usage(message.usage)))
+                opening = _event(shape.opening(rid)) if shape.opening is not None else b""
+                if chunk := events(first, opening):
+                    yield chunk
+                async for message in rest:
+                    if chunk := events(message):
+                        yield chunk
         except OpenAIError as exc:
             yield exc.sse()
         except TimeoutError:
@@ -197,7 +245,6 @@ class OpenAIServing:
             raise
         finally:
             await rest.aclose()
-        yield "data: [DONE]\n\n"
 
     # -- endpoints ---------------------------------------------------------
     async def chat(self, request: Request, body: ChatCompletionRequest):

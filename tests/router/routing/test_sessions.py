@@ -1,9 +1,13 @@
 """Session identity and incremental tokenization, with the real model tokenizer (no mocks)."""
 
+import os
+import random
+
 import pytest
 from transformers import AutoTokenizer
 
-from services.router.routing.sessions import IncrementalTokenizer, session_key
+from services.router.routing.sessions import (IncrementalTokenizer, backend_encoder,
+                                              common_prefix_len, session_key)
 from tandem.model import resolve_model
 
 
@@ -76,3 +80,30 @@ def test_session_memory_is_bounded(tok):
     for s in "abc":
         inc.encode(inc.render_chat(conversation(1)), s)
     assert list(inc._sessions) == ["b", "c"]
+
+
+def test_common_prefix_len_matches_commonprefix():
+    rng = random.Random(7)
+    base = "".join(rng.choice("ab<|>\n é") for _ in range(300))
+    cases = [("", ""), ("", "x"), ("abc", "abc"), ("abc", "abd"), ("ab", "abc"), (base, base),
+             (base, base + "tail")]
+    for _ in range(200):
+        cut = rng.randrange(len(base) + 1)
+        cases.append((base, base[:cut] + rng.choice("xyz") + base[cut:]))
+        cases.append((base[:cut], base))
+    for a, b in cases:
+        want = len(os.path.commonprefix([a, b]))
+        assert common_prefix_len(a, b) == want == common_prefix_len(b, a)
+
+
+@pytest.mark.parametrize("text", [
+    "plain words", "  leading and trailing spaces  ", "<|im_start|>user\nhi<|im_end|>\n",
+    "<|im_start|>assistant\n  \n\n<|im_end|><|endoftext|>", "unicode: é ü 汉字 🤖", "x" * 5000,
+    "code:\n\tdef f(x):\n\t\treturn x  # <|im_end|> inside"])
+def test_backend_encoder_equals_the_tokenizer(tok, text):
+    enc = backend_encoder(tok)
+    for special in (False, True):
+        ours = enc.encode(text, add_special_tokens=special)
+        theirs = tok(text, add_special_tokens=special, return_offsets_mapping=True)
+        assert ours.ids == theirs["input_ids"]
+        assert ours.offsets == [tuple(o) for o in theirs["offset_mapping"]]

@@ -1,0 +1,140 @@
+"""The streaming response: `serving.EventStream` over `OpenAIServing._sse`,
+with a stand-in for the orchestrator's stream. Fast; no engines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from prometheus_client import generate_latest
+
+from services.router.errors import OpenAIError
+from services.router.metrics import RouterMetrics
+from services.router.pd import EngineRequest
+from services.router.serving import EventStream, ModelCard, OpenAIServing, _ChatShape
+from tandem.proto import engine_pb2 as pb
+from tests.stack.helpers import metric_value
+
+CARD = ModelCard(name="m", max_model_len=1024, created=0)
+
+
+def _serving(metrics: RouterMetrics) -> OpenAIServing:
+    return OpenAIServing(CARD, tokenizer=None, orchestrator=None, metrics=metrics,
+                         request_timeout_s=30)
+
+
+def _ereq() -> EngineRequest:
+    return EngineRequest(request_id="chatcmpl-1", token_ids=[1, 2], sampling=pb.SamplingParams(),
+                         cache_salt=None, arrival=0.0)
+
+
+def _messages(n: int) -> list[pb.GenerateResponse]:
+    out = [pb.GenerateResponse(text=f" t{i}") for i in range(n)]
+    out[-1].finish_reason = "length"
+    out[-1].usage.prompt_tokens, out[-1].usage.completion_tokens = 2, n
+    return out
+
+
+class _Rest:
+    """The orchestrator's stream after its first message."""
+
+    def __init__(self, messages, error: BaseException | None = None, hang: bool = False):
+        self.messages, self.error, self.hang = messages, error, hang
+        self.closed = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.messages:
+            return self.messages.pop(0)
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.error:
+            raise self.error
+        raise StopAsyncIteration
+
+    async def aclose(self):
+        self.closed = True
+
+
+async def _run(response: EventStream, disconnect_after: int | None = None):
+    """Serve `response`; the client leaves after `disconnect_after` body messages."""
+    sent: list[dict] = []
+    gone = asyncio.Event()
+
+    async def receive():
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+        if disconnect_after is not None and len(sent) > disconnect_after:
+            gone.set()
+
+    await asyncio.wait_for(response({"type": "http"}, receive, send), 5)
+    return sent
+
+
+def _events(sent: list[dict]) -> list[bytes]:
+    return [e for m in sent[1:] for e in m["body"].split(b"\n\n") if e]
+
+
+async def test_stream_events_and_writes():
+    serving = _serving(RouterMetrics())
+    first, *rest = _messages(3)
+    sent = await _run(EventStream(serving._sse(_ereq(), _ChatShape(CARD), first,
+                                               _Rest(rest), include_usage=True)))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in sent[0]["headers"]
+    # One write per engine message: the opening rides with the first token,
+    # usage with the last; [DONE] ends the body.
+    assert [m["more_body"] for m in sent[1:]] == [True, True, True, False]
+    assert sent[-1]["body"] == b"data: [DONE]\n\n"
+    events = _events(sent)
+    assert all(e.startswith(b"data: ") for e in events)
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["delta"]["content"] for c in chunks[1:4]] == [" t0", " t1", " t2"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[1:4]] == [None, None, "length"]
+    assert chunks[4]["choices"] == [] and chunks[4]["usage"]["completion_tokens"] == 3
+    assert all(c["id"] == "chatcmpl-1" and c["model"] == "m" for c in chunks)
+
+
+async def test_error_after_the_first_byte_is_an_event_then_done():
+    serving = _serving(RouterMetrics())
+    first, *rest = _messages(3)
+    stream = _Rest(rest[:1], error=OpenAIError(502, "decode pod failed"))
+    sent = await _run(EventStream(serving._sse(_ereq(), _ChatShape(CARD), first, stream,
+                                               include_usage=False)))
+    events = _events(sent)
+    assert json.loads(events[-2][6:])["error"]["message"] == "decode pod failed"
+    assert events[-1] == b"data: [DONE]" and stream.closed
+
+
+async def test_client_disconnect_stops_the_stream_quietly():
+    metrics = RouterMetrics()
+    serving = _serving(metrics)
+    first, *rest = _messages(3)
+    stream = _Rest(rest, hang=True)
+    # start + 3 chunks, then the client leaves while the engine is silent:
+    # the response ends without raising, and without [DONE].
+    sent = await _run(EventStream(serving._sse(_ereq(), _ChatShape(CARD), first, stream,
+                                               include_usage=False)), disconnect_after=3)
+    assert stream.closed
+    assert all(m.get("more_body", True) for m in sent)
+    assert b"[DONE]" not in b"".join(m.get("body", b"") for m in sent)
+    assert metric_value(generate_latest(metrics.registry).decode(),
+                        "tandem_router_client_disconnects_total") == 1
+
+
+async def test_someone_elses_cancellation_goes_on():
+    serving = _serving(RouterMetrics())
+    first, *rest = _messages(3)
+    task = asyncio.ensure_future(_run(EventStream(serving._sse(
+        _ereq(), _ChatShape(CARD), first, _Rest(rest, hang=True), include_usage=False))))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
