@@ -92,6 +92,12 @@ class RoutingCore:
         if self.state.shared:
             state = self.state
             self.metrics.shared_state_up.set_function(lambda: 1.0 if state.up else 0.0)
+        index = self.index
+        self.metrics.index_blocks.set_function(lambda: len(index))
+        # Per-pod gauges are refreshed by the poller (update_pod), off the hot
+        # path, from the loads the last routing decision saw.
+        self._seen_loads: dict = {}
+        self._evictions_counted = 0
         unknown = [s.pod for s in settings.kv_events if s.pod not in self.pods]
         if unknown:
             raise ValueError(f"--kv-events names pods that are not configured: {unknown}")
@@ -121,6 +127,16 @@ class RoutingCore:
             breaker.record_success(now)
             log.info("pod %s recovered: circuit closed", name)
         self.metrics.pod_available.labels(name).set(1 if self.available(name, now) else 0)
+        self._refresh_pod_gauges(name)
+
+    def _refresh_pod_gauges(self, name: str) -> None:
+        m = self.metrics
+        m.pod_blocks.labels(name).set(self.index.held_blocks(name))
+        load = self._seen_loads.get(name)
+        m.pod_in_flight.labels(name).set(load.in_flight if load else 0)
+        m.pod_pending_tokens.labels(name).set(load.pending_prefill_tokens if load else 0)
+        m.index_evictions.inc(self.index.evictions - self._evictions_counted)
+        self._evictions_counted = self.index.evictions
 
     def available(self, name: str, now: float) -> bool:
         st = self.status[name]
@@ -139,7 +155,7 @@ class RoutingCore:
         self.index.expire_predictions(now)
         matched = self.index.match(hashes, now)
         binding = await self.state.get_binding(req.session) if req.session else None
-        loads = await self.state.loads()
+        loads = self._seen_loads = await self.state.loads()
         bs = self.settings.block_size
         views = []
         for name, spec in self.pods.items():

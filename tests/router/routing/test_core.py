@@ -35,6 +35,23 @@ async def test_predicted_index_for_pods_without_events():
     assert "tandem_routing_decisions_total" in text
 
 
+async def test_pod_and_index_gauges_follow_polls():
+    core = make_core(index_capacity=8)
+    core.index.stored("a", range(12))  # as KV events would: 12 blocks, room for 8
+    d = await core.route(RouteRequest(list(range(40)), session="s"), now=0.0)
+    await core.route(RouteRequest(list(range(100, 108)), session="t"), now=0.1)
+    for pod in ("a", "b"):
+        core.update_pod(pod, 0.2, healthy=True)
+    text = generate_latest(core.metrics.registry).decode()
+    assert "tandem_routing_index_blocks 8.0" in text  # capped by the LRU bound
+    assert "tandem_routing_index_evictions_total 4.0" in text
+    assert 'tandem_routing_pod_cached_blocks{pod="a"} 8.0' in text
+    assert 'tandem_routing_pod_cached_blocks{pod="b"} 0.0' in text
+    # The second decision saw the first one's load on its pod.
+    assert f'tandem_routing_pod_in_flight{{pod="{d.decode_pod}"}} 1.0' in text
+    assert f'tandem_routing_pod_pending_prefill_tokens{{pod="{d.decode_pod}"}} 40.0' in text
+
+
 async def test_load_accounting_is_released_once():
     core = make_core(pods=("p", "d"), roles={"p": "prefill", "d": "decode"},
                      policy=PolicySettings(remote_prefill_threshold=8))
