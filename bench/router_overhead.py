@@ -54,7 +54,7 @@ from orjson import loads as _loads
 from bench.agentx.metrics import percentile
 from bench.router_fakes import MODEL_NAME
 from tandem.stack import (Proc, StackError, free_port, group_stats, raise_if_exited,
-                          stop_process_group, wait_http_ok)
+                          stop_process_group, wait_grpc_serving, wait_http_ok)
 
 HOST = "127.0.0.1"
 PROMPT = "Say hello in one short sentence."
@@ -574,25 +574,6 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / tick
 
 
-def wait_grpc_serving(address: str, proc: Proc, deadline: float) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            raise_if_exited(proc)
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise StackError(f"{proc.name} not serving in time; see {proc.log}")
-            time.sleep(0.2)
-
-
 # -- the run ------------------------------------------------------------------
 
 @dataclass
@@ -646,7 +627,7 @@ class Bench:
             wait_http_ok(f"{address}/health", proc, self._deadline())
         else:
             address = f"{HOST}:{port}"
-            wait_grpc_serving(address, proc, self._deadline())
+            wait_grpc_serving(address, proc, self._deadline(), poll_s=0.2)
         self.backends[kind], self.backend_procs[kind] = address, proc
         return address
 

@@ -209,19 +209,7 @@ class Stack:
         return [*argv, *extra_args]
 
     def _wait_engine(self, proc: Proc, deadline: float) -> None:
-        with grpc.insecure_channel(proc.grpc) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                raise_if_exited(proc)
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise StackError(f"{proc.name} not ready in time; see {proc.log}")
-                time.sleep(0.5)
+        wait_grpc_serving(proc.grpc, proc, deadline)
 
     def _wait_router(self, proc: Proc, deadline: float) -> None:
         wait_http_ok(f"{proc.url}/health", proc, deadline)
@@ -294,6 +282,24 @@ def wait_http_ok(url: str, proc: Proc, deadline: float) -> None:
         if time.monotonic() > deadline:
             raise StackError(f"{proc.name} not ready in time; see {proc.log}")
         time.sleep(0.3)
+
+
+def wait_grpc_serving(address: str, proc: Proc, deadline: float, poll_s: float = 0.5) -> None:
+    """Wait until grpc.health.v1 at `address` says SERVING, failing early if
+    `proc` exits."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            raise_if_exited(proc)
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"{proc.name} not ready in time; see {proc.log}")
+            time.sleep(poll_s)
 
 
 def stop_process_group(proc: Proc, grace_s: float) -> None:
