@@ -128,13 +128,16 @@ def load_tokens(pod: PodView, s: PolicySettings, new_kv_share: float = 1.0) -> f
     return cost
 
 
+def uncached_tokens(pod: PodView, num_tokens: int) -> int:
+    return max(0, num_tokens - pod.cached_tokens)
+
+
 def uncached_share(pod: PodView, num_tokens: int) -> float:
-    return max(0, num_tokens - pod.cached_tokens) / num_tokens if num_tokens > 0 else 1.0
+    return uncached_tokens(pod, num_tokens) / num_tokens if num_tokens > 0 else 1.0
 
 
 def prefill_cost(pod: PodView, num_tokens: int, s: PolicySettings) -> float:
-    return (max(0, num_tokens - pod.cached_tokens)
-            + load_tokens(pod, s, uncached_share(pod, num_tokens)))
+    return uncached_tokens(pod, num_tokens) + load_tokens(pod, s, uncached_share(pod, num_tokens))
 
 
 def ttft_s(cost: float, s: PolicySettings) -> float:
@@ -175,7 +178,7 @@ class Policy:
     # ----- one pool ----------------------------------------------------------
     def _choose_one(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Choice:
         s = self.settings
-        costs = {p.name: weight * max(0, req.num_tokens - p.cached_tokens)
+        costs = {p.name: weight * uncached_tokens(p, req.num_tokens)
                  + load_tokens(p, s, uncached_share(p, req.num_tokens)) for p in pods}
         by_name = {p.name: p for p in pods}
 
