@@ -110,12 +110,8 @@ class PolicyBench:
         self.out = out
         self.model_dir = str(resolve_model(None))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        p = generate.params_for("small", sessions=a.sessions, turns_median=a.turns_median,
-                                seed=a.seed)
-        self.sessions = generate.generate(p)
-        self.info = {"path": f"<generated profile=small seed={p.seed}>",
-                     "params": generate.params_dict(p),
-                     "stats": generate.trace_stats(self.sessions)}
+        self.sessions, self.info = generate.generated_trace(
+            "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed)
         self.base = ReplayConfig(url="", model="", think_scale=a.think_scale,
                                  timeout_s=a.timeout, progress=sys.stderr.isatty())
         self.problems: list[str] = []

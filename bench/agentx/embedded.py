@@ -56,11 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"unknown config(s) {bad}; choose from {sorted(CONFIGS)}")
         return 2
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-pd-vs-agg")
-    p = generate.params_for("small", sessions=a.sessions, turns_median=a.turns_median,
-                            seed=a.seed)
-    sessions = generate.generate(p)
-    info = {"path": f"<generated profile=small seed={p.seed}>",
-            "params": generate.params_dict(p), "stats": generate.trace_stats(sessions)}
+    sessions, info = generate.generated_trace("small", sessions=a.sessions,
+                                              turns_median=a.turns_median, seed=a.seed)
     model_dir = resolve_model(None)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     base = ReplayConfig(url="", model="", think_scale=a.think_scale, timeout_s=a.timeout,

@@ -277,6 +277,15 @@ def reuse_bound(sessions: list[Session], engine_block_size: int | None = None) -
     return hit / total if total else 0.0
 
 
+def generated_trace(profile: str, **overrides: Any) -> tuple[list[Session], dict[str, Any]]:
+    """Sessions of a generated profile and the trace description reports
+    carry (where they came from, the parameters, the shape statistics)."""
+    p = params_for(profile, **overrides)
+    sessions = generate(p)
+    return sessions, {"path": f"<generated profile={profile} seed={p.seed}>",
+                      "params": params_dict(p), "stats": trace_stats(sessions)}
+
+
 def trace_stats(sessions: list[Session]) -> dict[str, Any]:
     """Shape statistics of a trace set (what the generator's parameters set)."""
     turns, fanouts, reuses, ins, outs, thinks = [], [], [], [], [], []
