@@ -31,6 +31,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+from services.kvstore.retention import RetentionHint
+
 POLICIES = ("off", "named-sessions", "all-sessions")
 # Session key sources (services/router/routing/sessions.py) a policy pins.
 _PINNED_SOURCES = {"off": frozenset(),
@@ -51,14 +53,6 @@ class RetentionSettings:
         if not 0 < self.ttl_s <= 86400:
             # The KV store's master refuses pins longer than a day by default.
             raise ValueError(f"--kv-retention-ttl {self.ttl_s:g}: must be in (0, 86400] seconds")
-
-
-@dataclass(frozen=True)
-class Hint:
-    session: str
-    pin_ttl_ms: int = 0
-    release: bool = False
-    keep_tokens: int = 0
 
 
 @dataclass
@@ -84,7 +78,7 @@ class SessionRetention:
         return len(self._sessions)
 
     def hint(self, session: str | None, source: str | None, hashes: Sequence[int],
-             end: bool = False, now: float | None = None) -> Hint | None:
+             end: bool = False, now: float | None = None) -> RetentionHint | None:
         """The hint for one request (None: nothing to say).
 
         ``session``/``source`` come from ``session_key``; ``hashes`` are the
@@ -99,10 +93,10 @@ class SessionRetention:
             keep = self._shared_prefix(session, hashes)
             self._forget(session)
             self.releases += 1
-            return Hint(session, release=True, keep_tokens=keep * self.block_size)
+            return RetentionHint(session, release=True, keep_tokens=keep * self.block_size)
         self._remember(session, tuple(hashes), now)
         self.pins += 1
-        return Hint(session, pin_ttl_ms=int(self.settings.ttl_s * 1000))
+        return RetentionHint(session, pin_ttl_ms=int(self.settings.ttl_s * 1000))
 
     # -- internals ---------------------------------------------------------
     def _shared_prefix(self, session: str, hashes: Sequence[int]) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.retention import Hint, RetentionSettings, SessionRetention
+from services.kvstore.retention import RetentionHint
+from services.router.retention import RetentionSettings, SessionRetention
 
 BS = 16
 
@@ -17,8 +18,8 @@ def tracker(policy="named-sessions", ttl_s=60.0, **kw) -> SessionRetention:
 
 def test_named_sessions_pin_their_writes_and_derived_ones_do_not():
     r = tracker()
-    assert r.hint("h:a", "header", [1, 2, 3], now=0) == Hint("h:a", pin_ttl_ms=60_000)
-    assert r.hint("u:b", "user", [1, 2], now=0) == Hint("u:b", pin_ttl_ms=60_000)
+    assert r.hint("h:a", "header", [1, 2, 3], now=0) == RetentionHint("h:a", pin_ttl_ms=60_000)
+    assert r.hint("u:b", "user", [1, 2], now=0) == RetentionHint("u:b", pin_ttl_ms=60_000)
     assert r.hint("d:c", "derived", [1, 2], now=0) is None
     assert r.hint(None, None, [1, 2], now=0) is None
     assert tracker("all-sessions").hint("d:c", "derived", [1], now=0).pin_ttl_ms == 60_000
@@ -32,7 +33,7 @@ def test_release_keeps_the_prefix_other_active_sessions_share():
     r.hint("h:other", "header", [1, 7], now=2)  # shares the system prompt only
     # The parent ends with a longer prompt: blocks 1-3 are the child's too.
     hint = r.hint("h:parent", "header", [1, 2, 3, 4, 5, 6], end=True, now=3)
-    assert hint == Hint("h:parent", release=True, keep_tokens=3 * BS)
+    assert hint == RetentionHint("h:parent", release=True, keep_tokens=3 * BS)
     assert r.active_sessions == 2
     # With the parent gone, the child's own blocks start after block 1.
     assert r.hint("h:child", "header", [1, 2, 3, 9, 10, 11], end=True, now=4).keep_tokens == BS
@@ -44,7 +45,7 @@ def test_a_session_sharing_nothing_releases_everything_even_unseen():
     r = tracker()
     # A session whose earlier turns this replica never saw (another replica, or
     # a router restart) still releases what it writes now.
-    assert r.hint("h:x", "header", [5, 6], end=True, now=0) == Hint(
+    assert r.hint("h:x", "header", [5, 6], end=True, now=0) == RetentionHint(
         "h:x", release=True, keep_tokens=0)
 
 
