@@ -64,6 +64,8 @@ CONTENDERS = (
     Contender("vllm-router", "kv_aware", kv_events=True),
     Contender("sglang-router", "cache_aware"),
 )
+# Also selectable with --contenders (Tandem's other policies, one flag apart).
+EXTRA_CONTENDERS = (Contender("tandem", "session"), Contender("tandem", "prefix"))
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     regimes = {"ample": Regime("ample", None), "tight": Regime("tight", a.tight_blocks)}
     chosen = [r for r in a.regimes.split(",") if r]
-    by_name = {c.name: c for c in CONTENDERS}
+    by_name = {c.name: c for c in (*CONTENDERS, *EXTRA_CONTENDERS)}
     contenders = [c for c in a.contenders.split(",") if c]
     unknown = [n for n in chosen if n not in regimes] + [c for c in contenders
                                                         if c not in by_name]

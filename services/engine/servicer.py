@@ -195,9 +195,10 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     async def GetLoad(self, request, context) -> pb.GetLoadResponse:
         snap = self._load.latest
+        blocks = self._engine.vllm_config.cache_config.num_gpu_blocks or 0
         return pb.GetLoadResponse(in_flight=self._load.in_flight, running=snap.running,
                                   waiting=snap.waiting, kv_cache_usage=snap.kv_cache_usage,
-                                  draining=self.draining)
+                                  draining=self.draining, kv_capacity_blocks=blocks)
 
     async def GetModelInfo(self, request, context) -> pb.GetModelInfoResponse:
         cfg = self._engine.vllm_config

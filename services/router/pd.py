@@ -110,7 +110,8 @@ class Orchestrator:
     async def stream(self, req: EngineRequest) -> AsyncIterator[pb.GenerateResponse]:
         """Run a request; yields the decode's messages, the last one final."""
         routing = _Routing(RouteRequest(req.token_ids, session=req.session,
-                                        cache_salt=req.cache_salt))
+                                        cache_salt=req.cache_salt,
+                                        session_end=req.session_end))
         role = "decode" if self._split else "both"
         try:
             # Decode first: without a decode pod, a prefill would only strand KV.

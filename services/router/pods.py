@@ -40,6 +40,7 @@ class PodState:
     waiting: int = 0
     running: int = 0
     kv_cache_usage: float = 0.0
+    kv_capacity_blocks: int = 0  # 0: not reported
     in_flight: int = 0  # the router's own count: exact, no polling lag
 
 
@@ -95,6 +96,7 @@ class EnginePod:
         self.state.draining = load.draining
         self.state.waiting, self.state.running = load.waiting, load.running
         self.state.kv_cache_usage = load.kv_cache_usage
+        self.state.kv_capacity_blocks = load.kv_capacity_blocks
         self._metrics.pod_healthy.labels(self.address, self.role).set(int(healthy))
 
     async def model_info(self, timeout: float) -> pb.GetModelInfoResponse:
@@ -130,7 +132,8 @@ class PodPool:
         st = pod.state
         self.core.update_pod(pod.address, time.monotonic(), healthy=st.healthy,
                              draining=st.draining, running=st.running, waiting=st.waiting,
-                             kv_cache_usage=st.kv_cache_usage)
+                             kv_cache_usage=st.kv_cache_usage,
+                             kv_capacity_blocks=st.kv_capacity_blocks)
 
     async def _poll(self, pod: EnginePod) -> None:
         await pod.poll(timeout=max(3 * self._poll_interval_s, 3.0))

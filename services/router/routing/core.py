@@ -19,6 +19,7 @@ from services.router.routing.events import KvEventSubscriber
 from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
 from services.router.routing.index import PrefixIndex, predicted_cached_tokens
+from services.router.routing.live import LiveSessions
 from services.router.routing.metrics import RoutingMetrics
 from services.router.routing.policy import Binding, Policy, PodView, RouteInput
 from services.router.routing.settings import RoutingSettings
@@ -41,6 +42,7 @@ class PodStatus:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    kv_capacity_blocks: int = 0  # 0: not reported
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class RouteRequest:
     cache_salt: str | None = None
     lora: tuple[str, str] | None = None  # (name, path) as vLLM hashes it
     exclude: frozenset[str] = frozenset()  # pods that already failed this request
+    session_end: bool = False  # the session's last request: its KV is not needed after
 
 
 @dataclass
@@ -80,6 +83,7 @@ class RoutingCore:
         self.status: dict[str, PodStatus] = {p.name: PodStatus() for p in pods}
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
         self.index = PrefixIndex(settings.index_capacity)
+        self.live = LiveSessions(settings.live_session_window_s)
         for p in pods:
             self.index.add_pod(p.name)
         self.policy = Policy(settings.policy)
@@ -119,9 +123,11 @@ class RoutingCore:
 
     # ----- inputs from the router's poller ---------------------------------
     def update_pod(self, name: str, now: float, *, healthy: bool, draining: bool = False,
-                   running: int = 0, waiting: int = 0, kv_cache_usage: float = 0.0) -> None:
+                   running: int = 0, waiting: int = 0, kv_cache_usage: float = 0.0,
+                   kv_capacity_blocks: int = 0) -> None:
         """Feed a poll result. A healthy poll of an ejected pod is its recovery probe."""
-        self.status[name] = PodStatus(healthy, draining, running, waiting, kv_cache_usage)
+        self.status[name] = PodStatus(healthy, draining, running, waiting, kv_cache_usage,
+                                      kv_capacity_blocks)
         breaker = self.health.breaker(name)
         if healthy and breaker.probe_due(now):
             breaker.record_success(now)
@@ -153,6 +159,7 @@ class RoutingCore:
         n = len(req.token_ids)
         hashes = self._block_hashes(req)
         self.index.expire_predictions(now)
+        self.live.expire(now)
         matched = self.index.match(hashes, now)
         binding = await self.state.get_binding(req.session) if req.session else None
         loads = self._seen_loads = await self.state.loads()
@@ -167,8 +174,16 @@ class RoutingCore:
                 in_flight=load.in_flight if load else 0,
                 pending_prefill_tokens=load.pending_prefill_tokens if load else 0,
                 running=st.running, waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
-                cached_tokens=predicted_cached_tokens(matched.get(name, 0), n, bs)))
+                cached_tokens=predicted_cached_tokens(matched.get(name, 0), n, bs),
+                kv_free_tokens=self._kv_free_tokens(name, req.session,
+                                                    hashes[:matched.get(name, 0)])))
         choice = self.policy.choose(RouteInput(n, views, req.session, binding, now))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("route session=%s tokens=%d -> %s prefill=%s (%s) cached=%s free=%s "
+                      "costs=%s", req.session, n, choice.pod, choice.prefill_pod, choice.reason,
+                      {v.name: v.cached_tokens for v in views},
+                      {v.name: v.kv_free_tokens for v in views},
+                      {k: round(v) for k, v in choice.costs.items()})
         decision = RouteDecision(choice.prefill_pod, choice.pod, choice.reason,
                                  choice.predicted_cached_tokens, choice.predicted_ttft_s,
                                  req.session, n, hashes)
@@ -181,6 +196,10 @@ class RoutingCore:
                    else self.settings.predicted_ttl_s)
             self.index.predict(pod, hashes, now, ttl)
         if req.session:
+            if req.session_end:
+                self.live.end(req.session)
+            else:
+                self.live.touch(req.session, decision.decode_pod, hashes, now)
             await self.state.set_binding(req.session, Binding(decision.decode_pod,
                                                               decision.prefill_pod))
         if req.exclude:
@@ -243,6 +262,16 @@ class RoutingCore:
         held[0] += requests
         held[1] += tokens
         await self.state.add_load(pod, requests, tokens)
+
+    def _kv_free_tokens(self, name: str, session: str | None,
+                        cached: Sequence[int]) -> int | None:
+        """KV the pod can fill for this request without evicting what live
+        sessions need (None: the pod has not reported its capacity)."""
+        capacity = self.status[name].kv_capacity_blocks
+        if not capacity:
+            return None
+        used = self.live.occupied_blocks(name, session, cached)
+        return max(0, capacity - used) * self.settings.block_size
 
     def _block_hashes(self, req: RouteRequest) -> list[int]:
         # 100K tokens hash in about 2.3 ms (sha256) on this machine's cores: cheap

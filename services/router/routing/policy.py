@@ -14,6 +14,14 @@ predicted TTFT:
               + request_cost_tokens x max(router in-flight, engine running + waiting)
               + kv_pressure_tokens x how far KV usage is above the high watermark
                 x the share of the request's KV the pod lacks
+              + eviction_cost_factor x live sessions' cached tokens the
+                uncached part would evict (KV capacity less what live
+                sessions hold there: ``live.py``)
+
+The eviction term is what makes stickiness right when KV is smaller than the
+working set: a session moved, or a fork placed, on a pod whose KV is full of
+other live sessions recomputes its context there *and* costs those sessions
+theirs. With ample KV it is zero and load decides as before.
 
 Stickiness: a session's bound pod keeps it unless its cost exceeds the best
 other pod's cost plus the cost of moving the session, ``stickiness_margin_tokens``
@@ -23,7 +31,8 @@ lost the session's blocks (evicted under KV pressure) has little to lose, so
 the session moves where load is lower: affinity never outweighs capacity.
 
 New sessions with nothing cached anywhere go to their consistent-hash home
-with bounded loads; a fork of a cached context goes where its prefix is.
+with bounded loads (the cheapest pod instead when the request would evict live
+KV somewhere); a fork of a cached context goes where its prefix is.
 
 P/D (XpYd): the decode pod is chosen first (stickiness, load, KV pressure, the
 prefix it already holds weighted by ``transfer_weight`` since it arrives over
@@ -53,6 +62,9 @@ class PodView:
     waiting: int = 0
     kv_cache_usage: float = 0.0
     cached_tokens: int = 0  # predicted prefix hit for this request
+    # KV tokens the pod can fill for this request without evicting blocks live
+    # sessions need; None: unknown (capacity not reported), nothing priced.
+    kv_free_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,7 @@ class PolicySettings:
     load_bound_factor: float = 1.25
     remote_prefill_threshold: int = 256
     transfer_weight: float = 0.1
+    eviction_cost_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -101,6 +114,8 @@ class PolicySettings:
             raise ValueError("prefill_tokens_per_s must be positive")
         if not 0 < self.kv_high_watermark <= 1:
             raise ValueError("kv_high_watermark must be in (0, 1]")
+        if self.eviction_cost_factor < 0:
+            raise ValueError("eviction_cost_factor must be >= 0")
         if self.load_bound_factor < 1:
             raise ValueError("load_bound_factor must be >= 1")
 
@@ -136,8 +151,25 @@ def uncached_share(pod: PodView, num_tokens: int) -> float:
     return uncached_tokens(pod, num_tokens) / num_tokens if num_tokens > 0 else 1.0
 
 
+def evicted_tokens(pod: PodView, num_tokens: int) -> int:
+    """Live sessions' cached tokens the request's uncached KV would push out."""
+    if pod.kv_free_tokens is None:
+        return 0
+    return max(0, uncached_tokens(pod, num_tokens) - pod.kv_free_tokens)
+
+
 def prefill_cost(pod: PodView, num_tokens: int, s: PolicySettings) -> float:
+    """The work ahead of the request's first token on ``pod`` (predicted TTFT)."""
     return uncached_tokens(pod, num_tokens) + load_tokens(pod, s, uncached_share(pod, num_tokens))
+
+
+def placement_cost(pod: PodView, num_tokens: int, s: PolicySettings,
+                   weight: float = 1.0) -> float:
+    """What choosing ``pod`` costs: ``weight`` x its uncached tokens, its load,
+    and the later recompute of the live KV it evicts."""
+    return (weight * uncached_tokens(pod, num_tokens)
+            + load_tokens(pod, s, uncached_share(pod, num_tokens))
+            + s.eviction_cost_factor * evicted_tokens(pod, num_tokens))
 
 
 def ttft_s(cost: float, s: PolicySettings) -> float:
@@ -178,8 +210,7 @@ class Policy:
     # ----- one pool ----------------------------------------------------------
     def _choose_one(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Choice:
         s = self.settings
-        costs = {p.name: weight * uncached_tokens(p, req.num_tokens)
-                 + load_tokens(p, s, uncached_share(p, req.num_tokens)) for p in pods}
+        costs = {p.name: placement_cost(p, req.num_tokens, s, weight) for p in pods}
         by_name = {p.name: p for p in pods}
 
         def done(name: str, reason: str) -> Choice:
@@ -230,7 +261,10 @@ class Policy:
         s = self.settings
         prefix = bound_reason or "new"
         cached = max(pods, key=lambda p: (p.cached_tokens, -costs[p.name], p.name))
-        if use_cost and cached.cached_tokens > 0:
+        # A fork goes where its prefix is; when KV is tight, a new session goes
+        # where it evicts least. Otherwise its hash home: every replica agrees.
+        tight = any(evicted_tokens(p, req.num_tokens) for p in pods)
+        if use_cost and (cached.cached_tokens > 0 or tight):
             best = min(pods, key=lambda p: (costs[p.name], p.name))
             return done(best.name, f"{prefix}-prefix" if best.cached_tokens else f"{prefix}-cost")
         if req.session is None:
@@ -253,5 +287,5 @@ class Policy:
         if (s.policy == "session" and req.binding and req.binding.prefill_pod
                 and any(p.name == req.binding.prefill_pod for p in pods)):
             return next(p for p in pods if p.name == req.binding.prefill_pod), "prefill-sticky"
-        best = min(pods, key=lambda p: (prefill_cost(p, req.num_tokens, s), p.name))
+        best = min(pods, key=lambda p: (placement_cost(p, req.num_tokens, s), p.name))
         return best, "prefill-overlap" if best.cached_tokens else "prefill-load"

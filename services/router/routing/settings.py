@@ -36,6 +36,8 @@ class RoutingSettings:
     # A Redis call slower than this counts as Redis lost (serve on local state).
     redis_timeout_s: float = 0.25
     session_ttl_s: float = 3600.0
+    # A session idle this long stops counting as needing its KV (live.py).
+    live_session_window_s: float = 300.0
     replica_id: str | None = None
 
     def validate(self) -> None:
@@ -43,6 +45,9 @@ class RoutingSettings:
             raise ValueError(f"--routing-block-size {self.block_size}: must be positive")
         if self.index_capacity <= 0:
             raise ValueError("--routing-index-capacity must be positive")
+        if self.live_session_window_s <= 0:
+            raise ValueError(f"--live-session-window {self.live_session_window_s:g}: "
+                             "must be positive")
         if self.redis_timeout_s <= 0:
             raise ValueError(f"--redis-timeout {self.redis_timeout_s:g}: must be positive")
         pods = [s.pod for s in self.kv_events]
@@ -94,6 +99,13 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--remote-prefill-threshold", type=int,
                    default=int(_env("remote_prefill_threshold", 256)),
                    help="P/D: below this many uncached tokens the decode pod prefills locally")
+    g.add_argument("--eviction-cost-factor", type=float,
+                   default=float(_env("eviction_cost_factor", 1.0)),
+                   help="cost policy: weight of live sessions' cached tokens a placement "
+                        "would evict (recomputed on their next turn); 0 ignores KV capacity")
+    g.add_argument("--live-session-window", dest="live_session_window_s", type=float,
+                   default=float(_env("live_session_window", 300.0)), metavar="SECONDS",
+                   help="a session counts as live (its KV worth keeping) until idle this long")
     g.add_argument("--prefill-tokens-per-s", type=float,
                    default=float(_env("prefill_tokens_per_s", 2000.0)),
                    help="a pod's prefill speed, to turn costs into predicted TTFT")
@@ -103,7 +115,8 @@ def routing_settings_from_args(args: argparse.Namespace) -> RoutingSettings:
     settings = RoutingSettings(
         policy=PolicySettings(policy=args.routing_policy,
                               remote_prefill_threshold=args.remote_prefill_threshold,
-                              prefill_tokens_per_s=args.prefill_tokens_per_s),
+                              prefill_tokens_per_s=args.prefill_tokens_per_s,
+                              eviction_cost_factor=args.eviction_cost_factor),
         block_size=args.routing_block_size,
         hash_algo=args.routing_hash_algo,
         index_capacity=args.routing_index_capacity,
@@ -111,6 +124,7 @@ def routing_settings_from_args(args: argparse.Namespace) -> RoutingSettings:
         session_header=args.session_header,
         redis_url=args.redis_url,
         redis_timeout_s=args.redis_timeout_s,
+        live_session_window_s=args.live_session_window_s,
     )
     settings.validate()
     return settings

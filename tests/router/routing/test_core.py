@@ -52,6 +52,32 @@ async def test_pod_and_index_gauges_follow_polls():
     assert f'tandem_routing_pod_pending_prefill_tokens{{pod="{d.decode_pod}"}} 40.0' in text
 
 
+async def test_reported_kv_capacity_prices_evicting_live_sessions():
+    # Pods of 10 blocks (40 tokens). Two live sessions of 8 blocks each, one per
+    # pod; a third, new, session of 6 blocks fits nowhere without evicting.
+    core = make_core()
+    for pod in ("a", "b"):
+        core.update_pod(pod, 0.0, healthy=True, kv_capacity_blocks=10)
+    s = await core.route(RouteRequest(list(range(32)), session="s"), now=0.0)
+    t = await core.route(RouteRequest(list(range(100, 132)), session="t"), now=0.0)
+    # The second avoided evicting the first (not its hash home by chance).
+    assert t.decode_pod != s.decode_pod and t.reason == "new-cost"
+    for d in (s, t):
+        await core.report_prefill(d, 0, now=0.5)
+        await core.release(d)
+    # s's next turn (its 8 blocks cached, 2 new): room for exactly 2 more on
+    # its pod; it stays. The other pod has room for 2 only: moving would evict.
+    s2 = await core.route(RouteRequest(list(range(40)), session="s"), now=1.0)
+    assert (s2.decode_pod, s2.reason) == (s.decode_pod, "sticky")
+    # t idles past the live window: its blocks are no longer worth keeping.
+    core.live.expire(now=1.0 + core.settings.live_session_window_s + 1)
+    assert core.live.occupied_blocks(t.decode_pod, None) == 0
+    # Without a reported capacity nothing is priced.
+    assert core._kv_free_tokens("a", None, []) is not None
+    core.update_pod("a", 2.0, healthy=True)
+    assert core._kv_free_tokens("a", None, []) is None
+
+
 async def test_load_accounting_is_released_once():
     core = make_core(pods=("p", "d"), roles={"p": "prefill", "d": "decode"},
                      policy=PolicySettings(remote_prefill_threshold=8))

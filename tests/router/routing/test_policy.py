@@ -105,6 +105,40 @@ def test_kv_pressure_weighs_only_the_kv_a_request_lacks():
     assert pol().choose(RouteInput(2000, views)).pod == "b"
 
 
+def test_eviction_keeps_a_session_on_its_pod_when_kv_is_full():
+    # KV smaller than the working set: the bound pod lost part of the session
+    # and is busier; the other pod is full of other live sessions. Without the
+    # eviction price the session moves (and would push those sessions out).
+    views = pods(dict(name="a", cached_tokens=1024, pending_prefill_tokens=2000,
+                      in_flight=2, kv_free_tokens=0),
+                 dict(name="b", cached_tokens=0, in_flight=1, kv_free_tokens=128))
+    req = RouteInput(2000, views, "s", Binding("a"))
+    assert pol(eviction_cost_factor=0).choose(req).reason == "sticky-yielded"
+    c = pol().choose(req)
+    assert (c.pod, c.reason) == ("a", "sticky")
+    # The eviction is not TTFT: the predicted TTFT is the prefill work alone.
+    assert c.predicted_ttft_s == pytest.approx((976 + 2000 + 64 * 2) / 2000)
+
+
+def test_eviction_is_free_with_room_and_unknown_without_capacity():
+    # Room for the uncached part, or no capacity reported: the same choice as
+    # without an eviction price.
+    for free in (4096, None):
+        views = pods(dict(name="a", cached_tokens=1024, pending_prefill_tokens=2000,
+                          in_flight=2, kv_free_tokens=free),
+                     dict(name="b", in_flight=1, kv_free_tokens=free))
+        assert pol().choose(RouteInput(2000, views, "s", Binding("a"))).pod == "b"
+
+
+def test_tight_kv_sends_a_new_session_where_it_evicts_least():
+    # Its hash home would be whichever pod; with live KV at stake, the pod with
+    # room wins regardless of hashing.
+    for session in ("s1", "s2", "s3", "s4"):
+        views = pods(dict(name="a", kv_free_tokens=0), dict(name="b", kv_free_tokens=3000))
+        c = pol().choose(RouteInput(2000, views, session, None))
+        assert (c.pod, c.reason) == ("b", "new-cost")
+
+
 def test_unavailable_pods_are_never_chosen():
     views = pods(dict(name="a", available=False, cached_tokens=4000), dict(name="b"))
     for name in ("cost", "round-robin", "least-load", "prefix", "session"):

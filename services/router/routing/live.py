@@ -1,0 +1,77 @@
+"""Which KV each pod's live sessions need: the working set the cost policy
+must not evict.
+
+A session is live on the pod its latest turn went to, until it has been idle
+for ``window_s`` (an agent between turns: tool calls, thinking) or moves. Its
+blocks are the block hashes of that latest prompt. A block shared by several
+live sessions (a common system prompt, a sub-agent fork of its parent's
+context) counts once per pod.
+
+Why not the pod's whole cache: after warm-up every pod's cache is full of
+blocks nobody will ask for again, and evicting those costs nothing. Evicting a
+live session's blocks costs a recompute of its next turn, which is what the
+policy prices (``policy.evicted_tokens``) from ``occupied_blocks``. Each router replica knows the
+sessions it routed; with several replicas this is an estimate per replica.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+
+
+class LiveSessions:
+    def __init__(self, window_s: float = 300.0) -> None:
+        if window_s <= 0:
+            raise ValueError("live-session window must be positive")
+        self.window_s = window_s
+        # session -> (pod, block hashes, last seen), least recently seen first
+        self._sessions: OrderedDict[str, tuple[str, frozenset[int], float]] = OrderedDict()
+        self._blocks: dict[str, Counter] = {}  # pod -> hash -> live sessions using it
+
+    def touch(self, session: str, pod: str, hashes: Sequence[int], now: float) -> None:
+        """The session's latest turn went to ``pod`` with these blocks."""
+        self._drop(session)
+        blocks = frozenset(hashes)
+        self._sessions[session] = (pod, blocks, now)
+        self._blocks.setdefault(pod, Counter()).update(blocks)
+
+    def end(self, session: str) -> None:
+        self._drop(session)
+
+    def expire(self, now: float) -> None:
+        while self._sessions:
+            session, (_, _, seen) = next(iter(self._sessions.items()))
+            if now - seen < self.window_s:
+                break
+            self._drop(session)
+
+    def occupied_blocks(self, pod: str, session: str | None,
+                        cached: Sequence[int] = ()) -> int:
+        """Blocks on ``pod`` a new turn of ``session`` may not evict: other live
+        sessions' blocks, plus the blocks of its prompt the pod holds
+        (``cached``; in use while it runs). Each distinct block counts once."""
+        counts = self._blocks.get(pod) or Counter()
+        entry = self._sessions.get(session) if session else None
+        own = entry[1] if entry is not None and entry[0] == pod else frozenset()
+
+        def others(h: int) -> int:
+            return counts[h] - (h in own) if h in counts else 0
+
+        total = len(counts) - sum(1 for h in own if counts[h] == 1)
+        return total + sum(1 for h in cached if others(h) <= 0)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _drop(self, session: str) -> None:
+        entry = self._sessions.pop(session, None)
+        if entry is None:
+            return
+        pod, blocks, _ = entry
+        counts = self._blocks[pod]
+        for h in blocks:
+            if counts[h] <= 1:
+                del counts[h]
+            else:
+                counts[h] -= 1

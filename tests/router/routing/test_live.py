@@ -1,0 +1,49 @@
+"""Live sessions: the KV each pod's active sessions need, counted once per block."""
+
+import pytest
+
+from services.router.routing.live import LiveSessions
+
+
+def test_sessions_sharing_a_prefix_count_its_blocks_once():
+    live = LiveSessions(window_s=60)
+    live.touch("parent", "a", [1, 2, 3], now=0)
+    live.touch("fork", "a", [1, 2, 3, 4, 5], now=1)  # a sub-agent of parent
+    live.touch("other", "b", [9], now=1)
+    assert live.occupied_blocks("a", None) == 5
+    assert live.occupied_blocks("b", None) == 1
+
+
+def test_own_blocks_count_only_as_the_cached_part():
+    live = LiveSessions(window_s=60)
+    live.touch("s", "a", [1, 2, 3, 4], now=0)
+    live.touch("t", "a", [1, 7], now=0)
+    # s's next turn: blocks 1..2 still cached on a; 3, 4 (evicted) are not
+    # counted, 1 is t's too (once), 7 is t's.
+    assert live.occupied_blocks("a", "s", cached=[1, 2]) == 3
+    # On another pod s has nothing live; what it finds cached there counts.
+    assert live.occupied_blocks("b", "s", cached=[1]) == 1
+
+
+def test_a_moved_session_frees_its_old_pod():
+    live = LiveSessions(window_s=60)
+    live.touch("s", "a", [1, 2], now=0)
+    live.touch("s", "b", [1, 2, 3], now=5)
+    assert live.occupied_blocks("a", None) == 0
+    assert live.occupied_blocks("b", None) == 3
+
+
+def test_idle_and_ended_sessions_stop_counting():
+    live = LiveSessions(window_s=60)
+    live.touch("idle", "a", [1, 2], now=0)
+    live.touch("busy", "a", [2, 3], now=30)
+    live.touch("done", "a", [4], now=30)
+    live.end("done")
+    live.expire(now=61)
+    assert len(live) == 1
+    assert live.occupied_blocks("a", None) == 2  # busy's 2 and 3
+
+
+def test_window_must_be_positive():
+    with pytest.raises(ValueError):
+        LiveSessions(window_s=0)
