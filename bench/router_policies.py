@@ -4,7 +4,7 @@ least-load) and through vllm-router's and sglang-router's best policies, in
 front of the same engines, with ample KV cache and with KV smaller than the
 sessions' working set.
 
-    python -m bench.router_policies [--regimes ample,tight] [--contenders ...]
+    python -m bench.router_policies [--regimes ample,tight] [--contenders ...] [--repeat N]
 
 "Same engines": two vLLM CPU engines with the same vLLM flags (model, dtype,
 context, KV blocks, KV events, one core each). Tandem's router talks gRPC to
@@ -15,7 +15,11 @@ Per regime the gRPC pair runs first (every Tandem policy), then the HTTP pair
 the same trace with a fresh content salt, so no run inherits another's cache
 (in the tight regime the previous run's blocks are evicted as the next one
 fills the cache, for every contender alike). Rows read as ratios against
-Tandem's default policy in the same regime.
+Tandem's default policy in the same regime. With KV smaller than the working
+set, which sessions share a pod decides much of the hit rate, and that changes
+with the salt for hash-based policies: one run per contender is noisy (the same
+hash-sticky policy measured 58% and 76%); ``--repeat`` runs every contender N
+times, round by round, and the table gives means and the hit-rate range.
 """
 
 from __future__ import annotations
@@ -130,22 +134,29 @@ class PolicyBench:
                            max_model_len=self.a.max_model_len, state_dir=state,
                            engine_args=blocks)
 
-    def replay(self, name: str, url: str, regime: Regime) -> dict | None:
+    def replay(self, name: str, url: str, regime: Regime, rep: int) -> dict | None:
         try:
             # The model by name: sglang-router's /v1/models says "unknown".
             endpoint = Endpoint(name, url, model=Path(self.model_dir).name)
             runs = run_sweep(self.sessions, self.info, [endpoint],
                              [self.a.concurrency], replace(self.base), self.tokenizer,
-                             self.out / regime.name, served_model, log=_log)
+                             run_dir(self.out, regime.name, rep, self.a.repeat),
+                             served_model, log=_log)
         except Exception as e:  # report what was measured, say what was not
-            self._failed(f"{regime.name} {name}", e)
+            self._failed(f"{regime.name} {name} (run {rep + 1})", e)
             return None
         run = runs[0]
         run["regime"] = regime.name
+        run["rep"] = rep
         return run
 
+    def each_router(self, contenders: list[Contender]):
+        """(repetition, contender) pairs: every contender once per round, so a
+        drift in the machine's state spreads over all of them."""
+        return [(rep, c) for rep in range(self.a.repeat) for c in contenders]
+
     def run_router(self, procs: Processes, c: Contender, argv: list[str], port: int,
-                   regime: Regime) -> None:
+                   regime: Regime, rep: int) -> None:
         """Start one router, replay the trace through it, stop it."""
         from tandem.stack import wait_http_ok
 
@@ -153,7 +164,7 @@ class PolicyBench:
         try:
             wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
                          time.monotonic() + 120)
-            run = self.replay(c.name, f"http://{HOST}:{port}", regime)
+            run = self.replay(c.name, f"http://{HOST}:{port}", regime, rep)
             if run:
                 self.runs.append(run)
                 if run["summary"].get("interrupted"):
@@ -176,10 +187,10 @@ class PolicyBench:
             stack.start()
             _log(f"{regime.name}: Tandem engines up in {time.time() - t0:.0f}s")
             procs = Processes(state)
-            for c in contenders:
+            for rep, c in self.each_router(contenders):
                 port = free_port()
                 argv = stack.router_argv(port, ["--policy", c.policy])
-                self.run_router(procs, c, argv, port, regime)
+                self.run_router(procs, c, argv, port, regime, rep)
         except Exception as e:
             self._failed(f"{regime.name} Tandem engines", e)
         finally:
@@ -209,14 +220,18 @@ class PolicyBench:
             for e in engines:
                 wait_http_ok(f"{e.url}/health", e.proc, time.monotonic() + cfg.startup_timeout_s)
             _log(f"{regime.name}: vLLM HTTP engines up in {time.time() - t0:.0f}s")
-            for c in contenders:
+            for rep, c in self.each_router(contenders):
                 port = free_port()
                 argv = contender_argv(c, port, engines, self.model_dir, self.a.block_size)
-                self.run_router(procs, c, argv, port, regime)
+                self.run_router(procs, c, argv, port, regime, rep)
         except Exception as e:
             self._failed(f"{regime.name} vLLM HTTP engines", e)
         finally:
             procs.stop_all()
+
+
+def run_dir(out: Path, regime: str, rep: int, repeats: int) -> Path:
+    return out / regime if repeats == 1 else out / regime / f"run{rep + 1}"
 
 
 def _cpus_for(n: int) -> list[int]:
@@ -226,24 +241,58 @@ def _cpus_for(n: int) -> list[int]:
 
 def summary_table(runs: list[dict], bound: float | None) -> str:
     """One row per regime and contender; ratios against Tandem's default in
-    the same regime (TTFT: lower is better; hit rate and tok/s: higher)."""
-    head = ("| regime | router:policy | hit rate | TTFT p50 s | TTFT p90 s | output tok/s "
-            "| total tok/s | fail | TTFT p50 ÷ tandem | TTFT p90 ÷ tandem |")
-    lines = [head, "|" + "---|" * 10]
+    the same regime (TTFT: lower is better; hit rate and tok/s: higher).
+    Repeated runs: the mean of the runs, and the hit rate's range."""
+    head = ("| regime | router:policy | runs | hit rate | hit range | main-agent hit "
+            "| sub-agent hit | TTFT p50 s | TTFT p90 s | output tok/s | total tok/s | fail "
+            "| TTFT p50 ÷ tandem | TTFT p90 ÷ tandem |")
+    lines = [head, "|" + "---|" * 14]
     for regime in dict.fromkeys(r["regime"] for r in runs):
-        rows = [r for r in runs if r["regime"] == regime]
-        base = next((r["summary"] for r in rows if r["label"] == BASELINE), None)
-        for r in rows:
-            s = r["summary"]
+        rows = aggregate([r for r in runs if r["regime"] == regime])
+        base = rows.get(BASELINE)
+        for label, (n, s) in rows.items():
             lines.append(
-                f"| {regime} | {r['label']} | {_pct(s.get('hit_rate'))} | {_f(s.get('ttft_p50'))} "
-                f"| {_f(s.get('ttft_p90'))} | {_f(s.get('output_tokens_per_s'), 1)} "
-                f"| {_f(s.get('total_tokens_per_s'), 0)} | {s.get('failures')} "
-                f"| {_ratio(s, base, 'ttft_p50')} | {_ratio(s, base, 'ttft_p90')} |")
+                f"| {regime} | {label} | {n} | {_pct(s['hit_rate'])} "
+                f"| {_pct(s['hit_min'])}–{_pct(s['hit_max'])} | {_pct(s['hit_main'])} "
+                f"| {_pct(s['hit_sub'])} | {_f(s['ttft_p50'])} "
+                f"| {_f(s['ttft_p90'])} | {_f(s['output_tokens_per_s'], 1)} "
+                f"| {_f(s['total_tokens_per_s'], 0)} | {s['failures']} "
+                f"| {_ratio(s, base and base[1], 'ttft_p50')} "
+                f"| {_ratio(s, base and base[1], 'ttft_p90')} |")
     if bound is not None:
         lines.append(f"\nHit-rate bound of the trace (unbounded cache, 128-token blocks): "
                      f"{_pct(bound)}.")
     return "\n".join(lines)
+
+
+def aggregate(runs: list[dict]) -> dict[str, tuple[int, dict]]:
+    """label -> (runs, mean summary + hit range), labels in first-seen order."""
+    by_label: dict[str, list[dict]] = {}
+    for r in runs:
+        records = r.get("records") or []
+        by_label.setdefault(r["label"], []).append({
+            **r["summary"],
+            "hit_main": _hit_rate([x for x in records if not x["agent"]]),
+            "hit_sub": _hit_rate([x for x in records if x["agent"]])})
+    out = {}
+    for label, sums in by_label.items():
+        def mean(key: str):
+            values = [s[key] for s in sums if s.get(key) is not None]
+            return sum(values) / len(values) if values else None
+        hits = [s["hit_rate"] for s in sums if s.get("hit_rate") is not None]
+        out[label] = (len(sums), {
+            **{k: mean(k) for k in ("hit_rate", "hit_main", "hit_sub", "ttft_p50", "ttft_p90",
+                                    "output_tokens_per_s", "total_tokens_per_s")},
+            "hit_min": min(hits, default=None), "hit_max": max(hits, default=None),
+            "failures": sum(s.get("failures") or 0 for s in sums)})
+    return out
+
+
+def _hit_rate(records: list[dict]) -> float | None:
+    """Cached share of the prompt tokens (main-agent turns vs sub-agents')."""
+    prompt = sum(r.get("prompt_tokens") or 0 for r in records if r.get("ok"))
+    cached = sum(r.get("cached_tokens") or 0 for r in records if r.get("ok"))
+    return cached / prompt if prompt else None
 
 
 def _f(v, digits: int = 2) -> str:
@@ -272,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "engine starts with (default: %(default)s)")
     ap.add_argument("--contenders", default=",".join(c.name for c in CONTENDERS),
                     help="router:policy list, in order (default: all: %(default)s)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per contender and regime, each with a fresh content salt "
+                         "(which pods hash-based policies pick changes with it); the "
+                         "table reports means and the hit-rate range (default 1)")
     ap.add_argument("--concurrency", type=int, default=4, help="agent lanes (default 4)")
     ap.add_argument("--sessions", type=int, default=4, help="sessions of the small profile")
     ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
@@ -293,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     contenders = [c for c in a.contenders.split(",") if c]
     unknown = [n for n in chosen if n not in regimes] + [c for c in contenders
                                                         if c not in by_name]
+    if a.repeat < 1:
+        print("--repeat must be at least 1", file=sys.stderr)
+        return 2
     if unknown:
         print(f"unknown regime(s)/contender(s): {unknown}; regimes: {sorted(regimes)}; "
               f"contenders: {sorted(by_name)}", file=sys.stderr)
@@ -327,10 +383,11 @@ def main(argv: list[str] | None = None) -> int:
              f"ample = 1 GiB per engine.", *bench.problems]
     out.mkdir(parents=True, exist_ok=True)
     for name in chosen:
-        rows = [r for r in runs if r["regime"] == name]
-        if rows:
-            report.write_report(rows, out / name, baseline=BASELINE,
-                                title=f"Routing policies, {name} KV", notes=notes)
+        for rep in range(a.repeat):
+            rows = [r for r in runs if r["regime"] == name and r["rep"] == rep]
+            if rows:
+                report.write_report(rows, run_dir(out, name, rep, a.repeat), baseline=BASELINE,
+                                    title=f"Routing policies, {name} KV", notes=notes)
     md = out / "policies.md"
     md.write_text("# Routing policies on the same engines\n\n" + table + "\n\n"
                   + "\n\n".join(notes) + "\n")

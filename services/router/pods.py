@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.router.metrics import RouterMetrics
 from services.router.routing import RoutingCore
+from services.router.routing.tasks import cancel_and_wait
 from tandem.proto import engine_pb2 as pb
 from tandem.proto import engine_pb2_grpc as pb_grpc
 
@@ -151,6 +152,7 @@ class PodPool:
         self._poller = asyncio.create_task(self._poll_forever())
 
     async def close(self) -> None:
-        if self._poller:
-            self._poller.cancel()
+        # The poller ends before the channels it polls through close.
+        await cancel_and_wait(self._poller)
+        self._poller = None
         await asyncio.gather(*(p.close() for p in self.pods), return_exceptions=True)

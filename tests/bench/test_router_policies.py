@@ -51,7 +51,9 @@ def test_other_policies_get_every_worker_and_no_events(fake_binaries):
 
 
 def _run(label: str, regime: str, ttft_p50: float, hit: float) -> dict:
-    return {"label": label, "regime": regime,
+    records = [{"agent": "", "ok": True, "prompt_tokens": 100, "cached_tokens": 100 * hit},
+               {"agent": "sa1", "ok": True, "prompt_tokens": 100, "cached_tokens": 50}]
+    return {"label": label, "regime": regime, "records": records,
             "summary": {"hit_rate": hit, "ttft_p50": ttft_p50, "ttft_p90": 2 * ttft_p50,
                         "output_tokens_per_s": 10.0, "total_tokens_per_s": 500.0,
                         "failures": 0}}
@@ -66,6 +68,19 @@ def test_summary_ratios_are_against_tandem_default_in_the_same_regime():
     assert "| 2.50× | 2.50× |" in rows[("tight", "vllm-router:kv_aware")]
     assert "| 40.0% |" in rows[("tight", "vllm-router:kv_aware")]
     assert "| 1.00× | 1.00× |" in rows[("tight", "tandem:cost")]
+
+
+def test_repeated_runs_are_averaged_with_their_hit_range():
+    runs = [_run("tandem:cost", "tight", 2.0, 0.7), _run("vllm-router:kv_aware", "tight", 4.0, 0.6),
+            _run("tandem:cost", "tight", 4.0, 0.8), _run("vllm-router:kv_aware", "tight", 2.0, 0.8)]
+    (line,) = [row for row in rp.summary_table(runs, None).splitlines()
+               if "vllm-router:kv_aware" in row]
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    # runs, mean hit, range, mean TTFT p50 / p90, and ratios of the means
+    assert cells[2:8] == ["2", "70.0%", "60.0%–80.0%", "70.0%", "50.0%", "3.00"]
+    assert cells[-2:] == ["1.00×", "1.00×"]
+    assert rp.run_dir(rp.Path("/o"), "tight", 1, 3) == rp.Path("/o/tight/run2")
+    assert rp.run_dir(rp.Path("/o"), "tight", 0, 1) == rp.Path("/o/tight")
 
 
 def test_unknown_contender_fails_before_any_engine_starts(capsys):

@@ -138,6 +138,8 @@ class RoutingCore:
     def _refresh_pod_gauges(self, name: str) -> None:
         m = self.metrics
         m.pod_blocks.labels(name).set(self.index.held_blocks(name))
+        m.pod_live_blocks.labels(name).set(self.live.occupied_blocks(name, None))
+        m.pod_kv_capacity.labels(name).set(self.status[name].kv_capacity_blocks)
         load = self._seen_loads.get(name)
         m.pod_in_flight.labels(name).set(load.in_flight if load else 0)
         m.pod_pending_tokens.labels(name).set(load.pending_prefill_tokens if load else 0)
@@ -199,7 +201,8 @@ class RoutingCore:
             if req.session_end:
                 self.live.end(req.session)
             else:
-                self.live.touch(req.session, decision.decode_pod, hashes, now)
+                self.live.touch(req.session, {decision.prefill_on, decision.decode_pod},
+                                hashes, now)
             await self.state.set_binding(req.session, Binding(decision.decode_pod,
                                                               decision.prefill_pod))
         if req.exclude:

@@ -1,8 +1,9 @@
 """Which KV each pod's live sessions need: the working set the cost policy
 must not evict.
 
-A session is live on the pod its latest turn went to, until it has been idle
-for ``window_s`` (an agent between turns: tool calls, thinking) or moves. Its
+A session is live on the pods its latest turn went to (the aggregated pod, or
+the P/D prefill and decode pods: both keep its prompt's blocks), until it has
+been idle for ``window_s`` (an agent between turns: tool calls, thinking) or moves. Its
 blocks are the block hashes of that latest prompt. A block shared by several
 live sessions (a common system prompt, a sub-agent fork of its parent's
 context) counts once per pod.
@@ -17,7 +18,7 @@ sessions it routed; with several replicas this is an estimate per replica.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 class LiveSessions:
@@ -25,16 +26,20 @@ class LiveSessions:
         if window_s <= 0:
             raise ValueError("live-session window must be positive")
         self.window_s = window_s
-        # session -> (pod, block hashes, last seen), least recently seen first
-        self._sessions: OrderedDict[str, tuple[str, frozenset[int], float]] = OrderedDict()
+        # session -> (pods, block hashes, last seen), least recently seen first
+        self._sessions: OrderedDict[str, tuple[frozenset[str], frozenset[int], float]] = \
+            OrderedDict()
         self._blocks: dict[str, Counter] = {}  # pod -> hash -> live sessions using it
 
-    def touch(self, session: str, pod: str, hashes: Sequence[int], now: float) -> None:
-        """The session's latest turn went to ``pod`` with these blocks."""
+    def touch(self, session: str, pods: Iterable[str], hashes: Sequence[int],
+              now: float) -> None:
+        """The session's latest turn went to ``pods`` with these blocks."""
         self._drop(session)
         blocks = frozenset(hashes)
-        self._sessions[session] = (pod, blocks, now)
-        self._blocks.setdefault(pod, Counter()).update(blocks)
+        where = frozenset(pods)
+        self._sessions[session] = (where, blocks, now)
+        for pod in where:
+            self._blocks.setdefault(pod, Counter()).update(blocks)
 
     def end(self, session: str) -> None:
         self._drop(session)
@@ -53,7 +58,7 @@ class LiveSessions:
         (``cached``; in use while it runs). Each distinct block counts once."""
         counts = self._blocks.get(pod) or Counter()
         entry = self._sessions.get(session) if session else None
-        own = entry[1] if entry is not None and entry[0] == pod else frozenset()
+        own = entry[1] if entry is not None and pod in entry[0] else frozenset()
 
         def others(h: int) -> int:
             return counts[h] - (h in own) if h in counts else 0
@@ -68,10 +73,11 @@ class LiveSessions:
         entry = self._sessions.pop(session, None)
         if entry is None:
             return
-        pod, blocks, _ = entry
-        counts = self._blocks[pod]
-        for h in blocks:
-            if counts[h] <= 1:
-                del counts[h]
-            else:
-                counts[h] -= 1
+        pods, blocks, _ = entry
+        for pod in pods:
+            counts = self._blocks[pod]
+            for h in blocks:
+                if counts[h] <= 1:
+                    del counts[h]
+                else:
+                    counts[h] -= 1

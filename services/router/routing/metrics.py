@@ -32,6 +32,12 @@ class RoutingMetrics:
                                         "done, all replicas", ["pod"], registry=r)
         self.pod_blocks = Gauge("tandem_routing_pod_cached_blocks",
                                 "KV blocks the index believes a pod holds", ["pod"], registry=r)
+        self.pod_live_blocks = Gauge("tandem_routing_pod_live_blocks",
+                                     "KV blocks this replica's live sessions need on a pod "
+                                     "(what eviction pricing protects)", ["pod"], registry=r)
+        self.pod_kv_capacity = Gauge("tandem_routing_pod_kv_capacity_blocks",
+                                     "KV cache size a pod reports, in blocks", ["pod"],
+                                     registry=r)
         self.index_blocks = Gauge("tandem_routing_index_blocks",
                                   "Distinct block hashes in the prefix index", registry=r)
         self.index_evictions = Counter("tandem_routing_index_evictions_total",

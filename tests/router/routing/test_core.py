@@ -69,6 +69,10 @@ async def test_reported_kv_capacity_prices_evicting_live_sessions():
     # its pod; it stays. The other pod has room for 2 only: moving would evict.
     s2 = await core.route(RouteRequest(list(range(40)), session="s"), now=1.0)
     assert (s2.decode_pod, s2.reason) == (s.decode_pod, "sticky")
+    core.update_pod(s.decode_pod, 1.5, healthy=True, kv_capacity_blocks=10)
+    text = generate_latest(core.metrics.registry).decode()
+    assert f'tandem_routing_pod_live_blocks{{pod="{s.decode_pod}"}} 10.0' in text
+    assert f'tandem_routing_pod_kv_capacity_blocks{{pod="{s.decode_pod}"}} 10.0' in text
     # t idles past the live window: its blocks are no longer worth keeping.
     core.live.expire(now=1.0 + core.settings.live_session_window_s + 1)
     assert core.live.occupied_blocks(t.decode_pod, None) == 0

@@ -7,17 +7,17 @@ from services.router.routing.live import LiveSessions
 
 def test_sessions_sharing_a_prefix_count_its_blocks_once():
     live = LiveSessions(window_s=60)
-    live.touch("parent", "a", [1, 2, 3], now=0)
-    live.touch("fork", "a", [1, 2, 3, 4, 5], now=1)  # a sub-agent of parent
-    live.touch("other", "b", [9], now=1)
+    live.touch("parent", ["a"], [1, 2, 3], now=0)
+    live.touch("fork", ["a"], [1, 2, 3, 4, 5], now=1)  # a sub-agent of parent
+    live.touch("other", ["b"], [9], now=1)
     assert live.occupied_blocks("a", None) == 5
     assert live.occupied_blocks("b", None) == 1
 
 
 def test_own_blocks_count_only_as_the_cached_part():
     live = LiveSessions(window_s=60)
-    live.touch("s", "a", [1, 2, 3, 4], now=0)
-    live.touch("t", "a", [1, 7], now=0)
+    live.touch("s", ["a"], [1, 2, 3, 4], now=0)
+    live.touch("t", ["a"], [1, 7], now=0)
     # s's next turn: blocks 1..2 still cached on a; 3, 4 (evicted) are not
     # counted, 1 is t's too (once), 7 is t's.
     assert live.occupied_blocks("a", "s", cached=[1, 2]) == 3
@@ -27,21 +27,30 @@ def test_own_blocks_count_only_as_the_cached_part():
 
 def test_a_moved_session_frees_its_old_pod():
     live = LiveSessions(window_s=60)
-    live.touch("s", "a", [1, 2], now=0)
-    live.touch("s", "b", [1, 2, 3], now=5)
+    live.touch("s", ["a"], [1, 2], now=0)
+    live.touch("s", ["b"], [1, 2, 3], now=5)
     assert live.occupied_blocks("a", None) == 0
     assert live.occupied_blocks("b", None) == 3
 
 
 def test_idle_and_ended_sessions_stop_counting():
     live = LiveSessions(window_s=60)
-    live.touch("idle", "a", [1, 2], now=0)
-    live.touch("busy", "a", [2, 3], now=30)
-    live.touch("done", "a", [4], now=30)
+    live.touch("idle", ["a"], [1, 2], now=0)
+    live.touch("busy", ["a"], [2, 3], now=30)
+    live.touch("done", ["a"], [4], now=30)
     live.end("done")
     live.expire(now=61)
     assert len(live) == 1
     assert live.occupied_blocks("a", None) == 2  # busy's 2 and 3
+
+
+def test_a_pd_turn_is_live_on_its_prefill_and_decode_pods():
+    live = LiveSessions(window_s=60)
+    live.touch("s", ["p1", "d1"], [1, 2], now=0)
+    assert live.occupied_blocks("p1", None) == live.occupied_blocks("d1", None) == 2
+    live.touch("s", ["p2", "d1"], [1, 2, 3], now=1)
+    assert live.occupied_blocks("p1", None) == 0
+    assert live.occupied_blocks("d1", "s", cached=[1, 2]) == 2
 
 
 def test_window_must_be_positive():
