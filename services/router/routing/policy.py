@@ -32,7 +32,8 @@ the session moves where load is lower: affinity never outweighs capacity.
 
 New sessions with nothing cached anywhere go to their consistent-hash home
 with bounded loads (the cheapest pod instead when the request would evict live
-KV somewhere); a fork of a cached context goes where its prefix is.
+KV somewhere); a fork of a cached context goes where its prefix is, held
+there by the same move cost as a bound session.
 
 P/D (XpYd): the decode pod is chosen first (stickiness, load, KV pressure, the
 prefix it already holds weighted by ``transfer_weight`` since it arrives over
@@ -248,14 +249,19 @@ class Policy:
             others = [p for p in pods if p.name != bound]
             if not others:
                 return done(bound, "sticky")
+            anchor = by_name[bound]
             best = min(others, key=lambda p: (costs[p.name], p.name))
-            held = by_name[bound].cached_tokens
-            move_cost = (s.stickiness_margin_tokens
-                         + s.move_cost_factor * max(0, held - best.cached_tokens))
-            if costs[bound] <= costs[best.name] + move_cost:
+            if costs[bound] <= costs[best.name] + self._move_cost(anchor, best):
                 return done(bound, "sticky")
             return done(best.name, "sticky-yielded")
         return self._new_session(req, pods, costs, done, bound_reason, use_cost=True)
+
+    def _move_cost(self, anchor: PodView, other: PodView) -> float:
+        """Leaving the pod that holds a context: a margin against flapping, plus
+        the share of the prefix ``other`` lacks (rebuilt there, then held twice)."""
+        s = self.settings
+        return (s.stickiness_margin_tokens
+                + s.move_cost_factor * max(0, anchor.cached_tokens - other.cached_tokens))
 
     def _new_session(self, req, pods, costs, done, bound_reason, use_cost: bool) -> Choice:
         s = self.settings
@@ -266,6 +272,10 @@ class Policy:
         tight = any(evicted_tokens(p, req.num_tokens) for p in pods)
         if use_cost and (cached.cached_tokens > 0 or tight):
             best = min(pods, key=lambda p: (costs[p.name], p.name))
+            # A fork sticks to its parent's context as a session to its pod.
+            if (cached.cached_tokens > 0 and best is not cached
+                    and costs[cached.name] <= costs[best.name] + self._move_cost(cached, best)):
+                best = cached
             return done(best.name, f"{prefix}-prefix" if best.cached_tokens else f"{prefix}-cost")
         if req.session is None:
             best = min(pods, key=lambda p: (costs[p.name] if use_cost else load_tokens(p, s),

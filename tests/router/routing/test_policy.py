@@ -55,6 +55,19 @@ def test_new_session_follows_fork_prefix():
     assert (c.pod, c.reason) == ("b", "new-prefix")
 
 
+def test_a_burst_of_forks_stays_with_the_parent_context_until_its_pod_is_much_busier():
+    # The parent's pod holds 1408 of a fork's 1600 tokens, the other pod only
+    # the 512-token system prompt; earlier forks queue on the parent's pod.
+    def fork(pending, in_flight):
+        views = pods(dict(name="a", cached_tokens=1408, pending_prefill_tokens=pending,
+                          in_flight=in_flight),
+                     dict(name="b", cached_tokens=512, in_flight=2))
+        return pol().choose(RouteInput(1600, views, "fork", None))
+    # cost a = 192 + pending + 64 x in-flight; b = 1088 + 128; move cost 256 + 448
+    assert (fork(pending=1000, in_flight=5).pod, fork(1000, 5).reason) == ("a", "new-prefix")
+    assert fork(pending=1500, in_flight=5).pod == "b"
+
+
 def test_new_sessions_spread_by_consistent_hash_deterministically():
     views = pods(dict(name="a"), dict(name="b"), dict(name="c"))
     p = pol()
