@@ -160,7 +160,8 @@ class PolicyBench:
         """Start one router, replay the trace through it, stop it."""
         from tandem.stack import wait_http_ok
 
-        proc, _ = procs.launch(f"{c.router}-{c.policy}", argv, set(os.sched_getaffinity(0)))
+        name = f"{c.router}-{c.policy}" + (f"-run{rep + 1}" if self.a.repeat > 1 else "")
+        proc, _ = procs.launch(name, argv, set(os.sched_getaffinity(0)))  # its log: name.log
         try:
             wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
                          time.monotonic() + 120)

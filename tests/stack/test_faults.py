@@ -83,6 +83,10 @@ def test_client_disconnect_mid_stream_frees_kv_on_both_engines(stack):
     assert wait_for(lambda: _idle(prefill), timeout=30), engine_load(prefill)
     text = httpx.get(f"{stack.router_url}/metrics", timeout=10).text
     assert metric_value(text, "tandem_router_client_disconnects_total") >= 1
+    # Engines report their KV size and the router has it (eviction pricing).
+    blocks = engine_load(decode).kv_capacity_blocks
+    assert blocks > 0
+    assert metric_value(text, "tandem_routing_pod_kv_capacity_blocks", f'pod="{decode}"') == blocks
     # And the stack still serves.
     assert chat(stack.router_url, MODEL_NAME, "Hi!", max_tokens=4).status_code == 200
 
