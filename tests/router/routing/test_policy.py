@@ -63,9 +63,9 @@ def test_a_burst_of_forks_stays_with_the_parent_context_until_its_pod_is_much_bu
                           in_flight=in_flight),
                      dict(name="b", cached_tokens=512, in_flight=2))
         return pol().choose(RouteInput(1600, views, "fork", None))
-    # cost a = 192 + pending + 64 x in-flight; b = 1088 + 128; move cost 256 + 896
+    # cost a = 192 + pending + 64 x in-flight; b = 1088 + 128; move cost 256 + 448
     assert (fork(pending=1000, in_flight=5).pod, fork(1000, 5).reason) == ("a", "new-prefix")
-    assert fork(pending=2000, in_flight=5).pod == "b"
+    assert fork(pending=1500, in_flight=5).pod == "b"
 
 
 def test_new_sessions_spread_by_consistent_hash_deterministically():
@@ -122,7 +122,7 @@ def test_eviction_keeps_a_session_on_its_pod_when_kv_is_full():
     # KV smaller than the working set: the bound pod lost part of the session
     # and is busier; the other pod is full of other live sessions. Without the
     # eviction price the session moves (and would push those sessions out).
-    views = pods(dict(name="a", cached_tokens=1024, pending_prefill_tokens=2500,
+    views = pods(dict(name="a", cached_tokens=1024, pending_prefill_tokens=2000,
                       in_flight=2, kv_free_tokens=0),
                  dict(name="b", cached_tokens=0, in_flight=1, kv_free_tokens=128))
     req = RouteInput(2000, views, "s", Binding("a"))
@@ -130,14 +130,14 @@ def test_eviction_keeps_a_session_on_its_pod_when_kv_is_full():
     c = pol().choose(req)
     assert (c.pod, c.reason) == ("a", "sticky")
     # The eviction is not TTFT: the predicted TTFT is the prefill work alone.
-    assert c.predicted_ttft_s == pytest.approx((976 + 2500 + 64 * 2) / 2000)
+    assert c.predicted_ttft_s == pytest.approx((976 + 2000 + 64 * 2) / 2000)
 
 
 def test_eviction_is_free_with_room_and_unknown_without_capacity():
     # Room for the uncached part, or no capacity reported: the same choice as
     # without an eviction price.
     for free in (4096, None):
-        views = pods(dict(name="a", cached_tokens=1024, pending_prefill_tokens=2500,
+        views = pods(dict(name="a", cached_tokens=1024, pending_prefill_tokens=2000,
                           in_flight=2, kv_free_tokens=free),
                      dict(name="b", in_flight=1, kv_free_tokens=free))
         assert pol().choose(RouteInput(2000, views, "s", Binding("a"))).pod == "b"
