@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tandem.stack import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_client import EngineClient, long_prompt  # noqa: E402
@@ -33,15 +34,7 @@ ENGINE_START_S = 600
 
 
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+    return [free_port() for _ in range(n)]  # distinct: free_port never repeats one
 
 
 class Store:

@@ -8,7 +8,6 @@ Predictions from the router's own decisions are switched off here
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,11 @@ from services.router.routing.sessions import IncrementalTokenizer
 from tandem.model import resolve_model
 from tandem.proto import engine_pb2 as pb
 from tandem.proto import engine_pb2_grpc as pb_grpc
+from tandem.stack import free_port
 
 pytestmark = pytest.mark.stack
 
 BLOCK_SIZE = 32  # small blocks: short prompts still span many blocks
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 publisher (its replay buffer and ROUTER socket), on loopback. No mocks."""
 
 import asyncio
-import socket
 
 import msgspec
 import pytest
@@ -11,6 +10,7 @@ from vllm.distributed.kv_events import (AllBlocksCleared, BlockRemoved, BlockSto
 
 from services.router.routing.events import KvEventSubscriber, apply_batch, decode_batch
 from services.router.routing.index import PrefixIndex
+from tandem.stack import free_port
 
 
 def stored(hashes, parent=None):
@@ -33,12 +33,6 @@ def test_decodes_what_vllm_encodes():
     assert idx.match([11, 12, 13], 0)["p"] == 2
     apply_batch(idx, "p", ours)
     assert idx.held_blocks("p") == 0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_for(cond, timeout=10.0):
