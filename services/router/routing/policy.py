@@ -102,10 +102,10 @@ class PolicySettings:
     kv_high_watermark: float = 0.9
     kv_pressure_tokens: float = 4_096.0
     stickiness_margin_tokens: float = 256.0
-    # x the prefix the other pod lacks. 1.0 (held twice = recomputed once
-    # more) measured no better than 0.5: tight 74.4% vs 77.2% mean hit, ample
-    # 84.4% vs 83.8% (bench/router_policies.py --repeat 3; run-to-run spread
-    # is larger than either difference).
+    # Per token of prefix the other pod lacks (see _move_cost). 1.0 (held
+    # twice = recomputed once more) measured no better than 0.5: tight 74.4%
+    # vs 77.2% mean hit, ample 84.4% vs 83.8% (bench/router_policies.py
+    # --repeat 3; run-to-run spread is larger than either difference).
     move_cost_factor: float = 0.5
     load_bound_factor: float = 1.25
     remote_prefill_threshold: int = 256
@@ -273,7 +273,8 @@ class Policy:
         cached = max(pods, key=lambda p: (p.cached_tokens, -costs[p.name], p.name))
         # A fork goes where its prefix is; when KV is tight, a new session goes
         # where it evicts least. Otherwise its hash home: every replica agrees.
-        tight = any(evicted_tokens(p, req.num_tokens) for p in pods)
+        tight = s.eviction_cost_factor > 0 and any(evicted_tokens(p, req.num_tokens)
+                                                   for p in pods)
         if use_cost and (cached.cached_tokens > 0 or tight):
             best = min(pods, key=lambda p: (costs[p.name], p.name))
             # A fork sticks to its parent's context as a session to its pod.

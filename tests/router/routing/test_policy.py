@@ -150,6 +150,9 @@ def test_tight_kv_sends_a_new_session_where_it_evicts_least():
         views = pods(dict(name="a", kv_free_tokens=0), dict(name="b", kv_free_tokens=3000))
         c = pol().choose(RouteInput(2000, views, session, None))
         assert (c.pod, c.reason) == ("b", "new-cost")
+        # --eviction-cost-factor 0 ignores KV capacity: the hash home again.
+        c = pol(eviction_cost_factor=0).choose(RouteInput(2000, views, session, None))
+        assert c.reason.startswith("new-hash")
 
 
 def test_unavailable_pods_are_never_chosen():
