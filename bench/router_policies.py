@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.agentx import generate, report
+from bench.agentx import generate, metrics, report
 from bench.agentx.replay import ReplayConfig
 from bench.agentx.sweep import Endpoint, run_sweep
 from bench.cli import RESULTS, _log, served_model
@@ -273,8 +273,8 @@ def aggregate(runs: list[dict]) -> dict[str, tuple[int, dict]]:
         records = r.get("records") or []
         by_label.setdefault(r["label"], []).append({
             **r["summary"],
-            "hit_main": _hit_rate([x for x in records if not x["agent"]]),
-            "hit_sub": _hit_rate([x for x in records if x["agent"]])})
+            "hit_main": metrics.hit_rate([x for x in records if not x["agent"]]),
+            "hit_sub": metrics.hit_rate([x for x in records if x["agent"]])})
     out = {}
     for label, sums in by_label.items():
         def mean(key: str):
@@ -287,13 +287,6 @@ def aggregate(runs: list[dict]) -> dict[str, tuple[int, dict]]:
             "hit_min": min(hits, default=None), "hit_max": max(hits, default=None),
             "failures": sum(s.get("failures") or 0 for s in sums)})
     return out
-
-
-def _hit_rate(records: list[dict]) -> float | None:
-    """Cached share of the prompt tokens (main-agent turns vs sub-agents')."""
-    prompt = sum(r.get("prompt_tokens") or 0 for r in records if r.get("ok"))
-    cached = sum(r.get("cached_tokens") or 0 for r in records if r.get("ok"))
-    return cached / prompt if prompt else None
 
 
 def _f(v, digits: int = 2) -> str:

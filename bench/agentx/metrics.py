@@ -83,6 +83,14 @@ def summarize(records: list[dict], duration_s: float | None = None) -> dict[str,
     }
 
 
+def hit_rate(records: list[dict]) -> float | None:
+    """Cached share of the prompt tokens of the successful requests."""
+    ok = [r for r in records if r.get("ok")]
+    prompt = sum(r.get("prompt_tokens") or 0 for r in ok)
+    cached = sum(r.get("cached_tokens") or 0 for r in ok)
+    return cached / prompt if prompt else None
+
+
 def per_turn(records: list[dict]) -> list[dict[str, Any]]:
     """Hit rate and TTFT by the index of the call within its agent."""
     by: dict[int, list[dict]] = defaultdict(list)
@@ -92,10 +100,7 @@ def per_turn(records: list[dict]) -> list[dict[str, Any]]:
     rows = []
     for turn in sorted(by):
         rs = by[turn]
-        prompt = sum(r.get("prompt_tokens") or 0 for r in rs)
-        cached = sum(r.get("cached_tokens") or 0 for r in rs)
-        rows.append({"turn": turn, "requests": len(rs),
-                     "hit_rate": cached / prompt if prompt else None,
+        rows.append({"turn": turn, "requests": len(rs), "hit_rate": hit_rate(rs),
                      "ttft_p50": percentile([r["ttft"] for r in rs], 50)})
     return rows
 
