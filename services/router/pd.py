@@ -212,6 +212,11 @@ class Orchestrator:
                         if not first_byte:
                             first_byte = True
                             self._metrics.ttft.observe(time.perf_counter() - req.arrival)
+                            if not kv_params:
+                                # The prompt is computed: it no longer queues
+                                # ahead of others there (its count comes last).
+                                await self._core.report_prefill(
+                                    decision, None, time.monotonic(), pod=pod.address)
                         if message.finish_reason and not kv_params:
                             # This pod computed the prompt: its count is the truth.
                             await self._core.report_prefill(

@@ -171,6 +171,31 @@ async def test_aggregated_session_sticks_and_reports_cached_tokens():
         _metrics(metrics), "tandem_routing_prediction_total", 'outcome="over"') == 3
 
 
+class DecodingStub(FakeStub):
+    """A token first, then the final message: a request that decodes."""
+
+    def Generate(self, req, **_):
+        call = super().Generate(req)
+        return _Call([pb.GenerateResponse(token_ids=[7], text="h")] + call._messages)
+
+
+async def test_a_decoding_request_holds_a_slot_but_no_pending_prefill():
+    # Pending prefill tokens are work queued ahead of the next request's first
+    # token; once this prompt's first token is out, a decode step is all it
+    # costs there. Holding them until the end made a pod with long decodes look
+    # busy, and the cost policy spread sub-agent forks off their parent's KV.
+    orch, _, core = _setup([("both", DecodingStub())])
+    stream = orch.stream(_request(n=100))
+    first = await anext(stream)
+    assert first.token_ids == [7]
+    (load,) = (await core.state.loads()).values()
+    assert (load.in_flight, load.pending_prefill_tokens) == (1, 0)
+    rest = [m async for m in stream]
+    assert rest[-1].finish_reason == "stop"
+    (load,) = (await core.state.loads()).values()
+    assert (load.in_flight, load.pending_prefill_tokens) == (0, 0)
+
+
 async def test_retention_hint_goes_to_the_engine_that_writes_the_kv():
     from services.router.retention import RetentionSettings, SessionRetention
 

@@ -218,6 +218,9 @@ class RoutingCore:
 
         Frees the pod's pending prefill tokens; a P/D prefill pod's request slot too.
         Compares prediction and report, and unlearns blocks the pod did not have.
+        An aggregated pod's prompt is done at its first token, but its count
+        comes with the last: call at the first with None (frees the load at
+        once; a decoding request is not queued prefill work), again at the end.
         """
         pod = pod or decision.prefill_on
         self.health.record_success(pod, now)
@@ -228,7 +231,8 @@ class RoutingCore:
             requests = 0
             if pod == decision.prefill_pod and pod != decision.decode_pod:
                 requests, held[0] = held[0], 0
-            await self.state.add_load(pod, -requests, -tokens)
+            if requests or tokens:
+                await self.state.add_load(pod, -requests, -tokens)
         if cached_tokens is None:
             return
         predicted = decision.predicted_cached_tokens
