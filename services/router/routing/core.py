@@ -217,7 +217,9 @@ class RoutingCore:
         """The prompt's KV is computed: the engine's reported cached_tokens (None if unknown).
 
         Frees the pod's pending prefill tokens; a P/D prefill pod's request slot too.
-        Compares prediction and report, and unlearns blocks the pod did not have.
+        Compares prediction and report (metrics only: a pod that lacked blocks the
+        index believed it held has just recomputed them, so the index is right
+        again; forgetting them made the session's next turn under-predicted).
         An aggregated pod's prompt is done at its first token, but its count
         comes with the last: call at the first with None (frees the load at
         once; a decoding request is not queued prefill work), again at the end.
@@ -241,14 +243,6 @@ class RoutingCore:
         outcome = "exact" if cached_tokens == predicted else (
             "over" if predicted > cached_tokens else "under")
         self.metrics.prediction.labels(outcome).inc()
-        if cached_tokens < predicted:
-            # The pod lacks blocks the index believed it held (lost removals,
-            # expired predictions): forget them for this pod.
-            first = cached_tokens // self.settings.block_size
-            last = predicted // self.settings.block_size
-            stale = decision.block_hashes[first:last]
-            self.index.removed(pod, stale)
-            self.index.forget_predictions(pod, stale)
 
     async def report_failure(self, decision: RouteDecision, pod: str, now: float) -> None:
         """A call to ``pod`` failed (connect error, engine error before the first byte)."""

@@ -149,14 +149,6 @@ class PrefixIndex:
             (old_bit, _), _ = predicted.popitem(last=False)
             self._predicted_per_bit[old_bit] -= 1
 
-    def forget_predictions(self, pod: str, hashes: Iterable[int]) -> None:
-        bit = self._bits.get(pod)
-        if bit is None:
-            return
-        for h in hashes:
-            if self._predicted.pop((bit, h), None) is not None:
-                self._predicted_per_bit[bit] -= 1
-
     def expire_predictions(self, now: float) -> None:
         """Drop expired predictions (oldest first; refreshes move keys to the end)."""
         predicted = self._predicted

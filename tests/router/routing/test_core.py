@@ -26,10 +26,11 @@ async def test_predicted_index_for_pods_without_events():
     d2 = await core.route(RouteRequest(tokens + list(range(100, 110)), session="s"), now=2.0)
     assert d2.decode_pod == d1.decode_pod and d2.reason == "sticky"
     assert d2.predicted_cached_tokens == 40
-    # The engine says it had less: the index unlearns the blocks it lacked.
+    # The engine says it had less: counted as "over", but the pod has just
+    # computed the whole prompt, so the index keeps every block of it.
     await core.report_prefill(d2, 20, now=3.0)
     await core.release(d2)
-    assert core.index.match(d2.block_hashes, 4.0)[d1.decode_pod] == 20 // BS
+    assert core.index.match(d2.block_hashes, 4.0)[d1.decode_pod] == 50 // BS
     text = generate_latest(core.metrics.registry).decode()
     assert 'tandem_routing_prediction_total{outcome="over"} 1.0' in text
     assert "tandem_routing_decisions_total" in text
