@@ -49,10 +49,31 @@ class Contender:
     # vllm-router's kv_aware subscribes to the engines' KV events (Tandem's
     # router always does: that is its configuration in `tandem up`).
     kv_events: bool = False
+    # Tandem router flags of a variant, e.g. ("--move-cost-factor", "1.0"):
+    # `tandem:cost+move-cost-factor=1.0` on the command line.
+    flags: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
-        return f"{self.router}:{self.policy}"
+        variant = "".join(f"+{self.flags[i][2:]}={self.flags[i + 1]}"
+                          for i in range(0, len(self.flags), 2))
+        return f"{self.router}:{self.policy}{variant}"
+
+
+def parse_variant(name: str, known: dict[str, Contender]) -> Contender | None:
+    """``tandem:POLICY+FLAG=VALUE+...``: a Tandem policy with router flags, so
+    a setting can be compared with the default on the same engines in one run."""
+    base, *settings = name.split("+")
+    c = known.get(base)
+    if c is None or c.router != "tandem" or not settings:
+        return None
+    flags: list[str] = []
+    for setting in settings:
+        flag, sep, value = setting.partition("=")
+        if not sep or not flag or not value:
+            return None
+        flags += [f"--{flag}", value]
+    return replace(c, flags=tuple(flags))
 
 
 CONTENDERS = (
@@ -160,7 +181,7 @@ class PolicyBench:
         """Start one router, replay the trace through it, stop it."""
         from tandem.stack import wait_http_ok
 
-        name = f"{c.router}-{c.policy}" + (f"-run{rep + 1}" if self.a.repeat > 1 else "")
+        name = c.name.replace(":", "-") + (f"-run{rep + 1}" if self.a.repeat > 1 else "")
         proc, _ = procs.launch(name, argv, set(os.sched_getaffinity(0)))  # its log: name.log
         try:
             wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
@@ -190,7 +211,7 @@ class PolicyBench:
             procs = Processes(state)
             for rep, c in self.each_router(contenders):
                 port = free_port()
-                argv = stack.router_argv(port, ["--policy", c.policy])
+                argv = stack.router_argv(port, ["--policy", c.policy, *c.flags])
                 self.run_router(procs, c, argv, port, regime, rep)
         except Exception as e:
             self._failed(f"{regime.name} Tandem engines", e)
@@ -314,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "context (24 × 128 tokens) plus vLLM's null block, the least an "
                          "engine starts with (default: %(default)s)")
     ap.add_argument("--contenders", default=",".join(c.name for c in CONTENDERS),
-                    help="router:policy list, in order (default: all: %(default)s)")
+                    help="router:policy list, in order (default: all: %(default)s); a Tandem "
+                         "variant adds router flags: tandem:cost+move-cost-factor=1.0")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per contender and regime, each with a fresh content salt "
                          "(which pods hash-based policies pick changes with it); the "
@@ -338,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [r for r in a.regimes.split(",") if r]
     by_name = {c.name: c for c in (*CONTENDERS, *EXTRA_CONTENDERS)}
     contenders = [c for c in a.contenders.split(",") if c]
+    for name in contenders:
+        if name not in by_name and (variant := parse_variant(name, by_name)):
+            by_name[name] = variant
     unknown = [n for n in chosen if n not in regimes] + [c for c in contenders
                                                         if c not in by_name]
     if a.repeat < 1:

@@ -86,3 +86,20 @@ def test_repeated_runs_are_averaged_with_their_hit_range():
 def test_unknown_contender_fails_before_any_engine_starts(capsys):
     assert rp.main(["--contenders", "tandem:cost,vllm-router:magic"]) == 2
     assert "vllm-router:magic" in capsys.readouterr().err
+
+
+def test_tandem_variant_carries_router_flags():
+    known = {c.name: c for c in rp.CONTENDERS}
+    v = rp.parse_variant("tandem:cost+move-cost-factor=1.0+eviction-cost-factor=0", known)
+    assert v.flags == ("--move-cost-factor", "1.0", "--eviction-cost-factor", "0")
+    assert v.name == "tandem:cost+move-cost-factor=1.0+eviction-cost-factor=0"
+    assert rp.parse_variant("vllm-router:cache_aware+x=1", known) is None  # Tandem only
+    assert rp.parse_variant("tandem:cost+move-cost-factor", known) is None  # no value
+
+
+def test_router_accepts_the_move_cost_factor():
+    from services.router.config import build_parser
+    from services.router.routing.settings import routing_settings_from_args
+
+    args = build_parser().parse_args(["--engine", "127.0.0.1:1", "--move-cost-factor", "1.0"])
+    assert routing_settings_from_args(args).policy.move_cost_factor == 1.0

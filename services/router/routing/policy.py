@@ -121,6 +121,10 @@ class PolicySettings:
             raise ValueError("kv_high_watermark must be in (0, 1]")
         if self.eviction_cost_factor < 0:
             raise ValueError("eviction_cost_factor must be >= 0")
+        if self.kv_pressure_tokens < 0:
+            raise ValueError("kv_pressure_tokens must be >= 0")
+        if self.move_cost_factor < 0:
+            raise ValueError("move_cost_factor must be >= 0")
         if self.load_bound_factor < 1:
             raise ValueError("load_bound_factor must be >= 1")
 

@@ -103,6 +103,16 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
                    default=float(_env("eviction_cost_factor", 1.0)),
                    help="cost policy: weight of live sessions' cached tokens a placement "
                         "would evict (recomputed on their next turn); 0 ignores KV capacity")
+    g.add_argument("--move-cost-factor", type=float,
+                   default=float(_env("move_cost_factor", PolicySettings.move_cost_factor)),
+                   help="cost policy: how strongly a session (or a sub-agent fork) stays "
+                        "with the pod holding its context: the cost of moving, per token "
+                        "of that context the other pod lacks")
+    g.add_argument("--kv-pressure-tokens", type=float,
+                   default=float(_env("kv_pressure_tokens", PolicySettings.kv_pressure_tokens)),
+                   help="cost policy: the load, in prompt tokens, of a pod whose KV usage is "
+                        "full (scaled from the 90%% watermark, and by the share of the request "
+                        "the pod must allocate)")
     g.add_argument("--live-session-window", dest="live_session_window_s", type=float,
                    default=float(_env("live_session_window", 300.0)), metavar="SECONDS",
                    help="a session counts as live (its KV worth keeping) until idle this long")
@@ -116,7 +126,9 @@ def routing_settings_from_args(args: argparse.Namespace) -> RoutingSettings:
         policy=PolicySettings(policy=args.routing_policy,
                               remote_prefill_threshold=args.remote_prefill_threshold,
                               prefill_tokens_per_s=args.prefill_tokens_per_s,
-                              eviction_cost_factor=args.eviction_cost_factor),
+                              eviction_cost_factor=args.eviction_cost_factor,
+                              move_cost_factor=args.move_cost_factor,
+                              kv_pressure_tokens=args.kv_pressure_tokens),
         block_size=args.routing_block_size,
         hash_algo=args.routing_hash_algo,
         index_capacity=args.routing_index_capacity,
