@@ -64,8 +64,9 @@ class RouteDecision:
     predicted_ttft_s: float
     session: str | None = None
     num_tokens: int = 0
-    # Bookkeeping for report_prefill/release: load this decision still holds.
+    # The prompt's block hashes (the KV retention hint names them).
     block_hashes: list[int] = field(default_factory=list, repr=False)
+    # Bookkeeping for report_prefill/release: load this decision still holds.
     _held: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
