@@ -103,9 +103,11 @@ class PolicySettings:
     kv_pressure_tokens: float = 4_096.0
     stickiness_margin_tokens: float = 256.0
     # Per token of prefix the other pod lacks (see _move_cost). 1.0 (held
-    # twice = recomputed once more) measured no better than 0.5: tight 74.4%
-    # vs 77.2% mean hit, ample 84.4% vs 83.8% (bench/router_policies.py
-    # --repeat 3; run-to-run spread is larger than either difference).
+    # twice = recomputed once more) measured no better than 0.5 beside it on
+    # the same engines: tight 74.9% vs 76.2% mean hit, ample 85.3% both
+    # (bench/router_policies.py --repeat 3 --contenders
+    # tandem:cost,tandem:cost+move-cost-factor=1.0; tight runs land on 74-75%
+    # or 79.5% by which sessions share a pod, not by this factor).
     move_cost_factor: float = 0.5
     load_bound_factor: float = 1.25
     remote_prefill_threshold: int = 256

@@ -97,10 +97,10 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
                    help="a Redis call slower than this counts as Redis lost: the router "
                         "serves on local state and re-syncs when Redis answers again")
     g.add_argument("--remote-prefill-threshold", type=int,
-                   default=int(_env("remote_prefill_threshold", 256)),
+                   default=int(_env("remote_prefill_threshold", PolicySettings.remote_prefill_threshold)),
                    help="P/D: below this many uncached tokens the decode pod prefills locally")
     g.add_argument("--eviction-cost-factor", type=float,
-                   default=float(_env("eviction_cost_factor", 1.0)),
+                   default=float(_env("eviction_cost_factor", PolicySettings.eviction_cost_factor)),
                    help="cost policy: weight of live sessions' cached tokens a placement "
                         "would evict (recomputed on their next turn); 0 ignores KV capacity")
     g.add_argument("--move-cost-factor", type=float,
@@ -117,7 +117,7 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
                    default=float(_env("live_session_window", 300.0)), metavar="SECONDS",
                    help="a session counts as live (its KV worth keeping) until idle this long")
     g.add_argument("--prefill-tokens-per-s", type=float,
-                   default=float(_env("prefill_tokens_per_s", 2000.0)),
+                   default=float(_env("prefill_tokens_per_s", PolicySettings.prefill_tokens_per_s)),
                    help="a pod's prefill speed, to turn costs into predicted TTFT")
 
 
