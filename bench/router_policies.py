@@ -145,13 +145,13 @@ class PolicyBench:
         self.runs: list[dict] = []  # every finished run, kept if interrupted
 
     def stack_config(self, regime: Regime, state: Path):
-        from tandem.stack import StackConfig, free_port
+        from tandem.stack import StackConfig
 
         blocks = [] if regime.kv_blocks is None else [
             "--num-gpu-blocks-override", str(regime.kv_blocks)]
         # No KV store: this compares routers, so a miss is a recompute for all.
-        return StackConfig(prefill=0, decode=0, aggregated=2, kv_store=False,
-                           router_port=free_port(), kv_cache_gib=1,
+        return StackConfig(prefill=0, decode=0, aggregated=self.a.engines, kv_store=False,
+                           router=False, kv_cache_gib=1,
                            max_model_len=self.a.max_model_len, state_dir=state,
                            engine_args=blocks)
 
@@ -228,7 +228,7 @@ class PolicyBench:
         try:
             engines = []
             t0 = time.time()
-            for i, cpu in enumerate(_cpus_for(2)):
+            for i, cpu in enumerate(_cpus_for(self.a.engines)):
                 port = free_port()
                 events, endpoints = kv_events_flags(HOST, free_port(), free_port())
                 argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -341,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="runs per contender and regime, each with a fresh content salt "
                          "(which pods hash-based policies pick changes with it); the "
                          "table reports means and the hit-rate range (default 1)")
+    ap.add_argument("--engines", type=int, default=2,
+                    help="engines per router (default 2). With 1 every policy sends "
+                         "everything to the one engine: the rows compare the front-end "
+                         "paths alone (Tandem's router + gRPC engine host vs a Rust "
+                         "router + vLLM's HTTP server)")
     ap.add_argument("--concurrency", type=int, default=4, help="agent lanes (default 4)")
     ap.add_argument("--sessions", type=int, default=4, help="sessions of the small profile")
     ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
@@ -365,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             by_name[name] = variant
     unknown = [n for n in chosen if n not in regimes] + [c for c in contenders
                                                         if c not in by_name]
-    if a.repeat < 1:
-        print("--repeat must be at least 1", file=sys.stderr)
+    if a.repeat < 1 or a.engines < 1:
+        print("--repeat and --engines must be at least 1", file=sys.stderr)
         return 2
     if unknown:
         print(f"unknown regime(s)/contender(s): {unknown}; regimes: {sorted(regimes)}; "
@@ -397,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     table = summary_table(runs, stats.get("reuse_bound_engine128"))
     notes = [f"Trace: small profile, {stats['sessions']} sessions, {stats['requests']} "
              f"requests, input p50 {stats['in_p50']:.0f} tokens; concurrency "
-             f"{a.concurrency}; engines: 2 × vLLM CPU, --max-model-len {a.max_model_len}, "
+             f"{a.concurrency}; engines: {a.engines} × vLLM CPU, --max-model-len {a.max_model_len}, "
              f"tight = {a.tight_blocks} blocks of {a.block_size} tokens per engine, "
              f"ample = 1 GiB per engine.", *bench.problems]
     out.mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,9 @@ class StackConfig:
     kv_store_disk: str = "8GB"
     kv_store_args: dict[str, object] = field(default_factory=dict)  # KvStoreSettings fields
     router_args: list[str] = field(default_factory=list)  # passed to the router
+    # False: engines only (benchmarks that start their own routers in front of
+    # them; an idle router would still poll the engines and use CPU).
+    router: bool = True
     # Engines publish KV events (ZMQ) so the router's prefix index is exact;
     # without them the router predicts each pod's cache from its own choices.
     kv_events: bool = True
@@ -217,6 +220,8 @@ class Stack:
             self.write_state()
             for proc, _ in engines:
                 self._wait_engine(proc, deadline)
+            if not c.router:
+                return
             router = Proc(name="router", log=str(c.state_dir / "router.log"),
                           url=self.router_url,
                           argv=self.router_argv(c.router_port, c.router_args))
