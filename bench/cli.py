@@ -73,7 +73,9 @@ def _add_replay_args(p: argparse.ArgumentParser, endpoint: bool = True) -> None:
                                    "without it a synthetic trace is generated")
     if endpoint:
         p.add_argument("--url", default=DEFAULT_URL,
-                       help=f"OpenAI-compatible base URL (default {DEFAULT_URL}, the router)")
+                       help=f"OpenAI-compatible base URL (default {DEFAULT_URL}, the router); "
+                            "several, comma-separated, take requests in turn (router "
+                            "replicas behind a per-request balancer)")
         p.add_argument("--model", help="model name to request (default: the first of "
                                        "GET /v1/models)")
     p.add_argument("--tokenizer", help="Hugging Face model folder whose tokenizer and chat "
@@ -197,6 +199,7 @@ def _tokenizer(a: argparse.Namespace):
 
 def served_model(url: str, timeout: float = 30.0) -> str:
     import httpx
+    url = url.split(",")[0].strip()  # several replicas serve the same model
     try:
         r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout)
         r.raise_for_status()

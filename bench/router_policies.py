@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -110,10 +111,14 @@ def contender_argv(c: Contender, port: int, engines: list[HttpEngine], model_dir
                    block_size: int) -> list[str]:
     """vllm-router / sglang-router in front of the HTTP engines. kv_aware gets
     the engines' KV events and session affinity (its best configuration)."""
+    from tandem.stack import free_port
+
     spec = ROUTERS[c.router]
     urls = [e.url for e in engines]
     common = ["--host", HOST, "--port", str(port), "--worker-urls", *urls,
-              "--policy", c.policy, "--worker-startup-check-interval", "1"]
+              "--policy", c.policy, "--worker-startup-check-interval", "1",
+              # its own metrics port: replicas must not collide on the default
+              "--prometheus-host", HOST, "--prometheus-port", str(free_port())]
     if c.router == "sglang-router":
         return [find_binary(spec), "launch", *common, "--log-level", "warn"]
     argv = [find_binary(spec), *common, "--log-level", "warning"]
@@ -176,23 +181,33 @@ class PolicyBench:
         drift in the machine's state spreads over all of them."""
         return [(rep, c) for rep in range(self.a.repeat) for c in contenders]
 
-    def run_router(self, procs: Processes, c: Contender, argv: list[str], port: int,
+    def run_router(self, procs: Processes, c: Contender, argv_for: Callable[[int], list[str]],
                    regime: Regime, rep: int) -> None:
-        """Start one router, replay the trace through it, stop it."""
-        from tandem.stack import wait_http_ok
+        """Start the router (``--replicas`` processes of it, each from
+        ``argv_for(port)``), replay the trace through it, stop it."""
+        from tandem.stack import free_port, wait_http_ok
 
         name = c.name.replace(":", "-") + (f"-run{rep + 1}" if self.a.repeat > 1 else "")
-        proc, _ = procs.launch(name, argv, set(os.sched_getaffinity(0)))  # its log: name.log
+        started = []
         try:
-            wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
-                         time.monotonic() + 120)
-            run = self.replay(c.name, f"http://{HOST}:{port}", regime, rep)
+            for i in range(self.a.replicas):
+                port = free_port()
+                replica = name if self.a.replicas == 1 else f"{name}-replica{i}"
+                proc, _ = procs.launch(replica, argv_for(port),  # its log: <replica>.log
+                                       set(os.sched_getaffinity(0)))
+                started.append((proc, port))
+            for proc, port in started:
+                wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
+                             time.monotonic() + 120)
+            urls = ",".join(f"http://{HOST}:{port}" for _, port in started)
+            run = self.replay(c.name, urls, regime, rep)
             if run:
                 self.runs.append(run)
                 if run["summary"].get("interrupted"):
                     raise KeyboardInterrupt  # Ctrl-C / SIGTERM: stop, keep what ran
         finally:
-            procs.stop(proc)
+            for proc, _ in started:
+                procs.stop(proc)
 
     def _failed(self, what: str, e: BaseException) -> None:
         self.problems.append(f"**{what}: not measured** — {type(e).__name__}: {e}")
@@ -200,22 +215,30 @@ class PolicyBench:
 
     # -- Tandem: its engine hosts over gRPC, one router process per policy ----
     def tandem_runs(self, regime: Regime, contenders: list[Contender]) -> None:
-        from tandem.stack import Stack, free_port
+        from tandem.stack import Stack
 
         state = Path(tempfile.mkdtemp(prefix=f"tandem-policies-{regime.name}-"))
         stack = Stack(self.stack_config(regime, state))
+        procs = Processes(state)
         t0 = time.time()
         try:
             stack.start()
             _log(f"{regime.name}: Tandem engines up in {time.time() - t0:.0f}s")
-            procs = Processes(state)
+            # Replicas share session bindings and in-flight load through Redis.
+            redis = start_redis(procs) if self.a.replicas > 1 else None
             for rep, c in self.each_router(contenders):
-                port = free_port()
-                argv = stack.router_argv(port, ["--policy", c.policy, *c.flags])
-                self.run_router(procs, c, argv, port, regime, rep)
+                shared = []
+                if redis is not None:
+                    redis.flushall()  # no run inherits another's bindings
+                    shared = ["--redis-url", redis_url(redis)]
+
+                def argv_for(port: int, c: Contender = c, shared: list[str] = shared):
+                    return stack.router_argv(port, ["--policy", c.policy, *c.flags, *shared])
+                self.run_router(procs, c, argv_for, regime, rep)
         except Exception as e:
             self._failed(f"{regime.name} Tandem engines", e)
         finally:
+            procs.stop_all()
             stack.stop()
 
     # -- Rust routers: vLLM's own HTTP server, same engine flags --------------
@@ -243,13 +266,45 @@ class PolicyBench:
                 wait_http_ok(f"{e.url}/health", e.proc, time.monotonic() + cfg.startup_timeout_s)
             _log(f"{regime.name}: vLLM HTTP engines up in {time.time() - t0:.0f}s")
             for rep, c in self.each_router(contenders):
-                port = free_port()
-                argv = contender_argv(c, port, engines, self.model_dir, self.a.block_size)
-                self.run_router(procs, c, argv, port, regime, rep)
+                def argv_for(port: int, c: Contender = c) -> list[str]:
+                    return contender_argv(c, port, engines, self.model_dir, self.a.block_size)
+                self.run_router(procs, c, argv_for, regime, rep)
         except Exception as e:
             self._failed(f"{regime.name} vLLM HTTP engines", e)
         finally:
             procs.stop_all()
+
+
+def start_redis(procs: Processes):
+    """A redis-server for Tandem's router replicas (no persistence); a client to it."""
+    import shutil
+
+    import redis
+
+    from tandem.stack import free_port
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("--replicas > 1 needs redis-server (make apt)")
+    port = free_port()
+    proc, popen = procs.launch("redis", [binary, "--port", str(port), "--bind", HOST,
+                                         "--save", "", "--appendonly", "no"],
+                               set(os.sched_getaffinity(0)))
+    client = redis.Redis(host=HOST, port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return client
+        except redis.ConnectionError:
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start (log: {proc.log})") from None
+            time.sleep(0.05)
+
+
+def redis_url(client) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/0"
 
 
 def run_dir(out: Path, regime: str, rep: int, repeats: int) -> Path:
@@ -346,6 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "everything to the one engine: the rows compare the front-end "
                          "paths alone (Tandem's router + gRPC engine host vs a Rust "
                          "router + vLLM's HTTP server)")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="router processes per contender (default 1); the replay sends "
+                         "requests to them in turn, as an Ingress does. Tandem's replicas "
+                         "share state through a redis-server this starts; the Rust "
+                         "routers' replicas share nothing")
     ap.add_argument("--concurrency", type=int, default=4, help="agent lanes (default 4)")
     ap.add_argument("--sessions", type=int, default=4, help="sessions of the small profile")
     ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
@@ -370,8 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             by_name[name] = variant
     unknown = [n for n in chosen if n not in regimes] + [c for c in contenders
                                                         if c not in by_name]
-    if a.repeat < 1 or a.engines < 1:
-        print("--repeat and --engines must be at least 1", file=sys.stderr)
+    if min(a.repeat, a.engines, a.replicas) < 1:
+        print("--repeat, --engines and --replicas must be at least 1", file=sys.stderr)
         return 2
     if unknown:
         print(f"unknown regime(s)/contender(s): {unknown}; regimes: {sorted(regimes)}; "
@@ -402,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     table = summary_table(runs, stats.get("reuse_bound_engine128"))
     notes = [f"Trace: small profile, {stats['sessions']} sessions, {stats['requests']} "
              f"requests, input p50 {stats['in_p50']:.0f} tokens; concurrency "
-             f"{a.concurrency}; engines: {a.engines} × vLLM CPU, --max-model-len {a.max_model_len}, "
+             f"{a.concurrency}; router replicas: {a.replicas}; engines: {a.engines} × vLLM CPU, --max-model-len {a.max_model_len}, "
              f"tight = {a.tight_blocks} blocks of {a.block_size} tokens per engine, "
              f"ample = 1 GiB per engine.", *bench.problems]
     out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import signal
 import time
@@ -38,7 +40,9 @@ from .trace import Entry, Request, Session, Subagent
 
 @dataclass
 class ReplayConfig:
-    url: str                         # base URL, e.g. http://127.0.0.1:8000
+    # Base URL, e.g. http://127.0.0.1:8000. Several, comma-separated: requests
+    # go to them in turn, as an Ingress spreads them over router replicas.
+    url: str
     model: str
     concurrency: int = 4
     think_scale: float = 1.0
@@ -304,8 +308,9 @@ class Replayer:
         started_at = time.time()
         self.t0 = time.perf_counter()
         try:
-            async with httpx.AsyncClient(base_url=cfg.url, timeout=timeout,
-                                         limits=limits) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                client = Spread([await stack.enter_async_context(httpx.AsyncClient(
+                    base_url=url, timeout=timeout, limits=limits)) for url in _urls(cfg.url)])
                 tasks = [asyncio.create_task(self._lane(client, i, queue))
                          for i in range(cfg.concurrency)]
                 watchdog = None
@@ -335,6 +340,24 @@ class Replayer:
                             started_at=started_at, duration_s=duration,
                             interrupted=interrupted, salt=self.salt,
                             sessions_done=self.sessions_done)
+
+
+def _urls(url: str) -> list[str]:
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    if not urls:
+        raise ValueError(f"no URL in {url!r}")
+    return urls
+
+
+class Spread:
+    """Stands in for one ``httpx.AsyncClient``: each request goes to the next
+    client in turn (per request, as ingress-nginx balances its upstreams)."""
+
+    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
+        self._next = itertools.cycle(clients)
+
+    def stream(self, *args: Any, **kwargs: Any):
+        return next(self._next).stream(*args, **kwargs)
 
 
 def _config_json(cfg: ReplayConfig) -> dict[str, Any]:
