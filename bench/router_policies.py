@@ -20,13 +20,6 @@ set, which sessions share a pod decides much of the hit rate, and that changes
 with the salt for hash-based policies: one run per contender is noisy (the same
 hash-sticky policy measured 58% and 76%); ``--repeat`` runs every contender N
 times, round by round, and the table gives means and the hit-rate range.
-
-``--replicas 2`` deploys every router as two processes with the replay's
-requests alternating between them (an Ingress in front of a two-replica
-Deployment): Tandem's replicas share session bindings and load through Redis,
-the Rust routers' replicas each see half of every session. ``--engines 1``
-puts one engine behind each router, so every policy routes alike and the rows
-compare the front-end paths alone.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from services.router.routing.delivery import DeliveredHits
 from services.router.routing.events import KvEventSubscriber
 from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
@@ -86,7 +85,6 @@ class RoutingCore:
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
         self.index = PrefixIndex(settings.index_capacity)
         self.live = LiveSessions(settings.live_session_window_s)
-        self.delivered = DeliveredHits(settings.miss_memory_s)
         for p in pods:
             self.index.add_pod(p.name)
         self.policy = Policy(settings.policy)
@@ -170,34 +168,28 @@ class RoutingCore:
         loads = self._seen_loads = await self.state.loads()
         bs = self.settings.block_size
         views = []
-        index_cached = {}  # what the index predicts, before the delivery discount
         for name, spec in self.pods.items():
             st = self.status[name]
             load = loads.get(name)
-            blocks = matched.get(name, 0)
-            index_cached[name] = predicted_cached_tokens(blocks, n, bs)
             views.append(PodView(
                 name=name, role=spec.role,
                 available=self.available(name, now) and name not in req.exclude,
                 in_flight=load.in_flight if load else 0,
                 pending_prefill_tokens=load.pending_prefill_tokens if load else 0,
                 running=st.running, waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
-                cached_tokens=predicted_cached_tokens(
-                    self.delivered.discount(name, blocks, now), n, bs),
-                kv_free_tokens=self._kv_free_tokens(name, req.session, hashes[:blocks])))
+                cached_tokens=predicted_cached_tokens(matched.get(name, 0), n, bs),
+                kv_free_tokens=self._kv_free_tokens(name, req.session,
+                                                    hashes[:matched.get(name, 0)])))
         choice = self.policy.choose(RouteInput(n, views, req.session, binding, now))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route session=%s tokens=%d -> %s prefill=%s (%s) cached=%s free=%s "
-                      "costs=%s delivered=%s", req.session, n, choice.pod, choice.prefill_pod,
-                      choice.reason, index_cached,
+                      "costs=%s", req.session, n, choice.pod, choice.prefill_pod, choice.reason,
+                      {v.name: v.cached_tokens for v in views},
                       {v.name: v.kv_free_tokens for v in views},
-                      {k: round(v) for k, v in choice.costs.items()},
-                      {v.name: round(self.delivered.share(v.name, now), 2) for v in views})
-        computes = choice.prefill_pod or choice.pod
+                      {k: round(v) for k, v in choice.costs.items()})
         decision = RouteDecision(choice.prefill_pod, choice.pod, choice.reason,
-                                 index_cached[computes], choice.predicted_ttft_s,
+                                 choice.predicted_cached_tokens, choice.predicted_ttft_s,
                                  req.session, n, hashes)
-        # Held as pending prefill: what the pod is expected to compute.
         uncached = max(0, n - choice.predicted_cached_tokens)
         await self._hold(decision, decision.prefill_on, 1, uncached)
         if decision.prefill_pod is not None:
@@ -226,10 +218,9 @@ class RoutingCore:
         """The prompt's KV is computed: the engine's reported cached_tokens (None if unknown).
 
         Frees the pod's pending prefill tokens; a P/D prefill pod's request slot too.
-        Compares prediction and report: metrics, and the share of predicted hits
-        the pod delivers (delivery.py). The index keeps the blocks: a pod that
-        lacked blocks it believed held has just recomputed them, so it is right
-        again (forgetting them made the session's next turn under-predicted).
+        Compares prediction and report (metrics only: a pod that lacked blocks the
+        index believed it held has just recomputed them, so the index is right
+        again; forgetting them made the session's next turn under-predicted).
         An aggregated pod's prompt is done at its first token, but its count
         comes with the last: call at the first with None (frees the load at
         once; a decoding request is not queued prefill work), again at the end.
@@ -253,7 +244,6 @@ class RoutingCore:
         outcome = "exact" if cached_tokens == predicted else (
             "over" if predicted > cached_tokens else "under")
         self.metrics.prediction.labels(outcome).inc()
-        self.delivered.observe(pod, predicted, cached_tokens, now)
 
     async def report_failure(self, decision: RouteDecision, pod: str, now: float) -> None:
         """A call to ``pod`` failed (connect error, engine error before the first byte)."""

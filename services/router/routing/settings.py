@@ -38,9 +38,6 @@ class RoutingSettings:
     session_ttl_s: float = 3600.0
     # A session idle this long stops counting as needing its KV (live.py).
     live_session_window_s: float = 300.0
-    # Half-life of a pod's record of delivering fewer cached tokens than
-    # predicted (delivery.py); 0 takes the index's predictions as they are.
-    miss_memory_s: float = 60.0
     replica_id: str | None = None
 
     def validate(self) -> None:
@@ -51,8 +48,6 @@ class RoutingSettings:
         if self.live_session_window_s <= 0:
             raise ValueError(f"--live-session-window {self.live_session_window_s:g}: "
                              "must be positive")
-        if self.miss_memory_s < 0:
-            raise ValueError(f"--miss-memory {self.miss_memory_s:g}: must be >= 0")
         if self.redis_timeout_s <= 0:
             raise ValueError(f"--redis-timeout {self.redis_timeout_s:g}: must be positive")
         pods = [s.pod for s in self.kv_events]
@@ -121,13 +116,6 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--live-session-window", dest="live_session_window_s", type=float,
                    default=float(_env("live_session_window", 300.0)), metavar="SECONDS",
                    help="a session counts as live (its KV worth keeping) until idle this long")
-    g.add_argument("--miss-memory", dest="miss_memory_s", type=float,
-                   default=float(_env("miss_memory", RoutingSettings.miss_memory_s)),
-                   metavar="SECONDS",
-                   help="cost policy: a pod that delivers fewer cached tokens than the index "
-                        "predicted (KV evicted while requests queue) has its predicted hits "
-                        "discounted by the share it delivers; the record fades with this "
-                        "half-life (0: never discount)")
     g.add_argument("--prefill-tokens-per-s", type=float,
                    default=float(_env("prefill_tokens_per_s", PolicySettings.prefill_tokens_per_s)),
                    help="a pod's prefill speed, to turn costs into predicted TTFT")
@@ -149,7 +137,6 @@ def routing_settings_from_args(args: argparse.Namespace) -> RoutingSettings:
         redis_url=args.redis_url,
         redis_timeout_s=args.redis_timeout_s,
         live_session_window_s=args.live_session_window_s,
-        miss_memory_s=args.miss_memory_s,
     )
     settings.validate()
     return settings
