@@ -92,6 +92,23 @@ def test_bounded_load_spills_from_hot_pod():
     assert all(before[k] == "c" for k in moved)
 
 
+def test_bounded_load_keeps_shares_even_with_few_sessions():
+    pods = ["a", "b"]
+    keys = [f"k{i}" for i in range(200)]
+    homed_a = [k for k in keys if bounded_load_choice(k, pods, {})[0] == "a"]
+    # One session on a: the next new session whose home is a goes to b
+    # (the bound is 1.25 sessions, not ceil(1.25) = 2).
+    assert bounded_load_choice(homed_a[0], pods, {"a": 1.0}) == ("b", True)
+    # Balanced loads: every session keeps its home.
+    for k in keys:
+        home = bounded_load_choice(k, pods, {})[0]
+        assert bounded_load_choice(k, pods, {"a": 1.0, "b": 1.0}) == (home, False)
+        assert bounded_load_choice(k, pods, {"a": 100.0, "b": 100.0}) == (home, False)
+    # A pod with more than 1.25 x the average spills; within it, the home stays.
+    assert bounded_load_choice(homed_a[0], pods, {"a": 13.0, "b": 10.0}) == ("a", False)
+    assert bounded_load_choice(homed_a[0], pods, {"a": 17.0, "b": 10.0}) == ("b", True)
+
+
 def test_round_robin_least_load_prefix():
     views = pods(dict(name="a", in_flight=3), dict(name="b", in_flight=0, cached_tokens=0),
                  dict(name="c", in_flight=1, cached_tokens=512))
