@@ -199,7 +199,9 @@ def _tokenizer(a: argparse.Namespace):
 
 def served_model(url: str, timeout: float = 30.0) -> str:
     import httpx
-    url = url.split(",")[0].strip()  # several replicas serve the same model
+
+    from bench.agentx.replay import urls
+    url = urls(url)[0]  # several replicas serve the same model
     try:
         r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout)
         r.raise_for_status()

@@ -225,12 +225,14 @@ class PolicyBench:
             stack.start()
             _log(f"{regime.name}: Tandem engines up in {time.time() - t0:.0f}s")
             # Replicas share session bindings and in-flight load through Redis.
-            redis = start_redis(procs) if self.a.replicas > 1 else None
+            redis_url = start_redis(procs) if self.a.replicas > 1 else None
             for rep, c in self.each_router(contenders):
                 shared = []
-                if redis is not None:
-                    redis.flushall()  # no run inherits another's bindings
-                    shared = ["--redis-url", redis_url(redis)]
+                if redis_url is not None:
+                    import redis
+
+                    redis.Redis.from_url(redis_url).flushall()  # no run inherits bindings
+                    shared = ["--redis-url", redis_url]
 
                 def argv_for(port: int, c: Contender = c, shared: list[str] = shared):
                     return stack.router_argv(port, ["--policy", c.policy, *c.flags, *shared])
@@ -275,8 +277,8 @@ class PolicyBench:
             procs.stop_all()
 
 
-def start_redis(procs: Processes):
-    """A redis-server for Tandem's router replicas (no persistence); a client to it."""
+def start_redis(procs: Processes) -> str:
+    """A redis-server for Tandem's router replicas (no persistence); its URL."""
     import shutil
 
     import redis
@@ -290,21 +292,16 @@ def start_redis(procs: Processes):
     proc, popen = procs.launch("redis", [binary, "--port", str(port), "--bind", HOST,
                                          "--save", "", "--appendonly", "no"],
                                set(os.sched_getaffinity(0)))
-    client = redis.Redis(host=HOST, port=port)
+    url = f"redis://{HOST}:{port}/0"
     deadline = time.monotonic() + 10
     while True:
         try:
-            client.ping()
-            return client
+            redis.Redis.from_url(url).ping()
+            return url
         except redis.ConnectionError:
             if popen.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start (log: {proc.log})") from None
             time.sleep(0.05)
-
-
-def redis_url(client) -> str:
-    kw = client.connection_pool.connection_kwargs
-    return f"redis://{kw['host']}:{kw['port']}/0"
 
 
 def run_dir(out: Path, regime: str, rep: int, repeats: int) -> Path:
@@ -462,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     table = summary_table(runs, stats.get("reuse_bound_engine128"))
     notes = [f"Trace: small profile, {stats['sessions']} sessions, {stats['requests']} "
              f"requests, input p50 {stats['in_p50']:.0f} tokens; concurrency "
-             f"{a.concurrency}; router replicas: {a.replicas}; engines: {a.engines} × vLLM CPU, --max-model-len {a.max_model_len}, "
+             f"{a.concurrency}; router replicas: {a.replicas}; engines: {a.engines} × "
+             f"vLLM CPU, --max-model-len {a.max_model_len}, "
              f"tight = {a.tight_blocks} blocks of {a.block_size} tokens per engine, "
              f"ample = 1 GiB per engine.", *bench.problems]
     out.mkdir(parents=True, exist_ok=True)

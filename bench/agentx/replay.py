@@ -310,7 +310,7 @@ class Replayer:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 client = Spread([await stack.enter_async_context(httpx.AsyncClient(
-                    base_url=url, timeout=timeout, limits=limits)) for url in _urls(cfg.url)])
+                    base_url=url, timeout=timeout, limits=limits)) for url in urls(cfg.url)])
                 tasks = [asyncio.create_task(self._lane(client, i, queue))
                          for i in range(cfg.concurrency)]
                 watchdog = None
@@ -342,7 +342,8 @@ class Replayer:
                             sessions_done=self.sessions_done)
 
 
-def _urls(url: str) -> list[str]:
+def urls(url: str) -> list[str]:
+    """The base URLs in ``ReplayConfig.url`` (comma-separated replicas)."""
     urls = [u.strip() for u in url.split(",") if u.strip()]
     if not urls:
         raise ValueError(f"no URL in {url!r}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.agentx.replay import Spread, _urls
+from bench.agentx.replay import Spread, urls
 
 
 async def test_requests_alternate_over_the_replicas():
@@ -29,7 +29,7 @@ async def test_requests_alternate_over_the_replicas():
 
 
 def test_url_lists():
-    assert _urls("http://a:1") == ["http://a:1"]
-    assert _urls("http://a:1, http://b:2,") == ["http://a:1", "http://b:2"]
+    assert urls("http://a:1") == ["http://a:1"]
+    assert urls("http://a:1, http://b:2,") == ["http://a:1", "http://b:2"]
     with pytest.raises(ValueError):
-        _urls(" , ")
+        urls(" , ")
