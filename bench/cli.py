@@ -21,12 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness import RESULTS, log, served_model
+
 DEFAULT_URL = "http://127.0.0.1:8000"
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------- arguments
@@ -192,26 +189,9 @@ def _sessions(a: argparse.Namespace):
 def _tokenizer(a: argparse.Namespace):
     from transformers import AutoTokenizer
 
-    from tandem.model import resolve_model
+    from common.model import resolve_model
     path = resolve_model(a.tokenizer)
     return AutoTokenizer.from_pretrained(str(path)), str(path)
-
-
-def served_model(url: str, timeout: float = 30.0) -> str:
-    import httpx
-
-    from bench.agentx.replay import urls
-    url = urls(url)[0]  # several replicas serve the same model
-    try:
-        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout)
-        r.raise_for_status()
-        data = r.json().get("data") or []
-    except (httpx.HTTPError, ValueError) as e:
-        raise RuntimeError(f"cannot list models at {url}/v1/models ({e}); is the "
-                           f"server up? pass --model to skip the lookup") from None
-    if not data:
-        raise RuntimeError(f"{url}/v1/models lists no model; pass --model")
-    return data[0]["id"]
 
 
 def _replay_cfg(a: argparse.Namespace, url: str = "", model: str = ""):
@@ -234,13 +214,13 @@ def _out_dir(a: argparse.Namespace, command: str) -> Path:
 def _print_summary(s: dict) -> None:
     def f(v, fmt="{:.3f}"):
         return "—" if v is None else fmt.format(v)
-    _log(f"requests {s['requests']}: ok {s['ok']}, failures {s['failures']}, "
+    log(f"requests {s['requests']}: ok {s['ok']}, failures {s['failures']}, "
          f"interrupted {s['interrupted']}")
-    _log(f"TTFT p50/p90/p99 {f(s['ttft_p50'])}/{f(s['ttft_p90'])}/{f(s['ttft_p99'])} s; "
+    log(f"TTFT p50/p90/p99 {f(s['ttft_p50'])}/{f(s['ttft_p90'])}/{f(s['ttft_p99'])} s; "
          f"ITL p50 {f(s['itl_p50'] and s['itl_p50'] * 1000, '{:.1f}')} ms; "
          f"P90 interactivity {f(s['interactivity_p90'], '{:.1f}')} tok/s/user")
     hit = "—" if s["hit_rate"] is None else f"{100 * s['hit_rate']:.1f}%"
-    _log(f"throughput {f(s['total_tokens_per_s'], '{:.0f}')} tok/s total, "
+    log(f"throughput {f(s['total_tokens_per_s'], '{:.0f}')} tok/s total, "
          f"{f(s['output_tokens_per_s'], '{:.1f}')} output tok/s; hit rate {hit}")
 
 
@@ -252,7 +232,7 @@ def cmd_generate(a) -> int:
     sessions = generate.generate(p)
     path = trace.dump(sessions, a.output)
     st = generate.trace_stats(sessions)
-    _log(f"wrote {len(sessions)} sessions, {st['requests']} requests to {path}")
+    log(f"wrote {len(sessions)} sessions, {st['requests']} requests to {path}")
     print(json.dumps(st, indent=1))
     return 0
 
@@ -271,11 +251,11 @@ def cmd_replay(a) -> int:
     tok, _ = _tokenizer(a)
     model = a.model or served_model(a.url)
     builder = PromptBuilder(tok, salt=a.salt or new_salt(), verify=not a.no_verify)
-    _log(f"building {info['stats']['requests']} prompts ({len(sessions)} sessions)")
+    log(f"building {info['stats']['requests']} prompts ({len(sessions)} sessions)")
     prompts = build_prompts(sessions, builder)
     cfg = _replay_cfg(a, a.url, model)
     out = _out_dir(a, "replay")
-    _log(f"replaying against {a.url} model {model}, concurrency {cfg.concurrency}; "
+    log(f"replaying against {a.url} model {model}, concurrency {cfg.concurrency}; "
          f"results in {out}")
     result = asyncio.run(Replayer(cfg, sessions, prompts, salt=builder.salt).run())
     run = report.make_run(a.label, result.to_json(), info)
@@ -283,7 +263,7 @@ def cmd_replay(a) -> int:
     md = report.write_report([run], out, notes=(
         ["**Interrupted:** partial results."] if result.interrupted else []))
     _print_summary(run["summary"])
-    _log(f"report: {md}")
+    log(f"report: {md}")
     if result.interrupted:
         return 130
     return 1 if run["summary"]["failures"] else 0
@@ -293,7 +273,7 @@ def cmd_report(a) -> int:
     from bench.agentx import report
     runs = report.load_runs(a.runs)
     md = report.write_report(runs, a.out, baseline=a.baseline, title=a.title)
-    _log(f"report: {md}")
+    log(f"report: {md}")
     return 0
 
 
@@ -317,9 +297,9 @@ def cmd_sweep(a) -> int:
     out = _out_dir(a, "sweep")
     base_cfg = _replay_cfg(a)
     runs = sweep.run_sweep(sessions, info, endpoints, concs, base_cfg, tok, out,
-                           served_model, log=_log)
+                           served_model, log=log)
     md = report.write_report(runs, out, baseline=baseline, title="Agentic replay sweep")
-    _log(f"report: {md}")
+    log(f"report: {md}")
     expected = len(concs) * len(endpoints)
     if len(runs) < expected or any(r["replay"]["interrupted"] for r in runs):
         return 130
@@ -334,7 +314,7 @@ def cmd_crosscheck(a) -> int:
     out = _out_dir(a, "crosscheck")
     doc = crosscheck(sessions, _replay_cfg(a, a.url, model), tok, tok_dir, out,
                      tolerance=a.tolerance, aiperf=a.aiperf,
-                     side_by_side=not a.one_after_the_other, log=_log)
+                     side_by_side=not a.one_after_the_other, log=log)
     print((out / "crosscheck.md").read_text())
     return 0 if doc["comparison"]["agree"] else 1
 
@@ -358,13 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[a.command](a)
     except (TraceError, ValueError, FileNotFoundError) as e:
-        _log(f"tandem bench {a.command}: error: {e}")
+        log(f"tandem bench {a.command}: error: {e}")
         return 2
     except RuntimeError as e:
-        _log(f"tandem bench {a.command}: error: {e}")
+        log(f"tandem bench {a.command}: error: {e}")
         return 1
     except KeyboardInterrupt:
-        _log(f"tandem bench {a.command}: interrupted")
+        log(f"tandem bench {a.command}: interrupted")
         return 130
 
 

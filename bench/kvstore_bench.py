@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,24 +28,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.engine_client import EngineClient, long_prompt
+from common.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "kvstore"))
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def start_store(state: Path, pool_size: str):
     from services.kvstore.api import store_launch, wait_ready
 
-    launch = store_launch(state, ports=_free_ports(6), pool_size=pool_size,
+    launch = store_launch(state, ports=free_ports(6), pool_size=pool_size,
                           lease_ttl_ms=500)
     log = open(state.parent / f"{state.name}.log", "wb")
     proc = subprocess.Popen(launch.argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -117,9 +108,7 @@ def store_gbps(launch, object_size: int, count: int) -> tuple[float, float]:
 # -- 2. multi-turn replay -------------------------------------------------------
 
 def start_engine(role: str, cpu: int, tmp: Path, name: str, store_flags: list[str]):
-    from engine_client import EngineClient
-
-    grpc_port, metrics_port, nixl_port = _free_ports(3)
+    grpc_port, metrics_port, nixl_port = free_ports(3)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
     log = open(tmp / f"{name}.log", "wb")
     proc = subprocess.Popen(
@@ -143,8 +132,6 @@ def start_engine(role: str, cpu: int, tmp: Path, name: str, store_flags: list[st
 
 def replay(clients, tokenizer, sessions: int, turns: int, first_tokens: int,
            turn_tokens: int) -> dict:
-    from engine_client import long_prompt
-
     ttfts, prompt_total, cached_total = [], 0, 0
     contexts = {s: long_prompt(tokenizer, first_tokens, seed=1000 + s) for s in range(sessions)}
     for t in range(turns):
@@ -166,7 +153,7 @@ def replay(clients, tokenizer, sessions: int, turns: int, first_tokens: int,
 def run_replay(args, tmp: Path, store_flags: list[str], label: str) -> dict:
     from transformers import AutoTokenizer
 
-    from tandem.model import resolve_model
+    from common.model import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None)))
     engines = []

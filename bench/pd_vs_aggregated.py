@@ -25,7 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from tandem.stack import Stack, StackConfig, free_port
+from common.ports import free_port
+from services.stack import Stack, StackConfig
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -245,8 +245,8 @@ def create_grpc_servicer(timing: Timing, model: str = MODEL_NAME, model_path: st
                          token_text: str = TOKEN_TEXT):
     import grpc
 
-    from tandem.proto import engine_pb2 as pb
-    from tandem.proto import engine_pb2_grpc as pb_grpc
+    from common.proto import engine_pb2 as pb
+    from common.proto import engine_pb2_grpc as pb_grpc
 
     class FakeEngine(pb_grpc.EngineServicer):
         def __init__(self) -> None:
@@ -297,7 +297,7 @@ async def start_grpc_server(host: str, port: int, timing: Timing, **kwargs):
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    from tandem.proto import engine_pb2_grpc as pb_grpc
+    from common.proto import engine_pb2_grpc as pb_grpc
 
     server = grpc.aio.server()
     pb_grpc.add_EngineServicer_to_server(create_grpc_servicer(timing, **kwargs), server)

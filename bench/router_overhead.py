@@ -39,12 +39,9 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,9 +49,18 @@ from typing import Any
 from orjson import loads as _loads
 
 from bench.agentx.metrics import percentile
+from bench.harness import sigterm_as_interrupt
 from bench.router_fakes import MODEL_NAME
-from tandem.stack import (Proc, StackError, free_port, group_stats, raise_if_exited,
-                          stop_process_group, wait_grpc_serving, wait_http_ok)
+from common.ports import free_port
+from common.procs import (
+    Proc,
+    ProcessError,
+    Processes,
+    group_stats,
+    raise_if_exited,
+    wait_grpc_serving,
+    wait_http_ok,
+)
 
 HOST = "127.0.0.1"
 PROMPT = "Say hello in one short sentence."
@@ -352,7 +358,7 @@ class GrpcTarget:
     async def open(self) -> None:
         import grpc
 
-        from tandem.proto import engine_pb2_grpc as pb_grpc
+        from common.proto import engine_pb2_grpc as pb_grpc
 
         self._channel = grpc.aio.insecure_channel(self.address)
         self._stub = pb_grpc.EngineStub(self._channel)
@@ -364,7 +370,7 @@ class GrpcTarget:
     async def one(self) -> Sample:
         from time import perf_counter
 
-        from tandem.proto import engine_pb2 as pb
+        from common.proto import engine_pb2 as pb
 
         start = perf_counter()
         sample = Sample()
@@ -408,7 +414,7 @@ async def wait_serving(target, deadline: float, proc: Proc | None = None) -> Non
             return
         last = sample.error
         await asyncio.sleep(0.3)
-    raise StackError(f"no successful request before the deadline; last error: {last}")
+    raise ProcessError(f"no successful request before the deadline; last error: {last}")
 
 
 async def latency_phase(routed, direct, requests: int, concurrency: int,
@@ -507,49 +513,7 @@ def _rate_worker(spec_json: str) -> int:
     return 0
 
 
-# -- processes ----------------------------------------------------------------
-
-def _pinned(cpus: set[int]):
-    def preexec() -> None:
-        os.sched_setaffinity(0, cpus)
-    return preexec
-
-
-class Processes:
-    """Every process this benchmark starts, each in its own process group,
-    pinned to given CPUs; `stop_all` (also on errors and Ctrl-C) ends them."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[tuple[Proc, subprocess.Popen]] = []
-
-    def launch(self, name: str, argv: list[str], cpus: set[int],
-               env: dict[str, str] | None = None, stdout=None) -> tuple[Proc, subprocess.Popen]:
-        log = self.log_dir / f"{name}.log"
-        proc = Proc(name=name, argv=argv, log=str(log))
-        with open(log, "wb") as log_file:
-            popen = subprocess.Popen(argv, stdout=stdout or log_file, stderr=log_file,
-                                     stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-                                     start_new_session=True, preexec_fn=_pinned(cpus))
-        proc.pid = popen.pid
-        self.procs.append((proc, popen))
-        return proc, popen
-
-    def stop(self, proc: Proc, grace_s: float = 5.0) -> None:
-        for i, (p, popen) in enumerate(self.procs):
-            if p is proc:
-                stop_process_group(p, grace_s)
-                try:
-                    popen.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
-                del self.procs[i]
-                return
-
-    def stop_all(self) -> None:
-        for proc, _ in list(reversed(self.procs)):
-            self.stop(proc)
-
+# -- CPU use -------------------------------------------------------------------
 
 def cpu_busy_seconds(cpus: list[int]) -> dict[int, float]:
     """Seconds each CPU spent busy (anything but idle and iowait) since boot,
@@ -607,7 +571,7 @@ class Bench:
         self.load_cpus = set(config.load_cpus)
         self.backends: dict[str, str] = {}  # kind -> address
         self.backend_procs: dict[str, Proc] = {}
-        from tandem.model import resolve_model
+        from common.model import resolve_model
 
         self.model_dir = str(resolve_model(None))
 
@@ -665,7 +629,7 @@ class Bench:
                 self.procs.stop(proc, grace_s=1)
             text = out_path.read_text().strip()
             if rc != 0 or not text:
-                raise StackError(f"rate client {proc.name} failed (exit {rc}); see {proc.log}")
+                raise ProcessError(f"rate client {proc.name} failed (exit {rc}); see {proc.log}")
             results.append(json.loads(text.splitlines()[-1]))
         merged = {"rps": sum(r["rps"] for r in results),
                   "completed": sum(r["completed"] for r in results),
@@ -890,19 +854,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
                   out=args.out)
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-@contextmanager
-def sigterm_as_interrupt():
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rate_worker:
@@ -918,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; stopping every process started", file=sys.stderr)
         return 130
-    except StackError as exc:
+    except ProcessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:

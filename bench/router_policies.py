@@ -36,8 +36,9 @@ from pathlib import Path
 from bench.agentx import generate, metrics, report
 from bench.agentx.replay import ReplayConfig
 from bench.agentx.sweep import Endpoint, run_sweep
-from bench.cli import RESULTS, _log, served_model
-from bench.router_overhead import ROUTERS, Processes, find_binary, sigterm_as_interrupt
+from bench.harness import RESULTS, log, served_model, sigterm_as_interrupt
+from bench.router_overhead import ROUTERS, find_binary
+from common.procs import Processes
 
 HOST = "127.0.0.1"
 BASELINE = "tandem:cost"
@@ -111,7 +112,7 @@ def contender_argv(c: Contender, port: int, engines: list[HttpEngine], model_dir
                    block_size: int) -> list[str]:
     """vllm-router / sglang-router in front of the HTTP engines. kv_aware gets
     the engines' KV events and session affinity (its best configuration)."""
-    from tandem.stack import free_port
+    from common.ports import free_port
 
     spec = ROUTERS[c.router]
     urls = [e.url for e in engines]
@@ -136,7 +137,7 @@ class PolicyBench:
     def __init__(self, a: argparse.Namespace, out: Path) -> None:
         from transformers import AutoTokenizer
 
-        from tandem.model import resolve_model
+        from common.model import resolve_model
 
         self.a = a
         self.out = out
@@ -150,7 +151,7 @@ class PolicyBench:
         self.runs: list[dict] = []  # every finished run, kept if interrupted
 
     def stack_config(self, regime: Regime, state: Path):
-        from tandem.stack import StackConfig
+        from services.stack import StackConfig
 
         blocks = [] if regime.kv_blocks is None else [
             "--num-gpu-blocks-override", str(regime.kv_blocks)]
@@ -167,7 +168,7 @@ class PolicyBench:
             runs = run_sweep(self.sessions, self.info, [endpoint],
                              [self.a.concurrency], replace(self.base), self.tokenizer,
                              run_dir(self.out, regime.name, rep, self.a.repeat),
-                             served_model, log=_log)
+                             served_model, log=log)
         except Exception as e:  # report what was measured, say what was not
             self._failed(f"{regime.name} {name} (run {rep + 1})", e)
             return None
@@ -185,7 +186,8 @@ class PolicyBench:
                    regime: Regime, rep: int) -> None:
         """Start the router (``--replicas`` processes of it, each from
         ``argv_for(port)``), replay the trace through it, stop it."""
-        from tandem.stack import free_port, wait_http_ok
+        from common.ports import free_port
+        from common.procs import wait_http_ok
 
         name = c.name.replace(":", "-") + (f"-run{rep + 1}" if self.a.repeat > 1 else "")
         started = []
@@ -211,11 +213,11 @@ class PolicyBench:
 
     def _failed(self, what: str, e: BaseException) -> None:
         self.problems.append(f"**{what}: not measured** — {type(e).__name__}: {e}")
-        _log(f"{what}: {type(e).__name__}: {e}")
+        log(f"{what}: {type(e).__name__}: {e}")
 
     # -- Tandem: its engine hosts over gRPC, one router process per policy ----
     def tandem_runs(self, regime: Regime, contenders: list[Contender]) -> None:
-        from tandem.stack import Stack
+        from services.stack import Stack
 
         state = Path(tempfile.mkdtemp(prefix=f"tandem-policies-{regime.name}-"))
         stack = Stack(self.stack_config(regime, state))
@@ -223,7 +225,7 @@ class PolicyBench:
         t0 = time.time()
         try:
             stack.start()
-            _log(f"{regime.name}: Tandem engines up in {time.time() - t0:.0f}s")
+            log(f"{regime.name}: Tandem engines up in {time.time() - t0:.0f}s")
             # Replicas share session bindings and in-flight load through Redis.
             redis_url = start_redis(procs) if self.a.replicas > 1 else None
             for rep, c in self.each_router(contenders):
@@ -245,7 +247,9 @@ class PolicyBench:
 
     # -- Rust routers: vLLM's own HTTP server, same engine flags --------------
     def http_runs(self, regime: Regime, contenders: list[Contender]) -> None:
-        from tandem.stack import engine_env, free_port, kv_events_flags, vllm_flags, wait_http_ok
+        from common.ports import free_port
+        from common.procs import wait_http_ok
+        from services.stack import engine_env, kv_events_flags, vllm_flags
 
         state = Path(tempfile.mkdtemp(prefix=f"vllm-policies-{regime.name}-"))
         cfg = self.stack_config(regime, state)
@@ -266,7 +270,7 @@ class PolicyBench:
                 engines.append(HttpEngine(f"http://{HOST}:{port}", endpoints, proc))
             for e in engines:
                 wait_http_ok(f"{e.url}/health", e.proc, time.monotonic() + cfg.startup_timeout_s)
-            _log(f"{regime.name}: vLLM HTTP engines up in {time.time() - t0:.0f}s")
+            log(f"{regime.name}: vLLM HTTP engines up in {time.time() - t0:.0f}s")
             for rep, c in self.each_router(contenders):
                 def argv_for(port: int, c: Contender = c) -> list[str]:
                     return contender_argv(c, port, engines, self.model_dir, self.a.block_size)
@@ -283,7 +287,7 @@ def start_redis(procs: Processes) -> str:
 
     import redis
 
-    from tandem.stack import free_port
+    from common.ports import free_port
 
     binary = shutil.which("redis-server")
     if binary is None:
@@ -474,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     md.write_text("# Routing policies on the same engines\n\n" + table + "\n\n"
                   + "\n\n".join(notes) + "\n")
     print(table)
-    _log(f"report: {md}")
+    log(f"report: {md}")
     if interrupted:
         return 130
     return 1 if bench.problems or any(r["summary"]["failures"] for r in runs) else 0

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from tandem.stack import (Proc, Stack, StackConfig, StackError, read_state, stop_order,
-                          stop_process_group)
+from common.procs import Proc, ProcessError, stop_process_group
+from services.stack import Stack, StackConfig, read_state, stop_order
 
 _DEFAULT_STATE = Path.home() / ".cache" / "tandem" / "run"
 
@@ -54,7 +54,7 @@ def cmd_up(args: argparse.Namespace) -> int:
           f"logs in {args.state_dir}", flush=True)
     try:
         stack.start()
-    except (StackError, RuntimeError) as exc:
+    except (ProcessError, RuntimeError) as exc:
         print(f"tandem up failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -134,7 +134,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
-    from tandem.model import main as model_main
+    from common.model import main as model_main
     return model_main(args.rest)
 
 

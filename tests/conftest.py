@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tandem.model import default_model_dir, resolve_model
-from tandem.stack import (Proc, Stack, StackConfig, engine_env, free_port, stop_process_group,
-                          vllm_flags, wait_http_ok)
+from common.model import default_model_dir, resolve_model
+from common.ports import free_port
+from common.procs import Proc, stop_process_group, wait_http_ok
+from services.stack import Stack, StackConfig, engine_env, vllm_flags
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 # Long enough that a prefill engine that never hands its KV over keeps it for

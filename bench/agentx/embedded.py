@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.agentx import generate, report
 from bench.agentx.replay import ReplayConfig
 from bench.agentx.sweep import Endpoint, run_sweep
-from bench.cli import RESULTS, _log, served_model
+from bench.harness import RESULTS, log, served_model
 
 CONFIGS = {"agg": dict(prefill=0, decode=0, aggregated=1),
            "pd": dict(prefill=1, decode=1, aggregated=0)}
@@ -46,14 +46,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from tandem.model import resolve_model
-    from tandem.stack import Stack, StackConfig, free_port
+    from common.model import resolve_model
+    from common.ports import free_port
+    from services.stack import Stack, StackConfig
 
     concs = [int(c) for c in a.concurrencies.split(",")]
     names = [n for n in a.configs.split(",") if n]
     bad = [n for n in names if n not in CONFIGS]
     if bad:
-        _log(f"unknown config(s) {bad}; choose from {sorted(CONFIGS)}")
+        log(f"unknown config(s) {bad}; choose from {sorted(CONFIGS)}")
         return 2
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-pd-vs-agg")
     sessions, info = generate.generated_trace("small", sessions=a.sessions,
@@ -69,22 +70,22 @@ def main(argv: list[str] | None = None) -> int:
                           state_dir=Path(tempfile.mkdtemp(prefix=f"tandem-bench-{name}-")),
                           **CONFIGS[name])
         stack = Stack(cfg)
-        _log(f"starting the {name} stack ({CONFIGS[name]})")
+        log(f"starting the {name} stack ({CONFIGS[name]})")
         t0 = time.time()
         try:
             stack.start()
-            _log(f"{name} stack up in {time.time() - t0:.0f}s at {stack.router_url}")
+            log(f"{name} stack up in {time.time() - t0:.0f}s at {stack.router_url}")
             runs += run_sweep(sessions, info, [Endpoint(name, stack.router_url)], concs,
-                              replace(base), tok, out, served_model, log=_log)
+                              replace(base), tok, out, served_model, log=log)
         except Exception as e:           # report what was measured, say what was not
             problems.append(f"**{name}: not measured** — {type(e).__name__}: {e}")
-            _log(f"{name}: {type(e).__name__}: {e}")
+            log(f"{name}: {type(e).__name__}: {e}")
         finally:
             stack.stop()
     md = report.write_report(runs, out, baseline=names[0], title="P/D vs aggregated", notes=[
         f"Configurations run one after the other ({', '.join(names)}), each behind the "
         f"Tandem router; think times scaled by {a.think_scale}.", *problems])
-    _log(f"report: {md}")
+    log(f"report: {md}")
     return 1 if problems or any(r["summary"]["failures"] for r in runs) else 0
 
 

@@ -34,6 +34,8 @@ from typing import Any, Callable
 
 import httpx
 
+from bench.harness import urls
+
 from .content import BuiltPrompt, PromptBuilder, scope_key
 from .trace import Entry, Request, Session, Subagent
 
@@ -340,14 +342,6 @@ class Replayer:
                             started_at=started_at, duration_s=duration,
                             interrupted=interrupted, salt=self.salt,
                             sessions_done=self.sessions_done)
-
-
-def urls(url: str) -> list[str]:
-    """The base URLs in ``ReplayConfig.url`` (comma-separated replicas)."""
-    urls = [u.strip() for u in url.split(",") if u.strip()]
-    if not urls:
-        raise ValueError(f"no URL in {url!r}")
-    return urls
 
 
 class Spread:

@@ -122,7 +122,7 @@ def parse_settings(argv: list[str] | None = None, default_role: str | None = Non
                    ) -> EngineSettings:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from tandem.model import resolve_model
+    from common.model import resolve_model
 
     parser = build_parser(default_role)
     args = parser.parse_args(argv)

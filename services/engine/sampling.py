@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tandem.proto import engine_pb2 as pb
+from common.proto import engine_pb2 as pb
 
 _OPTIONAL_FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty",
                     "presence_penalty", "repetition_penalty")

@@ -18,12 +18,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from common.logs import setup_logging
+from common.proto import engine_pb2_grpc as pb_grpc
 from services.engine.config import EngineSettings, describe, parse_settings
 from services.engine.load import LoadTracker
 from services.engine.metrics import EngineMetrics
 from services.engine.servicer import EngineServicer
-from tandem.logs import setup_logging
-from tandem.proto import engine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("tandem.engine")
 SERVICE_NAME = "tandem.engine.v1.Engine"

@@ -15,13 +15,13 @@ from typing import Any, AsyncIterator
 
 import grpc
 
+from common.proto import engine_pb2 as pb
+from common.proto import engine_pb2_grpc as pb_grpc
 from services.engine.load import LoadTracker
 from services.engine.metrics import EngineMetrics
 from services.engine.sampling import parse_kv_transfer_params, to_vllm
 from services.kvstore.retention import from_proto as retention_from_proto
 from services.kvstore.retention import with_hint
-from tandem.proto import engine_pb2 as pb
-from tandem.proto import engine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("tandem.engine")
 

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from common.logs import setup_logging
 from services.kvstore.commands import (
     client_command,
     engine_store_config,
@@ -39,7 +40,6 @@ from services.kvstore.supervisor import (
     http_ok,
     tcp_open,
 )
-from tandem.logs import setup_logging
 
 log = logging.getLogger("tandem.kvstore")
 

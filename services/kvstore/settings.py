@@ -44,7 +44,7 @@ def parse_size(value: str | int) -> int:
 
 
 def _default_state_dir() -> str:
-    from tandem.model import cache_dir
+    from common.model import cache_dir
 
     return str(cache_dir() / "kvstore")
 

@@ -6,9 +6,9 @@ import sys
 
 import uvicorn
 
+from common.logs import setup_logging
 from services.router.app import create_app
 from services.router.config import parse_settings
-from tandem.logs import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,12 +26,12 @@ from typing import AsyncIterator
 
 import grpc
 
+from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pods import EnginePod, PodPool
 from services.router.retention import SessionRetention
 from services.router.routing import NoPodAvailable, RouteDecision, RouteRequest, RoutingCore
-from tandem.proto import engine_pb2 as pb
 
 log = logging.getLogger("tandem.router")
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.proto import engine_pb2 as pb
+from common.proto import engine_pb2_grpc as pb_grpc
 from services.router.metrics import RouterMetrics
 from services.router.routing import RoutingCore
 from services.router.routing.tasks import cancel_and_wait
-from tandem.proto import engine_pb2 as pb
-from tandem.proto import engine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("tandem.router")
 

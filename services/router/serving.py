@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError, bad_request
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest, Orchestrator
@@ -25,7 +26,6 @@ from services.router.protocol import ChatCompletionRequest, CompletionRequest, S
 from services.router.routing import session_key
 from services.router.routing.sessions import SessionKey
 from services.router.tokenizer import ChatTokenizer
-from tandem.proto import engine_pb2 as pb
 
 
 @dataclass

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from bench.agentx.content import PromptBuilder, scope_key
 from bench.agentx.generate import generate, params_for
-from tandem.model import resolve_model
+from common.model import resolve_model
 
 
 @pytest.fixture(scope="module")

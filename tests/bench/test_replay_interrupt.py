@@ -15,7 +15,7 @@ from bench.agentx import metrics
 from bench.agentx.content import PromptBuilder
 from bench.agentx.generate import generate, params_for
 from bench.agentx.replay import ReplayConfig, Replayer, build_prompts
-from tandem.model import resolve_model
+from common.model import resolve_model
 
 
 async def test_sigint_returns_partial_results():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.agentx.replay import Spread, urls
+from bench.agentx.replay import Spread
+from bench.harness import urls
 
 
 async def test_requests_alternate_over_the_replicas():

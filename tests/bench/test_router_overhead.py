@@ -13,9 +13,16 @@ import time
 import pytest
 
 from bench import router_overhead as ro
-from bench.router_fakes import (MODEL_NAME, TOKEN_TEXT, Timing, create_openai_app,
-                                sse_chunks, start_grpc_server)
-from tandem.stack import free_port
+from bench.router_fakes import (
+    MODEL_NAME,
+    TOKEN_TEXT,
+    Timing,
+    create_openai_app,
+    sse_chunks,
+    start_grpc_server,
+)
+from common.ports import free_port
+from common.procs import Processes, wait_http_ok
 
 FAST = Timing(first_token_ms=30.0, token_delay_ms=2.0, tokens=8)
 
@@ -246,8 +253,8 @@ async def test_fake_grpc_engine_answers_like_the_engine():
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from tandem.proto import engine_pb2 as pb
-    from tandem.proto import engine_pb2_grpc as pb_grpc
+    from common.proto import engine_pb2 as pb
+    from common.proto import engine_pb2_grpc as pb_grpc
 
     server = await start_grpc_server("127.0.0.1", 0, FAST, model_path="/models/smol")
     address = f"127.0.0.1:{server.bound_port}"
@@ -299,10 +306,10 @@ async def test_tandem_router_serves_through_the_fake_engine(tmp_path):
     """The fake engine is enough for the real router: it starts, polls it
     healthy and streams every token (a few requests; the router's start-up,
     mostly importing transformers, is most of the time)."""
-    from tandem.model import resolve_model
+    from common.model import resolve_model
 
     server = await start_grpc_server("127.0.0.1", 0, FAST)
-    procs = ro.Processes(tmp_path)
+    procs = Processes(tmp_path)
     try:
         port = free_port()
         argv = ro.router_argv(ro.ROUTERS["tandem"], port, f"127.0.0.1:{server.bound_port}",
@@ -310,7 +317,7 @@ async def test_tandem_router_serves_through_the_fake_engine(tmp_path):
         proc, _ = procs.launch("tandem", argv, os.sched_getaffinity(0))
         url = f"http://127.0.0.1:{port}"
         # Blocking wait off the loop: the fake engine answers on this loop.
-        await asyncio.to_thread(ro.wait_http_ok, f"{url}/health", proc,
+        await asyncio.to_thread(wait_http_ok, f"{url}/health", proc,
                                 time.monotonic() + 90)
         target = ro.HttpTarget(url, tokens=5)
         await target.open()

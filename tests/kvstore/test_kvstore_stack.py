@@ -20,21 +20,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tandem.stack import free_port
-
-sys.path.insert(0, os.path.dirname(__file__))
-from engine_client import EngineClient, long_prompt  # noqa: E402
-from store_client import StoreClient  # noqa: E402
+from bench.engine_client import EngineClient, long_prompt
+from common.ports import free_ports
+from tests.kvstore.store_client import StoreClient
 
 pytestmark = pytest.mark.stack
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 ENGINE_START_S = 600
-
-
-def free_ports(n: int) -> list[int]:
-    return [free_port() for _ in range(n)]  # distinct: free_port never repeats one
 
 
 class Store:
@@ -200,7 +194,7 @@ def engines(tmp, store):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from tandem.model import resolve_model
+    from common.model import resolve_model
 
     return AutoTokenizer.from_pretrained(str(resolve_model(None)))
 
@@ -277,7 +271,7 @@ def test_cross_engine_reuse_through_store(engines, tokenizer, store):
     assert from_store >= 1408  # 11 full blocks of 128
     assert warm.token_ids == cold.token_ids
     # Release the KV the prefill engine holds for a decode that never pulled it.
-    decode.client.stub.ReleaseKv(__import__("tandem.proto.engine_pb2", fromlist=["x"])
+    decode.client.stub.ReleaseKv(__import__("common.proto.engine_pb2", fromlist=["x"])
                                  .ReleaseKvRequest(request_id="rel-2",
                                                    kv_transfer_params_json=kv_json))
 
@@ -322,7 +316,7 @@ def test_pool_overflow_spills_to_disk_and_reads_back(engines, tokenizer, store):
     puts since the restart test (soft-pin policy), so the oldest pinned
     prompt, this one, goes once the unpinned blocks are gone.
     """
-    from tandem.model import resolve_model
+    from common.model import resolve_model
 
     prefill, decode = engines
     client = StoreClient(store.engine_config, resolve_model(None).name)

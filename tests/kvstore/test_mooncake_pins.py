@@ -21,9 +21,9 @@ import time
 import httpx
 import pytest
 
+from common.ports import free_port
 from services.kvstore.api import store_launch, wait_ready
 from services.kvstore.connector import OBJECT_HAS_LEASE, OBJECT_NOT_FOUND, Reaper
-from tandem.stack import free_port
 
 pytestmark = pytest.mark.stack
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.kvstore.retention import (HINT_KEY, RetentionHint, from_proto, with_hint,
-                                        without_hint)
-from tandem.proto import engine_pb2 as pb
+from common.proto import engine_pb2 as pb
+from services.kvstore.retention import HINT_KEY, RetentionHint, from_proto, with_hint, without_hint
 
 
 def test_hint_travels_from_proto_to_kv_transfer_params_and_back():

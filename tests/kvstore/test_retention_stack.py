@@ -18,7 +18,6 @@ removals.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -28,12 +27,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.model import resolve_model
+from common.ports import free_port
+from common.procs import Proc, wait_http_ok
 from services.router.tokenizer import ChatTokenizer
-from tandem.model import resolve_model
-from tandem.stack import Proc, Stack, StackConfig, free_port, wait_http_ok
-
-sys.path.insert(0, os.path.dirname(__file__))
-from store_client import StoreClient  # noqa: E402
+from services.stack import Stack, StackConfig
+from tests.kvstore.store_client import StoreClient
 
 pytestmark = pytest.mark.stack
 

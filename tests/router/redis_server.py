@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tandem.stack import free_port
+from common.ports import free_port
 
 
 class RedisServer:

@@ -10,13 +10,13 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
+from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest, Orchestrator
 from services.router.pods import EnginePod, PodPool
 from services.router.routing import PodSpec, RoutingCore, RoutingSettings
 from services.router.routing.policy import PolicySettings
-from tandem.proto import engine_pb2 as pb
 from tests.stack.helpers import metric_value
 
 

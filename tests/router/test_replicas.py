@@ -30,10 +30,10 @@ import redis as redis_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.router_fakes import MODEL_NAME
-from bench.router_overhead import Processes
+from common.model import resolve_model
+from common.ports import free_port
+from common.procs import Proc, Processes, wait_grpc_serving, wait_http_ok
 from services.router.routing.hashring import bounded_load_choice
-from tandem.model import resolve_model
-from tandem.stack import Proc, free_port, wait_grpc_serving, wait_http_ok
 
 from .redis_server import RedisServer
 

@@ -9,11 +9,11 @@ import json
 import pytest
 from prometheus_client import generate_latest
 
+from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest
 from services.router.serving import EventStream, ModelCard, OpenAIServing, _ChatShape
-from tandem.proto import engine_pb2 as pb
 from tests.stack.helpers import metric_value
 
 CARD = ModelCard(name="m", max_model_len=1024, created=0)

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from common.model import resolve_model
 from services.router.tokenizer import INLINE_MAX_CHARS, ChatTokenizer
-from tandem.model import resolve_model
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import time
 import grpc
 import httpx
 
-from tandem.proto import engine_pb2 as pb
-from tandem.proto import engine_pb2_grpc as pb_grpc
+from common.proto import engine_pb2 as pb
+from common.proto import engine_pb2_grpc as pb_grpc
 
 
 def chat(url: str, model: str, content: str, **extra) -> httpx.Response:

@@ -18,13 +18,14 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from common.ports import free_port
+from common.procs import Proc, stop_process_group
+from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest, Orchestrator
 from services.router.pods import EnginePod, PodPool
 from services.router.routing import PodSpec, RoutingCore, RoutingSettings
-from tandem.proto import engine_pb2 as pb
-from tandem.stack import Proc, free_port, stop_process_group
 from tests.conftest import MODEL_NAME, engine
 from tests.stack.helpers import chat, engine_load, metric_value, sse_events, wait_for
 from tests.stack.test_pd_identity import LONG_CONTEXT
@@ -95,7 +96,8 @@ def test_release_kv_frees_a_prefill_lease_early(stack):
     """KV a prefill keeps for a decode that never comes is freed through any
     decode engine, long before its lease (120 s here) expires."""
     import grpc
-    from tandem.proto import engine_pb2_grpc as pb_grpc
+
+    from common.proto import engine_pb2_grpc as pb_grpc
 
     prefill, decode = engine(stack, "prefill").grpc, engine(stack, "decode").grpc
     tokens = list(range(1000, 1700))  # 700 tokens: five full blocks of 128

@@ -12,7 +12,8 @@ import uuid
 import httpx
 import pytest
 
-from tandem.stack import Stack, StackConfig, free_port
+from common.ports import free_port
+from services.stack import Stack, StackConfig
 from tests.conftest import MODEL_NAME
 from tests.stack.helpers import metric_value, wait_for
 

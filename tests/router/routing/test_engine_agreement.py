@@ -17,13 +17,13 @@ import grpc
 import pytest
 from transformers import AutoTokenizer
 
+from common.model import resolve_model
+from common.ports import free_port
+from common.proto import engine_pb2 as pb
+from common.proto import engine_pb2_grpc as pb_grpc
 from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings
-from services.router.routing.settings import KvEventSource
 from services.router.routing.sessions import IncrementalTokenizer
-from tandem.model import resolve_model
-from tandem.proto import engine_pb2 as pb
-from tandem.proto import engine_pb2_grpc as pb_grpc
-from tandem.stack import free_port
+from services.router.routing.settings import KvEventSource
 
 pytestmark = pytest.mark.stack
 

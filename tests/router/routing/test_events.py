@@ -5,12 +5,17 @@ import asyncio
 
 import msgspec
 import pytest
-from vllm.distributed.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                        KVEventBatch, ZmqEventPublisher)
+from vllm.distributed.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    ZmqEventPublisher,
+)
 
+from common.ports import free_port
 from services.router.routing.events import KvEventSubscriber, apply_batch, decode_batch
 from services.router.routing.index import PrefixIndex
-from tandem.stack import free_port
 
 
 def stored(hashes, parent=None):

@@ -6,9 +6,13 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from services.router.routing.sessions import (IncrementalTokenizer, backend_encoder,
-                                              common_prefix_len, session_key)
-from tandem.model import resolve_model
+from common.model import resolve_model
+from services.router.routing.sessions import (
+    IncrementalTokenizer,
+    backend_encoder,
+    common_prefix_len,
+    session_key,
+)
 
 
 @pytest.fixture(scope="module")

@@ -7,66 +7,25 @@ for its /health. `Stack.stop()` stops the router first (no new work), then the
 engines, then the store, each
 with SIGTERM to its whole process group (vLLM forks engine-core and worker
 processes) and SIGKILL after a grace period — no orphans. Used by
-`tandem up` and by the integration tests (one stack per test session).
+`tandem up`, by the benchmarks and by the integration tests (one stack per
+test session); it sits with the services it composes, below both the launcher
+and the benchmarks.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
-import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import grpc
-import httpx
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-
-_handed_out: set[int] = set()
-_LOWEST_PORT = 10_000
-
-
-def free_port() -> int:
-    """A port nothing listens on, chosen below the OS's ephemeral range.
-
-    Ports the OS assigns by itself (bind to port 0, as vLLM does for its
-    internal ZMQ sockets; the source ports of outgoing connections) come from
-    the ephemeral range, so a port picked there can be taken between choosing
-    it and the service binding it: CI saw an engine's KV-event socket fail
-    with "Address already in use". Below that range only explicit choices
-    compete, and this process never hands out a port twice.
-    """
-    low = _ephemeral_range()[0]
-    if low - _LOWEST_PORT < 1000:  # an unusual range: take what the OS gives
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    for _ in range(1000):
-        port = random.randrange(_LOWEST_PORT, low)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))  # all interfaces: services bind tcp://*:PORT
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError(f"no free port in {_LOWEST_PORT}-{low - 1}")
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+from common.model import resolve_model
+from common.ports import free_port
+from common.procs import Proc, stop_process_group, wait_grpc_serving, wait_http_ok
+from services.kvstore.api import store_launch
 
 
 def _cpus() -> list[int]:
@@ -104,35 +63,6 @@ class StackConfig:
     startup_timeout_s: float = 1200.0
 
 
-@dataclass
-class Proc:
-    name: str
-    argv: list[str]
-    log: str
-    pid: int | None = None
-    grpc: str | None = None      # host:port of an engine
-    kv_events: str | None = None  # the engine's KV event endpoints, as the router takes them
-    url: str | None = None       # http URL (router, metrics)
-
-    def alive(self) -> bool:
-        if self.pid is None:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        # A zombie (exited, not reaped) counts as dead.
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().split()[2] != "Z"
-        except OSError:
-            return False
-
-
-class StackError(RuntimeError):
-    pass
-
-
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
@@ -152,8 +82,6 @@ class Stack:
         return f"http://{self.config.host}:{self.config.router_port}"
 
     def _store(self):
-        from services.kvstore.api import store_launch
-
         c = self.config
         launch = store_launch(c.state_dir / "kvstore", host=c.host,
                               ports=[self._port() for _ in range(6)],
@@ -194,7 +122,6 @@ class Stack:
     def start(self) -> None:
         c = self.config
         c.state_dir.mkdir(parents=True, exist_ok=True)
-        from tandem.model import resolve_model
         resolve_model(c.model)  # convert the default model once, before engines race to
 
         cpus = _cpus()
@@ -303,84 +230,6 @@ def stop_order(name: str) -> int:
     """Router first, so nothing new reaches engines that are going away; the
     store last, so engines shut down with their store still there."""
     return {"router": 0, "kvstore": 2}.get(name, 1)
-
-
-def raise_if_exited(proc: Proc) -> None:
-    if not proc.alive():
-        tail = Path(proc.log).read_text(errors="replace")[-3000:]
-        raise StackError(f"{proc.name} exited during start-up; last log lines:\n{tail}")
-
-
-def wait_http_ok(url: str, proc: Proc, deadline: float) -> None:
-    """Wait until `url` answers 200, failing early if `proc` exits."""
-    while True:
-        raise_if_exited(proc)
-        try:
-            if httpx.get(url, timeout=5.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise StackError(f"{proc.name} not ready in time; see {proc.log}")
-        time.sleep(0.3)
-
-
-def wait_grpc_serving(address: str, proc: Proc, deadline: float, poll_s: float = 0.5) -> None:
-    """Wait until grpc.health.v1 at `address` says SERVING, failing early if
-    `proc` exits."""
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            raise_if_exited(proc)
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise StackError(f"{proc.name} not ready in time; see {proc.log}")
-            time.sleep(poll_s)
-
-
-def stop_process_group(proc: Proc, grace_s: float) -> None:
-    """SIGTERM the service's main process, SIGKILL its whole group if anything
-    is left after the grace period.
-
-    Only the main process gets SIGTERM, as in a Kubernetes pod: it drains and
-    shuts its vLLM engine down in order. (SIGTERM to the whole group would make
-    vLLM's engine core abort in-flight requests at once.)"""
-    if proc.pid is None:
-        return
-    try:
-        os.kill(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _group_alive(proc.pid):
-        time.sleep(0.2)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def group_stats(pgid: int):
-    """The /proc/<pid>/stat fields (after the command name) of every process
-    in process group ``pgid``: field 0 is the state, 11 and 12 utime/stime."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            yield fields
-
-
-def _group_alive(pgid: int) -> bool:
-    return any(fields[0] != "Z" for fields in group_stats(pgid))
 
 
 def read_state(state_dir: Path) -> dict | None:

@@ -1,4 +1,4 @@
-"""A small synchronous client of the engine host for the KV store tests and bench.
+"""A small synchronous client of the engine host, for the KV store benchmark and tests.
 
 Prefill on a prefill engine, Generate on a decode (or aggregated) engine,
 greedy sampling, and the engine's Prometheus figures that show where prompt
@@ -7,7 +7,6 @@ tokens came from (local compute, local prefix cache, external store/NIXL).
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,8 +15,8 @@ import grpc
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tandem.proto import engine_pb2 as pb
-from tandem.proto import engine_pb2_grpc as pb_grpc
+from common.proto import engine_pb2 as pb
+from common.proto import engine_pb2_grpc as pb_grpc
 
 
 @dataclass
@@ -87,11 +86,6 @@ class EngineClient:
                         k = f"{s.name}{{{key}={s.labels[key]}}}"
                         values[k] = values.get(k, 0.0) + s.value
         return values
-
-
-def kv_params_summary(kv_params_json: str) -> dict:
-    params = json.loads(kv_params_json) if kv_params_json else {}
-    return {k: params.get(k) for k in ("do_remote_prefill", "remote_engine_id", "remote_port")}
 
 
 def long_prompt(tokenizer, n_tokens: int, seed: int) -> list[int]:

@@ -1,0 +1,173 @@
+"""Processes in their own process groups: start them, wait until they are
+ready, stop them with everything they forked.
+
+vLLM forks engine-core and worker processes, so every service runs in a
+process group of its own (``start_new_session``) and is stopped as a group:
+SIGTERM to the main process, SIGKILL to the group after a grace period — no
+orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+class ProcessError(RuntimeError):
+    """A process exited during start-up or was not ready in time."""
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log: str
+    pid: int | None = None
+    grpc: str | None = None      # host:port of an engine
+    kv_events: str | None = None  # the engine's KV event endpoints, as the router takes them
+    url: str | None = None       # http URL (router, metrics)
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        # A zombie (exited, not reaped) counts as dead.
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().split()[2] != "Z"
+        except OSError:
+            return False
+
+
+def raise_if_exited(proc: Proc) -> None:
+    if not proc.alive():
+        tail = Path(proc.log).read_text(errors="replace")[-3000:]
+        raise ProcessError(f"{proc.name} exited during start-up; last log lines:\n{tail}")
+
+
+def wait_http_ok(url: str, proc: Proc, deadline: float) -> None:
+    """Wait until `url` answers 200, failing early if `proc` exits."""
+    while True:
+        raise_if_exited(proc)
+        try:
+            if httpx.get(url, timeout=5.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise ProcessError(f"{proc.name} not ready in time; see {proc.log}")
+        time.sleep(0.3)
+
+
+def wait_grpc_serving(address: str, proc: Proc, deadline: float, poll_s: float = 0.5) -> None:
+    """Wait until grpc.health.v1 at `address` says SERVING, failing early if
+    `proc` exits."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            raise_if_exited(proc)
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise ProcessError(f"{proc.name} not ready in time; see {proc.log}")
+            time.sleep(poll_s)
+
+
+def stop_process_group(proc: Proc, grace_s: float) -> None:
+    """SIGTERM the service's main process, SIGKILL its whole group if anything
+    is left after the grace period.
+
+    Only the main process gets SIGTERM, as in a Kubernetes pod: it drains and
+    shuts its vLLM engine down in order. (SIGTERM to the whole group would make
+    vLLM's engine core abort in-flight requests at once.)"""
+    if proc.pid is None:
+        return
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and group_alive(proc.pid):
+        time.sleep(0.2)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def group_stats(pgid: int) -> Iterator[list[str]]:
+    """The /proc/<pid>/stat fields (after the command name) of every process
+    in process group ``pgid``: field 0 is the state, 11 and 12 utime/stime."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            yield fields
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies are not)."""
+    return any(fields[0] != "Z" for fields in group_stats(pgid))
+
+
+def _pinned(cpus: set[int]):
+    def preexec() -> None:
+        os.sched_setaffinity(0, cpus)
+    return preexec
+
+
+class Processes:
+    """Every process a benchmark or test starts, each in its own process
+    group and pinned to given CPUs, its output in ``<log_dir>/<name>.log``;
+    `stop_all` (also on errors and Ctrl-C) ends them."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[tuple[Proc, subprocess.Popen]] = []
+
+    def launch(self, name: str, argv: list[str], cpus: set[int],
+               env: dict[str, str] | None = None, stdout=None) -> tuple[Proc, subprocess.Popen]:
+        log = self.log_dir / f"{name}.log"
+        proc = Proc(name=name, argv=argv, log=str(log))
+        with open(log, "wb") as log_file:
+            popen = subprocess.Popen(argv, stdout=stdout or log_file, stderr=log_file,
+                                     stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                                     start_new_session=True, preexec_fn=_pinned(cpus))
+        proc.pid = popen.pid
+        self.procs.append((proc, popen))
+        return proc, popen
+
+    def stop(self, proc: Proc, grace_s: float = 5.0) -> None:
+        for i, (p, popen) in enumerate(self.procs):
+            if p is proc:
+                stop_process_group(p, grace_s)
+                try:
+                    popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+                del self.procs[i]
+                return
+
+    def stop_all(self) -> None:
+        for proc, _ in list(reversed(self.procs)):
+            self.stop(proc)

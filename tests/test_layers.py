@@ -1,0 +1,155 @@
+"""Imports point down only (DESIGN.md, "Layers"), read from every module's
+source with `ast`; nothing is imported or run.
+
+Rules, each checked over every first-party module (lazy imports inside
+functions included):
+
+1. Layers, top to bottom: ``tandem`` (the launcher) → ``bench`` →
+   ``services``, ``operators``, ``kernels`` → ``common``. A module imports
+   its own package and the layers below it, never one above (``tests`` sit
+   above everything and are exempt from this rule).
+2. ``services``, ``operators`` and ``kernels`` share a layer and do not
+   import each other (modules of ``services`` import each other freely).
+3. No module edits ``sys.path`` (tests neither): imports resolve from the
+   repository root.
+4. No ``from x import _name`` across modules outside tests: an underscore name
+   belongs to its module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Rank of each top-level package; a module imports only ranks at or below its own.
+RANK = {"common": 0, "services": 1, "operators": 1, "kernels": 1, "bench": 2, "tandem": 3,
+        "tests": 4}
+SAME_LAYER_APART = {"services", "operators", "kernels"}
+GENERATED = ("common/proto/",)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def first_party_files() -> list[Path]:
+    files = []
+    for package in RANK:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if not rel.startswith(GENERATED) and "__pycache__" not in rel:
+                files.append(path)
+    return files
+
+
+def imports(tree: ast.AST, module: str, is_package: bool):
+    """(line, imported module, names) for every import; relative imports
+    resolved against `module`."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield node.lineno, target, [alias.name for alias in node.names]
+
+
+def sys_path_edits(tree: ast.AST):
+    """Lines that change sys.path: sys.path.insert/append/extend/..., an
+    assignment to sys.path, site.addsitedir."""
+    def is_sys_path(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "path"
+                and isinstance(node.value, ast.Name) and node.value.id == "sys")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if is_sys_path(node.func.value):
+                yield node.lineno
+            elif (node.func.attr == "addsitedir" and isinstance(node.func.value, ast.Name)
+                  and node.func.value.id == "site"):
+                yield node.lineno
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if is_sys_path(target) or (isinstance(target, ast.Subscript)
+                                           and is_sys_path(target.value)):
+                    yield node.lineno
+
+
+def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    """What `source` (the module `module`) breaks, one line per finding."""
+    tree = ast.parse(source)
+    top = module.split(".")[0]
+    found = [f"line {line}: edits sys.path" for line in sys_path_edits(tree)]
+    for line, target, names in imports(tree, module, is_package):
+        target_top = target.split(".")[0]
+        if target_top not in RANK or target_top == top:
+            pass
+        elif top != "tests" and RANK[target_top] > RANK[top]:
+            found.append(f"line {line}: {top} imports {target} from a layer above it")
+        elif top in SAME_LAYER_APART and target_top in SAME_LAYER_APART:
+            found.append(f"line {line}: {top} imports {target} (same layer, kept apart)")
+        if top == "tests" or target_top not in RANK or target == module:
+            continue
+        for name in names:
+            if name.startswith("_") and not name.startswith("__"):
+                found.append(f"line {line}: imports the private name {name} from {target}")
+    return found
+
+
+def test_every_module_imports_down_only():
+    problems = []
+    for path in first_party_files():
+        module = module_name(path)
+        for problem in violations(path.read_text(), module, path.name == "__init__.py"):
+            problems.append(f"{path.relative_to(ROOT)} {problem}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_scan_sees_every_layer():
+    """The check above looks at real files: every present layer has modules."""
+    seen = {module_name(p).split(".")[0] for p in first_party_files()}
+    assert {"common", "services", "bench", "tandem", "tests"} <= seen
+
+
+@pytest.mark.parametrize("module, source", [
+    ("services.router.app", "from tandem.cli import main"),
+    ("services.engine.server", "import bench.harness"),
+    ("common.ports", "from services.stack import Stack"),
+    ("bench.cli", "def f():\n    from tandem import cli"),
+    ("services.router.app", "from operators.planner import solve"),
+    ("kernels.packed", "import services.engine"),
+    ("bench.harness", "import tests.conftest"),
+    ("bench.cli", "import sys\nsys.path.insert(0, 'tests')"),
+    ("tests.stack.test_x", "import sys\nsys.path = ['x']"),
+    ("bench.cli", "from bench.router_overhead import _log"),
+    ("bench.agentx.embedded", "from ..cli import _log"),
+])
+def test_the_rules_catch(module, source):
+    assert violations(source, module), f"{module}: {source!r} should be refused"
+
+
+@pytest.mark.parametrize("module, source", [
+    ("tandem.cli", "from bench.cli import main\nfrom services.stack import Stack"),
+    ("bench.cli", "from services.stack import Stack\nfrom common.procs import Proc"),
+    ("services.router.pd", "from services.kvstore.retention import RetentionHint"),
+    ("services.engine.sampling", "from common.proto import engine_pb2 as pb"),
+    ("common.procs", "import grpc\nfrom common.ports import free_port"),
+    ("tests.router.test_x", "from tandem.cli import main\nfrom services.x import _y"),
+    ("bench.agentx.replay", "from .content import PromptBuilder\nfrom . import trace"),
+    ("services.engine.server", "from services.engine.server import _private_here"),
+    ("bench.cli", "from bench.harness import __doc__"),
+])
+def test_the_rules_allow(module, source):
+    assert not violations(source, module)
