@@ -52,17 +52,15 @@ def _add_gen_args(p: argparse.ArgumentParser, with_output: bool) -> None:
         p.add_argument("-o", "--output", required=True, help="trace file to write (.jsonl)")
 
 
-_GEN_FIELDS = {"sessions": "sessions", "seed": "seed", "block_size": "block_size",
-               "turns_median": "turns_median", "first_in_median": "first_in_median",
-               "shared_prefix": "shared_prefix", "reuse": "reuse",
-               "out_median": "out_median", "out_max": "out_max",
-               "max_context": "max_context", "subagent_share": "subagent_share",
-               "subagents_median": "subagents_median", "think_median": "think_median"}
+# Flags of _add_gen_args, each named as its GenParams field.
+_GEN_FIELDS = ("sessions", "seed", "block_size", "turns_median", "first_in_median",
+               "shared_prefix", "reuse", "out_median", "out_max", "max_context",
+               "subagent_share", "subagents_median", "think_median")
 
 
 def _gen_params(a: argparse.Namespace):
     from bench.agentx.generate import params_for
-    return params_for(a.profile, **{f: getattr(a, k) for k, f in _GEN_FIELDS.items()})
+    return params_for(a.profile, **{name: getattr(a, name) for name in _GEN_FIELDS})
 
 
 def _add_replay_args(p: argparse.ArgumentParser, endpoint: bool = True) -> None:

@@ -274,9 +274,6 @@ def create_grpc_servicer(timing: Timing, model: str = MODEL_NAME, model_path: st
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "fake engine of role both: no Prefill")
 
-        async def Abort(self, request, context):
-            return pb.AbortResponse(aborted=False)
-
         async def ReleaseKv(self, request, context):
             return pb.ReleaseKvResponse()
 

@@ -170,12 +170,6 @@ class EngineServicer(pb_grpc.EngineServicer):
                 ))
             yield message
 
-    async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
-        active = request.request_id in self._active
-        if active:
-            await self._engine.abort(request.request_id)
-        return pb.AbortResponse(aborted=active)
-
     async def ReleaseKv(self, request: pb.ReleaseKvRequest, context) -> pb.ReleaseKvResponse:
         if self._role != "decode":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,

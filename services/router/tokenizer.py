@@ -26,7 +26,6 @@ class ChatTokenizer:
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(model_dir)
-        self.eos_token_id = self._tok.eos_token_id
         # Incremental reuse needs offsets, which only fast tokenizers give;
         # their Rust backend also encodes without the Python wrapper's cost.
         self._incremental = IncrementalTokenizer(self._tok) if self._tok.is_fast else None

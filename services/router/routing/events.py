@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -79,20 +79,14 @@ def _as_int(h: int | bytes) -> int:
     return h
 
 
-def apply_batch(index: PrefixIndex, pod: str, batch: KVEventBatch,
-                media: frozenset[str] | None = None) -> None:
-    """Apply one batch of events to the pod's entries in the index.
-
-    ``media`` limits which tiers count as "held" (``None`` = all); vLLM labels
-    its device cache ``GPU`` even on CPU.
-    """
+def apply_batch(index: PrefixIndex, pod: str, batch: KVEventBatch) -> None:
+    """Apply one batch of events to the pod's entries in the index (every
+    medium counts as held: vLLM labels its device cache ``GPU`` even on CPU)."""
     for event in batch.events:
         if isinstance(event, BlockStored):
-            if media is None or event.medium is None or event.medium in media:
-                index.stored(pod, [_as_int(h) for h in event.block_hashes])
+            index.stored(pod, [_as_int(h) for h in event.block_hashes])
         elif isinstance(event, BlockRemoved):
-            if media is None or event.medium is None or event.medium in media:
-                index.removed(pod, [_as_int(h) for h in event.block_hashes])
+            index.removed(pod, [_as_int(h) for h in event.block_hashes])
         elif isinstance(event, AllBlocksCleared):
             index.clear_pod(pod)
 
@@ -106,7 +100,8 @@ class SubscriberStats:
     restarts: int = 0  # publisher sequence went back: engine restarted
     last_seq: int = -1
     connected: bool = False
-    errors: list[str] = field(default_factory=list)
+    errors: int = 0  # malformed batches and replays that timed out
+    last_error: str | None = None
 
 
 class KvEventSubscriber:
@@ -120,8 +115,7 @@ class KvEventSubscriber:
 
     def __init__(self, pod: str, endpoint: str, replay_endpoint: str | None,
                  index: PrefixIndex, topic: str = "kv", replay_timeout_s: float = 5.0,
-                 on_batch: Callable[[str, KVEventBatch], None] | None = None,
-                 media: frozenset[str] | None = None) -> None:
+                 on_batch: Callable[[str, KVEventBatch], None] | None = None) -> None:
         self.pod = pod
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -129,7 +123,6 @@ class KvEventSubscriber:
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
         self.on_batch = on_batch
-        self.media = media
         self.stats = SubscriberStats()
         self._next_seq = 0
         self._task: asyncio.Task | None = None
@@ -165,7 +158,7 @@ class KvEventSubscriber:
                     await self.handle(seq, payload)
                 except (msgspec.DecodeError, ValueError) as err:
                     # A malformed batch must not stop the stream; treat it as lost.
-                    self.stats.errors.append(f"seq {seq}: {err}")
+                    self._error(f"seq {seq}: {err}")
                     self._count_lost(1)
                     self._next_seq = seq + 1
         finally:
@@ -195,7 +188,7 @@ class KvEventSubscriber:
 
     def _apply(self, seq: int, payload: bytes) -> None:
         batch = decode_batch(payload)
-        apply_batch(self.index, self.pod, batch, self.media)
+        apply_batch(self.index, self.pod, batch)
         self.stats.batches += 1
         self.stats.last_seq = seq
         self._next_seq = seq + 1
@@ -229,7 +222,7 @@ class KvEventSubscriber:
                 self.stats.replayed += 1
                 self._apply(seq, payload)
         except asyncio.TimeoutError:
-            self.stats.errors.append(f"replay from {start} timed out")
+            self._error(f"replay from {start} timed out")
             log.warning("kv events from %s: replay timed out", self.pod)
         finally:
             dealer.close(linger=0)
@@ -237,9 +230,13 @@ class KvEventSubscriber:
             self._count_lost(until - self._next_seq)
             self._next_seq = until
 
+    def _error(self, what: str) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = what
+
     def _count_lost(self, n: int) -> None:
-        # Lost stores mean under-prediction; lost removals could leave phantom
-        # blocks, which the LRU bound and observed cached_tokens correct over time.
+        # Lost stores mean under-prediction; lost removals can leave phantom
+        # blocks until the LRU bound drops them or the engine restarts.
         self.stats.lost += n
         log.warning("kv events from %s: %d batch(es) lost beyond the replay buffer",
                     self.pod, n)

@@ -160,9 +160,6 @@ class IncrementalTokenizer:
                 self._sessions.popitem(last=False)
         return list(result.ids)
 
-    def forget(self, session: str) -> None:
-        self._sessions.pop(session, None)
-
     def _encode_extending(self, prev: _Tokenized, text: str) -> _Tokenized | None:
         common = common_prefix_len(prev.text, text)
         # The last split point fully inside the shared text.
