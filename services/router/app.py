@@ -1,11 +1,12 @@
 """Composition root of the router: builds every part once and wires them.
 
-Request path: middleware (`auth.ApiKeyAuth` checks API keys,
-`admission.AdmissionMiddleware` bounds concurrency and queueing) →
-`serving.OpenAIServing` (validate, session, tokenize, shape
-responses) → `pd.Orchestrator` (asks the routing core for pods, runs prefill
-then decode, with retries and KV release) → gRPC to the engines.
-`pods.PodPool` polls health and load and feeds them to the routing core.
+A request passes, in order: `auth.ApiKeyAuth` and `admission.AdmissionMiddleware`
+(API keys, concurrency and queueing) → `serving.OpenAIServing` (validate,
+session, tokenize, shape responses) → `pd.Orchestrator` (reads the shared
+state, asks `routing.RoutingCore` for pods, runs Prefill then Generate over
+gRPC, with retries and KV release). Beside the request path, `pods.PodPool`
+polls the engines and applies their KV events to the routing core;
+`discovery.py` says which pods there are.
 """
 
 from __future__ import annotations
@@ -13,25 +14,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from common.proto import engine_pb2 as pb
+from common.proto import engine_pb2_grpc as pb_grpc
 from services.router.admission import AdmissionMiddleware, Limiter
 from services.router.auth import ApiKeyAuth
 from services.router.config import RouterSettings
+from services.router.discovery import PodSource, StaticPods
 from services.router.errors import OpenAIError, install_error_handlers
 from services.router.metrics import RouterMetrics
 from services.router.pd import Orchestrator
-from services.router.pods import EnginePod, PodPool
+from services.router.pods import PodPool
 from services.router.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.retention import SessionRetention
-from services.router.routing import PodSpec, RoutingCore, RoutingSettings
+from services.router.routing import RoutingCore, RoutingSettings
+from services.router.routing.replica import Replica
+from services.router.routing.shared_state import LocalState, RedisState
+from services.router.routing.tasks import cancel_and_wait
 from services.router.serving import ModelCard, OpenAIServing
 from services.router.tokenizer import ChatTokenizer
 
@@ -61,19 +70,29 @@ class RequestAccounting:
         await self.app(scope, receive, send_counted)
 
 
-async def _model_info(pods: list[EnginePod]):
+async def _model_info(addresses: list[str]) -> pb.GetModelInfoResponse:
     """Ask the engines what they serve (waiting for the first to answer)."""
     deadline = time.monotonic() + _STARTUP_WAIT_S
     while True:
-        for pod in pods:
-            try:
-                return await pod.model_info(timeout=2.0)
-            except grpc.aio.AioRpcError:
-                continue
+        for address in addresses:
+            async with grpc.aio.insecure_channel(address) as channel:
+                try:
+                    return await pb_grpc.EngineStub(channel).GetModelInfo(
+                        pb.GetModelInfoRequest(), timeout=2.0)
+                except grpc.aio.AioRpcError:
+                    continue
         if time.monotonic() > deadline:
             raise RuntimeError("no engine pod answered GetModelInfo; are they running?")
-        log.info("waiting for engine pods %s", [p.address for p in pods])
+        log.info("waiting for engine pods %s", addresses)
         await asyncio.sleep(1.0)
+
+
+def shared_state(routing: RoutingSettings) -> LocalState:
+    """Redis when configured (router replicas share bindings and load), else local."""
+    if routing.redis_url:
+        return RedisState(routing.redis_url, routing.replica_id,
+                          binding_ttl_s=routing.session_ttl_s, timeout_s=routing.redis_timeout_s)
+    return LocalState(routing.session_ttl_s)
 
 
 def _routing_settings(routing: RoutingSettings, engine_block_size: int) -> RoutingSettings:
@@ -98,53 +117,58 @@ def install_middleware(app: FastAPI, settings: RouterSettings,
     return limiter
 
 
-def create_app(settings: RouterSettings) -> FastAPI:
+def create_app(settings: RouterSettings, source: PodSource | None = None) -> FastAPI:
+    """The router app; its pods come from ``source`` (default: the flags' static list)."""
     metrics = RouterMetrics()
-    state: dict = {}
+    source = source or StaticPods(settings.pods())
+    parts: dict[str, Any] = {}
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # gRPC channels belong to the serving event loop: create them here.
-        pods = ([EnginePod(a, "prefill", metrics) for a in settings.prefill]
-                + [EnginePod(a, "decode", metrics) for a in settings.decode]
-                + [EnginePod(a, "both", metrics) for a in settings.engines])
-        info = await _model_info(pods)
+        specs = await source.initial()
+        info = await _model_info([s.name for s in specs])
         card = ModelCard(name=settings.served_model_name or info.served_model_name,
                          max_model_len=info.max_model_len, created=int(time.time()))
         routing = _routing_settings(settings.routing, info.block_size)
-        core = RoutingCore(routing, [PodSpec(p.address, p.role) for p in pods],
-                           registry=metrics.registry)
-        pool = state["pool"] = PodPool(pods, settings.poll_interval_s, core)
+        core = parts["core"] = RoutingCore(routing)
+        state = shared_state(routing)
+        pool = PodPool(core, settings.poll_interval_s, remove_grace_s=settings.shutdown_grace_s)
+        for spec in specs:
+            pool.add_pod(spec)
+        metrics.watch(core, pool, state)
         retention = SessionRetention(settings.retention, routing.block_size)
-        orchestrator = Orchestrator(pool, core, metrics, retention)
+        orchestrator = Orchestrator(pool, Replica(core, state), metrics, retention)
         tokenizer = await asyncio.to_thread(ChatTokenizer, Path(settings.model or info.model_path))
-        await core.start()
+        await state.start()
         await pool.poll_once()
         pool.start()
-        state["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
+        watch = asyncio.create_task(source.watch(pool), name="pod-source")
+        parts["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
                                          settings.request_timeout_s, routing.session_header,
                                          settings.retention.end_header)
         log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
                  "policy %s, KV events from %d pods; KV retention %s, pins %gs; "
                  "admission %s running, %d queued; API keys %s)", settings.host,
                  settings.port, card.name, settings.prefill, settings.decode, settings.engines,
-                 routing.policy.policy, len(routing.kv_events), settings.retention.policy,
-                 settings.retention.ttl_s, settings.max_concurrent_requests or "unlimited",
-                 settings.max_queued_requests,
+                 routing.policy.policy, sum(1 for s in specs if s.kv_events),
+                 settings.retention.policy, settings.retention.ttl_s,
+                 settings.max_concurrent_requests or "unlimited", settings.max_queued_requests,
                  f"required ({len(settings.api_keys)})" if settings.api_keys else "off")
         try:
             yield
         finally:
+            await cancel_and_wait(watch)
             await orchestrator.drain_background()
             await pool.close()
-            await core.close()
+            await state.close()
 
     app = FastAPI(title="Tandem router", lifespan=lifespan)
     install_middleware(app, settings, metrics)
     install_error_handlers(app)
 
     def serving() -> OpenAIServing:
-        return state["serving"]
+        return parts["serving"]
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest):
@@ -160,14 +184,13 @@ def create_app(settings: RouterSettings) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        pool: PodPool = state["pool"]
-        ready = {role: sum(p.available for p in pool.of_role(role))
-                 for role in ("prefill", "decode", "both")}
-        can_serve = ready["decode"] > 0 or ready["both"] > 0
+        core: RoutingCore = parts["core"]
+        pods = core.report(time.monotonic())
+        can_serve = any(p.state == "available" and p.role in ("decode", "both") for p in pods)
         body = {"status": "ok" if can_serve else "unavailable", "pods": {
-            p.address: {"role": p.role, "healthy": p.state.healthy,
-                        "draining": p.state.draining, "in_flight": p.state.in_flight}
-            for p in pool.pods}}
+            p.name: {"role": p.role, "state": p.state, "healthy": p.healthy,
+                     "draining": p.draining, "in_flight": p.in_flight}
+            for p in pods}}
         return JSONResponse(body, status_code=200 if can_serve else 503)
 
     @app.get("/metrics")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from services.router.auth import read_keys_file
 from services.router.retention import POLICIES as RETENTION_POLICIES
 from services.router.retention import RetentionSettings
-from services.router.routing import (RoutingSettings, add_routing_arguments,
+from services.router.routing import (PodSpec, RoutingSettings, add_routing_arguments,
                                      routing_settings_from_args)
 
 
@@ -27,12 +27,30 @@ def _comma_list(values: list[str] | None) -> list[str]:
 
 
 @dataclass(frozen=True)
+class KvEventSource:
+    pod: str  # the pod's gRPC address, as the router names pods
+    endpoint: str  # PUB endpoint, e.g. tcp://127.0.0.1:5701
+    replay_endpoint: str | None = None  # ROUTER endpoint, e.g. tcp://127.0.0.1:5702
+
+
+def parse_kv_event_source(text: str) -> KvEventSource:
+    """``POD=PUB_ENDPOINT[,REPLAY_ENDPOINT]``."""
+    pod, sep, rest = text.partition("=")
+    if not sep or not pod or not rest:
+        raise argparse.ArgumentTypeError(
+            f"--kv-events {text!r}: expected POD=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]")
+    endpoint, _, replay = rest.partition(",")
+    return KvEventSource(pod.strip(), endpoint.strip(), replay.strip() or None)
+
+
+@dataclass(frozen=True)
 class RouterSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     prefill: list[str] = field(default_factory=list)
     decode: list[str] = field(default_factory=list)
     engines: list[str] = field(default_factory=list)
+    kv_events: tuple[KvEventSource, ...] = ()
     model: str | None = None
     served_model_name: str | None = None
     poll_interval_s: float = 1.0
@@ -46,6 +64,19 @@ class RouterSettings:
     routing: RoutingSettings = field(default_factory=RoutingSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
 
+    def pods(self) -> list[PodSpec]:
+        """The pods the flags name."""
+        events = {s.pod: s for s in self.kv_events}
+
+        def spec(address: str, role: str) -> PodSpec:
+            source = events.get(address)
+            return PodSpec(address, role, source.endpoint if source else None,
+                           source.replay_endpoint if source else None)
+
+        return ([spec(a, "prefill") for a in self.prefill]
+                + [spec(a, "decode") for a in self.decode]
+                + [spec(a, "both") for a in self.engines])
+
     def validate(self) -> None:
         self.retention.validate()
         if self.prefill and not self.decode:
@@ -56,9 +87,12 @@ class RouterSettings:
         if not 0 < self.port < 65536:
             raise ValueError(f"--port {self.port}: not a TCP port")
         pods = set(self.prefill) | set(self.decode) | set(self.engines)
-        unknown = [s.pod for s in self.routing.kv_events if s.pod not in pods]
+        unknown = [s.pod for s in self.kv_events if s.pod not in pods]
         if unknown:
             raise ValueError(f"--kv-events names pods that are not configured: {unknown}")
+        named = [s.pod for s in self.kv_events]
+        if len(named) != len(set(named)):
+            raise ValueError("--kv-events names a pod twice")
         if self.max_concurrent_requests < 0 or self.max_queued_requests < 0:
             raise ValueError("--max-concurrent-requests and --max-queued-requests "
                              "cannot be negative")
@@ -90,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                         default=[_env("engines", "")] if _env("engines", "") else None,
                         help="aggregated engine (role both) gRPC address; serves whole "
                         "requests without a P/D split")
+    parser.add_argument("--kv-events", action="append", type=parse_kv_event_source, default=[],
+                        metavar="POD=PUB[,REPLAY]",
+                        help="subscribe to a pod's vLLM KV events (repeat per pod); pods "
+                        "without events get predicted index entries")
     parser.add_argument("--model", default=_env("model", None),
                         help="model folder for the tokenizer and chat template "
                         "(default: the bundled SmolLM2-135M-Instruct)")
@@ -171,7 +209,8 @@ def parse_settings(argv: list[str] | None = None) -> RouterSettings:
         parser.error(str(exc))
     settings = RouterSettings(
         host=args.host, port=args.port, prefill=_comma_list(args.prefill),
-        decode=_comma_list(args.decode), engines=_comma_list(args.engines), model=args.model,
+        decode=_comma_list(args.decode), engines=_comma_list(args.engines),
+        kv_events=tuple(args.kv_events), model=args.model,
         served_model_name=args.served_model_name, poll_interval_s=args.poll_interval_s,
         request_timeout_s=args.request_timeout_s, shutdown_grace_s=args.shutdown_grace_s,
         max_concurrent_requests=args.max_concurrent_requests,

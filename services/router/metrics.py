@@ -1,12 +1,31 @@
-"""The router's Prometheus metrics, created once and passed where needed."""
+"""The router's Prometheus metrics: one registry, each fact once.
+
+``tandem_router_*``: the request path (HTTP, admission, API keys, P/D calls,
+retention hints) and the pods as this replica sees them. ``tandem_routing_*``:
+the routing core's decisions, its prefix index and the engines' KV event
+streams. Metrics of pods are read from the routing core when scraped
+(``watch``), so a pod that leaves takes its series with it.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from services.router.pods import PodPool
+from services.router.routing import RouteDecision, RoutingCore
+from services.router.routing.core import POD_STATES
+from services.router.routing.shared_state import LocalState
 
 _FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                  0.1, 0.25, 0.5, 1.0)
-# Queue waits run from nothing up to --queue-timeout (default 30 s).
+_ROUTE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                  0.05, 0.1)
+# Queue waits run from nothing up to --queue-timeout-s (default 30 s).
 _QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
                   30.0, 60.0, 120.0)
 
@@ -23,11 +42,6 @@ class RouterMetrics:
                                   buckets=_FAST_BUCKETS, registry=r)
         self.ttft = Histogram("tandem_router_ttft_seconds",
                               "Time to first token as the router sees it", registry=r)
-        self.pod_in_flight = Gauge("tandem_router_pod_in_flight",
-                                   "Requests the router has in flight per pod", ["pod", "role"],
-                                   registry=r)
-        self.pod_healthy = Gauge("tandem_router_pod_healthy",
-                                 "1 if the pod passes health checks", ["pod", "role"], registry=r)
         self.retries = Counter("tandem_router_retries_total",
                                "Requests retried on another pod before the first byte, by stage",
                                ["stage"], registry=r)
@@ -61,3 +75,98 @@ class RouterMetrics:
         self.retention_sessions = Gauge("tandem_router_kv_retention_sessions",
                                         "Sessions whose KV the router currently keeps pinned",
                                         registry=r)
+        # Routing decisions (services/router/routing).
+        self.decisions = Counter("tandem_routing_decisions_total",
+                                 "Routing decisions by policy and reason", ["policy", "reason"],
+                                 registry=r)
+        self.decision_seconds = Histogram("tandem_routing_decision_seconds",
+                                          "Time to hash, look up and choose (router overhead)",
+                                          buckets=_ROUTE_BUCKETS, registry=r)
+        self.predicted_cached = Counter("tandem_routing_predicted_cached_tokens_total",
+                                        "Cached prompt tokens the index predicted, on reported "
+                                        "requests", registry=r)
+        self.actual_cached = Counter("tandem_routing_actual_cached_tokens_total",
+                                     "Cached prompt tokens the engines reported", registry=r)
+        self.prediction = Counter("tandem_routing_prediction_total",
+                                  "Predicted vs reported cached tokens: exact, over or under",
+                                  ["outcome"], registry=r)
+
+    def count_decision(self, policy: str, decision: RouteDecision, seconds: float) -> None:
+        self.decisions.labels(policy, decision.reason).inc()
+        self.decision_seconds.observe(seconds)
+
+    def count_cached(self, decision: RouteDecision, cached_tokens: int) -> None:
+        """The engine that computed the prompt reported its cached tokens."""
+        predicted = decision.predicted_cached_tokens
+        self.predicted_cached.inc(predicted)
+        self.actual_cached.inc(cached_tokens)
+        outcome = "exact" if cached_tokens == predicted else (
+            "over" if predicted > cached_tokens else "under")
+        self.prediction.labels(outcome).inc()
+
+    def watch(self, core: RoutingCore, pool: PodPool, state: LocalState) -> None:
+        """Expose the pods, the index and the shared state as they are at each scrape."""
+        self.registry.register(_RoutingCollector(core, pool, state))
+
+
+class _RoutingCollector(Collector):
+    def __init__(self, core: RoutingCore, pool: PodPool, state: LocalState) -> None:
+        self._core = core
+        self._pool = pool
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        reports = self._core.report(time.monotonic())
+        in_flight = GaugeMetricFamily("tandem_router_pod_in_flight",
+                                      "Requests this router has in flight per pod",
+                                      labels=["pod", "role"])
+        state = GaugeMetricFamily("tandem_router_pod_state",
+                                  "1 for the pod's state: available (takes new work), "
+                                  "draining, ejected (circuit open) or unhealthy",
+                                  labels=["pod", "role", "state"])
+        pending = GaugeMetricFamily("tandem_routing_pod_pending_prefill_tokens",
+                                    "Uncached prompt tokens this router sent to a pod whose "
+                                    "prefill is not done", labels=["pod"])
+        cached = GaugeMetricFamily("tandem_routing_pod_cached_blocks",
+                                   "KV blocks the index believes a pod holds", labels=["pod"])
+        live = GaugeMetricFamily("tandem_routing_pod_live_blocks",
+                                 "KV blocks this router's live sessions need on a pod "
+                                 "(what eviction pricing protects)", labels=["pod"])
+        capacity = GaugeMetricFamily("tandem_routing_pod_kv_capacity_blocks",
+                                     "KV cache size a pod reports, in blocks", labels=["pod"])
+        ejections = CounterMetricFamily("tandem_routing_ejections",
+                                        "Pods ejected by their circuit breaker", labels=["pod"])
+        for r in reports:
+            in_flight.add_metric([r.name, r.role], r.in_flight)
+            for s in POD_STATES:
+                state.add_metric([r.name, r.role, s], 1.0 if r.state == s else 0.0)
+            pending.add_metric([r.name], r.pending_prefill_tokens)
+            cached.add_metric([r.name], r.cached_blocks)
+            live.add_metric([r.name], r.live_blocks)
+            capacity.add_metric([r.name], r.kv_capacity_blocks)
+            ejections.add_metric([r.name], r.ejections)
+        yield from (in_flight, state, pending, cached, live, capacity, ejections)
+        index = self._core.index
+        yield GaugeMetricFamily("tandem_routing_index_blocks",
+                                "Distinct block hashes in the prefix index", value=len(index))
+        yield CounterMetricFamily("tandem_routing_index_evictions",
+                                  "Hashes dropped by the index's LRU bound",
+                                  value=index.evictions)
+        batches = CounterMetricFamily("tandem_routing_kv_event_batches",
+                                      "KV event batches applied", labels=["pod"])
+        gaps = GaugeMetricFamily("tandem_routing_kv_event_gaps",
+                                 "Sequence gaps seen on a pod's KV event stream", labels=["pod"])
+        lost = GaugeMetricFamily("tandem_routing_kv_event_lost_batches",
+                                 "KV event batches neither received nor replayable",
+                                 labels=["pod"])
+        for pod in self._pool.pods:
+            if pod.events is not None:
+                stats = pod.events.stats
+                batches.add_metric([pod.address], stats.batches)
+                gaps.add_metric([pod.address], stats.gaps)
+                lost.add_metric([pod.address], stats.lost)
+        yield from (batches, gaps, lost)
+        if self._state.shared:
+            yield GaugeMetricFamily("tandem_routing_shared_state_up",
+                                    "1 while the Redis shared state is reachable",
+                                    value=1.0 if self._state.up else 0.0)

@@ -7,7 +7,8 @@ Failure rules, in one place:
 * No decode pod can serve → 503 before anything runs (a prefill would only
   strand KV).
 * A pod that fails before the first byte is marked unhealthy, counts against
-  its circuit breaker, and the request is routed again without it.
+  its circuit breaker, and the request is routed again without it; so is a
+  pod removed between the decision and the call, without counting against it.
 * No prefill pod can serve → the decode pod computes the prompt itself.
 * No decode pod can serve after a prefill succeeded, or the client leaves
   between prefill and decode → the prefill's leased KV is released at once
@@ -31,7 +32,8 @@ from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pods import EnginePod, PodPool
 from services.router.retention import SessionRetention
-from services.router.routing import NoPodAvailable, RouteDecision, RouteRequest, RoutingCore
+from services.router.routing import NoPodAvailable, RouteDecision, RouteRequest
+from services.router.routing.replica import Replica
 
 log = logging.getLogger("tandem.router")
 
@@ -78,53 +80,62 @@ class _Routing:
 
 
 class Orchestrator:
-    def __init__(self, pool: PodPool, core: RoutingCore, metrics: RouterMetrics,
+    def __init__(self, pool: PodPool, replica: Replica, metrics: RouterMetrics,
                  retention: SessionRetention | None = None) -> None:
         self._pool = pool
-        self._core = core
+        self._replica = replica
+        self._core = replica.core
         self._metrics = metrics
         self._retention = retention
-        self._background: set[asyncio.Task] = set()
-        self._split = bool(pool.of_role("decode"))  # P/D, else aggregated pods
+        self._background: set[asyncio.Task[None]] = set()
 
     def _first_call(self, req: EngineRequest) -> None:
         self._metrics.overhead.observe(time.perf_counter() - req.arrival)
 
-    async def _route(self, routing: _Routing, role: str, tried: int = 0) -> RouteDecision:
+    async def _route(self, routing: _Routing, tried: int = 0) -> RouteDecision:
+        start = time.perf_counter()
         try:
-            decision = await self._core.route(routing.request, time.monotonic())
-        except NoPodAvailable:
-            raise OpenAIError(503, f"no healthy {role} pod is available ({tried} tried)"
-                              if tried else f"no healthy {role} pod is available") from None
+            decision = await self._replica.route(routing.request, time.monotonic())
+        except NoPodAvailable as exc:
+            raise OpenAIError(503, f"{exc} ({tried} tried)" if tried else str(exc)) from None
+        self._metrics.count_decision(self._core.settings.policy.policy, decision,
+                                     time.perf_counter() - start)
         routing.decision = decision
         routing.decisions.append(decision)
         return decision
 
-    async def _failed(self, routing: _Routing, pod: EnginePod, step: str,
-                      exc: grpc.aio.AioRpcError) -> None:
-        self._pool.mark_failed(pod.address, f"{step} failed: {exc.code().name}")
-        await self._core.report_failure(routing.decision, pod.address, time.monotonic())
-        await self._core.release(routing.decision)
-        routing.exclude(pod.address)
+    async def _prefill_done(self, decision: RouteDecision, pod: str,
+                            cached_tokens: int | None) -> None:
+        """``pod`` computed the prompt; ``cached_tokens``: its count, if it came."""
+        await self._replica.report_prefill(decision, time.monotonic(), pod)
+        if cached_tokens is not None:
+            self._metrics.count_cached(decision, cached_tokens)
+
+    async def _failed(self, routing: _Routing, pod: str, why: str) -> None:
+        """A call to ``pod`` failed before its first byte: route again without it."""
+        await self._replica.report_failure(routing.decision, pod, time.monotonic(), why)
+        routing.exclude(pod)
+
+    async def _gone(self, routing: _Routing, pod: str) -> None:
+        """``pod`` was removed since the decision: route again without it."""
+        await self._replica.release(routing.decision, time.monotonic())
+        routing.exclude(pod)
 
     async def stream(self, req: EngineRequest) -> AsyncIterator[pb.GenerateResponse]:
         """Run a request; yields the decode's messages, the last one final."""
         routing = _Routing(RouteRequest(req.token_ids, session=req.session,
                                         cache_salt=req.cache_salt,
                                         session_end=req.session_end))
-        role = "decode" if self._split else "both"
         try:
             # Decode first: without a decode pod, a prefill would only strand KV.
-            decision = await self._route(routing, role)
+            decision = await self._route(routing)
             hint = self._retention_hint(req, decision)
-            kv_params = await self._prefill(req, routing, hint) if self._split else ""
-            if not self._split:
-                self._first_call(req)
-            async for message in self._generate(req, routing, role, kv_params, hint):
+            kv_params = await self._prefill(req, routing, hint)
+            async for message in self._generate(req, routing, kv_params, hint):
                 yield message
         finally:
             for decision in routing.decisions:
-                await self._core.release(decision)
+                await self._replica.release(decision, time.monotonic())
 
     def _retention_hint(self, req: EngineRequest,
                         decision: RouteDecision) -> pb.RetentionHint | None:
@@ -143,64 +154,60 @@ class Orchestrator:
 
     async def _prefill(self, req: EngineRequest, routing: _Routing,
                        hint: pb.RetentionHint | None = None) -> str:
-        """KV hand-off parameters from a prefill pod, or "" for local prefill."""
+        """KV hand-off parameters from a prefill pod, or "" when the decode
+        (or aggregated) pod computes the prompt itself."""
         tried = 0
         while (address := routing.decision.prefill_pod) is not None:
-            pod = self._pool.pod(address)
             tried += 1
             if tried == 1:
                 self._first_call(req)
             else:
                 self._metrics.retries.labels("prefill").inc()
-            pod.acquire()
-            try:
-                reply = await pod.stub.Prefill(pb.PrefillRequest(
-                    request_id=req.request_id, token_ids=req.token_ids,
-                    sampling_params=req.sampling, cache_salt=req.cache_salt,
-                    retention=hint))
-                await self._core.report_prefill(routing.decision, reply.cached_tokens,
-                                                time.monotonic(), pod=address)
-                return reply.kv_transfer_params_json
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in _RETRYABLE:
-                    raise _to_openai_error(exc, pod) from None
-                await self._failed(routing, pod, "Prefill", exc)
-            finally:
-                pod.release()
-            await self._route(routing, "decode")
+            pod = self._pool.get(address)
+            if pod is None:  # removed since the decision
+                await self._gone(routing, address)
+            else:
+                try:
+                    reply = await pod.stub.Prefill(pb.PrefillRequest(
+                        request_id=req.request_id, token_ids=req.token_ids,
+                        sampling_params=req.sampling, cache_salt=req.cache_salt,
+                        retention=hint))
+                    await self._prefill_done(routing.decision, address, reply.cached_tokens)
+                    return reply.kv_transfer_params_json
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in _RETRYABLE:
+                        raise _to_openai_error(exc, pod) from None
+                    await self._failed(routing, address, f"Prefill failed: {exc.code().name}")
+            await self._route(routing)
         if not tried:
             self._first_call(req)
-        self._metrics.local_prefill.labels(self._local_prefill_reason(routing)).inc()
+        reason = routing.decision.local_prefill
+        if reason is not None:
+            if reason == "prefill_unavailable":
+                log.warning("no prefill pod can serve; the decode pod prefills locally")
+            self._metrics.local_prefill.labels(reason).inc()
         return ""
 
-    def _local_prefill_reason(self, routing: _Routing) -> str:
-        prefill = self._pool.of_role("prefill")
-        if not prefill:
-            return "no_prefill_pods"
-        now = time.monotonic()
-        if not any(self._core.available(p.address, now)
-                   and p.address not in routing.request.exclude for p in prefill):
-            log.warning("no prefill pod can serve; the decode pod prefills locally")
-            return "prefill_unavailable"
-        return "short_uncached"  # the decode pod lacks too little to be worth a transfer
-
-    async def _generate(self, req: EngineRequest, routing: _Routing, role: str,
-                        kv_params: str, hint: pb.RetentionHint | None = None,
+    async def _generate(self, req: EngineRequest, routing: _Routing, kv_params: str,
+                        hint: pb.RetentionHint | None = None,
                         ) -> AsyncIterator[pb.GenerateResponse]:
         tried: set[str] = set()
         first_byte = False
         try:
             while True:
                 if tried:
-                    # Retry on another pod of the role, keeping the prefill's
-                    # KV (or local prefill): no second prefill.
+                    # Retry on another pod, keeping the prefill's KV (or local
+                    # prefill): no second prefill.
                     routing.exclude(*(p.address for p in self._pool.of_role("prefill")))
-                    await self._route(routing, role, len(tried))
-                    self._metrics.retries.labels(role).inc()
+                    await self._route(routing, len(tried))
                 decision = routing.decision
-                pod = self._pool.pod(decision.decode_pod)
-                tried.add(pod.address)
-                pod.acquire()
+                tried.add(decision.decode_pod)
+                pod = self._pool.get(decision.decode_pod)
+                if pod is None:  # removed since the decision
+                    await self._gone(routing, decision.decode_pod)
+                    continue
+                if len(tried) > 1:
+                    self._metrics.retries.labels(pod.role).inc()
                 # The hint goes along when this pod computes the prompt (no
                 # prefill pod, or an aggregated pod): then it writes the KV.
                 call = pod.stub.Generate(pb.GenerateRequest(
@@ -215,22 +222,20 @@ class Orchestrator:
                             if not kv_params:
                                 # The prompt is computed: it no longer queues
                                 # ahead of others there (its count comes last).
-                                await self._core.report_prefill(
-                                    decision, None, time.monotonic(), pod=pod.address)
+                                await self._prefill_done(decision, pod.address, None)
                         if message.finish_reason and not kv_params:
                             # This pod computed the prompt: its count is the truth.
-                            await self._core.report_prefill(
-                                decision, message.usage.cached_tokens, time.monotonic(),
-                                pod=pod.address)
+                            await self._prefill_done(decision, pod.address,
+                                                     message.usage.cached_tokens)
                         yield message
                     return
                 except grpc.aio.AioRpcError as exc:
                     if first_byte or exc.code() not in _RETRYABLE:
                         raise _to_openai_error(exc, pod) from None
-                    await self._failed(routing, pod, "Generate", exc)
+                    await self._failed(routing, pod.address,
+                                       f"Generate failed: {exc.code().name}")
                 finally:
                     call.cancel()  # no-op when finished; aborts the request otherwise
-                    pod.release()
         finally:
             if kv_params and not first_byte:
                 # The KV the prefill holds for this request will never be pulled.
@@ -246,8 +251,10 @@ class Orchestrator:
     async def _release_kv(self, request_id: str, kv_params: str, exclude: set[str]) -> None:
         # Prefer a pod that did not just fail; the one the request was on is
         # fine too if it is still up (a client disconnect, not a pod failure).
+        now = time.monotonic()
         pods = sorted(self._pool.of_role("decode"),
-                      key=lambda p: (not p.available, p.address in exclude))
+                      key=lambda p: (not self._core.available(p.address, now),
+                                     p.address in exclude))
         for pod in pods:
             try:
                 await pod.stub.ReleaseKv(pb.ReleaseKvRequest(

@@ -1,9 +1,11 @@
-"""Engine pods as the router sees them: a gRPC channel each, health and load
-refreshed by polling, and the router's own exact in-flight count per pod.
+"""Engine pods as the router reaches them: a gRPC channel each, health and
+load polled, and the KV event stream of each pod that publishes one.
 
-Which pod serves a request is the routing core's choice
-(`services/router/routing`); the pool feeds it every poll result
-(`RoutingCore.update_pod`) and every pod the request path saw fail.
+What the router knows of a pod (health, load, circuit breaker) lives in the
+routing core (`routing.RoutingCore.pods`); the pool does the I/O that feeds it:
+every poll result goes to `RoutingCore.update_pod`, every KV event batch into
+its prefix index. The pod set changes at runtime through `add_pod`,
+`remove_pod` and `set_draining` (`discovery.py` says where pods come from).
 """
 
 from __future__ import annotations
@@ -11,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
-from services.router.metrics import RouterMetrics
-from services.router.routing import RoutingCore
+from services.router.routing import PodSpec, RoutingCore
+from services.router.routing.events import KvEventSubscriber
 from services.router.routing.tasks import cancel_and_wait
 
 log = logging.getLogger("tandem.router")
@@ -29,116 +30,114 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.keepalive_time_ms", 10_000),
                     ("grpc.keepalive_timeout_ms", 5_000)]
 
-
 # Consecutive timed-out polls after which a pod counts as unhealthy.
 _SLOW_POLLS_BEFORE_UNHEALTHY = 3
 
 
-@dataclass
-class PodState:
-    healthy: bool = False
-    draining: bool = False
-    waiting: int = 0
-    running: int = 0
-    kv_cache_usage: float = 0.0
-    kv_capacity_blocks: int = 0  # 0: not reported
-    in_flight: int = 0  # the router's own count: exact, no polling lag
-
-
 class EnginePod:
-    def __init__(self, address: str, role: str, metrics: RouterMetrics) -> None:
-        self.address = address
-        self.role = role  # "prefill", "decode" or "both"
-        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    """One pod's connections: its gRPC channel and, if it publishes them, its KV events."""
+
+    def __init__(self, spec: PodSpec, events: KvEventSubscriber | None = None) -> None:
+        self.spec = spec
+        self.channel = grpc.aio.insecure_channel(spec.name, options=_CHANNEL_OPTIONS)
         self.stub = pb_grpc.EngineStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
-        self.state = PodState()
-        self._metrics = metrics
-        self._slow_polls = 0
+        self.events = events
+        self.slow_polls = 0
 
     @property
-    def available(self) -> bool:
-        return self.state.healthy and not self.state.draining
+    def address(self) -> str:
+        return self.spec.name
 
-    def acquire(self) -> None:
-        self.state.in_flight += 1
-        self._metrics.pod_in_flight.labels(self.address, self.role).set(self.state.in_flight)
+    @property
+    def role(self) -> str:
+        return self.spec.role
 
-    def release(self) -> None:
-        self.state.in_flight -= 1
-        self._metrics.pod_in_flight.labels(self.address, self.role).set(self.state.in_flight)
+    async def check(self, timeout: float) -> tuple[bool, pb.GetLoadResponse]:
+        """(serving, load) from the pod's health service and GetLoad."""
+        reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""),
+                                         timeout=timeout)
+        load = await self.stub.GetLoad(pb.GetLoadRequest(), timeout=timeout)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING, load
 
-    def mark_unhealthy(self, why: str) -> None:
-        if self.state.healthy:
-            log.warning("pod %s (%s) marked unhealthy: %s", self.address, self.role, why)
-        self.state.healthy = False
-        self._metrics.pod_healthy.labels(self.address, self.role).set(0)
-
-    async def poll(self, timeout: float) -> None:
-        try:
-            reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""),
-                                             timeout=timeout)
-            load = await self.stub.GetLoad(pb.GetLoadRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            # A refused connection is a dead pod; a slow answer from a busy
-            # one is not, unless it keeps happening.
-            self._slow_polls += 1
-            if (exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
-                    or self._slow_polls >= _SLOW_POLLS_BEFORE_UNHEALTHY):
-                self.mark_unhealthy(exc.code().name)
-            return
-        self._slow_polls = 0
-        healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
-        if healthy and not self.state.healthy:
-            log.info("pod %s (%s) is healthy", self.address, self.role)
-        if not healthy:
-            self.mark_unhealthy("health check says NOT_SERVING")
-        self.state.healthy = healthy
-        self.state.draining = load.draining
-        self.state.waiting, self.state.running = load.waiting, load.running
-        self.state.kv_cache_usage = load.kv_cache_usage
-        self.state.kv_capacity_blocks = load.kv_capacity_blocks
-        self._metrics.pod_healthy.labels(self.address, self.role).set(int(healthy))
-
-    async def model_info(self, timeout: float) -> pb.GetModelInfoResponse:
-        return await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
-
-    async def close(self) -> None:
-        await self.channel.close()
+    async def close(self, grace_s: float | None = None) -> None:
+        """Stop its KV events at once, then close the channel once its calls
+        end (or after ``grace_s``; None: now)."""
+        if self.events is not None:
+            await self.events.stop()
+        await self.channel.close(grace_s)
 
 
 class PodPool:
-    def __init__(self, pods: list[EnginePod], poll_interval_s: float,
-                 core: RoutingCore) -> None:
-        self.pods = pods
+    def __init__(self, core: RoutingCore, poll_interval_s: float,
+                 remove_grace_s: float = 30.0) -> None:
         self.core = core
-        self._by_address = {p.address: p for p in pods}
+        self._pods: dict[str, EnginePod] = {}
         self._poll_interval_s = poll_interval_s
-        self._poller: asyncio.Task | None = None
+        self._remove_grace_s = remove_grace_s
+        self._poller: asyncio.Task[None] | None = None
+
+    # ----- the pod set ------------------------------------------------------
+    def add_pod(self, spec: PodSpec) -> EnginePod:
+        """Connect to a new pod (and its KV events). It gets work once a poll
+        finds it healthy: at the next round, within the poll interval."""
+        if spec.name in self._pods:
+            raise ValueError(f"pod {spec.name} is already in the pool")
+        self.core.add_pod(spec)
+        events = None
+        if spec.kv_events:
+            events = KvEventSubscriber(spec.name, spec.kv_events, spec.kv_events_replay,
+                                       self.core.index)
+            events.start()
+        pod = self._pods[spec.name] = EnginePod(spec, events)
+        log.info("pod %s (%s) added%s", spec.name, spec.role,
+                 f", KV events from {spec.kv_events}" if spec.kv_events else "")
+        return pod
+
+    async def remove_pod(self, name: str) -> None:
+        """The pod is gone: no new work from now on; its KV events stop at once
+        (none reach the index after), its channel closes once the calls on it
+        end, at most ``remove_grace_s`` later."""
+        pod = self._pods.pop(name)
+        self.core.remove_pod(name)
+        log.info("pod %s (%s) removed", name, pod.role)
+        await pod.close(self._remove_grace_s)
+
+    def set_draining(self, name: str, draining: bool = True) -> None:
+        """The pod is going away: no new requests while its streams finish."""
+        self.core.set_draining(name, draining)
+
+    @property
+    def pods(self) -> list[EnginePod]:
+        return list(self._pods.values())
+
+    def get(self, name: str) -> EnginePod | None:
+        """The pod, or None if it was removed."""
+        return self._pods.get(name)
 
     def of_role(self, *roles: str) -> list[EnginePod]:
-        return [p for p in self.pods if p.role in roles]
+        return [p for p in self._pods.values() if p.role in roles]
 
-    def pod(self, address: str) -> EnginePod:
-        return self._by_address[address]
-
-    def mark_failed(self, address: str, why: str) -> None:
-        """A call to the pod failed before its first byte: no new work until a
-        poll finds it healthy again."""
-        pod = self._by_address[address]
-        pod.mark_unhealthy(why)
-        self._report(pod)
-
-    def _report(self, pod: EnginePod) -> None:
-        st = pod.state
-        self.core.update_pod(pod.address, time.monotonic(), healthy=st.healthy,
-                             draining=st.draining, running=st.running, waiting=st.waiting,
-                             kv_cache_usage=st.kv_cache_usage,
-                             kv_capacity_blocks=st.kv_capacity_blocks)
-
+    # ----- polls ------------------------------------------------------------
     async def _poll(self, pod: EnginePod) -> None:
-        await pod.poll(timeout=max(3 * self._poll_interval_s, 3.0))
-        self._report(pod)
+        try:
+            serving, load = await pod.check(timeout=max(3 * self._poll_interval_s, 3.0))
+        except grpc.aio.UsageError:
+            return  # the pod was removed meanwhile: its channel is closed
+        except grpc.aio.AioRpcError as exc:
+            # A refused connection is a dead pod; a slow answer from a busy
+            # one is not, unless it keeps happening.
+            pod.slow_polls += 1
+            if (exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                    or pod.slow_polls >= _SLOW_POLLS_BEFORE_UNHEALTHY):
+                self.core.mark_unhealthy(pod.address, exc.code().name)
+            return
+        pod.slow_polls = 0
+        self.core.update_pod(pod.address, time.monotonic(), healthy=serving,
+                             draining=load.draining, running=load.running,
+                             waiting=load.waiting, kv_cache_usage=load.kv_cache_usage,
+                             kv_capacity_blocks=load.kv_capacity_blocks,
+                             why="" if serving else "health check says NOT_SERVING")
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(p) for p in self.pods))

@@ -14,9 +14,10 @@ from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest, Orchestrator
-from services.router.pods import EnginePod, PodPool
-from services.router.routing import PodSpec, RoutingCore, RoutingSettings
+from services.router.pods import PodPool
+from services.router.routing import PodSpec, Replica, RoutingCore, RoutingSettings
 from services.router.routing.policy import PolicySettings
+from services.router.routing.shared_state import LocalState
 from tests.stack.helpers import metric_value
 
 
@@ -70,20 +71,22 @@ class FakeStub:
 
 def _setup(specs, threshold=0, retention=None):
     metrics = RouterMetrics()
-    pods = []
-    for i, (role, stub) in enumerate(specs):
-        pod = EnginePod(f"127.0.0.1:{1000 + i}", role, metrics)
-        pod.stub = stub
-        pod.state.healthy = True
-        pods.append(pod)
     settings = RoutingSettings(block_size=16, policy=PolicySettings(
         remote_prefill_threshold=threshold))
-    core = RoutingCore(settings, [PodSpec(p.address, p.role) for p in pods],
-                       registry=metrics.registry)
-    for p in pods:
-        core.update_pod(p.address, time.monotonic(), healthy=True)
-    pool = PodPool(pods, poll_interval_s=60, core=core)
-    return Orchestrator(pool, core, metrics, retention), metrics, core
+    core = RoutingCore(settings)
+    pool = PodPool(core, poll_interval_s=60)
+    for i, (role, stub) in enumerate(specs):
+        pod = pool.add_pod(PodSpec(f"127.0.0.1:{1000 + i}", role))
+        pod.stub = stub
+        core.update_pod(pod.address, time.monotonic(), healthy=True)
+    state = LocalState()
+    metrics.watch(core, pool, state)
+    return Orchestrator(pool, Replica(core, state), metrics, retention), metrics, core
+
+
+def _idle(core) -> bool:
+    return all(core.local_load(p).in_flight == 0
+               and core.local_load(p).pending_prefill_tokens == 0 for p in core.pods)
 
 
 def _request(n=100, session=None, source=None, end=False):
@@ -110,8 +113,7 @@ async def test_prefill_then_decode_with_the_prefill_kv():
     assert decode.calls[0][1].kv_transfer_params_json == '{"remote": 1}'
     text = _metrics(metrics)
     assert metric_value(text, "tandem_routing_prediction_total", 'outcome="exact"') == 1
-    loads = await core.state.loads()
-    assert all(l.in_flight == 0 and l.pending_prefill_tokens == 0 for l in loads.values())
+    assert _idle(core)
 
 
 async def test_dead_prefill_pod_falls_back_to_local_prefill():
@@ -122,8 +124,8 @@ async def test_dead_prefill_pod_falls_back_to_local_prefill():
     text = _metrics(metrics)
     assert metric_value(text, "tandem_router_local_prefill_total",
                         'reason="prefill_unavailable"') == 1
-    assert metric_value(text, "tandem_router_pod_healthy",
-                        'pod="127.0.0.1:1000",role="prefill"') == 0
+    assert metric_value(text, "tandem_router_pod_state",
+                        'pod="127.0.0.1:1000",role="prefill",state="unhealthy"') == 1
 
 
 async def test_short_uncached_prompt_prefills_on_the_decode_pod():
@@ -188,12 +190,11 @@ async def test_a_decoding_request_holds_a_slot_but_no_pending_prefill():
     stream = orch.stream(_request(n=100))
     first = await anext(stream)
     assert first.token_ids == [7]
-    (load,) = (await core.state.loads()).values()
-    assert (load.in_flight, load.pending_prefill_tokens) == (1, 0)
+    (pod,) = core.pods
+    assert (core.local_load(pod).in_flight, core.local_load(pod).pending_prefill_tokens) == (1, 0)
     rest = [m async for m in stream]
     assert rest[-1].finish_reason == "stop"
-    (load,) = (await core.state.loads()).values()
-    assert (load.in_flight, load.pending_prefill_tokens) == (0, 0)
+    assert _idle(core)
 
 
 async def test_retention_hint_goes_to_the_engine_that_writes_the_kv():

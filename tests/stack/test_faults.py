@@ -24,8 +24,9 @@ from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest, Orchestrator
-from services.router.pods import EnginePod, PodPool
-from services.router.routing import PodSpec, RoutingCore, RoutingSettings
+from services.router.pods import PodPool
+from services.router.routing import PodSpec, Replica, RoutingCore, RoutingSettings
+from services.router.routing.shared_state import LocalState
 from tests.conftest import MODEL_NAME, engine
 from tests.stack.helpers import chat, engine_load, metric_value, sse_events, wait_for
 from tests.stack.test_pd_identity import LONG_CONTEXT
@@ -122,20 +123,16 @@ async def test_decode_failure_after_prefill_releases_kv(stack):
     503 and the prefill's KV is released at once, not at lease expiry."""
     prefill, decode = engine(stack, "prefill").grpc, engine(stack, "decode").grpc
     metrics = RouterMetrics()
-    p = EnginePod(prefill, "prefill", metrics)
-    dead = EnginePod(f"127.0.0.1:{free_port()}", "decode", metrics)
-    spare = EnginePod(decode, "decode", metrics)
-    pods = [p, dead, spare]
-    core = RoutingCore(RoutingSettings(), [PodSpec(x.address, x.role) for x in pods],
-                       registry=metrics.registry)
-    pool = PodPool(pods, poll_interval_s=60, core=core)  # no poller: states set by hand
+    core = RoutingCore(RoutingSettings())
+    pool = PodPool(core, poll_interval_s=60)  # no poller: states set by hand
+    dead = f"127.0.0.1:{free_port()}"
+    for spec in (PodSpec(prefill, "prefill"), PodSpec(dead, "decode"), PodSpec(decode, "decode")):
+        pool.add_pod(spec)
     await pool.poll_once()
-    dead.state.healthy = True      # the router believes it is up (it died after the poll)
-    spare.state.draining = True    # takes no new work, but can still release KV
-    for pod in (dead, spare):
-        core.update_pod(pod.address, time.monotonic(), healthy=True,
-                        draining=pod.state.draining)
-    orchestrator = Orchestrator(pool, core, metrics)
+    now = time.monotonic()
+    core.update_pod(dead, now, healthy=True)  # the router believes it is up (it died after the poll)
+    core.set_draining(decode)  # takes no new work, but can still release KV
+    orchestrator = Orchestrator(pool, Replica(core, LocalState()), metrics)
     request = EngineRequest(request_id=f"fail-{uuid.uuid4().hex}",
                             token_ids=list(range(2000, 2700)),
                             sampling=pb.SamplingParams(max_tokens=8), cache_salt=None,

@@ -1,18 +1,22 @@
 """Tandem's routing core: which pods serve a request, and why.
 
-The router calls one object, ``RoutingCore`` (see README.md here):
-``route(RouteRequest, now) -> RouteDecision``, then ``report_prefill``,
-``report_failure`` and ``release`` as the request proceeds.
+The router calls one object, ``RoutingCore`` (see README.md here): a
+synchronous ``route(RouteRequest, SharedView, now) -> RouteDecision`` over a
+view of the shared state read before it, then ``report_prefill``,
+``report_failure`` and ``release`` as the request proceeds; ``add_pod``,
+``remove_pod`` and ``set_draining`` change the pod set.
 """
 
-from services.router.routing.core import (PodSpec, RouteDecision, RouteRequest,
-                                          RoutingCore)
+from services.router.routing.core import (PodLoad, PodReport, PodSpec, PodStatus,
+                                          RouteDecision, RouteRequest, RoutingCore,
+                                          SharedView, StateWrites)
 from services.router.routing.policy import NoPodAvailable
+from services.router.routing.replica import Replica
 from services.router.routing.sessions import IncrementalTokenizer, session_key
-from services.router.routing.settings import (KvEventSource, RoutingSettings,
-                                              add_routing_arguments,
+from services.router.routing.settings import (RoutingSettings, add_routing_arguments,
                                               routing_settings_from_args)
 
-__all__ = ["IncrementalTokenizer", "KvEventSource", "NoPodAvailable", "PodSpec",
-           "RouteDecision", "RouteRequest", "RoutingCore", "RoutingSettings",
-           "add_routing_arguments", "routing_settings_from_args", "session_key"]
+__all__ = ["IncrementalTokenizer", "NoPodAvailable", "PodLoad", "PodReport", "PodSpec",
+           "PodStatus", "Replica", "RouteDecision", "RouteRequest", "RoutingCore", "RoutingSettings",
+           "SharedView", "StateWrites", "add_routing_arguments", "routing_settings_from_args",
+           "session_key"]

@@ -1,48 +1,96 @@
-"""The routing core: the one object the router calls to place a request.
+"""The routing core: the one object the router asks where a request goes.
 
-It composes the pieces (hasher, prefix index, KV event subscribers, shared
-state, circuit breakers, policy, metrics) and does the I/O the policy must not:
-reading session bindings and load from shared state, and recording what it
-decided. See README.md in this folder for the call sequence.
+Pure: no I/O, no clock, no background tasks; the current time is an argument.
+It holds what this router replica knows: the pods (spec, last poll, circuit
+breaker), the prefix index (the caller applies the pods' KV events to
+``index``), the live sessions and this replica's exact in-flight load. A
+decision is a function of that and of a ``SharedView`` the caller reads from
+the shared-state store just before (the session's binding, the other
+replicas' load); what the other replicas must learn comes back as
+``StateWrites``, which the caller writes to the store after. The pod set
+changes at runtime through ``add_pod``, ``remove_pod`` and ``set_draining``.
+See README.md in this folder for the call sequence.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
-
-from services.router.routing.events import KvEventSubscriber
 from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
 from services.router.routing.index import PrefixIndex, predicted_cached_tokens
 from services.router.routing.live import LiveSessions
-from services.router.routing.metrics import RoutingMetrics
 from services.router.routing.policy import Binding, Policy, PodView, RouteInput
 from services.router.routing.settings import RoutingSettings
-from services.router.routing.shared_state import LocalState, RedisState
 
 log = logging.getLogger("tandem.router.routing")
+
+# A pod's state as /health and the tandem_router_pod_state metric name it,
+# the first that applies: not healthy, draining (engine or discovery), circuit
+# open, else available (takes new work).
+POD_STATES = ("unhealthy", "draining", "ejected", "available")
 
 
 @dataclass(frozen=True)
 class PodSpec:
+    """A pod as the router is told of it (flags, or discovery)."""
     name: str  # the pod's gRPC address
     role: str = "both"  # "prefill", "decode" or "both"
+    # The engine's KV event PUB and replay endpoints; None: no events, the
+    # index holds predicted entries for the pod.
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
 
 
 @dataclass
 class PodStatus:
-    """What the router's health/load poller last saw of a pod."""
-    healthy: bool = True
-    draining: bool = False
-    running: int = 0
+    """Everything this replica knows of one pod; routing, /health and metrics read it."""
+    spec: PodSpec
+    healthy: bool = False  # the last poll said SERVING and no call failed since
+    draining: bool = False  # the engine says it is shutting down
+    marked_draining: bool = False  # set_draining: the pod is going away (discovery)
+    running: int = 0  # engine-reported
     waiting: int = 0
     kv_cache_usage: float = 0.0
     kv_capacity_blocks: int = 0  # 0: not reported
+
+
+@dataclass(frozen=True)
+class PodLoad:
+    in_flight: int = 0  # requests routed to the pod and not finished
+    pending_prefill_tokens: int = 0  # uncached prompt tokens routed there, prefill not done
+
+
+@dataclass(frozen=True)
+class SharedView:
+    """What the shared-state store says before a decision."""
+    binding: Binding | None = None  # where the session's previous turn went
+    loads: Mapping[str, PodLoad] = field(default_factory=dict)  # the other replicas' load
+
+
+@dataclass(frozen=True)
+class StateWrites:
+    """What the shared-state store must learn after a core call."""
+    loads: Mapping[str, PodLoad] = field(default_factory=dict)  # this replica's, per pod
+    binding: tuple[str, Binding] | None = None  # (session, where it went)
+
+
+@dataclass(frozen=True)
+class PodReport:
+    """One pod as /health and /metrics show it."""
+    name: str
+    role: str
+    state: str  # one of POD_STATES
+    healthy: bool
+    draining: bool
+    in_flight: int  # this replica's
+    pending_prefill_tokens: int  # this replica's
+    cached_blocks: int  # KV blocks the index believes the pod holds
+    live_blocks: int  # KV blocks this replica's live sessions need there
+    kv_capacity_blocks: int
+    ejections: int  # times its circuit breaker opened
 
 
 @dataclass(frozen=True)
@@ -64,9 +112,13 @@ class RouteDecision:
     predicted_ttft_s: float
     session: str | None = None
     num_tokens: int = 0
+    # Why a decode pod computes the prompt itself (a metric label):
+    # no_prefill_pods, prefill_unavailable or short_uncached; None otherwise.
+    local_prefill: str | None = None
     # The prompt's block hashes (the KV retention hint names them).
     block_hashes: list[int] = field(default_factory=list, repr=False)
-    # Bookkeeping for report_prefill/release: load this decision still holds.
+    writes: StateWrites = field(default_factory=StateWrites, repr=False)
+    # Load this decision still holds per pod: [requests, prefill tokens].
     _held: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
@@ -76,111 +128,138 @@ class RouteDecision:
 
 
 class RoutingCore:
-    def __init__(self, settings: RoutingSettings, pods: Sequence[PodSpec],
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, settings: RoutingSettings, pods: Iterable[PodSpec] = ()) -> None:
         settings.validate()
         self.settings = settings
-        self.pods: dict[str, PodSpec] = {p.name: p for p in pods}
-        self.status: dict[str, PodStatus] = {p.name: PodStatus() for p in pods}
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
         self.index = PrefixIndex(settings.index_capacity)
         self.live = LiveSessions(settings.live_session_window_s)
-        for p in pods:
-            self.index.add_pod(p.name)
         self.policy = Policy(settings.policy)
         self.health = PodHealth(settings.breaker)
-        self.metrics = RoutingMetrics(registry)
-        self.state = (RedisState(settings.redis_url, settings.replica_id,
-                                 binding_ttl_s=settings.session_ttl_s,
-                                 timeout_s=settings.redis_timeout_s)
-                      if settings.redis_url else LocalState(settings.session_ttl_s))
-        if self.state.shared:
-            state = self.state
-            self.metrics.shared_state_up.set_function(lambda: 1.0 if state.up else 0.0)
-        index = self.index
-        self.metrics.index_blocks.set_function(lambda: len(index))
-        # Per-pod gauges are refreshed by the poller (update_pod), off the hot
-        # path, from the loads the last routing decision saw.
-        self._seen_loads: dict = {}
-        self._evictions_counted = 0
-        unknown = [s.pod for s in settings.kv_events if s.pod not in self.pods]
-        if unknown:
-            raise ValueError(f"--kv-events names pods that are not configured: {unknown}")
-        self.subscribers = {
-            s.pod: KvEventSubscriber(s.pod, s.endpoint, s.replay_endpoint, self.index,
-                                     settings.kv_events_topic, on_batch=self._on_event_batch)
-            for s in settings.kv_events}
+        self._pods: dict[str, PodStatus] = {}
+        self._loads: dict[str, PodLoad] = {}  # this replica's; zero loads are dropped
+        for spec in pods:
+            self.add_pod(spec)
 
-    # ----- lifecycle --------------------------------------------------------
-    async def start(self) -> None:
-        await self.state.start()
-        for sub in self.subscribers.values():
-            sub.start()
+    # ----- the pod set ------------------------------------------------------
+    def add_pod(self, spec: PodSpec) -> None:
+        """A new pod; it takes work once a poll finds it healthy (``update_pod``)."""
+        if spec.name in self._pods:
+            raise ValueError(f"pod {spec.name} is already known")
+        self._pods[spec.name] = PodStatus(spec)
+        self.index.add_pod(spec.name)
 
-    async def close(self) -> None:
-        for sub in self.subscribers.values():
-            await sub.stop()
-        await self.state.close()
+    def remove_pod(self, name: str) -> None:
+        """The pod is gone: no new work, and what the index, the breakers and
+        the live sessions knew of it is dropped. Load its running requests still
+        hold is freed as they are released."""
+        self._status(name)
+        del self._pods[name]
+        self.index.remove_pod(name)
+        self.health.remove(name)
+        self.live.remove_pod(name)
 
-    # ----- inputs from the router's poller ---------------------------------
+    def set_draining(self, name: str, draining: bool = True) -> None:
+        """The pod is going away (or stays after all): while marked, it gets no
+        new requests; those it runs finish."""
+        self._status(name).marked_draining = draining
+
+    @property
+    def pods(self) -> Mapping[str, PodStatus]:
+        return self._pods
+
+    # ----- polls ------------------------------------------------------------
     def update_pod(self, name: str, now: float, *, healthy: bool, draining: bool = False,
                    running: int = 0, waiting: int = 0, kv_cache_usage: float = 0.0,
-                   kv_capacity_blocks: int = 0) -> None:
-        """Feed a poll result. A healthy poll of an ejected pod is its recovery probe."""
-        self.status[name] = PodStatus(healthy, draining, running, waiting, kv_cache_usage,
-                                      kv_capacity_blocks)
+                   kv_capacity_blocks: int = 0, why: str = "") -> None:
+        """Feed a poll result (``why``: what made it unhealthy, for the log).
+        A poll of a pod removed meanwhile is ignored. A healthy poll of an
+        ejected pod is its recovery probe."""
+        st = self._pods.get(name)
+        if st is None:
+            return
+        self._set_healthy(st, healthy, why)
+        st.draining, st.running, st.waiting = draining, running, waiting
+        st.kv_cache_usage, st.kv_capacity_blocks = kv_cache_usage, kv_capacity_blocks
         breaker = self.health.breaker(name)
         if healthy and breaker.probe_due(now):
             breaker.record_success(now)
             log.info("pod %s recovered: circuit closed", name)
-        self.metrics.pod_available.labels(name).set(1 if self.available(name, now) else 0)
-        self._refresh_pod_gauges(name)
 
-    def _refresh_pod_gauges(self, name: str) -> None:
-        m = self.metrics
-        m.pod_blocks.labels(name).set(self.index.held_blocks(name))
-        m.pod_live_blocks.labels(name).set(self.live.occupied_blocks(name, None))
-        m.pod_kv_capacity.labels(name).set(self.status[name].kv_capacity_blocks)
-        load = self._seen_loads.get(name)
-        m.pod_in_flight.labels(name).set(load.in_flight if load else 0)
-        m.pod_pending_tokens.labels(name).set(load.pending_prefill_tokens if load else 0)
-        m.index_evictions.inc(self.index.evictions - self._evictions_counted)
-        self._evictions_counted = self.index.evictions
+    def mark_unhealthy(self, name: str, why: str) -> None:
+        """No new work until a poll finds the pod healthy again (its load as last polled)."""
+        st = self._pods.get(name)
+        if st is not None:
+            self._set_healthy(st, False, why)
 
+    @staticmethod
+    def _set_healthy(st: PodStatus, healthy: bool, why: str) -> None:
+        if healthy and not st.healthy:
+            log.info("pod %s (%s) is healthy", st.spec.name, st.spec.role)
+        elif st.healthy and not healthy:
+            log.warning("pod %s (%s) marked unhealthy: %s", st.spec.name, st.spec.role, why)
+        st.healthy = healthy
+
+    # ----- what /health and /metrics read ----------------------------------
     def available(self, name: str, now: float) -> bool:
-        st = self.status[name]
-        return st.healthy and not st.draining and self.health.allows_traffic(name, now)
+        """Takes new work: healthy, not draining, circuit closed."""
+        return self.state_of(name, now) == "available"
 
-    def pods_due_probe(self, now: float) -> list[str]:
-        """Ejected pods whose wait is over: poll them now (their next poll probes them)."""
-        return self.health.pods_due_probe(now)
+    def state_of(self, name: str, now: float) -> str:
+        st = self._status(name)
+        if not st.healthy:
+            return "unhealthy"
+        if st.draining or st.marked_draining:
+            return "draining"
+        if not self.health.allows_traffic(name, now):
+            return "ejected"
+        return "available"
+
+    def local_load(self, name: str) -> PodLoad:
+        """This replica's load on the pod."""
+        return self._loads.get(name, PodLoad())
+
+    def report(self, now: float) -> list[PodReport]:
+        reports = []
+        for name, st in self._pods.items():
+            load = self.local_load(name)
+            reports.append(PodReport(
+                name=name, role=st.spec.role, state=self.state_of(name, now),
+                healthy=st.healthy, draining=st.draining or st.marked_draining,
+                in_flight=load.in_flight, pending_prefill_tokens=load.pending_prefill_tokens,
+                cached_blocks=self.index.held_blocks(name),
+                live_blocks=self.live.occupied_blocks(name, None),
+                kv_capacity_blocks=st.kv_capacity_blocks,
+                ejections=self.health.breaker(name).ejections))
+        return reports
 
     # ----- the seam ---------------------------------------------------------
-    async def route(self, req: RouteRequest, now: float) -> RouteDecision:
-        """Choose pods for one request and account its load (release() undoes it)."""
-        t0 = time.perf_counter()
+    def route(self, req: RouteRequest, shared: SharedView, now: float) -> RouteDecision:
+        """Choose pods for one request and hold its load (``release`` frees it).
+
+        Raises ``NoPodAvailable`` when no decode or aggregated pod can take it.
+        Write ``decision.writes`` to the shared-state store afterwards.
+        """
         n = len(req.token_ids)
-        hashes = self._block_hashes(req)
+        hashes = self.hasher.event_hashes(req.token_ids, req.cache_salt, req.lora)
         self.index.expire_predictions(now)
         self.live.expire(now)
         matched = self.index.match(hashes, now)
-        binding = await self.state.get_binding(req.session) if req.session else None
-        loads = self._seen_loads = await self.state.loads()
         bs = self.settings.block_size
         views = []
-        for name, spec in self.pods.items():
-            st = self.status[name]
-            load = loads.get(name)
+        for name, st in self._pods.items():
+            local, remote = self.local_load(name), shared.loads.get(name, PodLoad())
+            blocks = matched.get(name, 0)
             views.append(PodView(
-                name=name, role=spec.role,
+                name=name, role=st.spec.role,
                 available=self.available(name, now) and name not in req.exclude,
-                in_flight=load.in_flight if load else 0,
-                pending_prefill_tokens=load.pending_prefill_tokens if load else 0,
+                in_flight=local.in_flight + remote.in_flight,
+                pending_prefill_tokens=(local.pending_prefill_tokens
+                                        + remote.pending_prefill_tokens),
                 running=st.running, waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
-                cached_tokens=predicted_cached_tokens(matched.get(name, 0), n, bs),
-                kv_free_tokens=self._kv_free_tokens(name, req.session,
-                                                    hashes[:matched.get(name, 0)])))
-        choice = self.policy.choose(RouteInput(n, views, req.session, binding, now))
+                cached_tokens=predicted_cached_tokens(blocks, n, bs),
+                kv_free_tokens=self._kv_free_tokens(st, req.session, hashes[:blocks])))
+        choice = self.policy.choose(RouteInput(n, views, req.session, shared.binding, now))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route session=%s tokens=%d -> %s prefill=%s (%s) cached=%s free=%s "
                       "costs=%s", req.session, n, choice.pod, choice.prefill_pod, choice.reason,
@@ -189,105 +268,94 @@ class RoutingCore:
                       {k: round(v) for k, v in choice.costs.items()})
         decision = RouteDecision(choice.prefill_pod, choice.pod, choice.reason,
                                  choice.predicted_cached_tokens, choice.predicted_ttft_s,
-                                 req.session, n, hashes)
+                                 req.session, n, choice.local_prefill, hashes)
         uncached = max(0, n - choice.predicted_cached_tokens)
-        await self._hold(decision, decision.prefill_on, 1, uncached)
+        loads = {decision.prefill_on: self._hold(decision, decision.prefill_on, 1, uncached)}
         if decision.prefill_pod is not None:
-            await self._hold(decision, decision.decode_pod, 1, 0)
-        for pod in {decision.prefill_on, decision.decode_pod}:
-            ttl = (self.settings.predicted_ttl_with_events_s if pod in self.subscribers
-                   else self.settings.predicted_ttl_s)
+            loads[decision.decode_pod] = self._hold(decision, decision.decode_pod, 1, 0)
+        for pod in loads:
+            ttl = (self.settings.predicted_ttl_with_events_s
+                   if self._pods[pod].spec.kv_events else self.settings.predicted_ttl_s)
             self.index.predict(pod, hashes, now, ttl)
+        binding = None
         if req.session:
             if req.session_end:
                 self.live.end(req.session)
             else:
-                self.live.touch(req.session, {decision.prefill_on, decision.decode_pod},
-                                hashes, now)
-            await self.state.set_binding(req.session, Binding(decision.decode_pod,
-                                                              decision.prefill_pod))
-        if req.exclude:
-            for pod in req.exclude:
-                self.metrics.retries.labels(pod).inc()
-        self.metrics.decisions.labels(self.settings.policy.policy, _reason_label(choice.reason)).inc()
-        self.metrics.route_seconds.observe(time.perf_counter() - t0)
+                self.live.touch(req.session, loads, hashes, now)
+            binding = (req.session, Binding(decision.decode_pod, decision.prefill_pod))
+        decision.writes = StateWrites(loads, binding)
         return decision
 
-    async def report_prefill(self, decision: RouteDecision, cached_tokens: int | None,
-                             now: float, pod: str | None = None) -> None:
-        """The prompt's KV is computed: the engine's reported cached_tokens (None if unknown).
+    def report_prefill(self, decision: RouteDecision, now: float,
+                       pod: str | None = None) -> StateWrites:
+        """The prompt's KV is computed on ``pod`` (default: the pod chosen to compute it).
 
-        Frees the pod's pending prefill tokens; a P/D prefill pod's request slot too.
-        Compares prediction and report (metrics only: a pod that lacked blocks the
-        index believed it held has just recomputed them, so the index is right
-        again; forgetting them made the session's next turn under-predicted).
-        An aggregated pod's prompt is done at its first token, but its count
-        comes with the last: call at the first with None (frees the load at
-        once; a decoding request is not queued prefill work), again at the end.
+        Frees the pod's pending prefill tokens, and a P/D prefill pod's request
+        slot. An aggregated or decode pod's prompt is done at its first token:
+        a decoding request is not prefill work queued ahead of the next one.
         """
         pod = pod or decision.prefill_on
         self.health.record_success(pod, now)
         held = decision._held.get(pod)
-        if held is not None:
-            tokens = held[1]
-            held[1] = 0
-            requests = 0
-            if pod == decision.prefill_pod and pod != decision.decode_pod:
-                requests, held[0] = held[0], 0
-            if requests or tokens:
-                await self.state.add_load(pod, -requests, -tokens)
-        if cached_tokens is None:
-            return
-        predicted = decision.predicted_cached_tokens
-        self.metrics.predicted_cached.inc(predicted)
-        self.metrics.actual_cached.inc(cached_tokens)
-        outcome = "exact" if cached_tokens == predicted else (
-            "over" if predicted > cached_tokens else "under")
-        self.metrics.prediction.labels(outcome).inc()
+        if held is None:
+            return StateWrites()
+        tokens, held[1] = held[1], 0
+        requests = 0
+        if pod == decision.prefill_pod and pod != decision.decode_pod:
+            requests, held[0] = held[0], 0
+        if not (requests or tokens):
+            return StateWrites()
+        return StateWrites({pod: self._add_load(pod, -requests, -tokens)})
 
-    async def report_failure(self, decision: RouteDecision, pod: str, now: float) -> None:
-        """A call to ``pod`` failed (connect error, engine error before the first byte)."""
-        if self.health.record_failure(pod, now):
-            self.metrics.ejections.labels(pod).inc()
-            log.warning("pod %s ejected after repeated failures", pod)
+    def report_failure(self, pod: str, now: float, why: str = "a call failed") -> bool:
+        """A call to ``pod`` failed before its first byte: no new work until a
+        poll finds it healthy, and one failure on its circuit breaker. True
+        when this failure ejected the pod."""
+        self.mark_unhealthy(pod, why)
+        if pod not in self._pods or not self.health.record_failure(pod, now):
+            return False
+        log.warning("pod %s ejected after repeated failures", pod)
+        return True
 
-    async def release(self, decision: RouteDecision) -> None:
+    def release(self, decision: RouteDecision) -> StateWrites:
         """The request ended (any way): free the load it still holds. Idempotent."""
+        loads = {}
         for pod, held in decision._held.items():
             if held[0] or held[1]:
-                await self.state.add_load(pod, -held[0], -held[1])
+                loads[pod] = self._add_load(pod, -held[0], -held[1])
                 held[0] = held[1] = 0
+        return StateWrites(loads)
 
     # ----- internals --------------------------------------------------------
-    async def _hold(self, decision: RouteDecision, pod: str, requests: int, tokens: int) -> None:
+    def _status(self, name: str) -> PodStatus:
+        st = self._pods.get(name)
+        if st is None:
+            raise KeyError(f"unknown pod {name}")
+        return st
+
+    def _hold(self, decision: RouteDecision, pod: str, requests: int, tokens: int) -> PodLoad:
         held = decision._held.setdefault(pod, [0, 0])
         held[0] += requests
         held[1] += tokens
-        await self.state.add_load(pod, requests, tokens)
+        return self._add_load(pod, requests, tokens)
 
-    def _kv_free_tokens(self, name: str, session: str | None,
+    def _add_load(self, pod: str, requests: int, tokens: int) -> PodLoad:
+        old = self.local_load(pod)
+        new = PodLoad(max(0, old.in_flight + requests),
+                      max(0, old.pending_prefill_tokens + tokens))
+        if new == PodLoad():
+            self._loads.pop(pod, None)
+        else:
+            self._loads[pod] = new
+        return new
+
+    def _kv_free_tokens(self, st: PodStatus, session: str | None,
                         cached: Sequence[int]) -> int | None:
         """KV the pod can fill for this request without evicting what live
         sessions need (None: the pod has not reported its capacity)."""
-        capacity = self.status[name].kv_capacity_blocks
+        capacity = st.kv_capacity_blocks
         if not capacity:
             return None
-        used = self.live.occupied_blocks(name, session, cached)
+        used = self.live.occupied_blocks(st.spec.name, session, cached)
         return max(0, capacity - used) * self.settings.block_size
-
-    def _block_hashes(self, req: RouteRequest) -> list[int]:
-        # 100K tokens hash in about 2.3 ms (sha256) on this machine's cores: cheap
-        # next to tokenization, so no per-session hash cache.
-        return self.hasher.event_hashes(req.token_ids, req.cache_salt, req.lora)
-
-    def _on_event_batch(self, pod: str, batch) -> None:
-        self.metrics.kv_event_batches.labels(pod).inc()
-        sub = self.subscribers.get(pod)
-        if sub is not None:
-            self.metrics.kv_event_gaps.labels(pod).set(sub.stats.gaps)
-            self.metrics.kv_event_lost.labels(pod).set(sub.stats.lost)
-
-
-def _reason_label(reason: str) -> str:
-    """Bounded label values: the reason without pod names or numbers (it has none today)."""
-    return reason

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import zmq
+import zmq.asyncio
 
 from services.router.routing.index import PrefixIndex
 from services.router.routing.tasks import cancel_and_wait
@@ -125,14 +127,12 @@ class KvEventSubscriber:
         self.on_batch = on_batch
         self.stats = SubscriberStats()
         self._next_seq = 0
-        self._task: asyncio.Task | None = None
-        self._ctx = None
+        self._task: asyncio.Task[None] | None = None
+        self._ctx: zmq.asyncio.Context | None = None
 
     def start(self) -> None:
-        import zmq.asyncio
-
         self._ctx = zmq.asyncio.Context()
-        self._task = asyncio.create_task(self._run(), name=f"kv-events-{self.pod}")
+        self._task = asyncio.create_task(self._run(self._ctx), name=f"kv-events-{self.pod}")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
@@ -142,10 +142,8 @@ class KvEventSubscriber:
             self._ctx = None
 
     # The loop: receive, check the sequence, replay what is missing, apply.
-    async def _run(self) -> None:
-        import zmq
-
-        sub = self._ctx.socket(zmq.SUB)
+    async def _run(self, ctx: zmq.asyncio.Context) -> None:
+        sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt_string(zmq.SUBSCRIBE, self.topic)
         sub.connect(self.endpoint)
@@ -197,12 +195,10 @@ class KvEventSubscriber:
 
     async def _replay_from(self, start: int, until: int) -> None:
         """Fetch and apply batches [start, until) from the replay socket."""
-        if self.replay_endpoint is None:
+        if self.replay_endpoint is None or self._ctx is None:
             self._count_lost(until - start)
             self._next_seq = until
             return
-        import zmq
-
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.connect(self.replay_endpoint)
         try:

@@ -6,9 +6,9 @@ State machine, time passed in (no clocks, no I/O):
   open the circuit (the pod is ejected).
 * ``open``: no traffic until ``open_until``; the wait doubles on each failed
   recovery, up to ``max_open_s``.
-* ``half-open``: after the wait the pod is due a probe (an active health check
-  the caller runs, or one trial request); success closes the circuit, failure
-  opens it again for longer.
+* ``half-open``: after the wait the pod is due a probe (the router's next
+  health poll of it); success closes the circuit, failure opens it again for
+  longer.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ class PodHealth:
     def allows_traffic(self, pod: str, now: float) -> bool:
         return self.breaker(pod).allows_traffic(now)
 
-    def pods_due_probe(self, now: float) -> list[str]:
-        return [pod for pod, b in self._breakers.items() if b.probe_due(now)]
+    def remove(self, pod: str) -> None:
+        self._breakers.pop(pod, None)
 
     def record_success(self, pod: str, now: float) -> None:
         self.breaker(pod).record_success(now)

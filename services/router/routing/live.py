@@ -29,7 +29,7 @@ class LiveSessions:
         # session -> (pods, block hashes, last seen), least recently seen first
         self._sessions: OrderedDict[str, tuple[frozenset[str], frozenset[int], float]] = \
             OrderedDict()
-        self._blocks: dict[str, Counter] = {}  # pod -> hash -> live sessions using it
+        self._blocks: dict[str, Counter[int]] = {}  # pod -> hash -> live sessions using it
 
     def touch(self, session: str, pods: Iterable[str], hashes: Sequence[int],
               now: float) -> None:
@@ -44,6 +44,13 @@ class LiveSessions:
     def end(self, session: str) -> None:
         self._drop(session)
 
+    def remove_pod(self, pod: str) -> None:
+        """The pod is gone: sessions that were live there are live elsewhere only."""
+        self._blocks.pop(pod, None)
+        for session, (pods, blocks, seen) in list(self._sessions.items()):
+            if pod in pods:
+                self._sessions[session] = (pods - {pod}, blocks, seen)
+
     def expire(self, now: float) -> None:
         while self._sessions:
             session, (_, _, seen) = next(iter(self._sessions.items()))
@@ -56,7 +63,7 @@ class LiveSessions:
         """Blocks on ``pod`` a new turn of ``session`` may not evict: other live
         sessions' blocks, plus the blocks of its prompt the pod holds
         (``cached``; in use while it runs). Each distinct block counts once."""
-        counts = self._blocks.get(pod) or Counter()
+        counts = self._blocks.get(pod) or Counter[int]()
         entry = self._sessions.get(session) if session else None
         own = entry[1] if entry is not None and pod in entry[0] else frozenset()
 

@@ -44,8 +44,8 @@ locally), the prefill pod with the lowest prefill cost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from services.router.routing.hashring import bounded_load_choice
 
@@ -92,6 +92,11 @@ class Choice:
     predicted_cached_tokens: int  # on the pod that computes the prompt
     predicted_ttft_s: float
     costs: dict[str, float] = field(default_factory=dict)
+    # Why a decode pod computes the prompt itself: no_prefill_pods (none
+    # configured), prefill_unavailable (none can serve) or short_uncached (it
+    # lacks too little to be worth a transfer); None when a prefill pod does,
+    # or the pod is aggregated.
+    local_prefill: str | None = None
 
 
 @dataclass(frozen=True)
@@ -199,20 +204,21 @@ class Policy:
         prefill = [p for p in req.pods if p.available and p.role == "prefill"]
         decode = [p for p in req.pods if p.available and p.role in ("decode", "both")]
         if not decode:
-            raise NoPodAvailable("no available decode or aggregated pod")
+            raise NoPodAvailable("no healthy decode or aggregated pod is available")
         split = any(p.role == "prefill" for p in req.pods)
         if not split:
-            return self._choose_one(req, decode, weight=1.0)
+            chosen = self._choose_one(req, decode, weight=1.0)
+            role = next(p.role for p in decode if p.name == chosen.pod)
+            return replace(chosen, local_prefill="no_prefill_pods" if role == "decode" else None)
         # P/D: decode first. Its missing prefix arrives by transfer, so it weighs less.
         chosen = self._choose_one(req, decode, weight=s.transfer_weight)
         d = next(p for p in decode if p.name == chosen.pod)
         missing = req.num_tokens - d.cached_tokens
         if missing < s.remote_prefill_threshold or not prefill:
-            why = ("short-uncached" if missing < s.remote_prefill_threshold
-                   else "no-prefill-pod")
+            why = "prefill_unavailable" if not prefill else "short_uncached"
             cost = prefill_cost(d, req.num_tokens, s)
-            return Choice(d.name, None, f"{chosen.reason}+local-prefill:{why}",
-                          d.cached_tokens, ttft_s(cost, s), chosen.costs)
+            return Choice(d.name, None, f"{chosen.reason}+local-prefill:{why.replace('_', '-')}",
+                          d.cached_tokens, ttft_s(cost, s), chosen.costs, why)
         p, reason = self._choose_prefill(req, prefill)
         cost = prefill_cost(p, req.num_tokens, s)
         return Choice(d.name, p.name, f"{chosen.reason}+{reason}", p.cached_tokens,
@@ -273,7 +279,9 @@ class Policy:
         return (s.stickiness_margin_tokens
                 + s.move_cost_factor * max(0, anchor.cached_tokens - other.cached_tokens))
 
-    def _new_session(self, req, pods, costs, done, bound_reason, use_cost: bool) -> Choice:
+    def _new_session(self, req: RouteInput, pods: Sequence[PodView], costs: dict[str, float],
+                     done: Callable[[str, str], Choice], bound_reason: str | None,
+                     use_cost: bool) -> Choice:
         s = self.settings
         prefix = bound_reason or "new"
         cached = max(pods, key=lambda p: (p.cached_tokens, -costs[p.name], p.name))

@@ -141,8 +141,9 @@ class IncrementalTokenizer:
                          if getattr(t, "special", False) and not getattr(t, "rstrip", False)}
 
     def render_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
-        return self._tok.apply_chat_template(messages, add_generation_prompt=True,
-                                             tokenize=False, **template_kwargs)
+        text: str = self._tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                  tokenize=False, **template_kwargs)
+        return text
 
     def encode(self, text: str, session: str | None = None) -> list[int]:
         """Token ids of ``text`` (no special tokens added), as full tokenization gives."""

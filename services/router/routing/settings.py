@@ -11,13 +11,6 @@ from services.router.routing.policy import POLICIES, PolicySettings
 
 
 @dataclass(frozen=True)
-class KvEventSource:
-    pod: str  # the pod's gRPC address, as the router names pods
-    endpoint: str  # PUB endpoint, e.g. tcp://127.0.0.1:5701
-    replay_endpoint: str | None = None  # ROUTER endpoint, e.g. tcp://127.0.0.1:5702
-
-
-@dataclass(frozen=True)
 class RoutingSettings:
     policy: PolicySettings = field(default_factory=PolicySettings)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
@@ -25,8 +18,6 @@ class RoutingSettings:
     hash_algo: str = "sha256"
     hash_seed: str | None = None  # None: PYTHONHASHSEED, else vLLM's fixed seed
     index_capacity: int = 1_000_000
-    kv_events: tuple[KvEventSource, ...] = ()
-    kv_events_topic: str = "kv"
     # Predicted entries: long-lived for pods without events, short for pods with
     # events (only bridging the time until the engine's own events arrive).
     predicted_ttl_s: float = 300.0
@@ -42,7 +33,7 @@ class RoutingSettings:
 
     def validate(self) -> None:
         if self.block_size <= 0:
-            raise ValueError(f"--routing-block-size {self.block_size}: must be positive")
+            raise ValueError(f"--block-size {self.block_size}: must be positive")
         if self.index_capacity <= 0:
             raise ValueError("--routing-index-capacity must be positive")
         if self.live_session_window_s <= 0:
@@ -50,19 +41,6 @@ class RoutingSettings:
                              "must be positive")
         if self.redis_timeout_s <= 0:
             raise ValueError(f"--redis-timeout {self.redis_timeout_s:g}: must be positive")
-        pods = [s.pod for s in self.kv_events]
-        if len(pods) != len(set(pods)):
-            raise ValueError("--kv-events names a pod twice")
-
-
-def parse_kv_event_source(text: str) -> KvEventSource:
-    """``POD=PUB_ENDPOINT[,REPLAY_ENDPOINT]``."""
-    pod, sep, rest = text.partition("=")
-    if not sep or not pod or not rest:
-        raise argparse.ArgumentTypeError(
-            f"--kv-events {text!r}: expected POD=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]")
-    endpoint, _, replay = rest.partition(",")
-    return KvEventSource(pod.strip(), endpoint.strip(), replay.strip() or None)
 
 
 def _env(name: str, default):
@@ -75,10 +53,6 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
                    default=_env("routing_policy", "cost"),
                    help="how pods are chosen: cost (prefix hits vs load, sticky sessions), "
                         "round-robin, least-load, prefix (most cached), session (always sticky)")
-    g.add_argument("--kv-events", action="append", type=parse_kv_event_source, default=[],
-                   metavar="POD=PUB[,REPLAY]",
-                   help="subscribe to a pod's vLLM KV events (repeat per pod); pods without "
-                        "events get predicted index entries")
     g.add_argument("--block-size", dest="routing_block_size", type=int,
                    default=int(_env("block_size", 128)),
                    help="engines' KV block size (must match --block-size of the engines)")
@@ -132,7 +106,6 @@ def routing_settings_from_args(args: argparse.Namespace) -> RoutingSettings:
         block_size=args.routing_block_size,
         hash_algo=args.routing_hash_algo,
         index_capacity=args.routing_index_capacity,
-        kv_events=tuple(args.kv_events),
         session_header=args.session_header,
         redis_url=args.redis_url,
         redis_timeout_s=args.redis_timeout_s,

@@ -1,12 +1,16 @@
-"""Session bindings and in-flight load, shared by router replicas through Redis.
+"""The shared-state store: session bindings and in-flight load, shared by
+router replicas through Redis.
 
-Two implementations of one async interface:
+The routing core decides over a ``SharedView`` read from the store before a
+decision (``read``) and returns ``StateWrites`` the store takes after it
+(``write``). Two stores, one interface:
 
-* ``LocalState``: this replica alone (no Redis configured).
+* ``LocalState``: this replica alone (no Redis configured): bindings in an
+  LRU with an idle TTL, nobody else's load.
 * ``RedisState``: bindings live in Redis (``<prefix>:sess:<key>``, idle TTL), so
-  any replica routes a session's next turn to the same pod. Each replica keeps
-  its in-flight counts exact in memory and mirrors them into its own hash
-  (``<prefix>:load:<replica>``, fields ``POD|r`` and ``POD|t`` plus an
+  any replica routes a session's next turn to the same pod. Each replica
+  mirrors its own in-flight load (exact in its routing core) into its own
+  hash (``<prefix>:load:<replica>``, fields ``POD|r`` and ``POD|t`` plus an
   ``alive`` marker, expiring unless refreshed, so a crashed replica's load
   disappears); a background task sums the other replicas' hashes every
   ``refresh_s``, so their load is seen up to ``refresh_s`` late.
@@ -27,19 +31,14 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from services.router.routing.core import PodLoad, SharedView, StateWrites
 from services.router.routing.policy import Binding
 from services.router.routing.tasks import cancel_and_wait
 
 log = logging.getLogger("tandem.router.routing.shared_state")
-
-
-@dataclass
-class PodLoad:
-    in_flight: int = 0
-    pending_prefill_tokens: int = 0
-
 
 # Field of every replica's load hash, so that a replica with no load yet is not
 # taken for one that is gone (whose hash expired).
@@ -60,13 +59,14 @@ def _decode_binding(raw: str | bytes | None) -> Binding | None:
 
 
 class LocalState:
-    """Bindings (LRU with idle TTL) and in-flight load of this replica."""
+    """Session bindings of this replica (LRU with idle TTL); nothing shared."""
+
+    up = False  # whether Redis is reachable (RedisState); nothing to reach here
 
     def __init__(self, binding_ttl_s: float = 3600.0, max_sessions: int = 1_000_000) -> None:
         self.binding_ttl_s = binding_ttl_s
         self.max_sessions = max_sessions
         self._bindings: OrderedDict[str, tuple[Binding, float]] = OrderedDict()
-        self._loads: dict[str, PodLoad] = {}
 
     async def start(self) -> None:
         pass
@@ -78,50 +78,37 @@ class LocalState:
     def shared(self) -> bool:
         return False
 
-    async def get_binding(self, session: str) -> Binding | None:
-        return self.local_binding(session)
+    async def read(self, session: str | None, now: float) -> SharedView:
+        """The session's binding and the other replicas' load, before a decision."""
+        return SharedView(self.local_binding(session, now) if session else None)
 
-    def local_binding(self, session: str) -> Binding | None:
+    async def write(self, writes: StateWrites, now: float) -> None:
+        """What a decision (or the end of a request) changed, after it."""
+        if writes.binding is not None:
+            self.set_local_binding(*writes.binding, now)
+
+    def local_binding(self, session: str, now: float) -> Binding | None:
         entry = self._bindings.get(session)
         if entry is None:
             return None
         binding, expiry = entry
-        if expiry < time.monotonic():
+        if expiry < now:
             del self._bindings[session]
             return None
         return binding
 
-    async def set_binding(self, session: str, binding: Binding) -> None:
-        self.set_local_binding(session, binding)
-
-    def set_local_binding(self, session: str, binding: Binding) -> None:
-        self._bindings[session] = (binding, time.monotonic() + self.binding_ttl_s)
+    def set_local_binding(self, session: str, binding: Binding, now: float) -> None:
+        self._bindings[session] = (binding, now + self.binding_ttl_s)
         self._bindings.move_to_end(session)
         while len(self._bindings) > self.max_sessions:
             self._bindings.popitem(last=False)
-
-    def local_bindings(self) -> dict[str, Binding]:
-        return {k: b for k, (b, _) in self._bindings.items()}
-
-    async def add_load(self, pod: str, requests: int, prefill_tokens: int) -> None:
-        self.add_local_load(pod, requests, prefill_tokens)
-
-    def add_local_load(self, pod: str, requests: int, prefill_tokens: int) -> None:
-        load = self._loads.setdefault(pod, PodLoad())
-        load.in_flight = max(0, load.in_flight + requests)
-        load.pending_prefill_tokens = max(0, load.pending_prefill_tokens + prefill_tokens)
-
-    def local_loads(self) -> dict[str, PodLoad]:
-        return {p: PodLoad(l.in_flight, l.pending_prefill_tokens) for p, l in self._loads.items()}
-
-    async def loads(self) -> dict[str, PodLoad]:
-        return self.local_loads()
 
 
 class RedisState(LocalState):
     def __init__(self, url: str, replica_id: str | None = None, prefix: str = "tandem",
                  binding_ttl_s: float = 3600.0, refresh_s: float = 0.2, retry_s: float = 1.0,
-                 load_ttl_s: float = 15.0, timeout_s: float = 0.25) -> None:
+                 load_ttl_s: float = 15.0, timeout_s: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(binding_ttl_s)
         import redis.asyncio as aioredis
 
@@ -131,15 +118,18 @@ class RedisState(LocalState):
         self.refresh_s = refresh_s
         self.retry_s = retry_s
         self.load_ttl_s = load_ttl_s
-        self._redis = aioredis.Redis.from_url(url, socket_timeout=timeout_s,
-                                              socket_connect_timeout=timeout_s,
-                                              decode_responses=True)
+        # The background tasks' time; callers pass theirs (on the same clock).
+        self._clock = clock
+        self._redis: Any = aioredis.Redis.from_url(url, socket_timeout=timeout_s,
+                                                   socket_connect_timeout=timeout_s,
+                                                   decode_responses=True)
         self.up = False
         self.outages = 0
         self._down_logged = False
         self._dirty_sessions: set[str] = set()
+        self._published: dict[str, PodLoad] = {}  # this replica's load, as last written
         self._remote_loads: dict[str, PodLoad] = {}
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def shared(self) -> bool:
@@ -193,9 +183,8 @@ class RedisState(LocalState):
             key = self._load_key(self.replica_id)
             pipe.delete(key)
             pipe.hset(key, _ALIVE, 1)  # the hash exists even before any load
-            for pod, load in self.local_loads().items():
-                pipe.hset(key, mapping={f"{pod}|r": load.in_flight,
-                                        f"{pod}|t": load.pending_prefill_tokens})
+            for pod, load in self._published.items():
+                pipe.hset(key, mapping=_load_fields(pod, load))
             pipe.expire(key, int(self.load_ttl_s))
             pipe.sadd(self._replicas_key, self.replica_id)
             await pipe.execute()
@@ -229,7 +218,7 @@ class RedisState(LocalState):
         ``only_missing``, only where Redis has none. Returns how many were written."""
         written = 0
         for i in range(0, len(sessions), chunk):
-            now = time.monotonic()
+            now = self._clock()
             pipe = self._redis.pipeline(transaction=False)
             for session in sessions[i:i + chunk]:
                 entry = self._bindings.get(session)
@@ -249,7 +238,7 @@ class RedisState(LocalState):
                 await self._try_resync()
                 continue
             try:
-                now = time.monotonic()
+                now = self._clock()
                 if now - last_heartbeat > self.load_ttl_s / 3:
                     pipe = self._redis.pipeline(transaction=False)
                     pipe.hset(self._load_key(self.replica_id), _ALIVE, 1)
@@ -263,8 +252,8 @@ class RedisState(LocalState):
             await asyncio.sleep(self.refresh_s)
 
     async def _refresh_remote_loads(self) -> None:
-        replicas = [r for r in await self._redis.smembers(self._replicas_key)
-                    if r != self.replica_id]
+        replicas: list[str] = [r for r in await self._redis.smembers(self._replicas_key)
+                               if r != self.replica_id]
         pipe = self._redis.pipeline(transaction=False)
         for r in replicas:
             pipe.hgetall(self._load_key(r))
@@ -278,63 +267,68 @@ class RedisState(LocalState):
                 pod, sep, kind = name.rpartition("|")
                 if not sep:
                     continue  # the alive marker
-                load = totals.setdefault(pod, PodLoad())
-                if kind == "r":
-                    load.in_flight += max(0, int(value))
-                else:
-                    load.pending_prefill_tokens += max(0, int(value))
+                n = max(0, int(value))
+                load = totals.get(pod, PodLoad())
+                totals[pod] = (PodLoad(load.in_flight + n, load.pending_prefill_tokens)
+                               if kind == "r" else
+                               PodLoad(load.in_flight, load.pending_prefill_tokens + n))
         if gone:
             await self._redis.srem(self._replicas_key, *gone)
         self._remote_loads = totals
 
-    # ----- bindings ---------------------------------------------------------
-    async def get_binding(self, session: str) -> Binding | None:
-        if self.up:
-            try:
-                raw = await self._redis.get(self._sess_key(session))
-                binding = _decode_binding(raw)
-                if binding is not None:
-                    self.set_local_binding(session, binding)
-                    return binding
-                return self.local_binding(session) if session in self._dirty_sessions else None
-            except Exception as err:
-                self._went_down(err)
-        return self.local_binding(session)
+    # ----- the store's interface ------------------------------------------
+    async def read(self, session: str | None, now: float) -> SharedView:
+        """The session's binding (from Redis while it is up) and the other
+        replicas' load as of the last refresh (none while Redis is down)."""
+        binding = await self.get_binding(session, now) if session else None
+        return SharedView(binding, self._remote_loads if self.up else {})
 
-    async def set_binding(self, session: str, binding: Binding) -> None:
-        self.set_local_binding(session, binding)
+    async def write(self, writes: StateWrites, now: float) -> None:
+        """This replica's new load and binding, in one round trip."""
+        self._published.update(writes.loads)
+        if writes.binding is not None:
+            self.set_local_binding(*writes.binding, now)
+        if not (writes.loads or writes.binding):
+            return
         if self.up:
             try:
-                await self._redis.set(self._sess_key(session), _encode_binding(binding),
-                                      ex=int(self.binding_ttl_s))
+                pipe = self._redis.pipeline(transaction=False)
+                if writes.loads:
+                    # Absolute values, not increments: a lost write never skews the count.
+                    key = self._load_key(self.replica_id)
+                    for pod, load in writes.loads.items():
+                        pipe.hset(key, mapping=_load_fields(pod, load))
+                    pipe.expire(key, int(self.load_ttl_s))
+                if writes.binding is not None:
+                    session, binding = writes.binding
+                    pipe.set(self._sess_key(session), _encode_binding(binding),
+                             ex=int(self.binding_ttl_s))
+                await pipe.execute()
                 return
             except Exception as err:
                 self._went_down(err)
-        self._dirty_sessions.add(session)
+        # Loads are re-written in full on re-sync; bindings made meanwhile too.
+        if writes.binding is not None:
+            self._dirty_sessions.add(writes.binding[0])
 
-    # ----- load -------------------------------------------------------------
-    async def add_load(self, pod: str, requests: int, prefill_tokens: int) -> None:
-        self.add_local_load(pod, requests, prefill_tokens)
-        if not self.up:
-            return  # re-written in full on re-sync
-        try:
-            pipe = self._redis.pipeline(transaction=False)
-            key = self._load_key(self.replica_id)
-            load = self._loads[pod]
-            # Absolute values, not increments: a lost write never skews the count.
-            pipe.hset(key, mapping={f"{pod}|r": load.in_flight,
-                                    f"{pod}|t": load.pending_prefill_tokens})
-            pipe.expire(key, int(self.load_ttl_s))
-            await pipe.execute()
-        except Exception as err:
-            self._went_down(err)
-
-    async def loads(self) -> dict[str, PodLoad]:
-        """This replica's exact load plus the others' (as of the last refresh)."""
-        total = self.local_loads()
+    # ----- bindings ---------------------------------------------------------
+    async def get_binding(self, session: str, now: float) -> Binding | None:
         if self.up:
-            for pod, remote in self._remote_loads.items():
-                load = total.setdefault(pod, PodLoad())
-                load.in_flight += remote.in_flight
-                load.pending_prefill_tokens += remote.pending_prefill_tokens
-        return total
+            try:
+                binding = _decode_binding(await self._redis.get(self._sess_key(session)))
+                if binding is not None:
+                    self.set_local_binding(session, binding, now)
+                    return binding
+                if session in self._dirty_sessions:
+                    return self.local_binding(session, now)
+                return None
+            except Exception as err:
+                self._went_down(err)
+        return self.local_binding(session, now)
+
+    async def set_binding(self, session: str, binding: Binding, now: float) -> None:
+        await self.write(StateWrites(binding=(session, binding)), now)
+
+
+def _load_fields(pod: str, load: PodLoad) -> Mapping[str, int]:
+    return {f"{pod}|r": load.in_flight, f"{pod}|t": load.pending_prefill_tokens}

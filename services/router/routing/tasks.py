@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 
-async def cancel_and_wait(task: asyncio.Task | None, recancel_s: float = 0.1) -> None:
+async def cancel_and_wait(task: asyncio.Task[Any] | None, recancel_s: float = 0.1) -> None:
     """Cancel a background task and wait until it has ended.
 
     The task is cancelled again every ``recancel_s`` while it runs on: library

@@ -1,133 +1,209 @@
-"""RoutingCore with local state: the seam the router calls. No servers, no mocks."""
+"""RoutingCore, the seam the router calls: synchronous decisions over a view
+of the shared state, and a pod set that changes at runtime. Local state, no
+servers, no mocks."""
 
 import pytest
-from prometheus_client import generate_latest
 
-from services.router.routing import (NoPodAvailable, PodSpec, RouteRequest, RoutingCore,
-                                     RoutingSettings)
+from services.router.routing import (NoPodAvailable, PodSpec, Replica, RouteRequest,
+                                     RoutingCore, RoutingSettings, SharedView)
+from services.router.routing.core import PodLoad
 from services.router.routing.health import BreakerSettings
-from services.router.routing.policy import PolicySettings
+from services.router.routing.policy import Binding, PolicySettings
+from services.router.routing.shared_state import LocalState
 
 BS = 4
 
 
 def make_core(pods=("a", "b"), roles=None, **kw):
-    specs = [PodSpec(p, (roles or {}).get(p, "both")) for p in pods]
-    return RoutingCore(RoutingSettings(block_size=BS, **kw), specs)
+    core = RoutingCore(RoutingSettings(block_size=BS, **kw),
+                       [PodSpec(p, (roles or {}).get(p, "both")) for p in pods])
+    for p in pods:
+        core.update_pod(p, 0.0, healthy=True)
+    return core
+
+
+def replica(core):
+    return Replica(core, LocalState())
+
+
+def test_route_is_a_function_of_the_view_it_is_given():
+    core = make_core()
+    tokens = list(range(40))
+    # A binding another replica wrote and the others' load are inputs, not reads.
+    d = core.route(RouteRequest(tokens, session="s"), SharedView(Binding("b")), now=0.0)
+    assert (d.decode_pod, d.reason) == ("b", "sticky")
+    busy = SharedView(loads={"a": PodLoad(in_flight=50, pending_prefill_tokens=9000)})
+    assert core.route(RouteRequest(tokens, session="t"), busy, now=0.0).decode_pod == "b"
+    # What the store must learn comes back: this replica's load and the binding.
+    assert d.writes.binding == ("s", Binding("b"))
+    assert d.writes.loads == {"b": PodLoad(1, 40)}
 
 
 async def test_predicted_index_for_pods_without_events():
     core = make_core()
+    r = replica(core)
     tokens = list(range(40))
-    d1 = await core.route(RouteRequest(tokens, session="s"), now=0.0)
+    d1 = await r.route(RouteRequest(tokens, session="s"), now=0.0)
     assert d1.predicted_cached_tokens == 0
-    await core.report_prefill(d1, 0, now=1.0)
-    await core.release(d1)
-    d2 = await core.route(RouteRequest(tokens + list(range(100, 110)), session="s"), now=2.0)
+    await r.report_prefill(d1, now=1.0)
+    await r.release(d1, now=1.0)
+    d2 = await r.route(RouteRequest(tokens + list(range(100, 110)), session="s"), now=2.0)
     assert d2.decode_pod == d1.decode_pod and d2.reason == "sticky"
     assert d2.predicted_cached_tokens == 40
-    # The engine says it had less: counted as "over", but the pod has just
-    # computed the whole prompt, so the index keeps every block of it.
-    await core.report_prefill(d2, 20, now=3.0)
-    await core.release(d2)
+    # Whatever the engine reports, the pod has just computed the whole prompt,
+    # so the index keeps every block of it.
+    await r.report_prefill(d2, now=3.0)
+    await r.release(d2, now=3.0)
     assert core.index.match(d2.block_hashes, 4.0)[d1.decode_pod] == 50 // BS
-    text = generate_latest(core.metrics.registry).decode()
-    assert 'tandem_routing_prediction_total{outcome="over"} 1.0' in text
-    assert "tandem_routing_decisions_total" in text
 
 
-async def test_pod_and_index_gauges_follow_polls():
+async def test_pod_report_follows_polls_and_decisions():
     core = make_core(index_capacity=8)
+    r = replica(core)
     core.index.stored("a", range(12))  # as KV events would: 12 blocks, room for 8
-    d = await core.route(RouteRequest(list(range(40)), session="s"), now=0.0)
-    await core.route(RouteRequest(list(range(100, 108)), session="t"), now=0.1)
-    for pod in ("a", "b"):
-        core.update_pod(pod, 0.2, healthy=True)
-    text = generate_latest(core.metrics.registry).decode()
-    assert "tandem_routing_index_blocks 8.0" in text  # capped by the LRU bound
-    assert "tandem_routing_index_evictions_total 4.0" in text
-    assert 'tandem_routing_pod_cached_blocks{pod="a"} 8.0' in text
-    assert 'tandem_routing_pod_cached_blocks{pod="b"} 0.0' in text
-    # The second decision saw the first one's load on its pod.
-    assert f'tandem_routing_pod_in_flight{{pod="{d.decode_pod}"}} 1.0' in text
-    assert f'tandem_routing_pod_pending_prefill_tokens{{pod="{d.decode_pod}"}} 40.0' in text
+    d = await r.route(RouteRequest(list(range(40)), session="s"), now=0.0)
+    core.update_pod("b", 0.2, healthy=True, kv_capacity_blocks=64)
+    assert len(core.index) == 8 and core.index.evictions == 4  # capped by the LRU bound
+    report = {p.name: p for p in core.report(0.3)}
+    assert report["a"].cached_blocks == 8 and report["b"].cached_blocks == 0
+    assert report["b"].kv_capacity_blocks == 64
+    assert report[d.decode_pod].in_flight == 1
+    assert report[d.decode_pod].pending_prefill_tokens == 40
+    assert {p.state for p in report.values()} == {"available"}
 
 
 async def test_reported_kv_capacity_prices_evicting_live_sessions():
     # Pods of 10 blocks (40 tokens). Two live sessions of 8 blocks each, one per
     # pod; a third, new, session of 6 blocks fits nowhere without evicting.
     core = make_core()
+    r = replica(core)
     for pod in ("a", "b"):
         core.update_pod(pod, 0.0, healthy=True, kv_capacity_blocks=10)
-    s = await core.route(RouteRequest(list(range(32)), session="s"), now=0.0)
-    t = await core.route(RouteRequest(list(range(100, 132)), session="t"), now=0.0)
+    s = await r.route(RouteRequest(list(range(32)), session="s"), now=0.0)
+    t = await r.route(RouteRequest(list(range(100, 132)), session="t"), now=0.0)
     # The second avoided evicting the first (not its hash home by chance).
     assert t.decode_pod != s.decode_pod and t.reason == "new-cost"
     for d in (s, t):
-        await core.report_prefill(d, 0, now=0.5)
-        await core.release(d)
+        await r.report_prefill(d, now=0.5)
+        await r.release(d, now=0.5)
     # s's next turn (its 8 blocks cached, 2 new): room for exactly 2 more on
     # its pod; it stays. The other pod has room for 2 only: moving would evict.
-    s2 = await core.route(RouteRequest(list(range(40)), session="s"), now=1.0)
+    s2 = await r.route(RouteRequest(list(range(40)), session="s"), now=1.0)
     assert (s2.decode_pod, s2.reason) == (s.decode_pod, "sticky")
-    core.update_pod(s.decode_pod, 1.5, healthy=True, kv_capacity_blocks=10)
-    text = generate_latest(core.metrics.registry).decode()
-    assert f'tandem_routing_pod_live_blocks{{pod="{s.decode_pod}"}} 10.0' in text
-    assert f'tandem_routing_pod_kv_capacity_blocks{{pod="{s.decode_pod}"}} 10.0' in text
+    report = {p.name: p for p in core.report(1.5)}
+    assert report[s.decode_pod].live_blocks == 10
+    assert report[s.decode_pod].kv_capacity_blocks == 10
     # t idles past the live window: its blocks are no longer worth keeping.
     core.live.expire(now=1.0 + core.settings.live_session_window_s + 1)
     assert core.live.occupied_blocks(t.decode_pod, None) == 0
-    # Without a reported capacity nothing is priced.
-    assert core._kv_free_tokens("a", None, []) is not None
-    core.update_pod("a", 2.0, healthy=True)
-    assert core._kv_free_tokens("a", None, []) is None
 
 
 async def test_load_accounting_is_released_once():
     core = make_core(pods=("p", "d"), roles={"p": "prefill", "d": "decode"},
                      policy=PolicySettings(remote_prefill_threshold=8))
-    d = await core.route(RouteRequest(list(range(40))), now=0.0)
-    assert (d.prefill_pod, d.decode_pod) == ("p", "d")
-    loads = await core.state.loads()
-    assert loads["p"].in_flight == 1 and loads["p"].pending_prefill_tokens == 40
-    assert loads["d"].in_flight == 1
-    await core.report_prefill(d, 0, now=1.0)
-    loads = await core.state.loads()
-    assert loads["p"].in_flight == 0 and loads["p"].pending_prefill_tokens == 0
-    await core.release(d)
-    await core.release(d)
-    assert (await core.state.loads())["d"].in_flight == 0
+    r = replica(core)
+    d = await r.route(RouteRequest(list(range(40))), now=0.0)
+    assert (d.prefill_pod, d.decode_pod, d.local_prefill) == ("p", "d", None)
+    assert core.local_load("p") == PodLoad(1, 40) and core.local_load("d") == PodLoad(1, 0)
+    writes = core.report_prefill(d, now=1.0)
+    assert writes.loads == {"p": PodLoad(0, 0)}  # the store learns the zero too
+    assert core.local_load("p") == PodLoad()
+    assert core.release(d).loads == {"d": PodLoad()}
+    assert core.release(d).loads == {}
+    assert core.local_load("d") == PodLoad()
 
 
 async def test_failures_eject_and_polls_recover():
     core = make_core(breaker=BreakerSettings(failure_threshold=2, open_s=5))
-    d = await core.route(RouteRequest(list(range(8)), session="s"), now=0.0)
+    r = replica(core)
+    d = await r.route(RouteRequest(list(range(8)), session="s"), now=0.0)
     bad = d.decode_pod
-    await core.report_failure(d, bad, now=0.0)
-    retry = await core.route(RouteRequest(list(range(8)), session="s",
-                                          exclude=frozenset({bad})), now=0.1)
+    assert not await r.report_failure(d, bad, now=0.0)
+    assert core.state_of(bad, 0.0) == "unhealthy"  # until the next poll
+    core.update_pod(bad, 0.05, healthy=True)
+    retry = await r.route(RouteRequest(list(range(8)), session="s",
+                                       exclude=frozenset({bad})), now=0.1)
     assert retry.decode_pod != bad
-    await core.report_failure(retry, bad, now=0.2)  # second failure: ejected
-    assert not core.available(bad, 1.0)
+    assert await r.report_failure(retry, bad, now=0.2)  # second failure: ejected
+    core.update_pod(bad, 0.3, healthy=True)
+    assert core.state_of(bad, 1.0) == "ejected" and not core.available(bad, 1.0)
     for i in range(5):
-        x = await core.route(RouteRequest(list(range(8)), session=f"n{i}"), now=1.0)
+        x = await r.route(RouteRequest(list(range(8)), session=f"n{i}"), now=1.0)
         assert x.decode_pod != bad
-    assert core.pods_due_probe(6.0) == [bad]
     core.update_pod(bad, 6.0, healthy=True)  # the poll is the recovery probe
     assert core.available(bad, 6.0)
+    assert {p.name: p.ejections for p in core.report(6.0)}[bad] == 1
 
 
 async def test_draining_pods_get_no_new_work():
     core = make_core()
+    r = replica(core)
     core.update_pod("a", 0.0, healthy=True, draining=True)
     for i in range(4):
-        assert (await core.route(RouteRequest([1, 2, 3], session=f"s{i}"), 0.0)).decode_pod == "b"
+        assert (await r.route(RouteRequest([1, 2, 3], session=f"s{i}"), 0.0)).decode_pod == "b"
     core.update_pod("b", 0.0, healthy=False)
     with pytest.raises(NoPodAvailable):
-        await core.route(RouteRequest([1, 2, 3]), 0.0)
+        await r.route(RouteRequest([1, 2, 3]), 0.0)
 
 
-def test_kv_events_must_name_configured_pods():
-    from services.router.routing.settings import KvEventSource
-    with pytest.raises(ValueError, match="not configured"):
-        make_core(kv_events=(KvEventSource("zzz", "tcp://127.0.0.1:1"),))
+def test_a_new_pod_takes_work_once_a_poll_finds_it_healthy():
+    core = make_core(pods=("a",))
+    core.add_pod(PodSpec("b"))
+    assert core.state_of("b", 0.0) == "unhealthy"
+    core.update_pod("a", 0.0, healthy=True, running=10)
+    core.update_pod("b", 0.0, healthy=True)
+    assert core.route(RouteRequest(list(range(8))), SharedView(), 0.0).decode_pod == "b"
+    with pytest.raises(ValueError, match="already known"):
+        core.add_pod(PodSpec("b"))
+
+
+async def test_a_removed_pod_leaves_no_trace_and_running_requests_still_release():
+    core = make_core()
+    r = replica(core)
+    tokens = list(range(40))
+    d = await r.route(RouteRequest(tokens, session="s"), now=0.0)
+    gone, other = d.decode_pod, ({"a", "b"} - {d.decode_pod}).pop()
+    core.index.stored(gone, [1, 2, 3])
+    core.remove_pod(gone)
+    assert gone not in core.pods and gone not in core.index.pods
+    assert [p.name for p in core.report(0.1)] == [other]
+    assert core.live.occupied_blocks(gone, None) == 0
+    # The session's next turn finds its binding pointing at a pod that left.
+    d2 = await r.route(RouteRequest(tokens + [1, 2, 3, 4], session="s"), now=0.2)
+    assert (d2.decode_pod, d2.reason) == (other, "rebind-unavailable-hash")
+    # The request still running there frees its load, which the store learns.
+    assert r.core.release(d).loads == {gone: PodLoad()}
+    # Polls and failures of the removed pod arrive late and are ignored.
+    core.update_pod(gone, 0.3, healthy=True)
+    assert not core.report_failure(gone, 0.3)
+    # It may come back under the same name, empty.
+    core.add_pod(PodSpec(gone))
+    assert core.index.held_blocks(gone) == 0
+
+
+async def test_set_draining_stops_new_work_until_unset():
+    core = make_core()
+    r = replica(core)
+    core.set_draining("a")
+    core.update_pod("a", 0.0, healthy=True, draining=False)  # the engine does not know yet
+    assert core.state_of("a", 0.0) == "draining"
+    for i in range(4):
+        assert (await r.route(RouteRequest([1, 2, 3], session=f"s{i}"), 0.0)).decode_pod == "b"
+    core.set_draining("a", False)
+    assert core.available("a", 0.0)
+    with pytest.raises(KeyError):
+        core.set_draining("zzz")
+
+
+def test_local_prefill_is_decided_with_the_pods():
+    core = make_core(pods=("d",), roles={"d": "decode"})
+    d = core.route(RouteRequest(list(range(40))), SharedView(), 0.0)
+    assert (d.prefill_pod, d.local_prefill) == (None, "no_prefill_pods")
+    core.add_pod(PodSpec("p", "prefill"))  # not yet polled: cannot serve
+    d = core.route(RouteRequest(list(range(40))), SharedView(), 0.0)
+    assert (d.prefill_pod, d.local_prefill) == (None, "prefill_unavailable")
+    core.update_pod("p", 0.0, healthy=True)
+    d = core.route(RouteRequest(list(range(400))), SharedView(), 0.0)
+    assert (d.prefill_pod, d.local_prefill) == ("p", None)
+    agg = make_core().route(RouteRequest(list(range(40))), SharedView(), 0.0)
+    assert agg.local_prefill is None

@@ -21,9 +21,10 @@ from common.model import resolve_model
 from common.ports import free_port
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
-from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings
+from services.router.routing import (PodSpec, RouteRequest, RoutingCore, RoutingSettings,
+                                     SharedView)
+from services.router.routing.events import KvEventSubscriber
 from services.router.routing.sessions import IncrementalTokenizer
-from services.router.routing.settings import KvEventSource
 
 pytestmark = pytest.mark.stack
 
@@ -91,19 +92,24 @@ async def generate(stub, tokens, max_tokens=8, cache_salt=None):
     return text, usage.cached_tokens
 
 
+def events_core(address, pub, replay, **settings):
+    """A routing core for the one engine, healthy, and a subscriber feeding its index."""
+    spec = PodSpec(address, kv_events=pub, kv_events_replay=replay)
+    core = RoutingCore(RoutingSettings(block_size=BLOCK_SIZE, **settings), [spec])
+    core.update_pod(address, time.monotonic(), healthy=True)
+    return core, KvEventSubscriber(address, pub, replay, core.index)
+
+
 async def test_prediction_matches_engine_on_multi_turn_replay(engine):
     address, pub, replay = engine
-    settings = RoutingSettings(block_size=BLOCK_SIZE, predicted_ttl_with_events_s=0.0,
-                               kv_events=(KvEventSource(address, pub, replay),))
-    core = RoutingCore(settings, [PodSpec(address)])
+    core, sub = events_core(address, pub, replay, predicted_ttl_with_events_s=0.0)
     stored_events = []  # (block_hashes, token_ids) from the engine
-    sub = core.subscribers[address]
     sub.on_batch = lambda pod, batch: stored_events.extend(
         (e.block_hashes, e.token_ids, e.parent_block_hash) for e in batch.events
         if type(e).__name__ == "BlockStored")
     tok = AutoTokenizer.from_pretrained(resolve_model(None))
     inc = IncrementalTokenizer(tok)
-    await core.start()
+    sub.start()
     results = []  # (predicted, actual)
     sent_hashes = set()
     try:
@@ -119,19 +125,19 @@ async def test_prediction_matches_engine_on_multi_turn_replay(engine):
                                             f"and a number above {turn * 13}."})
                     tokens = inc.encode(inc.render_chat(msgs), f"s{session}")
                     salt = "tenant-x" if session == 1 else None
-                    decision = await core.route(
+                    decision = core.route(
                         RouteRequest(tokens, session=f"s{session}", cache_salt=salt),
-                        time.monotonic())
+                        SharedView(), time.monotonic())
                     sent_hashes.update(core.hasher.event_hashes(tokens, salt))
                     text, cached = await generate(stub, tokens, cache_salt=salt)
-                    await core.report_prefill(decision, cached, time.monotonic())
-                    await core.release(decision)
+                    core.report_prefill(decision, time.monotonic())
+                    core.release(decision)
                     results.append((decision.predicted_cached_tokens, cached))
                     msgs.append({"role": "assistant", "content": text})
                     # events flush once per scheduler step, just after the reply
                     await wait_until_held(core, address, core.hasher.event_hashes(tokens, salt))
     finally:
-        await core.close()
+        await sub.stop()
 
     agree = sum(p == a for p, a in results)
     print(f"\ncached-token agreement: {agree}/{len(results)} requests; "
@@ -157,21 +163,19 @@ async def test_late_join_replay_and_event_hashes_from_tokens(engine):
     async with grpc.aio.insecure_channel(address) as ch:
         stub = pb_grpc.EngineStub(ch)
         await generate(stub, first, max_tokens=4)  # nobody listening yet
-        settings = RoutingSettings(block_size=BLOCK_SIZE,
-                                   kv_events=(KvEventSource(address, pub, replay),))
-        core = RoutingCore(settings, [PodSpec(address)])
+        core, sub = events_core(address, pub, replay)
         events = []
-        core.subscribers[address].on_batch = lambda pod, b: events.extend(
+        sub.on_batch = lambda pod, b: events.extend(
             e for e in b.events if type(e).__name__ == "BlockStored")
-        await core.start()
+        sub.start()
         try:
             await asyncio.sleep(0.5)
             await generate(stub, second, max_tokens=4)  # its events reveal the gap
             await wait_until_held(core, address, core.hasher.event_hashes(second))
             await wait_until_held(core, address, core.hasher.event_hashes(first))
         finally:
-            await core.close()
-    stats = core.subscribers[address].stats
+            await sub.stop()
+    stats = sub.stats
     assert stats.gaps >= 1 and stats.replayed > 0 and stats.lost == 0, stats
     checked = ok = 0
     for e in events:

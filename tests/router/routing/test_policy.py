@@ -197,7 +197,7 @@ def test_xpyd_skips_remote_prefill_when_uncached_part_is_short():
                  dict(name="d1", role="decode", cached_tokens=3968))
     c = pol(remote_prefill_threshold=256).choose(RouteInput(4000, views, "s", Binding("d1")))
     assert c.prefill_pod is None and c.pod == "d1"
-    assert "local-prefill:short-uncached" in c.reason
+    assert "local-prefill:short-uncached" in c.reason and c.local_prefill == "short_uncached"
     c = pol(remote_prefill_threshold=16).choose(RouteInput(4000, views, "s", Binding("d1")))
     assert c.prefill_pod == "p1"
 
@@ -205,7 +205,8 @@ def test_xpyd_skips_remote_prefill_when_uncached_part_is_short():
 def test_xpyd_prefill_pool_down_falls_back_to_local_prefill():
     views = pods(dict(name="p1", role="prefill", available=False), dict(name="d1", role="decode"))
     c = pol().choose(RouteInput(4000, views))
-    assert c.prefill_pod is None and "no-prefill-pod" in c.reason
+    assert c.prefill_pod is None and c.local_prefill == "prefill_unavailable"
+    assert "local-prefill:prefill-unavailable" in c.reason
 
 
 def test_invalid_policy_is_named():

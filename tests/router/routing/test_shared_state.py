@@ -8,8 +8,10 @@ import time
 
 import redis
 
-from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings
+from services.router.routing import (PodLoad, PodSpec, Replica, RouteRequest, RoutingCore,
+                                     RoutingSettings, StateWrites)
 from services.router.routing.policy import Binding
+from services.router.routing import shared_state
 from services.router.routing.shared_state import RedisState
 
 PODS = [PodSpec("10.0.0.1:1"), PodSpec("10.0.0.2:1"), PodSpec("10.0.0.3:1")]
@@ -18,19 +20,24 @@ PODS = [PodSpec("10.0.0.1:1"), PodSpec("10.0.0.2:1"), PodSpec("10.0.0.3:1")]
 TIMEOUT_S = 2.0
 
 
-def core_for(redis, replica):
-    settings = RoutingSettings(block_size=4, redis_url=redis.url, replica_id=replica,
-                               redis_timeout_s=TIMEOUT_S)
-    core = RoutingCore(settings, PODS)
-    core.state.refresh_s = 0.05
-    core.state.retry_s = 0.1
-    return core
+def replica_for(redis, name):
+    """A routing core with its own RedisState, as one router replica has."""
+    core = RoutingCore(RoutingSettings(block_size=4), PODS)
+    for pod in PODS:
+        core.update_pod(pod.name, 0.0, healthy=True)
+    return Replica(core, RedisState(redis.url, name, timeout_s=TIMEOUT_S, refresh_s=0.05,
+                                    retry_s=0.1))
+
+
+async def others_load(state, pod):
+    """The other replicas' in-flight count on ``pod``, as ``state`` last read it."""
+    return (await state.read(None, time.monotonic())).loads.get(pod, PodLoad()).in_flight
 
 
 async def test_replicas_share_bindings_and_load(redis_server):
-    a, b = core_for(redis_server, "ra"), core_for(redis_server, "rb")
-    await a.start()
-    await b.start()
+    a, b = replica_for(redis_server, "ra"), replica_for(redis_server, "rb")
+    await a.state.start()
+    await b.state.start()
     try:
         now = time.monotonic()
         tokens = list(range(40))
@@ -38,23 +45,23 @@ async def test_replicas_share_bindings_and_load(redis_server):
         # Replica b has never seen s1 nor its blocks, yet routes it to the same pod.
         d2 = await b.route(RouteRequest(tokens + [1, 2, 3, 4], session="s1"), now)
         assert d2.decode_pod == d1.decode_pod and d2.reason == "sticky"
-        # b sees a's in-flight load once its refresh ran.
+        # b sees a's in-flight load once its refresh ran (and its own, exactly).
         await asyncio.sleep(0.2)
-        loads = await b.state.loads()
-        assert loads[d1.decode_pod].in_flight == 2  # one from a, one from b
-        await a.release(d1)
+        assert await others_load(b.state, d1.decode_pod) == 1
+        assert b.core.local_load(d1.decode_pod).in_flight == 1
+        await a.release(d1, time.monotonic())
         await asyncio.sleep(0.2)
-        assert (await b.state.loads())[d1.decode_pod].in_flight == 1
-        await b.release(d2)
+        assert await others_load(b.state, d1.decode_pod) == 0
+        await b.release(d2, time.monotonic())
     finally:
-        await a.close()
-        await b.close()
+        await a.state.close()
+        await b.state.close()
 
 
 async def test_redis_loss_and_return(redis_server):
-    a, b = core_for(redis_server, "ra"), core_for(redis_server, "rb")
-    await a.start()
-    await b.start()
+    a, b = replica_for(redis_server, "ra"), replica_for(redis_server, "rb")
+    await a.state.start()
+    await b.state.start()
     try:
         assert a.state.up and b.state.up
         redis_server.stop()
@@ -76,13 +83,14 @@ async def test_redis_loss_and_return(redis_server):
                             time.monotonic())
         assert d_b.decode_pod == d.decode_pod and d_b.reason == "sticky"
         await asyncio.sleep(0.2)
-        assert (await b.state.loads())[d.decode_pod].in_flight == 3  # a's two + b's one
+        # a re-wrote the load it took on during the outage: b sees both requests.
+        assert await others_load(b.state, d.decode_pod) == 2
         for x in (d, again):
-            await a.release(x)
-        await b.release(d_b)
+            await a.release(x, time.monotonic())
+        await b.release(d_b, time.monotonic())
     finally:
-        await a.close()
-        await b.close()
+        await a.state.close()
+        await b.state.close()
 
 
 async def wait_until(condition, what, timeout_s=10.0):
@@ -107,17 +115,18 @@ async def test_redis_back_empty_gets_every_binding_back(redis_server):
     await b.start()
     try:
         # Concurrent writes: several pooled connections, as under load.
-        await asyncio.gather(*(a.set_binding(f"s{i}", Binding("p1")) for i in range(8)))
-        await a.set_binding("moved", Binding("p1"))
+        now = time.monotonic()
+        await asyncio.gather(*(a.set_binding(f"s{i}", Binding("p1"), now) for i in range(8)))
+        await a.set_binding("moved", Binding("p1"), now)
         redis_server.kill()
         await wait_until(lambda: not (a.up or b.up), "the outage went unnoticed")
-        await b.set_binding("moved", Binding("p2"))  # b re-binds it while Redis is away
+        await b.set_binding("moved", Binding("p2"), now)  # b re-binds it while Redis is away
         redis_server.start()
         await wait_up(a, b)
         for i in range(8):
-            assert await b.get_binding(f"s{i}") == Binding("p1")  # restored by a
-        assert await a.get_binding("moved") == Binding("p2")  # a's older one not written over
-        await asyncio.gather(*(a.get_binding(f"s{i}") for i in range(8)))
+            assert await b.get_binding(f"s{i}", now) == Binding("p1")  # restored by a
+        assert await a.get_binding("moved", now) == Binding("p2")  # a's older one not written over
+        await asyncio.gather(*(a.get_binding(f"s{i}", now) for i in range(8)))
         await asyncio.sleep(0.2)  # background refreshes on every pooled connection
         assert a.up and b.up and (a.outages, b.outages) == (1, 1)
     finally:
@@ -128,14 +137,15 @@ async def test_redis_back_empty_gets_every_binding_back(redis_server):
 async def test_unreachable_at_start_is_logged_then_synced(redis_servers, caplog):
     server = redis_servers()  # its port is chosen, nothing listens there yet
     state = RedisState(server.url, "rs", timeout_s=TIMEOUT_S, refresh_s=0.05, retry_s=0.1)
-    logger = logging.getLogger("tandem.router.routing.shared_state")
+    logger = shared_state.log
     logger.addHandler(caplog.handler)
     try:
         with caplog.at_level(logging.INFO, logger=logger.name):
             await state.start()
             assert not state.up and "unreachable" in caplog.text
-            await state.set_binding("s", Binding("p1"))  # served on local state
-            assert await state.get_binding("s") == Binding("p1")
+            now = time.monotonic()
+            await state.set_binding("s", Binding("p1"), now)  # served on local state
+            assert await state.get_binding("s", now) == Binding("p1")
             server.start()
             await wait_up(state)
             assert "re-synced (1 bindings made while unreachable" in caplog.text
@@ -155,17 +165,18 @@ async def test_resync_reads_the_other_replicas_load_afresh(redis_server):
     b = RedisState(redis_server.url, "rb", timeout_s=TIMEOUT_S, refresh_s=0.05, retry_s=0.1)
     await b.start()
     try:
-        await b.add_load("p1", 1, 100)
+        now = time.monotonic()
+        await b.write(StateWrites({"p1": PodLoad(1, 100)}), now)
         assert await a._try_resync()
-        assert (await a.loads())["p1"].in_flight == 1
+        assert await others_load(a, "p1") == 1
         redis_server.kill()
-        assert await a.get_binding("x") is None and not a.up
+        assert await a.get_binding("x", now) is None and not a.up
         await wait_until(lambda: not b.up, "b did not notice the outage")
-        await b.add_load("p1", -1, -100)  # the request ends while Redis is away
+        await b.write(StateWrites({"p1": PodLoad()}), now)  # the request ends while Redis is away
         redis_server.start()
         await wait_up(b)
         assert await a._try_resync()
-        assert (await a.loads())["p1"].in_flight == 0
+        assert await others_load(a, "p1") == 0
     finally:
         await a.close()
         await b.close()
@@ -181,9 +192,9 @@ async def test_an_idle_replica_is_not_taken_for_gone(redis_server):
     await b.start()
     try:
         await asyncio.sleep(0.3)  # b refreshes several times while a is idle
-        await a.add_load("p1", 1, 0)
+        await a.write(StateWrites({"p1": PodLoad(1, 0)}), time.monotonic())
         await asyncio.sleep(0.3)
-        assert (await b.loads())["p1"].in_flight == 1
+        assert await others_load(b, "p1") == 1
     finally:
         await a.close()
         await b.close()
