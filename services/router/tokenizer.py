@@ -14,10 +14,10 @@ from pathlib import Path
 
 from services.router.routing import IncrementalTokenizer
 
-# Texts up to this many characters are tokenized on the event loop (at most
-# ~0.5 ms on a slow core): cheaper than a hop to a worker thread, whose
-# hand-off and GIL contention cost more CPU than tokenizing a short prompt.
-# Longer texts take milliseconds and go to a thread, keeping the loop free.
+# Texts up to this many characters are tokenized on the event loop: cheaper
+# than a hop to a worker thread, whose hand-off and GIL contention cost more
+# CPU than tokenizing a short prompt. Longer texts take milliseconds and go
+# to a thread, keeping the loop free (figures: routing/README.md, "Measured").
 INLINE_MAX_CHARS = 1024
 
 

@@ -31,11 +31,10 @@ def bounded_load_choice(key: str, pods: Sequence[str], loads: Mapping[str, float
 
     The bound is ``bound_factor`` times the average load counting the request
     being placed, but never below that average rounded up (so the least loaded
-    pod always fits). Not rounded up itself: with few sessions ``ceil`` let a
-    pod take twice its share (loads 1 and 0 gave a bound of 2, so a second
-    new session joined the first), and two router replicas placing a burst of
-    new sessions each piled theirs on the same home (measured: all 4 sessions
-    of the tight-KV bench on one of two pods).
+    pod always fits). The bound itself is not rounded up: with few sessions
+    that would let a pod take twice its share (loads 1 and 0 would give a
+    bound of 2, so a second new session would join the first, and router
+    replicas placing a burst of new sessions would pile them on one home).
     """
     if not pods:
         raise ValueError("no pods to hash onto")

@@ -94,7 +94,7 @@ def backend_encoder(tokenizer: Any) -> Any:
     as ``tokenizer(text, ...)`` sets it up for every call (no truncation, no
     padding; special tokens in the text matched unless the tokenizer splits
     them): the same ids and offsets without the Python wrapper, which costs
-    ~50 us a call, more than encoding a new chat turn takes."""
+    more per call than encoding a new chat turn takes."""
     from tokenizers import Tokenizer
 
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
@@ -106,8 +106,8 @@ def backend_encoder(tokenizer: Any) -> Any:
 
 def common_prefix_len(a: str, b: str) -> int:
     """Length of the longest common prefix of two strings, by halving with
-    slice comparisons (os.path.commonprefix walks the characters in Python:
-    ~2 ms for a 64K-character chat)."""
+    slice comparisons (os.path.commonprefix walks the characters in Python,
+    milliseconds for a long chat)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case: a new turn extends the previous one
         return n
