@@ -112,7 +112,7 @@ def router_argv(spec: RouterSpec, port: int, backend: str, model_dir: str) -> li
         return [sys.executable, "-m", "services.router", "--host", HOST, "--port", str(port),
                 "--engine", backend, "--model", model_dir, "--routing-policy", spec.policy,
                 # No admission limit: the HTTP routers run without one too.
-                "--max-concurrent-requests", "0", "--shutdown-grace", "1"]
+                "--max-concurrent-requests", "0", "--shutdown-grace-s", "1"]
     binary = find_binary(spec)
     common = ["--host", HOST, "--port", str(port), "--worker-urls", backend,
               "--policy", spec.policy, "--prometheus-host", HOST,

@@ -35,7 +35,7 @@ def model_dir() -> Path:
 def stack(model_dir, tmp_path_factory):
     config = StackConfig(router_port=free_port(), kv_cache_gib=1, max_model_len=4096,
                          state_dir=tmp_path_factory.mktemp("stack"),
-                         engine_args=["--kv-lease-seconds", str(KV_LEASE_SECONDS)],
+                         engine_args=["--kv-lease-s", str(KV_LEASE_SECONDS)],
                          # Every prompt goes through the prefill pod, however
                          # short: the P/D tests check its KV moves over NIXL.
                          router_args=["--remote-prefill-threshold", "0"])

@@ -1,11 +1,12 @@
 """The decode role of the engine host (see services/engine)."""
 import sys
 
+from common.roles import Role
 from services.engine import server
 
 
 def main() -> int:
-    return server.main(default_role="decode")
+    return server.main(default_role=Role.DECODE)
 
 
 if __name__ == "__main__":

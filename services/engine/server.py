@@ -20,6 +20,7 @@ from prometheus_client import start_http_server
 
 from common.logs import setup_logging
 from common.proto import engine_pb2_grpc as pb_grpc
+from common.roles import Role
 from services.engine.config import EngineSettings, describe, parse_settings
 from services.engine.load import LoadTracker
 from services.engine.metrics import EngineMetrics
@@ -99,10 +100,10 @@ async def serve(settings: EngineSettings) -> None:
     watcher.cancel()
 
     log.info("shutting down: draining in-flight requests (up to %.0fs)",
-             settings.shutdown_grace_seconds)
+             settings.shutdown_grace_s)
     servicer.draining = True
     await set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-    if not await servicer.wait_idle(settings.shutdown_grace_seconds):
+    if not await servicer.wait_idle(settings.shutdown_grace_s):
         log.warning("grace period over: aborting remaining requests")
         await servicer.abort_all()
         await servicer.wait_idle(5)
@@ -111,7 +112,7 @@ async def serve(settings: EngineSettings) -> None:
     log.info("engine stopped")
 
 
-def main(argv: list[str] | None = None, default_role: str | None = None) -> int:
+def main(argv: list[str] | None = None, default_role: Role | None = None) -> int:
     setup_logging(f"engine-{default_role or 'host'}")
     settings = parse_settings(sys.argv[1:] if argv is None else argv, default_role)
     asyncio.run(serve(settings))

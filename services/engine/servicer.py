@@ -17,6 +17,7 @@ import grpc
 
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
+from common.roles import Role
 from services.engine.load import LoadTracker
 from services.engine.metrics import EngineMetrics
 from services.engine.sampling import parse_kv_transfer_params, to_vllm
@@ -32,7 +33,7 @@ _REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False,
 
 
 class EngineServicer(pb_grpc.EngineServicer):
-    def __init__(self, engine: Any, role: str, model_path: str, served_model_name: str,
+    def __init__(self, engine: Any, role: Role, model_path: str, served_model_name: str,
                  load: LoadTracker, metrics: EngineMetrics) -> None:
         self._engine = engine
         self._role = role
@@ -116,7 +117,7 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     # -- RPCs --------------------------------------------------------------
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
-        if self._role == "decode":
+        if self._role == Role.DECODE:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this engine is a decode engine; send Prefill to a prefill engine")
         if not request.token_ids:
@@ -146,7 +147,7 @@ class EngineServicer(pb_grpc.EngineServicer):
             kv_params = parse_kv_transfer_params(request.kv_transfer_params_json)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv_transfer_params: {exc}")
-        if kv_params and self._role == "prefill":
+        if kv_params and self._role == Role.PREFILL:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this engine is a prefill engine; it cannot pull remote KV")
         hint = await self._retention(context, request)
@@ -171,7 +172,7 @@ class EngineServicer(pb_grpc.EngineServicer):
             yield message
 
     async def ReleaseKv(self, request: pb.ReleaseKvRequest, context) -> pb.ReleaseKvResponse:
-        if self._role != "decode":
+        if self._role != Role.DECODE:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "ReleaseKv goes to a decode engine (the KV consumer)")
         try:

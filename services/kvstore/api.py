@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import httpx
 
+from common.settings import to_argv
 from services.kvstore.settings import KvStoreSettings
 
 _PORT_FIELDS = ("master_port", "metadata_port", "master_metrics_port", "client_port",
@@ -62,13 +63,8 @@ def store_launch(state_dir: str | Path, host: str = "127.0.0.1",
         values.update(zip(_PORT_FIELDS, ports))
     values.update(overrides)
     settings = KvStoreSettings(**values)
-    default = KvStoreSettings()
-    argv = [sys.executable, "-m", "services.kvstore"]
-    for f in fields(KvStoreSettings):
-        value = getattr(settings, f.name)
-        if value != getattr(default, f.name) or f.name in ("state_dir", "disk_path"):
-            argv += ["--" + f.name.replace("_", "-"), str(value).lower()
-                     if isinstance(value, bool) else str(value)]
+    argv = [sys.executable, "-m", "services.kvstore",
+            *to_argv(settings, always=("state_dir", "disk_path"))]
     return StoreLaunch(settings, argv, {})
 
 

@@ -1,9 +1,8 @@
-"""KV store settings: one frozen model, flags and ``TANDEM_KVSTORE_*`` env vars.
-
-Every flag reads an environment variable named ``TANDEM_KVSTORE_<FLAG>``
-(dashes become underscores), so a Helm chart or ``tandem up`` can configure
-the store without building a command line. :func:`validate` checks what can
-be checked before any process starts and names the setting at fault.
+"""KV store settings: one frozen model, each setting once with its default
+and help; the flags and the ``TANDEM_KVSTORE_<FLAG>`` environment variables
+derive from it (``common/settings.py``), so a Helm chart or ``tandem up`` can
+configure the store without building a command line. :func:`validate` checks
+what can be checked before any process starts and names the setting at fault.
 """
 
 from __future__ import annotations
@@ -12,8 +11,13 @@ import argparse
 import os
 import re
 import socket
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from common.settings import (SettingError, add_arguments, env_name, flag_of, from_arguments,
+                             setting)
+
+ENV_PREFIX = "TANDEM_KVSTORE_"
 
 RETENTION_POLICIES = ("lru", "soft-pin")
 # vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/worker.py:
@@ -24,13 +28,8 @@ VLLM_DISK_READ_BUDGET = 1280 << 20
 _SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
 
 
-class SettingError(ValueError):
-    """A configuration value is wrong; ``setting`` names the flag at fault."""
-
-    def __init__(self, setting: str, message: str) -> None:
-        env = "TANDEM_KVSTORE_" + setting.lstrip("-").replace("-", "_").upper()
-        super().__init__(f"{setting} (env {env}): {message}")
-        self.setting = setting
+def _invalid(flag: str, message: str) -> SettingError:
+    return SettingError(flag, message, env_name(ENV_PREFIX, flag))
 
 
 def parse_size(value: str | int) -> int:
@@ -51,42 +50,68 @@ def _default_state_dir() -> str:
 
 @dataclass(frozen=True)
 class KvStoreSettings:
-    host: str = "127.0.0.1"
+    host: str = setting("127.0.0.1", "address every store process binds to (loopback for "
+                        "the embedded stack)")
     # Mooncake master: RPC (engines and the pool owner talk to it), the HTTP
     # metadata server (transfer-engine segment descriptors), raw metrics.
-    master_port: int = 51100
-    metadata_port: int = 51101
-    master_metrics_port: int = 51102
+    master_port: int = setting(51100, "Mooncake master RPC port (engines' "
+                               "master_server_address)")
+    metadata_port: int = setting(51101, "Mooncake HTTP metadata server port (engines' "
+                                 "metadata_server)")
+    master_metrics_port: int = setting(51102, "Mooncake master's own metrics HTTP port (raw; "
+                                       "this service re-exports it on --http-port)")
     # The standalone pool owner (mooncake_client): RPC port and health HTTP.
-    client_port: int = 51103
-    client_http_port: int = 51104
-    # This service: /health, /metrics (Prometheus), /v1/engine-config.
-    http_port: int = 9100
-    pool_size: str = "4GB"
-    disk_path: str = field(default_factory=lambda: os.path.join(_default_state_dir(), "disk"))
-    disk_size: str = "16GB"
-    enable_disk: bool = True
+    client_port: int = setting(51103, "RPC port of the standalone mooncake_client that owns "
+                               "the pool")
+    client_http_port: int = setting(51104, "health HTTP port of the standalone "
+                                    "mooncake_client")
+    http_port: int = setting(9100, "this service's HTTP port: /health, /metrics, "
+                             "/v1/engine-config")
+    pool_size: str = setting("4GB", "CPU-RAM pool owned by the store (e.g. 4GB)")
+    disk_path: str = setting(None, "directory of the disk tier (must be writable)",
+                             factory=lambda: os.path.join(_default_state_dir(), "disk"))
+    disk_size: str = setting("16GB", "disk tier capacity (e.g. 16GB)")
+    enable_disk: bool = setting(True, "spill KV from the RAM pool to --disk-path (true/false)")
     # Objects smaller than this bucket are batched before they are written to
     # disk: spill begins once a bucket holds this many keys or bytes.
-    disk_bucket_keys: int = 500
-    disk_bucket_size: str = "256MB"
+    disk_bucket_keys: int = setting(500, "objects are written to disk in buckets of this "
+                                    "many keys")
+    disk_bucket_size: str = setting("256MB", "... or of this many bytes, whichever fills first")
     # vLLM's store connector sizes its disk-tier reads for Mooncake's default
     # staging buffer; a smaller one fails every larger read (BUFFER_OVERFLOW).
-    disk_staging_size: str = "1280MB"
-    # How often the pool owner writes new objects to disk (Mooncake's offload
-    # heartbeat): until an object is on disk it cannot be evicted from RAM.
-    disk_write_interval_s: int = 10
-    lease_ttl_ms: int = 10_000
-    retention: str = "lru"
-    session_ttl_s: float = 1800.0
-    allow_evict_pinned: bool = True
-    eviction_high_watermark: float = 0.9
-    eviction_ratio: float = 0.05
-    engine_buffer_size: str = "256MB"
-    state_dir: str = field(default_factory=_default_state_dir)
-    client_ttl_s: int = 10
-    restart_backoff_s: float = 1.0
-    start_timeout_s: float = 60.0
+    disk_staging_size: str = setting("1280MB", "RAM staging buffer the pool owner reads and "
+                                     "writes the disk tier through; vLLM's store connector "
+                                     "batches disk reads up to 1280MB, so it must be at "
+                                     "least that (a larger read fails)")
+    disk_write_interval_s: int = setting(10, "seconds between the pool owner's rounds of "
+                                         "writing new objects to the disk tier; an object "
+                                         "leaves RAM only once it is on disk, so under fast "
+                                         "writes puts fail until it is")
+    lease_ttl_ms: int = setting(10_000, "lease on every object read: it cannot be evicted or "
+                                "removed for this long after a get (Mooncake "
+                                "default_kv_lease_ttl)")
+    retention: str = setting("lru", "retention policy: 'lru' (evict least recently used "
+                             "under pressure) or 'soft-pin' (KV written by engines is "
+                             "soft-pinned for --session-ttl-s: evicted only after every "
+                             "unpinned object)", choices=RETENTION_POLICIES)
+    session_ttl_s: float = setting(1800.0, "soft-pin lifetime for the 'soft-pin' policy: how "
+                                   "long an idle session's KV is preferred over other KV")
+    allow_evict_pinned: bool = setting(True, "when only soft-pinned objects are left, may "
+                                       "they be evicted (true) or do new puts fail (false)")
+    eviction_high_watermark: float = setting(0.9, "fraction of the RAM pool at which "
+                                             "eviction starts")
+    eviction_ratio: float = setting(0.05, "fraction of objects evicted per eviction round")
+    engine_buffer_size: str = setting("256MB", "staging buffer each engine registers with "
+                                      "the store")
+    state_dir: str = setting(None, "where logs and the engines' Mooncake config file are "
+                             "written", factory=_default_state_dir)
+    client_ttl_s: int = setting(10, "seconds without a heartbeat after which the master "
+                                "drops the pool owner's segment")
+    restart_backoff_s: float = setting(1.0, "first delay before restarting a crashed "
+                                       "Mooncake process (doubles per consecutive crash, up "
+                                       "to 30 s)")
+    start_timeout_s: float = setting(60.0, "how long each Mooncake process may take to "
+                                     "become ready")
 
     # -- derived ----------------------------------------------------------
     @property
@@ -109,63 +134,6 @@ class KvStoreSettings:
 _PORTS = ("master_port", "metadata_port", "master_metrics_port", "client_port",
           "client_http_port", "http_port")
 
-_HELP = {
-    "host": "address every store process binds to (loopback for the embedded stack)",
-    "master_port": "Mooncake master RPC port (engines' master_server_address)",
-    "metadata_port": "Mooncake HTTP metadata server port (engines' metadata_server)",
-    "master_metrics_port": "Mooncake master's own metrics HTTP port (raw; this service "
-                           "re-exports it on --http-port)",
-    "client_port": "RPC port of the standalone mooncake_client that owns the pool",
-    "client_http_port": "health HTTP port of the standalone mooncake_client",
-    "http_port": "this service's HTTP port: /health, /metrics, /v1/engine-config",
-    "pool_size": "CPU-RAM pool owned by the store (e.g. 4GB)",
-    "disk_path": "directory of the disk tier (must be writable)",
-    "disk_size": "disk tier capacity (e.g. 16GB)",
-    "enable_disk": "spill KV from the RAM pool to --disk-path (true/false)",
-    "disk_bucket_keys": "objects are written to disk in buckets of this many keys",
-    "disk_bucket_size": "... or of this many bytes, whichever fills first",
-    "disk_write_interval_s": "seconds between the pool owner's rounds of writing new "
-                             "objects to the disk tier; an object leaves RAM only once it "
-                             "is on disk, so under fast writes puts fail until it is",
-    "disk_staging_size": "RAM staging buffer the pool owner reads and writes the disk "
-                         "tier through; vLLM's store connector batches disk reads up to "
-                         "1280MB, so it must be at least that (a larger read fails)",
-    "lease_ttl_ms": "lease on every object read: it cannot be evicted or removed "
-                    "for this long after a get (Mooncake default_kv_lease_ttl)",
-    "retention": "retention policy: 'lru' (evict least recently used under pressure) "
-                 "or 'soft-pin' (KV written by engines is soft-pinned for "
-                 "--session-ttl-s: evicted only after every unpinned object)",
-    "session_ttl_s": "soft-pin lifetime for the 'soft-pin' policy: how long an idle "
-                     "session's KV is preferred over other KV",
-    "allow_evict_pinned": "when only soft-pinned objects are left, may they be evicted "
-                          "(true) or do new puts fail (false)",
-    "eviction_high_watermark": "fraction of the RAM pool at which eviction starts",
-    "eviction_ratio": "fraction of objects evicted per eviction round",
-    "engine_buffer_size": "staging buffer each engine registers with the store",
-    "state_dir": "where logs and the engines' Mooncake config file are written",
-    "client_ttl_s": "seconds without a heartbeat after which the master drops "
-                    "the pool owner's segment",
-    "restart_backoff_s": "first delay before restarting a crashed Mooncake process "
-                         "(doubles per consecutive crash, up to 30 s)",
-    "start_timeout_s": "how long each Mooncake process may take to become ready",
-}
-
-
-def _env_name(name: str) -> str:
-    return f"TANDEM_KVSTORE_{name.upper()}"
-
-
-def _bool(value: str | bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tandem-kvstore",
@@ -176,31 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
             "(vLLM MooncakeStoreConnector, standalone-store mode) and read the "
             "config file this service writes (see --state-dir). Either Mooncake "
             "process is restarted when it dies. Every flag also reads the "
-            "environment variable TANDEM_KVSTORE_<FLAG>."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    defaults = KvStoreSettings()
-    for name, default in asdict(defaults).items():
-        flag = "--" + name.replace("_", "-")
-        env = os.environ.get(_env_name(name))
-        kind = type(default)
-        conv = _bool if kind is bool else kind
-        value = default
-        if env is not None:
-            try:
-                value = conv(env)
-            except (ValueError, argparse.ArgumentTypeError) as exc:
-                raise SettingError(flag, f"bad value {env!r} from the environment: {exc}")
-        kwargs = {"default": value, "type": conv, "help": _HELP[name] + f" [env {_env_name(name)}]"}
-        if name == "retention":
-            kwargs["choices"] = RETENTION_POLICIES
-        parser.add_argument(flag, **kwargs)
+            f"environment variable {ENV_PREFIX}<FLAG>."))
+    add_arguments(parser, KvStoreSettings, ENV_PREFIX)
     return parser
 
 
 def parse_settings(argv: list[str] | None = None) -> KvStoreSettings:
-    args = build_parser().parse_args(argv)
-    return KvStoreSettings(**vars(args))
+    settings: KvStoreSettings = from_arguments(KvStoreSettings, build_parser().parse_args(argv))
+    return settings
 
 
 def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
@@ -208,46 +159,48 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
     seen: dict[int, str] = {}
     for name in _PORTS:
         port = getattr(settings, name)
-        flag = "--" + name.replace("_", "-")
+        flag = flag_of(KvStoreSettings, name)
         if not 0 < port < 65536:
-            raise SettingError(flag, f"port {port} is out of range 1-65535")
+            raise _invalid(flag, f"port {port} is out of range 1-65535")
         if port in seen:
-            raise SettingError(flag, f"port {port} is already used by --{seen[port].replace('_', '-')}")
+            raise _invalid(flag, f"port {port} is already used by "
+                                 f"{flag_of(KvStoreSettings, seen[port])}")
         seen[port] = name
     for name in ("pool_size", "disk_size", "disk_bucket_size", "disk_staging_size",
                  "engine_buffer_size"):
-        flag = "--" + name.replace("_", "-")
+        flag = flag_of(KvStoreSettings, name)
         try:
             size = parse_size(getattr(settings, name))
         except ValueError as exc:
-            raise SettingError(flag, str(exc)) from None
+            raise _invalid(flag, str(exc)) from None
         if size <= 0:
-            raise SettingError(flag, "must be greater than zero")
+            raise _invalid(flag, "must be greater than zero")
     if settings.enable_disk and parse_size(settings.disk_staging_size) < VLLM_DISK_READ_BUDGET:
-        raise SettingError("--disk-staging-size",
+        raise _invalid("--disk-staging-size",
                            "must be at least 1280MB: vLLM's MooncakeStoreConnector batches "
                            "disk-tier reads up to that size, and a read larger than the "
                            "pool owner's staging buffer fails (BUFFER_OVERFLOW)")
     if parse_size(settings.pool_size) < 16 << 20:
-        raise SettingError("--pool-size", "must be at least 16MB")
+        raise _invalid("--pool-size", "must be at least 16MB")
     if settings.retention not in RETENTION_POLICIES:
-        raise SettingError("--retention", f"must be one of {', '.join(RETENTION_POLICIES)}")
+        raise _invalid("--retention", f"must be one of {', '.join(RETENTION_POLICIES)}")
     if not 0 < settings.eviction_high_watermark <= 1:
-        raise SettingError("--eviction-high-watermark", "must be in (0, 1]")
+        raise _invalid("--eviction-high-watermark", "must be in (0, 1]")
     if not 0 < settings.eviction_ratio <= 1:
-        raise SettingError("--eviction-ratio", "must be in (0, 1]")
+        raise _invalid("--eviction-ratio", "must be in (0, 1]")
     if settings.lease_ttl_ms <= 0:
-        raise SettingError("--lease-ttl-ms", "must be greater than zero")
+        raise _invalid("--lease-ttl-ms", "must be greater than zero")
     if settings.disk_write_interval_s <= 0:
-        raise SettingError("--disk-write-interval-s", "must be greater than zero")
+        raise _invalid("--disk-write-interval-s", "must be greater than zero")
     if settings.session_ttl_s <= 0:
-        raise SettingError("--session-ttl-s", "must be greater than zero")
+        raise _invalid("--session-ttl-s", "must be greater than zero")
     _check_writable("--state-dir", settings.state_dir)
     if settings.enable_disk:
         _check_writable("--disk-path", settings.disk_path)
     if check_ports:
         for name in _PORTS:
-            _check_port_free("--" + name.replace("_", "-"), settings.host, getattr(settings, name))
+            _check_port_free(flag_of(KvStoreSettings, name), settings.host,
+                             getattr(settings, name))
 
 
 def _check_writable(flag: str, path: str) -> None:
@@ -257,7 +210,8 @@ def _check_writable(flag: str, path: str) -> None:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        raise SettingError(flag, f"{path!r} is not a writable directory: {exc.strerror or exc}") from None
+        raise _invalid(flag, f"{path!r} is not a writable directory: "
+                             f"{exc.strerror or exc}") from None
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
@@ -266,5 +220,5 @@ def _check_port_free(flag: str, host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise SettingError(flag, f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+            raise _invalid(flag, f"cannot listen on {host}:{port}: {exc.strerror or exc} "
                                "(another process holds it? pick another port)") from None

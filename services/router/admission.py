@@ -13,7 +13,9 @@ import asyncio
 import math
 import time
 from collections import deque
+from dataclasses import dataclass
 
+from common.settings import SettingError, flag_of, setting
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 
@@ -21,6 +23,25 @@ from services.router.metrics import RouterMetrics
 # queue. /health, /metrics and /v1/models must answer under any load.
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _RECENT = 64  # request durations kept for the Retry-After estimate
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    max_concurrent_requests: int = setting(256, "generation requests served at once (0: no "
+                                           "limit, no queue)", metavar="N")
+    max_queued_requests: int = setting(512, "generation requests that may wait for a slot "
+                                       "(0: refuse at once)", metavar="N")
+    queue_timeout_s: float = setting(30.0, "seconds a request may wait for a slot before it "
+                                     "gets 429")
+
+    def validate(self) -> None:
+        for name in ("max_concurrent_requests", "max_queued_requests"):
+            if getattr(self, name) < 0:
+                raise SettingError(flag_of(AdmissionSettings, name), "cannot be negative")
+        if self.queue_timeout_s <= 0:
+            raise SettingError(flag_of(AdmissionSettings, "queue_timeout_s"),
+                               f"{self.queue_timeout_s:g}: must be positive (use "
+                               "--max-queued-requests 0 to refuse instead of queueing)")
 
 
 class Rejected(Exception):

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
+from common.roles import Role
 from services.router.admission import AdmissionMiddleware, Limiter
 from services.router.auth import ApiKeyAuth
 from services.router.config import RouterSettings
@@ -109,8 +110,9 @@ def install_middleware(app: FastAPI, settings: RouterSettings,
     """Outermost first: accounting (so 401s and 429s are counted too), then
     API keys (an unauthenticated request never takes a queue place), then
     admission. Starlette wraps in reverse order of `add_middleware`."""
-    limiter = Limiter(settings.max_concurrent_requests, settings.max_queued_requests,
-                      settings.queue_timeout_s, metrics)
+    admission = settings.admission
+    limiter = Limiter(admission.max_concurrent_requests, admission.max_queued_requests,
+                      admission.queue_timeout_s, metrics)
     app.add_middleware(AdmissionMiddleware, limiter=limiter)
     app.add_middleware(ApiKeyAuth, keys=settings.api_keys, metrics=metrics)
     app.add_middleware(RequestAccounting, metrics=metrics)
@@ -153,7 +155,8 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
                  settings.port, card.name, settings.prefill, settings.decode, settings.engines,
                  routing.policy.policy, sum(1 for s in specs if s.kv_events),
                  settings.retention.policy, settings.retention.ttl_s,
-                 settings.max_concurrent_requests or "unlimited", settings.max_queued_requests,
+                 settings.admission.max_concurrent_requests or "unlimited",
+                 settings.admission.max_queued_requests,
                  f"required ({len(settings.api_keys)})" if settings.api_keys else "off")
         try:
             yield
@@ -186,7 +189,7 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
     async def health():
         core: RoutingCore = parts["core"]
         pods = core.report(time.monotonic())
-        can_serve = any(p.state == "available" and p.role in ("decode", "both") for p in pods)
+        can_serve = any(p.state == "available" and p.role != Role.PREFILL for p in pods)
         body = {"status": "ok" if can_serve else "unavailable", "pods": {
             p.name: {"role": p.role, "state": p.state, "healthy": p.healthy,
                      "draining": p.draining, "in_flight": p.in_flight}

@@ -28,6 +28,7 @@ from typing import AsyncIterator
 import grpc
 
 from common.proto import engine_pb2 as pb
+from common.roles import Role
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pods import EnginePod, PodPool
@@ -144,7 +145,7 @@ class Orchestrator:
         if self._retention is None:
             return None
         hint = self._retention.hint(req.session, req.session_source, decision.block_hashes,
-                                    end=req.session_end)
+                                    time.monotonic(), end=req.session_end)
         self._metrics.retention_sessions.set(self._retention.active_sessions)
         if hint is None:
             return None
@@ -162,7 +163,7 @@ class Orchestrator:
             if tried == 1:
                 self._first_call(req)
             else:
-                self._metrics.retries.labels("prefill").inc()
+                self._metrics.retries.labels(Role.PREFILL).inc()
             pod = self._pool.get(address)
             if pod is None:  # removed since the decision
                 await self._gone(routing, address)
@@ -198,7 +199,7 @@ class Orchestrator:
                 if tried:
                     # Retry on another pod, keeping the prefill's KV (or local
                     # prefill): no second prefill.
-                    routing.exclude(*(p.address for p in self._pool.of_role("prefill")))
+                    routing.exclude(*(p.address for p in self._pool.of_role(Role.PREFILL)))
                     await self._route(routing, len(tried))
                 decision = routing.decision
                 tried.add(decision.decode_pod)
@@ -252,7 +253,7 @@ class Orchestrator:
         # Prefer a pod that did not just fail; the one the request was on is
         # fine too if it is still up (a client disconnect, not a pod failure).
         now = time.monotonic()
-        pods = sorted(self._pool.of_role("decode"),
+        pods = sorted(self._pool.of_role(Role.DECODE),
                       key=lambda p: (not self._core.available(p.address, now),
                                      p.address in exclude))
         for pod in pods:

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
+from common.roles import Role
 from services.router.routing import PodSpec, RoutingCore
 from services.router.routing.events import KvEventSubscriber
 from services.router.routing.tasks import cancel_and_wait
@@ -50,7 +51,7 @@ class EnginePod:
         return self.spec.name
 
     @property
-    def role(self) -> str:
+    def role(self) -> Role:
         return self.spec.role
 
     async def check(self, timeout: float) -> tuple[bool, pb.GetLoadResponse]:
@@ -115,7 +116,7 @@ class PodPool:
         """The pod, or None if it was removed."""
         return self._pods.get(name)
 
-    def of_role(self, *roles: str) -> list[EnginePod]:
+    def of_role(self, *roles: Role) -> list[EnginePod]:
         return [p for p in self._pods.values() if p.role in roles]
 
     # ----- polls ------------------------------------------------------------

@@ -6,14 +6,14 @@ engines get (``services/kvstore/retention.py`` explains what an engine does
 with it):
 
 * a request of an active session → ``pin_ttl_ms``: the KV blocks it writes to
-  the store are soft-pinned for ``--kv-retention-ttl`` seconds, so pressure
+  the store are soft-pinned for ``--kv-retention-ttl-s`` seconds, so pressure
   from other traffic evicts unpinned KV first;
 * the session's last request (the client sends ``--session-end-header``) →
   ``release``: once written, the session's blocks are removed from the store,
   except the prefix other active sessions share (``keep_tokens``). A shared
   system prompt or a parent context a live sub-agent forked stays.
 * a session that just stops sending is released by its pins lapsing: each
-  block's pin lasts ``--kv-retention-ttl`` from when it was written (Mooncake
+  block's pin lasts ``--kv-retention-ttl-s`` from when it was written (Mooncake
   pins are set at write time; reads do not renew them), so after that long
   without a turn the session's KV is ordinary LRU cache again. The router
   forgets such a session after the same time.
@@ -26,11 +26,11 @@ Several router replicas each see only their own sessions (see README).
 
 from __future__ import annotations
 
-import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+from common.settings import SettingError, flag_of, setting
 from services.kvstore.retention import RetentionHint
 
 POLICIES = ("off", "named-sessions", "all-sessions")
@@ -42,17 +42,25 @@ _PINNED_SOURCES = {"off": frozenset(),
 
 @dataclass(frozen=True)
 class RetentionSettings:
-    policy: str = "named-sessions"
-    ttl_s: float = 1800.0
-    end_header: str = "x-session-end"
+    policy: str = setting("named-sessions", "which sessions are pinned: sessions the client "
+                          "names (session header or `user`), all sessions (also those derived "
+                          "from the opening messages), or none", flag="--kv-retention",
+                          choices=POLICIES)
+    ttl_s: float = setting(1800.0, "how long a session's KV blocks stay pinned after they "
+                           "are written; a session idle this long is released (its pins "
+                           "have lapsed)", flag="--kv-retention-ttl-s")
+    end_header: str = setting("x-session-end", "request header (value 1/true/yes) marking a "
+                              "session's last request", flag="--session-end-header")
     max_sessions: int = 100_000
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
-            raise ValueError(f"--kv-retention {self.policy!r}: must be one of {', '.join(POLICIES)}")
+            raise SettingError(flag_of(RetentionSettings, "policy"),
+                               f"{self.policy!r}: must be one of {', '.join(POLICIES)}")
         if not 0 < self.ttl_s <= 86400:
             # The KV store's master refuses pins longer than a day by default.
-            raise ValueError(f"--kv-retention-ttl {self.ttl_s:g}: must be in (0, 86400] seconds")
+            raise SettingError(flag_of(RetentionSettings, "ttl_s"),
+                               f"{self.ttl_s:g}: must be in (0, 86400] seconds")
 
 
 @dataclass
@@ -78,14 +86,13 @@ class SessionRetention:
         return len(self._sessions)
 
     def hint(self, session: str | None, source: str | None, hashes: Sequence[int],
-             end: bool = False, now: float | None = None) -> RetentionHint | None:
+             now: float, end: bool = False) -> RetentionHint | None:
         """The hint for one request (None: nothing to say).
 
         ``session``/``source`` come from ``session_key``; ``hashes`` are the
         prompt's full-block hashes (the routing decision's); ``end`` is set
         when the client marked this request as the session's last.
         """
-        now = time.monotonic() if now is None else now
         self._expire(now)
         if not session or source not in _PINNED_SOURCES[self.settings.policy]:
             return None

@@ -98,8 +98,7 @@ def test_tandem_variant_carries_router_flags():
 
 
 def test_router_accepts_the_move_cost_factor():
-    from services.router.config import build_parser
-    from services.router.routing.settings import routing_settings_from_args
+    from services.router.config import parse_settings
 
-    args = build_parser().parse_args(["--engine", "127.0.0.1:1", "--move-cost-factor", "1.0"])
-    assert routing_settings_from_args(args).policy.move_cost_factor == 1.0
+    settings = parse_settings(["--engine", "127.0.0.1:1", "--move-cost-factor", "1.0"])
+    assert settings.routing.policy.move_cost_factor == 1.0

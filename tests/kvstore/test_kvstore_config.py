@@ -173,9 +173,7 @@ def test_engine_settings_use_the_store():
     from services.engine.config import EngineSettings
 
     def settings(role, store):
-        return EngineSettings(role=role, host="127.0.0.1", grpc_port=51010, metrics_port=1,
-                              nixl_port=2, kv_lease_seconds=10, shutdown_grace_seconds=1,
-                              engine_args=None, kv_store_config=store)
+        return EngineSettings(role=role, grpc_port=51010, kv_store_config=store)
 
     assert settings("prefill", None).kv_transfer_config("cpu")["kv_connector"] == "NixlConnector"
     assert settings("both", None).kv_transfer_config("cpu") is None

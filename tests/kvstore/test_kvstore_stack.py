@@ -120,7 +120,7 @@ class Engine:
         self.proc = subprocess.Popen(
             [PY, "-m", self.module, "--grpc-port", str(self.grpc), "--metrics-port",
              str(self.metrics_port), "--nixl-port", str(self.nixl), "--dtype", "float32",
-             "--enforce-eager", "--max-model-len", "4096", "--shutdown-grace-seconds", "2",
+             "--enforce-eager", "--max-model-len", "4096", "--shutdown-grace-s", "2",
              "--kv-store-config", self.store.engine_config],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.client = EngineClient(self.grpc, self.metrics_port)

@@ -12,7 +12,7 @@ removals.
   unnamed conversation and leaves the pinned session whole.
 * A session's last request (`x-session-end: 1`) removes its blocks from the
   store, except the prefix another active session shares.
-* A pin lapses after `--kv-retention-ttl` (a second router with 4 s): the
+* A pin lapses after `--kv-retention-ttl-s` (a second router with 4 s): the
   same pressure then evicts that session's blocks.
 """
 
@@ -63,7 +63,7 @@ class Cluster:
             # Every prompt is computed by the prefill engine, the one that
             # writes to the store, however much of it is cached elsewhere.
             router_args=["--remote-prefill-threshold", "0", "--kv-retention",
-                         "named-sessions", "--kv-retention-ttl", "600"],
+                         "named-sessions", "--kv-retention-ttl-s", "600"],
             startup_timeout_s=START_S))
         self.routers: list[tuple[Proc, subprocess.Popen]] = []
         self.stack.start()
@@ -237,7 +237,7 @@ def test_session_end_removes_its_own_blocks_and_keeps_the_shared_prefix(cluster)
 
 
 def test_pin_lapses_after_the_ttl(cluster):
-    short = cluster.second_router("--kv-retention", "named-sessions", "--kv-retention-ttl", "4")
+    short = cluster.second_router("--kv-retention", "named-sessions", "--kv-retention-ttl-s", "4")
     ids = cluster.chat(_conversation(7, 300), session="short-lived", url=short)
     written = time.monotonic()
     keys = cluster.keys(ids)

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from prometheus_client import generate_latest
 
-from services.router.admission import AdmissionMiddleware, Limiter, Rejected
+from services.router.admission import AdmissionMiddleware, AdmissionSettings, Limiter, Rejected
 from services.router.app import install_middleware
 from services.router.config import RouterSettings, parse_settings
 from services.router.errors import install_error_handlers
@@ -30,9 +30,9 @@ class FakeRouter:
     def __init__(self, *, running: int = 2, queued: int = 2, timeout: float = 30.0,
                  api_keys: tuple[str, ...] = ()) -> None:
         self.metrics = RouterMetrics()
-        settings = RouterSettings(engines=["fake:1"], max_concurrent_requests=running,
-                                  max_queued_requests=queued, queue_timeout_s=timeout,
-                                  api_keys=api_keys)
+        settings = RouterSettings(engines=["fake:1"], admission=AdmissionSettings(
+            max_concurrent_requests=running, max_queued_requests=queued,
+            queue_timeout_s=timeout), api_keys=api_keys)
         self.started: list[str] = []
         self._gates: dict[str, asyncio.Event] = {}
         app = FastAPI()
@@ -339,13 +339,13 @@ async def test_retry_after_follows_recent_durations():
 
 
 def test_admission_flags_and_environment(monkeypatch):
-    s = parse_settings(["--engine", "e:1"])
+    s = parse_settings(["--engine", "e:1"]).admission
     assert (s.max_concurrent_requests, s.max_queued_requests, s.queue_timeout_s) == (256, 512, 30)
     monkeypatch.setenv("TANDEM_ROUTER_MAX_CONCURRENT_REQUESTS", "8")
-    monkeypatch.setenv("TANDEM_ROUTER_QUEUE_TIMEOUT", "2.5")
-    s = parse_settings(["--engine", "e:1", "--max-queued-requests", "3"])
+    monkeypatch.setenv("TANDEM_ROUTER_QUEUE_TIMEOUT_S", "2.5")
+    s = parse_settings(["--engine", "e:1", "--max-queued-requests", "3"]).admission
     assert (s.max_concurrent_requests, s.max_queued_requests, s.queue_timeout_s) == (8, 3, 2.5)
-    for bad in (["--max-concurrent-requests", "-1"], ["--queue-timeout", "0"]):
+    for bad in (["--max-concurrent-requests", "-1"], ["--queue-timeout-s", "0"]):
         with pytest.raises(SystemExit):
             parse_settings(["--engine", "e:1", *bad])
 

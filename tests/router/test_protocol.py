@@ -79,4 +79,4 @@ def test_settings_without_pods_name_the_flag(capsys):
 def test_prefill_without_decode_is_refused(capsys):
     with pytest.raises(SystemExit):
         parse_settings(["--prefill", "a:1"])
-    assert "--prefill needs" in capsys.readouterr().err
+    assert "--prefill: needs at least one --decode" in capsys.readouterr().err

@@ -91,10 +91,10 @@ def cluster(tmp_path_factory):
         env = {"TANDEM_LOG_LEVEL": "INFO", "TANDEM_LOG_FORMAT": "text"}
         for i in (1, 2):
             port = free_port()
-            # --redis-timeout: not the 0.25-s default, which on a loaded test machine can
+            # --redis-timeout-s: not the 0.25-s default, which on a loaded test machine can
             # take a slow reply for a lost Redis. The outage here is real (killed), not slow.
             argv = [sys.executable, "-m", "services.router", "--host", HOST, "--port", str(port),
-                    "--redis-url", server.url, "--redis-timeout", "2", "--model", model_dir]
+                    "--redis-url", server.url, "--redis-timeout-s", "2", "--model", model_dir]
             for a in address.values():
                 argv += ["--engine", a]
             proc, _ = procs.launch(f"router-{i}", argv, cpus, env=env)

@@ -75,11 +75,11 @@ def test_session_cap_forgets_the_oldest():
 
 
 def test_settings_are_checked():
-    with pytest.raises(ValueError, match="--kv-retention 'sometimes'"):
+    with pytest.raises(ValueError, match="--kv-retention: 'sometimes'"):
         RetentionSettings(policy="sometimes").validate()
-    with pytest.raises(ValueError, match="--kv-retention-ttl"):
+    with pytest.raises(ValueError, match="--kv-retention-ttl-s"):
         RetentionSettings(ttl_s=0).validate()
-    with pytest.raises(ValueError, match="--kv-retention-ttl"):
+    with pytest.raises(ValueError, match="--kv-retention-ttl-s"):
         RetentionSettings(ttl_s=2 * 86400).validate()
 
 
@@ -87,9 +87,9 @@ def test_router_flags_build_the_settings():
     from services.router.config import parse_settings
 
     s = parse_settings(["--decode", "127.0.0.1:1", "--kv-retention", "all-sessions",
-                        "--kv-retention-ttl", "90", "--session-end-header", "x-done"])
+                        "--kv-retention-ttl-s", "90", "--session-end-header", "x-done"])
     assert s.retention == RetentionSettings(policy="all-sessions", ttl_s=90.0,
                                             end_header="x-done")
     assert parse_settings(["--decode", "127.0.0.1:1"]).retention == RetentionSettings()
     with pytest.raises(SystemExit):
-        parse_settings(["--decode", "127.0.0.1:1", "--kv-retention-ttl", "-1"])
+        parse_settings(["--decode", "127.0.0.1:1", "--kv-retention-ttl-s", "-1"])

@@ -44,7 +44,7 @@ def router_process(tmp_path, *pod_args: str):
     port = free_port()
     log = tmp_path / f"router-{port}.log"
     argv = [sys.executable, "-m", "services.router", "--port", str(port),
-            "--poll-interval", "0.5", *pod_args]
+            "--poll-interval-s", "0.5", *pod_args]
     with open(log, "wb") as out:
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True)
@@ -130,7 +130,7 @@ async def test_decode_failure_after_prefill_releases_kv(stack):
         pool.add_pod(spec)
     await pool.poll_once()
     now = time.monotonic()
-    core.update_pod(dead, now, healthy=True)  # the router believes it is up (it died after the poll)
+    core.update_pod(dead, now, healthy=True)  # the router believes it is up (it died after)
     core.set_draining(decode)  # takes no new work, but can still release KV
     orchestrator = Orchestrator(pool, Replica(core, LocalState()), metrics)
     request = EngineRequest(request_id=f"fail-{uuid.uuid4().hex}",

@@ -13,10 +13,8 @@ from services.router.routing.core import (PodLoad, PodReport, PodSpec, PodStatus
 from services.router.routing.policy import NoPodAvailable
 from services.router.routing.replica import Replica
 from services.router.routing.sessions import IncrementalTokenizer, session_key
-from services.router.routing.settings import (RoutingSettings, add_routing_arguments,
-                                              routing_settings_from_args)
+from services.router.routing.settings import RoutingSettings
 
 __all__ = ["IncrementalTokenizer", "NoPodAvailable", "PodLoad", "PodReport", "PodSpec",
-           "PodStatus", "Replica", "RouteDecision", "RouteRequest", "RoutingCore", "RoutingSettings",
-           "SharedView", "StateWrites", "add_routing_arguments", "routing_settings_from_args",
-           "session_key"]
+           "PodStatus", "Replica", "RouteDecision", "RouteRequest", "RoutingCore",
+           "RoutingSettings", "SharedView", "StateWrites", "session_key"]

@@ -18,11 +18,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from common.roles import Role
 from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
 from services.router.routing.index import PrefixIndex, predicted_cached_tokens
 from services.router.routing.live import LiveSessions
-from services.router.routing.policy import Binding, Policy, PodView, RouteInput
+from services.router.routing.policy import Binding, PodView, Policy, RouteInput
 from services.router.routing.settings import RoutingSettings
 
 log = logging.getLogger("tandem.router.routing")
@@ -37,11 +38,14 @@ POD_STATES = ("unhealthy", "draining", "ejected", "available")
 class PodSpec:
     """A pod as the router is told of it (flags, or discovery)."""
     name: str  # the pod's gRPC address
-    role: str = "both"  # "prefill", "decode" or "both"
+    role: Role = Role.BOTH
     # The engine's KV event PUB and replay endpoints; None: no events, the
     # index holds predicted entries for the pod.
     kv_events: str | None = None
     kv_events_replay: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", Role(self.role))  # "decode" works, "deocde" fails
 
 
 @dataclass
@@ -81,7 +85,7 @@ class StateWrites:
 class PodReport:
     """One pod as /health and /metrics show it."""
     name: str
-    role: str
+    role: Role
     state: str  # one of POD_STATES
     healthy: bool
     draining: bool

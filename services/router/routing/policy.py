@@ -47,6 +47,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from common.roles import Role
+from common.settings import SettingError, flag_of, setting
 from services.router.routing.hashring import bounded_load_choice
 
 POLICIES = ("cost", "round-robin", "least-load", "prefix", "session")
@@ -55,7 +57,7 @@ POLICIES = ("cost", "round-robin", "least-load", "prefix", "session")
 @dataclass(frozen=True)
 class PodView:
     name: str
-    role: str = "both"  # "prefill", "decode" or "both"
+    role: Role = Role.BOTH
     available: bool = True  # healthy, not draining, circuit closed
     in_flight: int = 0  # requests routed there and not finished (all replicas)
     pending_prefill_tokens: int = 0  # uncached tokens routed there, prefill not done
@@ -101,39 +103,51 @@ class Choice:
 
 @dataclass(frozen=True)
 class PolicySettings:
-    policy: str = "cost"
-    prefill_tokens_per_s: float = 2_000.0
+    policy: str = setting("cost", "how pods are chosen: cost (prefix hits vs load, sticky "
+                          "sessions), round-robin, least-load, prefix (most cached), session "
+                          "(always sticky)", flag="--routing-policy", aliases=("--policy",),
+                          choices=POLICIES)
+    prefill_tokens_per_s: float = setting(2_000.0, "a pod's prefill speed, to turn costs "
+                                          "into predicted TTFT")
     request_cost_tokens: float = 64.0
     kv_high_watermark: float = 0.9
-    kv_pressure_tokens: float = 4_096.0
+    kv_pressure_tokens: float = setting(4_096.0, "cost policy: the load, in prompt tokens, "
+                                        "of a pod whose KV usage is full (scaled from the 90% "
+                                        "watermark, and by the share of the request the pod "
+                                        "must allocate)")
     stickiness_margin_tokens: float = 256.0
-    # Per token of prefix the other pod lacks (see _move_cost). 1.0 (held
-    # twice = recomputed once more) measured no better than 0.5 beside it on
-    # the same engines: tight 74.9% vs 76.2% mean hit, ample 85.3% both
-    # (bench/router_policies.py --repeat 3 --contenders
-    # tandem:cost,tandem:cost+move-cost-factor=1.0; tight runs land on 74-75%
-    # or 79.5% by which sessions share a pod, not by this factor).
-    move_cost_factor: float = 0.5
+    # Per token of prefix the other pod lacks (see _move_cost); the value is
+    # measured (routing/README.md, "Measured").
+    move_cost_factor: float = setting(0.5, "cost policy: how strongly a session (or a "
+                                      "sub-agent fork) stays with the pod holding its "
+                                      "context: the cost of moving, per token of that "
+                                      "context the other pod lacks")
     load_bound_factor: float = 1.25
-    remote_prefill_threshold: int = 256
+    remote_prefill_threshold: int = setting(256, "P/D: below this many uncached tokens the "
+                                            "decode pod prefills locally")
     transfer_weight: float = 0.1
-    eviction_cost_factor: float = 1.0
+    eviction_cost_factor: float = setting(1.0, "cost policy: weight of live sessions' cached "
+                                          "tokens a placement would evict (recomputed on "
+                                          "their next turn); 0 ignores KV capacity")
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        def bad(name: str, message: str) -> SettingError:
+            return SettingError(flag_of(PolicySettings, name), message)
+
         if self.policy not in POLICIES:
-            raise ValueError(f"routing policy {self.policy!r}: choose one of {POLICIES}")
+            raise bad("policy", f"routing policy {self.policy!r}: choose one of {POLICIES}")
         if self.prefill_tokens_per_s <= 0:
-            raise ValueError("prefill_tokens_per_s must be positive")
+            raise bad("prefill_tokens_per_s", "must be positive")
         if not 0 < self.kv_high_watermark <= 1:
-            raise ValueError("kv_high_watermark must be in (0, 1]")
+            raise bad("kv_high_watermark", "must be in (0, 1]")
         if self.eviction_cost_factor < 0:
-            raise ValueError("eviction_cost_factor must be >= 0")
+            raise bad("eviction_cost_factor", "must be >= 0")
         if self.kv_pressure_tokens < 0:
-            raise ValueError("kv_pressure_tokens must be >= 0")
+            raise bad("kv_pressure_tokens", "must be >= 0")
         if self.move_cost_factor < 0:
-            raise ValueError("move_cost_factor must be >= 0")
+            raise bad("move_cost_factor", "must be >= 0")
         if self.load_bound_factor < 1:
-            raise ValueError("load_bound_factor must be >= 1")
+            raise bad("load_bound_factor", "must be >= 1")
 
 
 class NoPodAvailable(RuntimeError):
@@ -196,20 +210,22 @@ class Policy:
     """The selectable policies behind one call. Holds only a round-robin cursor."""
 
     def __init__(self, settings: PolicySettings) -> None:
+        settings.validate()
         self.settings = settings
         self._cursor = 0
 
     def choose(self, req: RouteInput) -> Choice:
         s = self.settings
-        prefill = [p for p in req.pods if p.available and p.role == "prefill"]
-        decode = [p for p in req.pods if p.available and p.role in ("decode", "both")]
+        prefill = [p for p in req.pods if p.available and p.role == Role.PREFILL]
+        decode = [p for p in req.pods if p.available and p.role != Role.PREFILL]
         if not decode:
             raise NoPodAvailable("no healthy decode or aggregated pod is available")
-        split = any(p.role == "prefill" for p in req.pods)
+        split = any(p.role == Role.PREFILL for p in req.pods)
         if not split:
             chosen = self._choose_one(req, decode, weight=1.0)
             role = next(p.role for p in decode if p.name == chosen.pod)
-            return replace(chosen, local_prefill="no_prefill_pods" if role == "decode" else None)
+            return replace(chosen,
+                           local_prefill="no_prefill_pods" if role == Role.DECODE else None)
         # P/D: decode first. Its missing prefix arrives by transfer, so it weighs less.
         chosen = self._choose_one(req, decode, weight=s.transfer_weight)
         d = next(p for p in decode if p.name == chosen.pod)

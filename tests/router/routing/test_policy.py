@@ -210,5 +210,5 @@ def test_xpyd_prefill_pool_down_falls_back_to_local_prefill():
 
 
 def test_invalid_policy_is_named():
-    with pytest.raises(ValueError, match="routing policy 'fastest'"):
-        PolicySettings(policy="fastest")
+    with pytest.raises(ValueError, match="--routing-policy: routing policy 'fastest'"):
+        PolicySettings(policy="fastest").validate()
