@@ -74,7 +74,7 @@ class Slo:
 class Problem:
     profiles: tuple[EngineProfile, ...]
     demand: Demand
-    slo: Slo = Slo()
+    slo: Slo = field(default_factory=Slo)
     budget_gpus: int | None = None
     headroom: float = 1.2
     min_replicas: int = 1
