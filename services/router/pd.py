@@ -153,6 +153,7 @@ class Orchestrator:
             else:
                 self._metrics.retries.labels("prefill").inc()
             pod.acquire()
+            started = time.perf_counter()
             try:
                 reply = await pod.stub.Prefill(pb.PrefillRequest(
                     request_id=req.request_id, token_ids=req.token_ids,
@@ -160,6 +161,7 @@ class Orchestrator:
                     retention=hint))
                 await self._core.report_prefill(routing.decision, reply.cached_tokens,
                                                 time.monotonic(), pod=address)
+                self._metrics.count_prompt(pod.role, len(req.token_ids), reply.cached_tokens)
                 return reply.kv_transfer_params_json
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _RETRYABLE:
@@ -167,6 +169,7 @@ class Orchestrator:
                 await self._failed(routing, pod, "Prefill", exc)
             finally:
                 pod.release()
+                self._metrics.pool_busy.labels(pod.role).inc(time.perf_counter() - started)
             await self._route(routing, "decode")
         if not tried:
             self._first_call(req)
@@ -201,6 +204,7 @@ class Orchestrator:
                 pod = self._pool.pod(decision.decode_pod)
                 tried.add(pod.address)
                 pod.acquire()
+                started = time.perf_counter()
                 # The hint goes along when this pod computes the prompt (no
                 # prefill pod, or an aggregated pod): then it writes the KV.
                 call = pod.stub.Generate(pb.GenerateRequest(
@@ -222,6 +226,11 @@ class Orchestrator:
                             await self._core.report_prefill(
                                 decision, message.usage.cached_tokens, time.monotonic(),
                                 pod=pod.address)
+                            self._metrics.count_prompt(pod.role, message.usage.prompt_tokens,
+                                                       message.usage.cached_tokens)
+                        if message.finish_reason:
+                            self._metrics.count_generation(pod.role,
+                                                           message.usage.completion_tokens)
                         yield message
                     return
                 except grpc.aio.AioRpcError as exc:
@@ -231,6 +240,7 @@ class Orchestrator:
                 finally:
                     call.cancel()  # no-op when finished; aborts the request otherwise
                     pod.release()
+                    self._metrics.pool_busy.labels(pod.role).inc(time.perf_counter() - started)
         finally:
             if kv_params and not first_byte:
                 # The KV the prefill holds for this request will never be pulled.
