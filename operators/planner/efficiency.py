@@ -52,9 +52,13 @@ def _point_work(role: PoolRole, p: ProfilePoint, token_cost: float | None) -> fl
 def predicted_work(profile: EngineProfile, in_flight: float,
                    token_cost: float | None = None) -> float:
     """The profile's throughput at this load: linear between profiled points
-    (and from zero at no load), the highest profiled value beyond them."""
+    (and from zero at no load), the highest profiled value beyond them; 0
+    when the profile gives no load (published figures without it)."""
     role = profile.role
-    curve = sorted((p.in_flight, _point_work(role, p, token_cost)) for p in profile.points)
+    curve = sorted((p.in_flight, _point_work(role, p, token_cost)) for p in profile.points
+                   if p.in_flight is not None)
+    if not curve:
+        return 0.0
     prev_x, prev_y = 0.0, 0.0
     for x, y in curve:
         if in_flight <= x:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
+
+import yaml
 
 PoolRole = Literal["prefill", "decode", "aggregated"]
 Source = Literal["measured", "published"]
@@ -85,10 +87,10 @@ class ProfilePoint:
     request_rate: float
     input_tokens_per_s: float  # prompt tokens, cached ones included
     output_tokens_per_s: float
-    ttft_p50_s: float
-    ttft_p90_s: float
+    ttft_p50_s: float | None  # None only in published figures that do not give it
+    ttft_p90_s: float | None
     hit_rate: float
-    in_flight: float  # mean requests inside the pool per replica (Little's law)
+    in_flight: float | None  # mean requests inside the pool per replica (Little's law)
     itl_s: float | None = None
     interactivity_p90: float | None = None  # tokens/s/user, 1 / P90(e2e / output tokens)
 
@@ -160,18 +162,21 @@ def validate(profile: EngineProfile) -> EngineProfile:
         if pt.concurrency <= last:
             raise ProfileError(f"{at}: concurrency must rise from point to point")
         last = pt.concurrency
-        for name in ("request_rate", "input_tokens_per_s", "ttft_p50_s", "ttft_p90_s",
-                     "in_flight"):
+        for name in ("request_rate", "input_tokens_per_s"):
             value = getattr(pt, name)
             if not (math.isfinite(value) and value > 0):
                 raise ProfileError(f"{at}: {_camel(name)} must be a positive number")
+        for name in ("ttft_p50_s", "ttft_p90_s", "in_flight"):
+            if getattr(pt, name) is None and profile.source == "measured":
+                raise ProfileError(f"{at}: {_camel(name)} is required in a measured profile")
         if not (math.isfinite(pt.output_tokens_per_s) and pt.output_tokens_per_s >= 0):
             raise ProfileError(f"{at}: outputTokensPerS must be ≥ 0")
         if not 0.0 <= pt.hit_rate < 1.0:
             raise ProfileError(f"{at}: hitRate must be in [0, 1)")
-        if pt.ttft_p90_s < pt.ttft_p50_s:
+        if pt.ttft_p90_s is not None and pt.ttft_p50_s is not None \
+                and pt.ttft_p90_s < pt.ttft_p50_s:
             raise ProfileError(f"{at}: ttftP90S is below ttftP50S")
-        for name in ("itl_s", "interactivity_p90"):
+        for name in ("ttft_p50_s", "ttft_p90_s", "in_flight", "itl_s", "interactivity_p90"):
             value = getattr(pt, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ProfileError(f"{at}: {_camel(name)} must be a positive number or null")
@@ -185,7 +190,7 @@ def validate(profile: EngineProfile) -> EngineProfile:
 _POINT_FIELDS = ("concurrency", "request_rate", "input_tokens_per_s", "output_tokens_per_s",
                  "ttft_p50_s", "ttft_p90_s", "hit_rate", "in_flight", "itl_s",
                  "interactivity_p90")
-_OPTIONAL_POINT_FIELDS = ("itl_s", "interactivity_p90")
+_OPTIONAL_POINT_FIELDS = ("ttft_p50_s", "ttft_p90_s", "in_flight", "itl_s", "interactivity_p90")
 
 
 def _camel(snake: str) -> str:
@@ -267,6 +272,32 @@ def profile_configmap(profile: EngineProfile, name: str,
         metadata["namespace"] = namespace
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {PROFILE_KEY: json.dumps(profile_to_dict(profile), indent=1)}}
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the profile document) as literal blocks."""
+
+
+def _str_block(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text,
+                                   style="|" if "\n" in text else None)
+
+
+_BlockDumper.add_representer(str, _str_block)
+
+
+def manifests_yaml(manifests: Iterable[Mapping[str, Any]], header: str = "") -> str:
+    """Manifests as one multi-document YAML, ``kubectl apply -f`` ready."""
+    body = yaml.dump_all([dict(m) for m in manifests], Dumper=_BlockDumper, sort_keys=False,
+                         width=100)
+    comment = "".join(f"# {line}\n".replace("# \n", "#\n") for line in header.splitlines())
+    return comment + body
+
+
+def profiles_from_yaml(text: str) -> list[EngineProfile]:
+    """Every profile ConfigMap in a (multi-document) YAML text."""
+    return [profile_from_configmap(doc) for doc in yaml.safe_load_all(text)
+            if isinstance(doc, Mapping) and doc.get("kind") == "ConfigMap"]
 
 
 def profile_from_configmap(obj: Mapping[str, Any]) -> EngineProfile:

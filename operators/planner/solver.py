@@ -44,7 +44,8 @@ from typing import Literal
 
 from .profiles import EngineProfile, PoolRole, ProfilePoint
 
-Limit = Literal["saturation", "profile-end", "ttft_p90", "interactivity_p90", "kv"]
+Limit = Literal["saturation", "profile-end", "one-point", "ttft_p90", "interactivity_p90",
+                "kv"]
 Binding = Literal["demand", "budget", "slo", "kv", "capacity", "no-profile"]
 PlanKind = Literal["disaggregated", "aggregated"]
 
@@ -95,7 +96,7 @@ class OperatingPoint:
     saturation_rps: float  # per replica with no SLO (still within KV)
     unconstrained_rps: float  # per replica with no SLO and no KV limit
     limit: Limit
-    in_flight: float  # requests in flight per replica at the operating point
+    in_flight: float | None  # requests in flight per replica at the operating point
     ttft_p90_s: float | None
     interactivity_p90: float | None
     hit_rate: float
@@ -176,7 +177,7 @@ class Decision:
 @dataclass(frozen=True)
 class _Sample:
     capacity_rps: float
-    in_flight: float
+    in_flight: float | None
     ttft_p90_s: float | None
     interactivity_p90: float | None
     kv_tokens: float | None
@@ -214,13 +215,13 @@ def _sample(profile: EngineProfile, point: ProfilePoint, demand: Demand, e: floa
     uncached_d = _uncached(demand, point)
     uncached_p = point.mean_uncached_tokens
     hit = point.hit_rate if demand.hit_rate is None else demand.hit_rate
-    ttft_scale = uncached_d / uncached_p if uncached_p > 0 else 1.0
+    ttft = None if point.ttft_p90_s is None else (
+        point.ttft_p90_s * (uncached_d / uncached_p if uncached_p > 0 else 1.0) / e)
     if role == "prefill":
         capacity = point.uncached_tokens_per_s * e / max(uncached_d, 1.0)
-        return _Sample(capacity, point.in_flight, point.ttft_p90_s * ttft_scale / e, None,
-                       None, hit)
+        return _Sample(capacity, point.in_flight, ttft, None, None, hit)
     interactivity = None if point.interactivity_p90 is None else point.interactivity_p90 * e
-    kv = point.in_flight * context
+    kv = None if point.in_flight is None else point.in_flight * context
     if role == "decode":
         capacity = point.output_tokens_per_s * e / max(demand.mean_output_tokens, 1.0)
         return _Sample(capacity, point.in_flight, None, interactivity, kv, hit)
@@ -229,8 +230,7 @@ def _sample(profile: EngineProfile, point: ProfilePoint, demand: Demand, e: floa
         cost_p = uncached_p * token_cost + point.mean_output_tokens
         cost_d = uncached_d * token_cost + demand.mean_output_tokens
         scale = cost_p / cost_d
-    return _Sample(point.request_rate * e * scale, point.in_flight,
-                   point.ttft_p90_s * ttft_scale / e, interactivity, kv, hit)
+    return _Sample(point.request_rate * e * scale, point.in_flight, ttft, interactivity, kv, hit)
 
 
 def _violations(s: _Sample, slo: Slo, kv_capacity: int | None) -> list[tuple[Limit, float]]:
@@ -255,6 +255,10 @@ def operating_point(profile: EngineProfile, demand: Demand, slo: Slo, efficiency
             and any(p.interactivity_p90 is None for p in profile.points):
         return Rejection(c.name, f"{c.name}: the profile has no P90 interactivity to check the "
                          f"SLO against", "profile")
+    if c.role in ("prefill", "aggregated") and slo.ttft_p90_s is not None \
+            and any(p.ttft_p90_s is None for p in profile.points):
+        return Rejection(c.name, f"{c.name}: the profile has no TTFT p90 to check the SLO "
+                         f"against", "profile")
     context = demand.mean_input_tokens + demand.mean_output_tokens / 2.0
     if c.role != "prefill" and c.kv_capacity_tokens is not None \
             and context > c.kv_capacity_tokens:
@@ -265,7 +269,8 @@ def operating_point(profile: EngineProfile, demand: Demand, slo: Slo, efficiency
     # lowest profiled values (they do not fall further with less load), so
     # only the KV limit can be met there by serving less.
     first = measured[0]
-    idle = _Sample(0.0, 0.0, first.ttft_p90_s, first.interactivity_p90,
+    idle = _Sample(0.0, None if first.in_flight is None else 0.0, first.ttft_p90_s,
+                   first.interactivity_p90,
                    None if first.kv_tokens is None else 0.0, first.hit_rate)
     samples = [idle, *measured]
     margins = [_violations(s, slo, c.kv_capacity_tokens) for s in samples]
@@ -288,8 +293,9 @@ def operating_point(profile: EngineProfile, demand: Demand, slo: Slo, efficiency
             best_limit = limit
         break
     else:
-        last, before = samples[-1], samples[-2] if len(samples) > 1 else None
-        if best is last and (before is None or last.capacity_rps > 1.05 * before.capacity_rps):
+        if len(measured) == 1:
+            best_limit = "one-point"
+        elif best is samples[-1] and best.capacity_rps > 1.05 * samples[-2].capacity_rps:
             best_limit = "profile-end"
     saturation = _saturation(samples, margins)
     return OperatingPoint(config=c.name, role=c.role, gpus_per_replica=c.gpus_per_replica,
@@ -319,7 +325,7 @@ def _interpolate(a: _Sample, b: _Sample, t: float) -> _Sample:
         return None if x is None or y is None else x + (y - x) * t
 
     return _Sample(capacity_rps=a.capacity_rps + (b.capacity_rps - a.capacity_rps) * t,
-                   in_flight=a.in_flight + (b.in_flight - a.in_flight) * t,
+                   in_flight=lerp(a.in_flight, b.in_flight),
                    ttft_p90_s=lerp(a.ttft_p90_s, b.ttft_p90_s),
                    interactivity_p90=lerp(a.interactivity_p90, b.interactivity_p90),
                    kv_tokens=lerp(a.kv_tokens, b.kv_tokens),
@@ -554,6 +560,9 @@ def _slo_changes(problem: Problem, rejected: list[Rejection]) -> list[str]:
                    f"best any profile reaches), or profile a faster decode configuration")
     if any(r.limit == "kv" for r in rejected):
         out.append("give decode replicas more KV capacity, or serve shorter contexts")
+    if any(r.limit == "profile" for r in rejected):
+        out.append("measure the configurations (tandem profile) so the SLO can be checked, or "
+                   "drop that SLO")
     return out
 
 
@@ -585,6 +594,7 @@ def _explain(problem: Problem, plan: Plan, binding: Binding, meets: bool, need: 
         limit = {"saturation": "saturation (throughput stops growing)",
                  "profile-end": "the highest profiled load (throughput was still growing: "
                                 "profile further)",
+                 "one-point": "its one profiled operating point (no load sweep)",
                  "ttft_p90": "the TTFT p90 SLO",
                  "interactivity_p90": "the P90 interactivity SLO",
                  "kv": "KV capacity at this context"}[pt.limit]
@@ -603,10 +613,13 @@ def _explain(problem: Problem, plan: Plan, binding: Binding, meets: bool, need: 
     if ratio is not None:
         pre, dec = plan.pool("prefill"), plan.pool("decode")
         assert pre is not None and dec is not None
-        reasons.append(f"P/D = {plan.pools[0].replicas}/{plan.pools[1].replicas} = {ratio:.2f} "
-                       f"(per-group capacities {_fmt_rps(pre.point.capacity_rps)} prefill vs "
+        gpus = "" if pre.point.gpus_per_replica == dec.point.gpus_per_replica else (
+            f"; GPUs {pre.gpus}:{dec.gpus}")
+        reasons.append(f"P/D = {pre.replicas}/{dec.replicas} = {ratio:.2f} (per-group capacities "
+                       f"{_fmt_rps(pre.point.capacity_rps)} prefill vs "
                        f"{_fmt_rps(dec.point.capacity_rps)} decode: the faster side gets fewer "
-                       f"groups; balance at {dec.point.capacity_rps / pre.point.capacity_rps:.2f})")
+                       f"groups; balance at {dec.point.capacity_rps / pre.point.capacity_rps:.2f}"
+                       f"{gpus})")
     if meets and demand_rps is not None:
         first = min(plan.pools, key=lambda p: p.capacity_rps)
         holds = plan.capacity_rps / problem.headroom

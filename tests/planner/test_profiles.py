@@ -51,6 +51,8 @@ def test_errors_name_the_field():
     assert "source 'guessed'" in bad(lambda d: d.update(source="guessed"))
     assert "version 7 is not supported" in bad(lambda d: d.update(version=7))
     assert "ttftP90S is below ttftP50S" in bad(lambda d: d["points"][0].update(ttftP90S=0.01))
+    assert "inFlight is required in a measured profile" in bad(
+        lambda d: (d.update(source="measured"), d["points"][0].update(inFlight=None)))
 
 
 def test_configmap_errors_name_the_configmap():
