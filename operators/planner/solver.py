@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from .profiles import EngineProfile, PoolRole, ProfilePoint
 
@@ -431,12 +431,8 @@ def _better(a: Plan, b: Plan, need_rps: float | None) -> bool:
 # -- the decision -----------------------------------------------------------------
 
 
-def solve(problem: Problem) -> Decision:
-    demand = problem.demand
-    demand_rps = demand.request_rate
-    need = None if demand_rps is None else demand_rps * problem.headroom
-    if need is None and problem.budget_gpus is None:
-        raise ValueError("nothing to size against: neither a request rate nor a GPU budget")
+def _operating_points(problem: Problem) -> tuple[dict[PoolRole, list[tuple[OperatingPoint, str]]],
+                                                 list[Rejection]]:
     rejected: list[Rejection] = []
     points: dict[PoolRole, list[tuple[OperatingPoint, str]]] = {
         "prefill": [], "decode": [], "aggregated": []}
@@ -447,12 +443,39 @@ def solve(problem: Problem) -> Decision:
             continue
         cost = prefill_token_cost(problem.profiles, c.model, c.hardware) \
             if c.role == "aggregated" else None
-        op = operating_point(profile, demand, problem.slo,
+        op = operating_point(profile, problem.demand, problem.slo,
                              problem.efficiency.get(c.name, 1.0), cost)
         if isinstance(op, Rejection):
             rejected.append(op)
         else:
             points[c.role].append((op, c.model))
+    return points, rejected
+
+
+def fixed_plan(problem: Problem, replicas: Mapping[str, int],
+               configs: Mapping[str, str]) -> Plan | Rejection:
+    """What a given sizing (role → replicas, role → configuration name)
+    serves within the SLOs for the problem's demand, or why it cannot."""
+    points, rejected = _operating_points(problem)
+    pools = []
+    for role, n in replicas.items():
+        name = configs[role]
+        found = [op for op, _ in points.get(cast(PoolRole, role), []) if op.config == name]
+        if not found:
+            why = next((r for r in rejected if r.config == name), None)
+            return why or Rejection(name, f"{name}: no {role} profile of that name", "profile")
+        pools.append(_pool(found[0], n, problem.demand.request_rate))
+    kind: PlanKind = "aggregated" if set(replicas) == {"aggregated"} else "disaggregated"
+    order = {"prefill": 0, "decode": 1, "aggregated": 2}
+    return Plan(kind, tuple(sorted(pools, key=lambda p: order[p.role])))
+
+
+def solve(problem: Problem) -> Decision:
+    demand_rps = problem.demand.request_rate
+    need = None if demand_rps is None else demand_rps * problem.headroom
+    if need is None and problem.budget_gpus is None:
+        raise ValueError("nothing to size against: neither a request rate nor a GPU budget")
+    points, rejected = _operating_points(problem)
 
     best_disagg: Plan | None = None
     best_agg: Plan | None = None

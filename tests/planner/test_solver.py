@@ -12,7 +12,9 @@ from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
 from operators.planner.solver import (
     Demand,
     Problem,
+    Rejection,
     Slo,
+    fixed_plan,
     operating_point,
     prefill_token_cost,
     size_disaggregated,
@@ -306,3 +308,13 @@ def test_integer_search_matches_brute_force(a, b, ga, gd, budget):
         return
     assert plan.capacity_rps == pytest.approx(best[0])
     assert plan.gpus == -best[1]
+
+
+def test_fixed_plan_says_what_a_given_sizing_serves():
+    plan = fixed_plan(problem(100.0), {"prefill": 2, "decode": 1},
+                      {"prefill": "prefill-tp1", "decode": "decode-tp1"})
+    assert plan.capacity_rps == pytest.approx(56.0) and plan.ratio == 2.0
+    assert plan.pool("prefill").utilization == pytest.approx(100 / 56)
+    refused = fixed_plan(problem(100.0, slo=Slo(ttft_p90_s=0.1)), {"prefill": 1, "decode": 1},
+                         {"prefill": "prefill-tp1", "decode": "decode-tp1"})
+    assert isinstance(refused, Rejection) and refused.limit == "ttft_p90"
