@@ -6,15 +6,12 @@ mocks."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 
 import httpx
 import pytest
 
 from bench.router_fakes import MODEL_NAME
-from bench.router_overhead import Processes
 from operators.planner.demand import (
     PoolCounters,
     RouterSample,
@@ -23,11 +20,6 @@ from operators.planner.demand import (
     window,
 )
 from operators.planner.scrape import RouterScrapeSource
-from tandem.model import resolve_model
-from tandem.stack import free_port, wait_grpc_serving, wait_http_ok
-
-HOST = "127.0.0.1"
-FIRST_TOKEN_MS, TOKEN_DELAY_MS = 200.0, 20.0
 
 
 def test_window_sums_replicas_and_survives_a_restart():
@@ -63,30 +55,8 @@ def test_nothing_finished_is_no_demand():
     assert window({}, {"a": s}) is None
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("planner-scrape")
-    procs = Processes(logs)
-    cpus = set(os.sched_getaffinity(0))
-    try:
-        engine_port, router_port = free_port(), free_port()
-        engine, _ = procs.launch("fake-engine", [
-            sys.executable, "-m", "bench.router_fakes", "grpc", "--host", HOST,
-            "--port", str(engine_port), "--model-path", str(resolve_model(None)),
-            "--first-token-ms", str(FIRST_TOKEN_MS), "--token-delay-ms", str(TOKEN_DELAY_MS)],
-            cpus)
-        wait_grpc_serving(f"{HOST}:{engine_port}", engine, time.monotonic() + 120)
-        router, _ = procs.launch("router", [
-            sys.executable, "-m", "services.router", "--host", HOST, "--port", str(router_port),
-            "--engine", f"{HOST}:{engine_port}", "--model", str(resolve_model(None))], cpus)
-        url = f"http://{HOST}:{router_port}"
-        wait_http_ok(f"{url}/health", router, time.monotonic() + 120)
-        yield url
-    finally:
-        procs.stop_all()
-
-
-async def test_scraping_a_real_router_gives_the_demand_it_served(router):
+async def test_scraping_a_real_router_gives_the_demand_it_served(fake_router):
+    router = fake_router
     source = RouterScrapeSource([router])
     try:
         assert await source.window(time.monotonic()) is None  # the first round only samples
