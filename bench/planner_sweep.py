@@ -98,12 +98,15 @@ def engine_kv(stack, role_prefix: str) -> int | None:
 
 async def _profile(role: PoolRole, stack, sessions, info, tok, base: ReplayConfig,
                    levels: list[int], level_s: float, ceiling: float, kv: int | None,
-                   workload: str) -> EngineProfile:
-    config = engine_config(role, f"smollm2-cpu-{role}", MODEL, 1, HARDWARE, Parallelism(),
-                           [], kv)
+                   workload: str, out: Path) -> EngineProfile:
+    """Profile one role; its ConfigMap is written at once (a run cut short
+    keeps the profiles it finished)."""
+    name = f"smollm2-cpu-{role}"
+    config = engine_config(role, name, MODEL, 1, HARDWARE, Parallelism(), [], kv)
     profile, _ = await profile_pool(role, stack.router_url, sessions, info, tok,
                                     replace(base, model=MODEL), config, 1, levels, level_s,
                                     ceiling, workload, log=log)
+    (out / f"profile-{role}.yaml").write_text(manifests_yaml([profile_configmap(profile, name)]))
     return profile
 
 
@@ -195,12 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             kv_p, kv_d = engine_kv(stack, "prefill"), engine_kv(stack, "decode")
             prefill = asyncio.run(_profile("prefill", stack, sessions, info, tok, base, levels,
-                                           a.level_s, a.ttft_ceiling, kv_p, workload))
+                                           a.level_s, a.ttft_ceiling, kv_p, workload, out))
             timings["profile_prefill_s"] = time.time() - t0
             t1 = time.time()
             decode = asyncio.run(_profile(
                 "decode", stack, long_out, long_info, tok, base, levels, a.level_s,
-                a.ttft_ceiling, kv_d, workload + f", outputs median {a.decode_out_median}"))
+                a.ttft_ceiling, kv_d, workload + f", outputs median {a.decode_out_median}", out))
             timings["profile_decode_s"] = time.time() - t1
         finally:
             stack.stop()
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             aggregated = asyncio.run(_profile("aggregated", stack, sessions, info, tok, base,
                                               levels, a.level_s, a.ttft_ceiling,
-                                              engine_kv(stack, "engine"), workload))
+                                              engine_kv(stack, "engine"), workload, out))
         finally:
             stack.stop()
         timings["profile_aggregated_s"] = time.time() - t0
