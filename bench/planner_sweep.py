@@ -302,7 +302,8 @@ def _markdown(doc: dict[str, Any], profiles: list[EngineProfile]) -> str:
         lines += [f"**{label}** → {plan} ({d['binding']})", ""]
         lines += [f"* {r}" for r in d["reasons"]] + [f"* change: {c}" for c in d["changes"]] + [""]
     lines += ["## Phase 2 sweep", "",
-              f"Goodput = the highest request rate with TTFT p90 ≤ {doc['slo_ttft_p90']:g} s.", "",
+              f"Goodput = the highest request rate with TTFT p90 ≤ {doc['slo_ttft_p90']:g} s.",
+              "",
               ("| deployment | cores | predicted req/s | measured req/s | measured ÷ predicted | "
               "efficiency by pool |"), "|---|---:|---:|---:|---:|---|"]
     for r in doc["sweep"]:

@@ -506,7 +506,8 @@ def solve(problem: Problem) -> Decision:
             plan = other
     meets = need is not None and plan.capacity_rps >= need * (1 - _EPS)
     binding = _binding(plan, meets, need, problem.min_replicas)
-    reasons, changes = _explain(problem, plan, binding, meets, need, best_disagg, best_agg, rejected)
+    reasons, changes = _explain(problem, plan, binding, meets, need, best_disagg, best_agg,
+                                rejected)
     return Decision(plan=plan, meets_demand=meets, binding=binding, reasons=tuple(reasons),
                     changes=tuple(changes), best_disaggregated=best_disagg,
                     best_aggregated=best_agg, rejected=tuple(rejected))
