@@ -77,12 +77,12 @@ def kv_capacity_tokens(metrics_url: str) -> int | None:
         return None
 
 
-def start_stack(replicas: dict[str, int], kv_cache_gib: int, log_dir: Path):
+def start_stack(replicas: dict[str, int], kv_cache_gib: int, log_dir: Path, kv_store: bool):
     from common.ports import free_port
     from services.stack import Stack, StackConfig
     cfg = StackConfig(prefill=replicas.get("prefill", 0), decode=replicas.get("decode", 0),
                       aggregated=replicas.get("aggregated", 0), router_port=free_port(),
-                      kv_cache_gib=kv_cache_gib, max_model_len=4096,
+                      kv_cache_gib=kv_cache_gib, max_model_len=4096, kv_store=kv_store,
                       state_dir=Path(tempfile.mkdtemp(prefix="tandem-planner-", dir=log_dir)))
     stack = Stack(cfg)
     t0 = time.time()
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-out-median", type=int, default=96,
                     help="output tokens per request (median) for the decode profile")
     ap.add_argument("--kv-cache-gib", type=int, default=1, help="KV cache per engine, GiB")
+    ap.add_argument("--no-kv-store", action="store_true",
+                    help="stacks without the shared KV store (less memory)")
     ap.add_argument("--think-scale", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-profiles", help="profiles.yaml from an earlier run: go to step 3")
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         profiles = profiles_from_yaml(Path(a.skip_profiles).read_text())
     else:
         t0 = time.time()
-        stack = start_stack({"prefill": 1, "decode": 1}, a.kv_cache_gib, out)
+        stack = start_stack({"prefill": 1, "decode": 1}, a.kv_cache_gib, out, not a.no_kv_store)
         try:
             kv_p, kv_d = engine_kv(stack, "prefill"), engine_kv(stack, "decode")
             prefill = asyncio.run(_profile("prefill", stack, sessions, info, tok, base, levels,
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stack.stop()
         t0 = time.time()
-        stack = start_stack({"aggregated": 1}, a.kv_cache_gib, out)
+        stack = start_stack({"aggregated": 1}, a.kv_cache_gib, out, not a.no_kv_store)
         try:
             aggregated = asyncio.run(_profile("aggregated", stack, sessions, info, tok, base,
                                               levels, a.level_s, a.ttft_ceiling,
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         predicted = fixed_plan(Problem(tuple(profiles), Demand(None, **shape), slo),
                                replicas, configs)
         t0 = time.time()
-        stack = start_stack(replicas, a.kv_cache_gib, out)
+        stack = start_stack(replicas, a.kv_cache_gib, out, not a.no_kv_store)
         try:
             levels_out = asyncio.run(_sweep_levels(stack, name, sessions, info, tok, base,
                                                    sweep, a.level_s))
