@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all bench-routers bench-policies down clean
+.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all bench-routers bench-policies bench-planner down clean
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -98,6 +98,15 @@ BENCH_POLICIES_ARGS ?=
 bench-policies: setup
 	$(PIP) install -q -e '.[routers]'
 	$(PY) -m bench.router_policies $(BENCH_POLICIES_ARGS)
+
+# The rate-matching controller on this machine (operators/planner): Phase 1
+# profiles of a prefill, a decode and an aggregated pool on the embedded stack,
+# the solver's plan for the agentic trace, and a Phase 2 sweep of 1P1D against
+# two aggregated engines, measured against predicted (40-60 min on 2 cores;
+# report in bench/results/<time>-planner). BENCH_PLANNER_ARGS passes flags.
+BENCH_PLANNER_ARGS ?=
+bench-planner: setup
+	$(PY) -m bench.planner_sweep $(BENCH_PLANNER_ARGS)
 
 clean:
 	rm -rf common/proto .pytest_cache

@@ -7,6 +7,7 @@
     tandem bench sweep     --endpoint pd=URL ...     concurrencies x endpoints, ratios vs a baseline
     tandem bench crosscheck --trace trace.jsonl      the same requests through aiperf, compared
     tandem bench embedded  [--configs agg,pd]        start embedded stacks, replay, compare
+    tandem bench profile   --role prefill --url URL  profile one pool to saturation (Phase 1)
 
 Also runnable as ``python -m bench.cli``. Exit status: 0 success, 1 the run
 had failures (or the cross-check disagreed), 2 bad input, 130 interrupted.
@@ -63,7 +64,8 @@ def _gen_params(a: argparse.Namespace):
     return params_for(a.profile, **{name: getattr(a, name) for name in _GEN_FIELDS})
 
 
-def _add_replay_args(p: argparse.ArgumentParser, endpoint: bool = True) -> None:
+def _add_replay_args(p: argparse.ArgumentParser, endpoint: bool = True,
+                     lanes: bool = True) -> None:
     p.add_argument("--trace", help="trace file or directory (.jsonl/.json, AgentX format); "
                                    "without it a synthetic trace is generated")
     if endpoint:
@@ -76,8 +78,9 @@ def _add_replay_args(p: argparse.ArgumentParser, endpoint: bool = True) -> None:
     p.add_argument("--tokenizer", help="Hugging Face model folder whose tokenizer and chat "
                                        "template the server uses (default: Tandem's default "
                                        "model, SmolLM2-135M-Instruct)")
-    p.add_argument("-c", "--concurrency", type=int, default=4,
-                   help="concurrent session lanes (default 4)")
+    if lanes:
+        p.add_argument("-c", "--concurrency", type=int, default=4,
+                       help="concurrent session lanes (default 4)")
     p.add_argument("--think-scale", type=float, default=1.0,
                    help="multiply trace think times (0 = none; default 1)")
     p.add_argument("--think-max", type=float, help="cap each think time, seconds")
@@ -85,8 +88,9 @@ def _add_replay_args(p: argparse.ArgumentParser, endpoint: bool = True) -> None:
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (outputs may end before the trace's length)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
-    p.add_argument("--duration", type=float,
-                   help="stop starting requests after this many seconds")
+    if lanes:
+        p.add_argument("--duration", type=float,
+                       help="stop starting requests after this many seconds")
     p.add_argument("--max-sessions", type=int, help="replay only the first N sessions")
     p.add_argument("--session-header", default="X-Session-ID",
                    help="header carrying the session (and sub-agent) key; '' for none")
@@ -159,6 +163,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aiperf", help="aiperf executable (default .tandem/venv-aiperf/bin/aiperf, "
                                     "made by bench/setup_aiperf.sh)")
 
+    from bench import profile
+    p = sub.add_parser("profile", help="profile one pool to saturation (Phase 1 of rate matching)",
+                       description=profile.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_replay_args(p, lanes=False)
+    p.add_argument("--role", required=True, choices=["prefill", "decode", "aggregated"],
+                   help="the pool behind --url being profiled")
+    p.add_argument("--concurrencies", default="1,2,4,8,16,32",
+                   help="rising concurrencies, until throughput stops growing (default "
+                        "1,2,4,8,16,32)")
+    p.add_argument("--level-s", type=float, default=60.0,
+                   help="seconds of replay per concurrency (default 60)")
+    p.add_argument("--ttft-ceiling", type=float, default=60.0,
+                   help="stop once TTFT p90 passes this many seconds (default 60)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="replicas in the profiled pool; rates are written per replica")
+    g = p.add_argument_group("the configuration profiled (written into the profile)")
+    g.add_argument("--name", help="configuration name (default <model>-<role>)")
+    g.add_argument("--hardware", default="", help="e.g. H100-80GB, cpu-core")
+    g.add_argument("--gpus-per-replica", type=int, default=1,
+                   help="GPUs of one replica (on CPU: the cores it is pinned to)")
+    for flag in ("tp", "pp", "dp", "pcp", "dcp"):
+        g.add_argument(f"--{flag}", type=int, default=1, help=f"{flag.upper()} size")
+    g.add_argument("--scheduler-flag", action="append", default=[], metavar="FLAG",
+                   help="a vLLM scheduler flag the replicas run with (repeat)")
+    g.add_argument("--kv-capacity-tokens", type=int,
+                   help="KV capacity of one replica, tokens (vLLM: num_gpu_blocks x block "
+                        "size)")
+    g.add_argument("--namespace", help="namespace of the ConfigMap written")
+    p.add_argument("-o", "--output",
+                   help="profile ConfigMap to write (default <out>/profile.yaml)")
+
     p = sub.add_parser("embedded", add_help=False,
                        help="start the embedded stack as aggregated and as P/D, replay, compare",
                        description="See `tandem bench embedded --help`.")
@@ -194,12 +230,13 @@ def _tokenizer(a: argparse.Namespace):
 
 def _replay_cfg(a: argparse.Namespace, url: str = "", model: str = ""):
     from bench.agentx.replay import ReplayConfig
-    if a.concurrency < 1:
+    concurrency = getattr(a, "concurrency", 1)
+    if concurrency < 1:
         raise ValueError("--concurrency must be >= 1")
-    return ReplayConfig(url=url.rstrip("/"), model=model, concurrency=a.concurrency,
+    return ReplayConfig(url=url.rstrip("/"), model=model, concurrency=concurrency,
                         think_scale=a.think_scale, think_max=a.think_max,
                         max_tokens_cap=a.max_tokens_cap, ignore_eos=not a.no_ignore_eos,
-                        timeout_s=a.timeout, duration_s=a.duration,
+                        timeout_s=a.timeout, duration_s=getattr(a, "duration", None),
                         session_header=a.session_header, progress=not a.no_progress)
 
 
@@ -317,13 +354,54 @@ def cmd_crosscheck(a) -> int:
     return 0 if doc["comparison"]["agree"] else 1
 
 
+def cmd_profile(a) -> int:
+    from bench.profile import engine_config, profile_pool
+    from operators.planner.profiles import (
+        Parallelism,
+        manifests_yaml,
+        profile_configmap,
+    )
+    try:
+        concs = sorted({int(c) for c in a.concurrencies.split(",") if c.strip()})
+    except ValueError:
+        raise ValueError(f"--concurrencies {a.concurrencies!r}: expected e.g. 1,2,4") from None
+    if not concs or concs[0] < 1 or a.replicas < 1 or a.level_s <= 0:
+        raise ValueError("--concurrencies, --replicas and --level-s must be positive")
+    sessions, info = _sessions(a)
+    tok, _ = _tokenizer(a)
+    model = a.model or served_model(a.url)
+    name = a.name or f"{model}-{a.role}".lower()
+    config = engine_config(a.role, name, model, a.gpus_per_replica, a.hardware,
+                           Parallelism(a.tp, a.pp, a.dp, a.pcp, a.dcp), a.scheduler_flag,
+                           a.kv_capacity_tokens)
+    st = info["stats"]
+    workload = (f"{info['path']}: {st['sessions']} sessions, {st['requests']} requests, think "
+                f"x{a.think_scale:g}")
+    out = _out_dir(a, f"profile-{a.role}")
+    log(f"profiling the {a.role} pool behind {a.url} ({a.replicas} replica(s)) at "
+        f"concurrencies {concs}, {a.level_s:g} s each")
+    profile, levels = asyncio.run(profile_pool(
+        a.role, a.url.rstrip("/"), sessions, info, tok, _replay_cfg(a, a.url, model), config,
+        a.replicas, concs, a.level_s, a.ttft_ceiling, workload, log=log))
+    from bench.agentx import report
+    for level in levels:
+        report.write_run(level.run, out / f"c{level.concurrency}" / "run.json")
+    path = Path(a.output) if a.output else out / "profile.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(manifests_yaml([profile_configmap(profile, name, a.namespace)],
+                                   header=f"{profile.note}; {workload}"))
+    log(f"profile: {path} ({len(profile.points)} points; runs in {out})")
+    return 0
+
+
 def cmd_embedded(a) -> int:
     from bench.agentx.embedded import main as embedded_main
     return embedded_main(a.rest)
 
 
 COMMANDS = {"embedded": cmd_embedded, "generate": cmd_generate, "stats": cmd_stats, "replay": cmd_replay,
-            "report": cmd_report, "sweep": cmd_sweep, "crosscheck": cmd_crosscheck}
+            "report": cmd_report, "sweep": cmd_sweep, "crosscheck": cmd_crosscheck,
+            "profile": cmd_profile}
 
 
 def main(argv: list[str] | None = None) -> int:

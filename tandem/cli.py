@@ -5,6 +5,8 @@
     tandem status    what runs, and whether it is healthy
     tandem model     prepare the bundled model and print its folder
     tandem bench     agentic workload benchmark (see `tandem bench --help`)
+    tandem profile   profile one pool to saturation for the rate-matching controller
+                     (`tandem profile --role prefill|decode|aggregated --url URL`)
 """
 
 from __future__ import annotations
@@ -143,6 +145,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.rest)
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from bench.cli import main as bench_main
+    return bench_main(["profile", *args.rest])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -180,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
+    profile = sub.add_parser("profile", help="profile one pool for the rate-matching "
+                             "controller (tandem bench profile)", add_help=False)
+    profile.add_argument("rest", nargs=argparse.REMAINDER)
+    profile.set_defaults(func=cmd_profile)
     return parser
 
 
@@ -187,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # everything after `bench` is bench's, --help included
         return cmd_bench(argparse.Namespace(rest=argv[1:]))
+    if argv[:1] == ["profile"]:  # likewise
+        return cmd_profile(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -68,6 +68,27 @@ class RouterMetrics:
         self.auth_failures = Counter("tandem_router_auth_failures_total",
                                      "Requests refused with 401, by reason (missing, invalid)",
                                      ["reason"], registry=r)
+        # What each pool did, by role, for the rate-matching controller
+        # (operators/planner): demand, hit rate and, from busy time (the sum of
+        # the time requests spent in the pool), the pool's mean load.
+        self.pool_prompts = Counter("tandem_router_pool_prompts_total",
+                                    "Prompts a pool computed, by role", ["role"], registry=r)
+        self.pool_prompt_tokens = Counter("tandem_router_pool_prompt_tokens_total",
+                                          "Prompt tokens of those prompts, cached included",
+                                          ["role"], registry=r)
+        self.pool_cached_tokens = Counter("tandem_router_pool_cached_tokens_total",
+                                          "Prompt tokens a pool found in its prefix cache",
+                                          ["role"], registry=r)
+        self.pool_generations = Counter("tandem_router_pool_generations_total",
+                                        "Generations a pool finished, by role", ["role"],
+                                        registry=r)
+        self.pool_output_tokens = Counter("tandem_router_pool_output_tokens_total",
+                                          "Output tokens a pool generated, by role", ["role"],
+                                          registry=r)
+        self.pool_busy = Counter("tandem_router_pool_busy_seconds_total",
+                                 "Seconds requests spent in a pool's Prefill or Generate "
+                                 "calls, summed (÷ elapsed time = mean requests in flight)",
+                                 ["role"], registry=r)
         # KV store retention hints (services/router/retention.py).
         self.retention_hints = Counter("tandem_router_kv_retention_hints_total",
                                        "Requests sent with a KV store retention hint, by kind "
@@ -103,6 +124,15 @@ class RouterMetrics:
         outcome = "exact" if cached_tokens == predicted else (
             "over" if predicted > cached_tokens else "under")
         self.prediction.labels(outcome).inc()
+
+    def count_prompt(self, role: str, prompt_tokens: int, cached_tokens: int) -> None:
+        self.pool_prompts.labels(role).inc()
+        self.pool_prompt_tokens.labels(role).inc(prompt_tokens)
+        self.pool_cached_tokens.labels(role).inc(cached_tokens)
+
+    def count_generation(self, role: str, output_tokens: int) -> None:
+        self.pool_generations.labels(role).inc()
+        self.pool_output_tokens.labels(role).inc(output_tokens)
 
     def watch(self, core: RoutingCore, pool: PodPool, state: LocalState) -> None:
         """Expose the pods, the index and the shared state as they are at each scrape."""

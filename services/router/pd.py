@@ -168,17 +168,21 @@ class Orchestrator:
             if pod is None:  # removed since the decision
                 await self._gone(routing, address)
             else:
+                started = time.perf_counter()
                 try:
                     reply = await pod.stub.Prefill(pb.PrefillRequest(
                         request_id=req.request_id, token_ids=req.token_ids,
                         sampling_params=req.sampling, cache_salt=req.cache_salt,
                         retention=hint))
                     await self._prefill_done(routing.decision, address, reply.cached_tokens)
+                    self._metrics.count_prompt(pod.role, len(req.token_ids), reply.cached_tokens)
                     return reply.kv_transfer_params_json
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in _RETRYABLE:
                         raise _to_openai_error(exc, pod) from None
                     await self._failed(routing, address, f"Prefill failed: {exc.code().name}")
+                finally:
+                    self._metrics.pool_busy.labels(pod.role).inc(time.perf_counter() - started)
             await self._route(routing)
         if not tried:
             self._first_call(req)
@@ -209,6 +213,7 @@ class Orchestrator:
                     continue
                 if len(tried) > 1:
                     self._metrics.retries.labels(pod.role).inc()
+                started = time.perf_counter()
                 # The hint goes along when this pod computes the prompt (no
                 # prefill pod, or an aggregated pod): then it writes the KV.
                 call = pod.stub.Generate(pb.GenerateRequest(
@@ -228,6 +233,11 @@ class Orchestrator:
                             # This pod computed the prompt: its count is the truth.
                             await self._prefill_done(decision, pod.address,
                                                      message.usage.cached_tokens)
+                            self._metrics.count_prompt(pod.role, message.usage.prompt_tokens,
+                                                       message.usage.cached_tokens)
+                        if message.finish_reason:
+                            self._metrics.count_generation(pod.role,
+                                                           message.usage.completion_tokens)
                         yield message
                     return
                 except grpc.aio.AioRpcError as exc:
@@ -237,6 +247,7 @@ class Orchestrator:
                                        f"Generate failed: {exc.code().name}")
                 finally:
                     call.cancel()  # no-op when finished; aborts the request otherwise
+                    self._metrics.pool_busy.labels(pod.role).inc(time.perf_counter() - started)
         finally:
             if kv_params and not first_byte:
                 # The KV the prefill holds for this request will never be pulled.

@@ -1,0 +1,115 @@
+"""Demand and pool measurements from the routers' counters (pure).
+
+Every router replica counts, per pool role, the prompts it had computed
+(tokens, cached tokens), the generations finished (output tokens), and the
+seconds requests spent in the pool (``tandem_router_pool_*``). Two scrapes of
+every replica give a window; summed over replicas:
+
+* demand: finished generations / s, mean prompt and output tokens, the
+  fleet's prefix hit rate (cached / prompt tokens);
+* per pool and ready replica: the request and token rates and the mean
+  requests in flight (busy seconds / window seconds), the load the profile is
+  compared at (``efficiency.py``).
+
+A replica whose counters went down restarted: its window counts from zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .efficiency import PoolMeasurement
+from .profiles import PoolRole
+from .solver import Demand
+
+# Router role labels → pool roles ("both" is an aggregated pod).
+POOL_OF_LABEL: Mapping[str, PoolRole] = {"prefill": "prefill", "decode": "decode",
+                                         "both": "aggregated"}
+COUNTERS = ("prompts", "prompt_tokens", "cached_tokens", "generations", "output_tokens",
+            "busy_seconds")
+
+
+@dataclass(frozen=True)
+class PoolCounters:
+    prompts: float = 0.0
+    prompt_tokens: float = 0.0
+    cached_tokens: float = 0.0
+    generations: float = 0.0
+    output_tokens: float = 0.0
+    busy_seconds: float = 0.0
+
+    def minus(self, earlier: PoolCounters) -> PoolCounters:
+        """The increase since ``earlier``; all of it after a restart."""
+        restarted = any(getattr(self, c) < getattr(earlier, c) for c in COUNTERS)
+        if restarted:
+            return self
+        return PoolCounters(*(getattr(self, c) - getattr(earlier, c) for c in COUNTERS))
+
+    def plus(self, other: PoolCounters) -> PoolCounters:
+        return PoolCounters(*(getattr(self, c) + getattr(other, c) for c in COUNTERS))
+
+
+@dataclass(frozen=True)
+class RouterSample:
+    """One scrape of one router replica."""
+
+    at: float
+    pools: Mapping[PoolRole, PoolCounters] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Window:
+    """What every replica counted between two scrapes, summed."""
+
+    seconds: float
+    pools: Mapping[PoolRole, PoolCounters]
+
+
+def window(before: Mapping[str, RouterSample], after: Mapping[str, RouterSample]) -> Window | None:
+    """The window between two scrape rounds (replica → sample); replicas seen
+    only in the later round count from zero. None when no time passed."""
+    totals: dict[PoolRole, PoolCounters] = {}
+    spans = []
+    for replica, now in after.items():
+        then = before.get(replica)
+        if then is not None:
+            spans.append(now.at - then.at)
+        for role, counters in now.pools.items():
+            earlier = then.pools.get(role, PoolCounters()) if then else PoolCounters()
+            totals[role] = totals.get(role, PoolCounters()).plus(counters.minus(earlier))
+    seconds = max(spans, default=0.0)
+    if seconds <= 0:
+        return None
+    return Window(seconds, totals)
+
+
+def demand_of(w: Window) -> Demand | None:
+    """None when nothing finished in the window (no shape to size for)."""
+    pools = w.pools.values()
+    generations = sum(p.generations for p in pools)
+    prompts = sum(p.prompts for p in pools)
+    prompt_tokens = sum(p.prompt_tokens for p in pools)
+    if generations <= 0 or prompts <= 0 or prompt_tokens <= 0:
+        return None
+    return Demand(request_rate=generations / w.seconds,
+                  mean_input_tokens=prompt_tokens / prompts,
+                  mean_output_tokens=sum(p.output_tokens for p in pools) / generations,
+                  hit_rate=sum(p.cached_tokens for p in pools) / prompt_tokens)
+
+
+def measurements_of(w: Window, ready: Mapping[PoolRole, int]) -> tuple[PoolMeasurement, ...]:
+    """Per ready replica of each pool; pools with no ready replica are left out."""
+    out = []
+    for role, c in w.pools.items():
+        n = ready.get(role, 0)
+        if n <= 0:
+            continue
+        per_s = 1.0 / (w.seconds * n)
+        finished = c.prompts if role == "prefill" else c.generations
+        out.append(PoolMeasurement(
+            role=role, requests=int(finished), in_flight=c.busy_seconds * per_s,
+            request_rate=finished * per_s,
+            uncached_tokens_per_s=(c.prompt_tokens - c.cached_tokens) * per_s,
+            output_tokens_per_s=c.output_tokens * per_s))
+    return tuple(out)

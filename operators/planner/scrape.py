@@ -1,0 +1,115 @@
+"""Metrics sources for the live loop: the routers' own ``/metrics`` scraped
+directly (the default: works without a Prometheus), or a Prometheus server's
+HTTP API. Both yield a ``demand.Window``; the arithmetic is in ``demand.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .demand import COUNTERS, POOL_OF_LABEL, PoolCounters, RouterSample, Window, window
+from .profiles import PoolRole
+
+log = logging.getLogger("tandem.planner")
+
+# Router counter name (without _total) → PoolCounters field.
+_METRICS: Mapping[str, str] = {f"tandem_router_pool_{c}": c for c in COUNTERS}
+
+
+class MetricsSource(Protocol):
+    async def window(self, now: float) -> Window | None:
+        """Counts since the previous call (or over the source's own window)."""
+        ...
+
+
+def parse_router_metrics(text: str, at: float) -> RouterSample:
+    """The pool counters of one router's exposition text."""
+    values: dict[PoolRole, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        field_name = _METRICS.get(family.name)
+        if field_name is None:
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            role = POOL_OF_LABEL.get(sample.labels.get("role", ""))
+            if role is not None:
+                values.setdefault(role, {})[field_name] = sample.value
+    return RouterSample(at, {role: PoolCounters(**v) for role, v in values.items()})
+
+
+class RouterScrapeSource:
+    """Scrapes every router replica's ``/metrics``; each call returns the
+    window since the previous one. ``urls`` is read on every call (router pods
+    come and go). A replica that does not answer is left out of this round and
+    counts from its last sample when it is back."""
+
+    def __init__(self, urls: Sequence[str] | None = None, client: httpx.AsyncClient | None = None,
+                 timeout_s: float = 5.0) -> None:
+        self.urls = list(urls or [])
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        self._last: dict[str, RouterSample] = {}
+
+    async def sample(self, url: str, at: float) -> RouterSample:
+        r = await self._client.get(url.rstrip("/") + "/metrics")
+        r.raise_for_status()
+        return parse_router_metrics(r.text, at)
+
+    async def window(self, now: float) -> Window | None:
+        samples: dict[str, RouterSample] = {}
+        for url in self.urls:
+            try:
+                samples[url] = await self.sample(url, now)
+            except (httpx.HTTPError, ValueError) as exc:
+                log.warning("router metrics at %s unreadable: %s", url, exc)
+        result = window(self._last, samples) if self._last else None
+        self._last = {**self._last, **samples}
+        # Replicas gone from the list are forgotten (a new pod at the same
+        # address starts from zero anyway).
+        self._last = {u: s for u, s in self._last.items() if u in self.urls}
+        return result
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class PrometheusSource:
+    """Reads the same counters from a Prometheus server: ``increase()`` of each
+    over ``window_s``, summed by role over the series ``selector`` matches
+    (e.g. ``namespace="serving",job="tandem-router"``)."""
+
+    def __init__(self, url: str, selector: str = "", window_s: float = 60.0,
+                 client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.selector = selector
+        self.window_s = window_s
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+
+    def query(self, counter: str) -> str:
+        return (f"sum by (role) (increase(tandem_router_pool_{counter}_total"
+                f"{{{self.selector}}}[{self.window_s:g}s]))")
+
+    async def window(self, now: float) -> Window | None:
+        values: dict[PoolRole, dict[str, float]] = {}
+        for counter in COUNTERS:
+            r = await self._client.get(f"{self.url}/api/v1/query",
+                                       params={"query": self.query(counter), "time": now})
+            r.raise_for_status()
+            body = r.json()
+            if body.get("status") != "success":
+                raise ValueError(f"Prometheus query failed: {body.get('error', body)}")
+            for series in body["data"]["result"]:
+                role = POOL_OF_LABEL.get(series["metric"].get("role", ""))
+                if role is not None:
+                    values.setdefault(role, {})[counter] = float(series["value"][1])
+        if not values:
+            return None
+        return Window(self.window_s, {role: PoolCounters(**v) for role, v in values.items()})
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,269 @@
+"""The live loop's core on synthetic demand traces, against the virtual
+actuator's pools (pods that take time to schedule, start and drain). Pure:
+the clock is a number the test advances; no mocks."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import pytest
+
+from operators.planner.actuator import VirtualActuator, VirtualPool
+from operators.planner.efficiency import PoolMeasurement
+from operators.planner.loop import Effects, LoopSettings, LoopState, TickInputs, on_tick
+from operators.planner.solver import Demand, Slo
+from tests.planner.synthetic import ramp_profile
+
+PREFILL = ramp_profile("prefill-tp1", "prefill", 28.0)
+DECODE = ramp_profile("decode-tp1", "decode", 65.0)
+SETTINGS = LoopSettings(up_cooldown_s=60, down_cooldown_s=300, down_window_s=180, max_step=2,
+                        history=5)
+TICK = 15.0
+
+
+@dataclass
+class Run:
+    """A simulated deployment driven tick by tick."""
+
+    mode: str = "Auto"
+    prefill: int = 1
+    decode: int = 1
+    cluster_gpus: int | None = None
+    settings: LoopSettings = SETTINGS
+    slo: Slo = field(default_factory=Slo)
+    now: float = 0.0
+    state: LoopState = field(default_factory=LoopState)
+    log: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pools = VirtualActuator(
+            [VirtualPool("prefill", "prefill-tp1", 1, self.prefill),
+             VirtualPool("decode", "decode-tp1", 1, self.decode)],
+            clock=lambda: self.now, schedule_s=5, start_s=45, drain_s=40,
+            cluster_gpus=self.cluster_gpus)
+
+    def tick(self, rate: float | None, budget: int | None = None, hit: float | None = None,
+             measurements=(), budget_check: bool = True) -> Effects:
+        self.pools.advance(self.now)
+        status = self.pools.status()
+        held_before = self.pools.held_gpus()
+        demand = None if rate is None else Demand(rate, 2000.0, 200.0, hit_rate=hit)
+        inputs = TickInputs(mode=self.mode, pools=status, profiles=(PREFILL, DECODE),
+                            demand=demand, slo=self.slo, budget_gpus=budget, headroom=1.0,
+                            measurements=tuple(measurements))
+        self.state, effects = on_tick(self.now, self.state, inputs, self.settings)
+        for s in effects.scale:
+            self.pools.set_replicas(s.role, s.replicas, self.now)
+        spec = {p.role: p.spec for p in self.pools.pools.values()}
+        held = self.pools.held_gpus()
+        if budget is not None and budget_check:
+            assert sum(spec.values()) <= budget, (self.now, spec, budget)
+            # Held GPUs never grow past the budget (they may sit above it after a cut
+            # until the removed pods have drained, but never grow there).
+            assert held <= max(budget, held_before), (self.now, held, budget)
+        self.log.append({"t": self.now, "spec": spec, "held": held, "effects": effects})
+        self.now += TICK
+        return effects
+
+    def changes(self, role: str) -> list[tuple[float, int, int]]:
+        out = []
+        for entry in self.log:
+            for s in entry["effects"].scale:
+                if s.role == role:
+                    out.append((entry["t"], s.previous, s.replicas))
+        return out
+
+
+def test_step_up_is_fast_bounded_and_reaches_the_plan():
+    run = Run()
+    for _ in range(40):
+        run.tick(195.0)
+    assert run.log[-1]["spec"] == {"prefill": 7, "decode": 3}
+    ups = run.changes("prefill")
+    assert ups[0][0] == 0.0  # the first tick acts: up is fast
+    assert all(new - old <= SETTINGS.max_step for _, old, new in ups)
+    # Pods start in 50 s, so the next step waits for them ("no new scale-up while
+    # pods are pending" covers their first 5 s) and the up cooldown.
+    assert all(b[0] - a[0] >= SETTINGS.up_cooldown_s for a, b in itertools.pairwise(ups))
+
+
+def test_step_down_waits_for_the_window_then_steps_down_slowly():
+    run = Run(prefill=7, decode=3)
+    for _ in range(4):
+        run.tick(195.0)
+    drop_at = run.now
+    for _ in range(100):
+        run.tick(50.0)
+    downs = run.changes("prefill")
+    assert downs, "never scaled down"
+    assert downs[0][0] - drop_at >= SETTINGS.down_window_s
+    assert all(old - new <= SETTINGS.max_step for _, old, new in downs)
+    assert all(b[0] - a[0] >= SETTINGS.down_cooldown_s for a, b in itertools.pairwise(downs))
+    assert run.log[-1]["spec"] == {"prefill": math.ceil(50 / 28), "decode": 1}
+
+
+def test_a_short_dip_does_not_scale_down():
+    run = Run(prefill=7, decode=3)
+    trace = [195.0] * 4 + [60.0] * 8 + [195.0] * 20  # a 2-minute dip
+    for rate in trace:
+        run.tick(rate)
+    assert run.changes("prefill") == [] and run.changes("decode") == []
+
+
+def test_scale_down_never_goes_below_the_windows_highest_target():
+    run = Run(prefill=7, decode=3)
+    # Mostly low, but a burst inside the window needs 4 prefill groups.
+    trace = [30.0] * 6 + [100.0] + [30.0] * 60
+    for rate in trace:
+        run.tick(rate)
+    first = run.changes("prefill")[0]
+    assert first[2] >= math.ceil(100 / 28)
+
+
+def test_noisy_demand_at_a_boundary_does_not_oscillate():
+    run = Run(prefill=4, decode=2)
+    # 112 req/s is exactly 4 prefill groups; noise ±8% crosses it every other tick.
+    rates = [112.0 * (1 + 0.08 * (-1) ** i) for i in range(200)]
+    for rate in rates:
+        run.tick(rate)
+    moves = [(t, new - old) for t, old, new in run.changes("prefill")]
+    reversals = sum(1 for a, b in itertools.pairwise(moves) if (a[1] > 0) != (b[1] > 0))
+    assert reversals == 0, moves
+    assert len(moves) <= 1
+
+
+def test_budget_is_never_exceeded_through_growth_a_cut_and_a_shift():
+    run = Run()
+    for _ in range(30):
+        run.tick(1000.0, budget=10)  # far more than 10 GPUs serve: 7P3D is the best
+    assert run.log[-1]["spec"] == {"prefill": 7, "decode": 3}
+    for _ in range(30):
+        run.tick(1000.0, budget=6)  # the budget is cut: applied at once
+    assert run.log[-30]["spec"]["prefill"] + run.log[-30]["spec"]["decode"] <= 6
+    assert run.log[-1]["spec"] == {"prefill": 4, "decode": 2}
+    # More hits shift work from prefill to decode at a full budget: prefill must
+    # shrink and drain before decode grows (the tick's assertions check every step).
+    for _ in range(60):
+        run.tick(1000.0, budget=6, hit=0.8)
+    spec = run.log[-1]["spec"]
+    assert spec["decode"] > 2 and spec["prefill"] + spec["decode"] == 6
+
+
+def test_no_new_scale_up_while_pods_are_pending():
+    run = Run(cluster_gpus=5)  # room for 5 pods only
+    for _ in range(40):
+        effects = run.tick(195.0)
+    spec = run.log[-1]["spec"]
+    pools = run.pools.status()
+    pending = {p.role: p.pending for p in pools}
+    assert sum(pending.values()) > 0
+    # Each pool stops adding pods while some of its own pods wait to be scheduled.
+    for role in ("prefill", "decode"):
+        assert pending[role] <= SETTINGS.max_step
+    assert any("pending" in h for h in effects.record.held)
+    assert spec["prefill"] < 7
+
+
+def test_recommend_never_writes_and_says_what_auto_would_do():
+    run = Run(mode="Recommend")
+    events = []
+    for _ in range(10):
+        effects = run.tick(195.0)
+        assert effects.scale == ()
+        events += effects.events
+    assert run.log[-1]["spec"] == {"prefill": 1, "decode": 1}
+    assert effects.record.replicas == {"prefill": 3, "decode": 3}  # one max step from 1:1
+    assert effects.record.targets == {"prefill": 7, "decode": 3}
+    recommended = [e for e in events if e.reason == "ScalingRecommended"]
+    assert len(recommended) == 1  # not one per tick
+    assert "recommend 3:3 (now 1:1)" in recommended[0].message
+
+
+def test_off_decides_nothing():
+    run = Run(mode="Off")
+    effects = run.tick(195.0)
+    assert effects.scale == () and effects.events == () and effects.record is None
+    assert effects.conditions[0].reason == "Off"
+
+
+def test_an_slo_no_profile_meets_gives_a_condition_and_one_event():
+    run = Run(slo=Slo(ttft_p90_s=0.05))
+    first = run.tick(100.0)
+    second = run.tick(100.0)
+    cond = {c.type: c for c in first.conditions}["ScalingSpecValid"]
+    assert cond.status == "False" and cond.reason == "SloUnattainable"
+    assert "relax the TTFT p90 SLO to at least 0.20 s" in cond.message
+    assert [e.reason for e in first.events] == ["ScalingSpecInvalid"]
+    assert second.events == ()  # the same message is not repeated
+    assert first.scale == ()
+
+
+def test_a_budget_below_the_minimum_pools_gives_a_condition():
+    run = Run()
+    effects = run.tick(100.0, budget=1, budget_check=False)
+    cond = {c.type: c for c in effects.conditions}["ScalingSpecValid"]
+    assert cond.reason == "BudgetBelowMinimum"
+    assert "raise the GPU budget to at least 2" in cond.message
+    assert effects.events[0].type == "Warning"
+
+
+def test_budget_bound_demand_is_a_condition_and_a_warning():
+    run = Run(prefill=7, decode=3)
+    effects = run.tick(1000.0, budget=10)
+    conds = {c.type: c for c in effects.conditions}
+    assert conds["DemandMet"].status == "False"
+    assert "raise the budget by 42" in conds["DemandMet"].message
+    assert any(e.reason == "BudgetBound" for e in effects.events)
+
+
+def test_phase2_efficiency_corrects_the_profile():
+    run = Run(prefill=7, decode=3)
+    # The prefill pool delivers half of what its profile says at its load: with
+    # 5.46 requests in flight per replica (0.26 s TTFT × 21 req/s) the ramp
+    # gives 21 req/s of 2000 uncached tokens; the pool does 10.5.
+    slow = PoolMeasurement(role="prefill", requests=500, in_flight=0.2 * 1.3 * 21.0,
+                           request_rate=10.5, uncached_tokens_per_s=10.5 * 2000,
+                           output_tokens_per_s=10.5)
+    for _ in range(30):
+        effects = run.tick(195.0, measurements=[slow])
+    assert run.state.efficiency["prefill-tp1"] == pytest.approx(0.5, abs=0.01)
+    assert effects.record.targets["prefill"] == math.ceil(195 / 14)
+    few = PoolMeasurement(role="decode", requests=3, in_flight=1.0, request_rate=0.1,
+                          uncached_tokens_per_s=0, output_tokens_per_s=1.0)
+    run.tick(195.0, measurements=[few])
+    assert "decode-tp1" not in run.state.efficiency  # too few requests to trust
+
+
+def test_history_is_bounded():
+    run = Run()
+    for _ in range(20):
+        run.tick(100.0)
+    assert len(run.state.history) == SETTINGS.history
+    assert run.state.history[-1].at == run.now - TICK
+
+
+def test_a_manual_scale_starts_the_cooldown():
+    run = Run(prefill=7, decode=3)
+    run.tick(195.0)
+    run.pools.set_replicas("decode", 5, run.now)  # kubectl scale
+    for _ in range(int(SETTINGS.down_window_s // TICK) + 2):
+        run.tick(195.0)
+    assert run.changes("decode") == []  # the down cooldown counts from the manual change
+
+
+def test_the_virtual_actuator_speaks_the_protocol():
+    run = Run()
+
+    async def one_tick() -> None:
+        pools = await run.pools.observe()
+        inputs = TickInputs(mode="Auto", pools=pools, profiles=(PREFILL, DECODE),
+                            demand=Demand(195.0, 2000.0, 200.0), headroom=1.0)
+        run.state, effects = on_tick(run.now, run.state, inputs, SETTINGS)
+        await run.pools.apply(effects)
+
+    asyncio.run(one_tick())
+    assert {p.role: p.spec for p in run.pools.pools.values()} == {"prefill": 3, "decode": 3}
+    assert len(run.pools.applied) == 1
