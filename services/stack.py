@@ -25,7 +25,11 @@ from pathlib import Path
 from common.model import resolve_model
 from common.ports import free_port
 from common.procs import Proc, stop_process_group, wait_grpc_serving, wait_http_ok
+from common.scheduler import POOLS, SchedulerSettings, scheduler_flag
 from services.kvstore.api import store_launch
+
+# The pool of an engine, by the module it runs (services.prefill, .decode, .engine).
+POOL_OF_ROLE = {"prefill": "prefill", "decode": "decode", "engine": "aggregated"}
 
 
 def _cpus() -> list[int]:
@@ -46,6 +50,9 @@ class StackConfig:
     ports_from: int | None = None  # None = pick free ports
     state_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "tandem" / "run")
     engine_args: list[str] = field(default_factory=list)  # passed to every engine
+    # vLLM scheduler settings by pool ("prefill", "decode", "aggregated"); a
+    # pool not named here keeps vLLM's defaults.
+    scheduler: dict[str, SchedulerSettings] = field(default_factory=dict)
     # The shared KV store every engine reads and writes prefixes through.
     kv_store: bool = True
     kv_store_pool: str = "2GB"
@@ -61,6 +68,24 @@ class StackConfig:
     # Seconds for every engine and the router to come up. Engines start in
     # under a minute on an idle 2-core machine; a busy one can take ten times that.
     startup_timeout_s: float = 1200.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming every flag at fault."""
+        problems = [f"{pool} pool: {p}" for pool, settings in self.scheduler.items()
+                    for p in settings.problems(self.max_model_len)]
+        problems += [f"unknown pool {pool!r} (pools: {', '.join(POOLS)})"
+                     for pool in self.scheduler if pool not in POOLS]
+        for arg in self.engine_args:
+            if flag := scheduler_flag(arg):
+                problems.append(f"engine argument {arg}: a scheduler setting, set per pool "
+                                f"with {flag} VALUE or {flag} POOL=VALUE instead")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def pool_flags(self, role: str) -> list[str]:
+        """The scheduler flags of the pool an engine of this role belongs to."""
+        settings = self.scheduler.get(POOL_OF_ROLE[role], SchedulerSettings())
+        return settings.vllm_flags()
 
 
 class Stack:
@@ -97,7 +122,8 @@ class Stack:
         grpc_port, metrics_port, nixl_port = self._port(), self._port(), self._port()
         argv = [sys.executable, "-m", f"services.{role}", "--host", c.host,
                 "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-                "--nixl-port", str(nixl_port), *vllm_flags(c), *store_flags, *c.engine_args]
+                "--nixl-port", str(nixl_port), *vllm_flags(c), *c.pool_flags(role),
+                *store_flags, *c.engine_args]
         kv_events = None
         if c.kv_events:
             flags, kv_events = kv_events_flags(c.host, self._port(), self._port())
@@ -121,6 +147,7 @@ class Stack:
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
         c = self.config
+        c.validate()
         c.state_dir.mkdir(parents=True, exist_ok=True)
         resolve_model(c.model)  # convert the default model once, before engines race to
 

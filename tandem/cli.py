@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from common import scheduler
 from common.procs import Proc, ProcessError, stop_process_group
 from services.stack import Stack, StackConfig, read_state, stop_order
 
@@ -37,11 +38,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"a stack is already running (pid {state['supervisor_pid']}, "
               f"{state['router_url']}); `tandem down` stops it", file=sys.stderr)
         return 1
-    config = StackConfig(model=args.model, prefill=args.prefill, decode=args.decode,
-                         router_port=args.port, kv_cache_gib=args.kv_cache_gib,
-                         max_model_len=args.max_model_len, state_dir=args.state_dir,
-                         engine_args=args.engine_arg or [], kv_store=not args.no_kv_store,
-                         kv_store_pool=args.kv_store_pool, kv_store_disk=args.kv_store_disk)
+    try:
+        config = stack_config(args)
+        config.validate()
+    except ValueError as exc:
+        print(f"tandem up: {exc}", file=sys.stderr)
+        return 2
     stack = Stack(config)
     stopping = False
 
@@ -52,8 +54,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     store = "" if args.no_kv_store else "the KV store, "
-    print(f"starting {store}{args.prefill} prefill + {args.decode} decode engine(s) and the router; "
-          f"logs in {args.state_dir}", flush=True)
+    engines = f"{args.prefill} prefill + {args.decode} decode"
+    if args.aggregated:
+        engines += f" + {args.aggregated} aggregated"
+    print(f"starting {store}{engines} engine(s) and the router; logs in {args.state_dir}",
+          flush=True)
     try:
         stack.start()
     except (ProcessError, RuntimeError) as exc:
@@ -79,6 +84,20 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack.stop()
     print("stopped.")
     return code
+
+
+def stack_config(args: argparse.Namespace) -> StackConfig:
+    """The stack `tandem up` starts, from its flags (ValueError naming a bad flag)."""
+    per_setting = {setting: scheduler.parse_per_pool(setting, text)
+                   for setting in scheduler.SETTINGS
+                   if (text := getattr(args, setting, None)) is not None}
+    return StackConfig(model=args.model, prefill=args.prefill, decode=args.decode,
+                       aggregated=args.aggregated, router_port=args.port,
+                       kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
+                       state_dir=args.state_dir, engine_args=args.engine_arg or [],
+                       scheduler=scheduler.by_pool(per_setting),
+                       kv_store=not args.no_kv_store, kv_store_pool=args.kv_store_pool,
+                       kv_store_disk=args.kv_store_disk)
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -164,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000, help="router HTTP port")
     up.add_argument("--prefill", type=int, default=1, help="number of prefill engines")
     up.add_argument("--decode", type=int, default=1, help="number of decode engines")
+    up.add_argument("--aggregated", type=int, default=0,
+                    help="number of aggregated engines (whole requests, no P/D split)")
     up.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache per engine (GiB, CPU)")
     up.add_argument("--max-model-len", type=int, default=8192, help="context length")
     up.add_argument("--no-kv-store", action="store_true",
@@ -176,6 +197,20 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--engine-arg", action="append", metavar="ARG",
                     help="extra vLLM engine flag for every engine (repeat; e.g. "
                     "--engine-arg=--block-size=64)")
+    pools = up.add_argument_group(
+        "scheduler settings per pool",
+        "vLLM's scheduler flags, by pool: VALUE sets every pool, POOL=VALUE[,POOL=VALUE] "
+        f"the pools named ({', '.join(scheduler.POOLS)}); e.g. "
+        "--long-prefill-token-threshold prefill=2048,decode=512. Unset: vLLM's default. "
+        "(vLLM's --prefill-schedule-interval is not offered: it acts only across the "
+        "data-parallel ranks of a mixture-of-experts engine, which the embedded stack "
+        "never runs.)")
+    for setting in scheduler.SETTINGS:
+        boolean = scheduler.is_boolean(setting)
+        pools.add_argument(scheduler.flag_name(setting), dest=setting, default=argparse.SUPPRESS,
+                           metavar="[POOL=]BOOL" if boolean else "[POOL=]N",
+                           nargs="?" if boolean else None, const="true" if boolean else None,
+                           help=scheduler.describe(setting))
     up.set_defaults(func=cmd_up)
 
     sub.add_parser("down", help="stop the running stack").set_defaults(func=cmd_down)

@@ -79,6 +79,7 @@ class RequestRecord:
     cached_tokens: int | None = None
     output_tokens: int | None = None
     max_gap: float | None = None     # the longest pause between two output chunks
+    response_id: str | None = None   # the server's id (the router's: its engines log it)
 
 
 @dataclass
@@ -172,6 +173,7 @@ class Replayer:
                         rec.error = f"error event: {_error_message(json.dumps(ev))}"
                         return
                     now = time.perf_counter()
+                    rec.response_id = rec.response_id or ev.get("id")
                     for ch in ev.get("choices") or []:
                         delta = ch.get("delta") or {}
                         if delta.get("content") or delta.get("reasoning_content"):

@@ -12,6 +12,7 @@ through.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from common.settings import SettingError, add_arguments, from_arguments, setting
 from services.engine import vllm_plugin
 
 ENV_PREFIX = "TANDEM_ENGINE_"
+log = logging.getLogger("tandem.engine")
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,10 @@ def parse_settings(argv: list[str] | None = None, default_role: Role | None = No
         if kv_role not in ("kv_both",
                            "kv_producer" if role == Role.PREFILL else "kv_consumer"):
             parser.error(f"--kv-transfer-config kv_role={kv_role!r} does not fit --role {role}")
+    if engine_args.prefill_schedule_interval > 1 and engine_args.data_parallel_size <= 1:
+        log.warning("--prefill-schedule-interval %d has no effect: vLLM applies it only "
+                    "across the data-parallel ranks of a mixture-of-experts model "
+                    "(--data-parallel-size > 1)", engine_args.prefill_schedule_interval)
     if args.kv_store_config is not None and engine_args.kv_transfer_config is None:
         from services.kvstore.engine import check_store
 

@@ -53,11 +53,12 @@ def _build_engine(settings: EngineSettings, load: LoadTracker):
 
 async def serve(settings: EngineSettings) -> None:
     load = LoadTracker()
-    metrics = EngineMetrics()
+    metrics = EngineMetrics(settings.role)
     start_http_server(settings.metrics_port, addr=settings.host)
     log.info("loading engine %s", describe(settings))
     engine = _build_engine(settings, load)
     ea = settings.engine_args
+    metrics.describe_scheduler(engine.vllm_config.scheduler_config)
     servicer = EngineServicer(engine, settings.role, ea.model, ea.served_model_name[0],
                               load, metrics)
 

@@ -19,7 +19,7 @@ from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
 from services.engine.load import LoadTracker
-from services.engine.metrics import EngineMetrics
+from services.engine.metrics import EngineMetrics, request_phases
 from services.engine.sampling import parse_kv_transfer_params, to_vllm
 from services.kvstore.retention import from_proto as retention_from_proto
 from services.kvstore.retention import with_hint
@@ -60,8 +60,10 @@ class EngineServicer(pb_grpc.EngineServicer):
             await self._engine.abort(list(self._active))
 
     async def _run(self, request_id: str, prompt: dict, params, context,
-                   kind: str) -> AsyncIterator[Any]:
-        """Run one request in vLLM, keeping the in-flight count and mapping errors."""
+                   kind: str, remote_kv: bool = False) -> AsyncIterator[Any]:
+        """Run one request in vLLM, keeping the in-flight count, timing its
+        phases (`remote_kv`: its KV comes from a prefill engine) and mapping
+        errors."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self.draining:
@@ -73,8 +75,16 @@ class EngineServicer(pb_grpc.EngineServicer):
         self._idle.clear()
         self._load.in_flight += 1
         self._metrics.requests.labels(kind).inc()
+        first = True
         try:
             async for out in self._engine.generate(prompt, params, request_id):
+                if first:
+                    first = False
+                    phases = request_phases(out.metrics, remote_kv)
+                    self._metrics.observe_phases(phases)
+                    log.debug("request %s (%s, %d prompt tokens, %s cached): %s", request_id,
+                              kind, len(prompt["prompt_token_ids"]), out.num_cached_tokens,
+                              " ".join(f"{k} {v:.3f}s" for k, v in phases.items()))
                 yield out
         except asyncio.CancelledError:
             # The caller went away; vLLM's generator already aborted the request.
@@ -156,7 +166,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         completion_tokens = 0
         async for out in self._run(request.request_id,
                                    self._prompt(request.token_ids, request.cache_salt or None),
-                                   params, context, "generate"):
+                                   params, context, "generate", remote_kv=bool(kv_params)):
             choice = out.outputs[0]
             completion_tokens += len(choice.token_ids)
             message = pb.GenerateResponse(token_ids=list(choice.token_ids), text=choice.text)
