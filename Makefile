@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all bench-routers bench-policies bench-planner down clean
+.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all bench-routers bench-policies bench-planner bench-scheduler down clean
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -81,7 +81,7 @@ bench-all: setup aiperf
 	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
 	$(PY) -m bench.pd_vs_aggregated --concurrency 4 --requests 12
 	$(PY) -m bench.kvstore_bench
-	$(MAKE) bench-routers bench-policies
+	$(MAKE) bench-routers bench-policies bench-scheduler
 
 # The router's own overhead (added TTFT/e2e, req/s on one core), Tandem's
 # router vs vllm-router and sglang-router, each in front of a fixed-latency
@@ -107,6 +107,13 @@ bench-policies: setup
 BENCH_PLANNER_ARGS ?=
 bench-planner: setup
 	$(PY) -m bench.planner_sweep $(BENCH_PLANNER_ARGS)
+
+# vLLM's long-prefill threshold off vs 512 vs 2048 tokens, aggregated and P/D,
+# on an agentic replay of long fresh first turns and append turns (about 40
+# minutes on 2 cores). BENCH_SCHEDULER_ARGS passes flags (see --help).
+BENCH_SCHEDULER_ARGS ?=
+bench-scheduler: setup
+	$(PY) -m bench.long_prefill $(BENCH_SCHEDULER_ARGS)
 
 clean:
 	rm -rf common/proto .pytest_cache
