@@ -17,8 +17,11 @@ it only in its data-parallel engine core for mixture-of-experts models
 
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from common.settings import parse_bool
 
 POOLS = ("prefill", "decode", "aggregated")
 
@@ -116,13 +119,11 @@ def parse_per_pool(setting: str, text: str) -> dict[str, Any]:
     def value(raw: str) -> Any:
         raw = raw.strip()
         if boolean:
-            word = raw.lower()
-            if word in ("true", "on", "1", "yes"):
-                return True
-            if word in ("false", "off", "0", "no"):
-                return False
-            raise ValueError(f"{flag} {text!r}: {raw!r} is not true or false "
-                             f"(POOL=true sets one pool)")
+            try:
+                return parse_bool(raw)
+            except ArgumentTypeError:
+                raise ValueError(f"{flag} {text!r}: {raw!r} is not true or false "
+                                 f"(POOL=true sets one pool)") from None
         try:
             return int(raw)
         except ValueError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.roles import Role
 from services.engine.config import parse_settings
 from services.stack import POOL_OF_ROLE, vllm_flags
 from tandem.cli import build_parser, main, stack_config
@@ -20,7 +21,8 @@ def _engine_args(config, role: str):
     """What an engine of this role would run with (its stack command line
     minus ports and the store), parsed as the engine host parses it."""
     argv = [*vllm_flags(config), *config.pool_flags(role), *config.engine_args]
-    return parse_settings(argv, default_role=role).engine_args
+    module_role = {"prefill": Role.PREFILL, "decode": Role.DECODE, "engine": Role.BOTH}[role]
+    return parse_settings(argv, default_role=module_role).engine_args
 
 
 def test_per_pool_flags_reach_each_pools_engines():
