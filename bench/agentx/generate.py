@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import percentile
+
 from .trace import Request, Session, Subagent
 
 
@@ -321,7 +323,7 @@ def trace_stats(sessions: list[Session]) -> dict[str, Any]:
                 thinks.append(r.think_time)
 
     def pct(xs, q):
-        return float(np.percentile(xs, q)) if xs else 0.0
+        return percentile(xs, q) or 0.0
 
     return {
         "sessions": len(sessions),

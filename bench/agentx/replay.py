@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import httpx
 
-from bench.harness import urls
+from bench.harness import is_done, output_deltas, sse_data, urls
 
 from .content import BuiltPrompt, PromptBuilder, scope_key
 from .trace import Entry, Request, Session, Subagent
@@ -158,10 +158,10 @@ class Replayer:
                     rec.error = f"HTTP {resp.status_code}: {_error_message(text)}"
                     return
                 async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+                    data = sse_data(line)
+                    if data is None:
                         continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    if is_done(data):
                         break
                     try:
                         ev = json.loads(data)
@@ -172,15 +172,13 @@ class Replayer:
                         rec.error = f"error event: {_error_message(json.dumps(ev))}"
                         return
                     now = time.perf_counter()
-                    for ch in ev.get("choices") or []:
-                        delta = ch.get("delta") or {}
-                        if delta.get("content") or delta.get("reasoning_content"):
-                            if first is None:
-                                first = now
-                            elif last is not None:
-                                max_gap = max(max_gap, now - last)
-                            last = now
-                            chunks += 1
+                    if deltas := output_deltas(ev):
+                        if first is None:
+                            first = now
+                        elif last is not None:
+                            max_gap = max(max_gap, now - last)
+                        last = now
+                        chunks += deltas
                     usage = ev.get("usage")
                     if usage:
                         rec.prompt_tokens = usage.get("prompt_tokens")

@@ -8,6 +8,7 @@ import time
 import grpc
 import httpx
 
+from bench.harness import sse_data
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 
@@ -18,13 +19,15 @@ def chat(url: str, model: str, content: str, **extra) -> httpx.Response:
 
 
 def sse_events(response: httpx.Response) -> list[str]:
-    """The data payloads of a server-sent event stream, checking its framing."""
+    """The data payloads of a server-sent event stream, checking its framing:
+    every event is one ``data:`` line."""
     events = []
     for block in response.text.split("\n\n"):
         if not block.strip():
             continue
-        assert block.startswith("data: "), f"malformed SSE block: {block!r}"
-        events.append(block[len("data: "):])
+        data = sse_data(block)
+        assert data is not None and "\n" not in block, f"malformed SSE block: {block!r}"
+        events.append(data)
     return events
 
 
