@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"router overhead (request in → first gRPC call out), from its histogram: "
           f"P/D p50 {pd_overhead.get('p50', 0) * 1e3:.2f} ms p99 "
           f"{pd_overhead.get('p99', 0) * 1e3:.2f} ms; aggregated p50 "
-          f"{agg_overhead.get('p50', 0) * 1e3:.2f} ms p99 {agg_overhead.get('p99', 0) * 1e3:.2f} ms")
+          f"{agg_overhead.get('p50', 0) * 1e3:.2f} ms p99 "
+          f"{agg_overhead.get('p99', 0) * 1e3:.2f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"pd": pd, "aggregated": agg, "pd_overhead": pd_overhead,
                                     "aggregated_overhead": agg_overhead,

@@ -321,7 +321,7 @@ def aggregate(runs: list[dict]) -> dict[str, tuple[int, dict]]:
             "hit_sub": metrics.hit_rate([x for x in records if x["agent"]])})
     out = {}
     for label, sums in by_label.items():
-        def mean(key: str):
+        def mean(key: str, sums: list[dict] = sums):
             values = [s[key] for s in sums if s.get(key) is not None]
             return sum(values) / len(values) if values else None
         hits = [s["hit_rate"] for s in sums if s.get("hit_rate") is not None]

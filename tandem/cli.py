@@ -1,6 +1,7 @@
 """`tandem`: run and inspect the embedded stack.
 
-    tandem up        start the KV store, prefill and decode engines, and the router; Ctrl-C stops all
+    tandem up        start the KV store, prefill and decode engines, and the router
+                     (Ctrl-C stops them all)
     tandem down      stop a stack started by `tandem up` (from another shell)
     tandem status    what runs, and whether it is healthy
     tandem model     prepare the bundled model and print its folder
@@ -52,8 +53,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     store = "" if args.no_kv_store else "the KV store, "
-    print(f"starting {store}{args.prefill} prefill + {args.decode} decode engine(s) and the router; "
-          f"logs in {args.state_dir}", flush=True)
+    print(f"starting {store}{args.prefill} prefill + {args.decode} decode engine(s) and the "
+          f"router; logs in {args.state_dir}", flush=True)
     try:
         stack.start()
     except (ProcessError, RuntimeError) as exc:
@@ -63,7 +64,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 130
     model = os.path.basename(os.path.normpath(args.model)) if args.model \
         else "SmolLM2-135M-Instruct"
-    print(f"\nTandem is up: {stack.router_url}  (OpenAI API; metrics at {stack.router_url}/metrics)")
+    print(f"\nTandem is up: {stack.router_url}  "
+          f"(OpenAI API; metrics at {stack.router_url}/metrics)")
     print(f"try:\n  {_curl(stack.router_url, model)}\n")
     print("Ctrl-C or `tandem down` stops everything.", flush=True)
     code = 0

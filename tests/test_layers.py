@@ -74,10 +74,10 @@ def sys_path_edits(tree: ast.AST):
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if is_sys_path(node.func.value):
-                yield node.lineno
-            elif (node.func.attr == "addsitedir" and isinstance(node.func.value, ast.Name)
-                  and node.func.value.id == "site"):
+            is_addsitedir = (node.func.attr == "addsitedir"
+                             and isinstance(node.func.value, ast.Name)
+                             and node.func.value.id == "site")
+            if is_sys_path(node.func.value) or is_addsitedir:
                 yield node.lineno
         elif isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]

@@ -155,6 +155,7 @@ class _Gen:
         entries: list = []
         t = t0
         n_in = first_in
+        prev_in = prev_out = 0  # the previous turn's, set at the end of each turn
         prev_full: list[int] = []
         pending_join_tokens = 0
         for k in range(n_turns):

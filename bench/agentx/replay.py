@@ -29,8 +29,9 @@ import json
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -240,7 +241,7 @@ class Replayer:
             try:
                 await asyncio.wait_for(self.stopping.wait(), timeout=wait)
                 raise _Stop()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _request(self, client, s: Session, r: Request, path: str, turn: int,

@@ -21,9 +21,9 @@ import signal
 import socket
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import httpx
 
