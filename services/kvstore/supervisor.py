@@ -29,7 +29,7 @@ import httpx
 
 from services.kvstore.commands import Command
 
-log = logging.getLogger("tandem.kvstore")
+log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 30.0
 _STABLE_AFTER_S = 60.0   # a process up this long resets its backoff
