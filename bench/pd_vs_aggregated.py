@@ -26,10 +26,11 @@ from pathlib import Path
 import httpx
 
 from bench.harness import is_done, output_deltas, percentile, sse_data
+from common.model import DEFAULT_MODEL_NAME
 from common.ports import free_port
 from services.stack import Stack, StackConfig
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = DEFAULT_MODEL_NAME
 
 
 def _prompt(i: int, words: int) -> str:

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc, ProcessError, stop_process_group
 from services.stack import Stack, StackConfig, read_state, stop_order
 
@@ -63,7 +64,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     model = os.path.basename(os.path.normpath(args.model)) if args.model \
-        else "SmolLM2-135M-Instruct"
+        else DEFAULT_MODEL_NAME
     print(f"\nTandem is up: {stack.router_url}  "
           f"(OpenAI API; metrics at {stack.router_url}/metrics)")
     print(f"try:\n  {_curl(stack.router_url, model)}\n")

@@ -1,5 +1,6 @@
 """Shared fixtures. The real embedded stack (vLLM engines over gRPC, NIXL KV
-hand-off, the router) starts once per test session; nothing is mocked.
+hand-off, the router) starts once per test session; nothing in it is mocked.
+Helpers that several test files use are in tests/helpers.py.
 
 A test that needs a piece that is absent (the model, vLLM, NIXL) fails: the
 fixture raises with the reason, it never skips.
@@ -16,10 +17,10 @@ import pytest
 
 from common.model import resolve_model
 from common.ports import free_port
-from common.procs import Proc, launch, stop_process_group, wait_http_ok
+from common.procs import launch, stop_process_group, wait_http_ok
 from services.stack import Stack, StackConfig, engine_env, vllm_flags
+from tests.helpers import MODEL_NAME
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
 # Long enough that a prefill engine that never hands its KV over keeps it for
 # the whole test; early release is what the tests look for.
 KV_LEASE_SECONDS = 120
@@ -43,10 +44,6 @@ def stack(model_dir, tmp_path_factory):
     s.model = MODEL_NAME
     yield s
     s.stop()
-
-
-def engine(stack: Stack, role: str) -> Proc:
-    return next(p for p in stack.procs if p.name.startswith(role))
 
 
 @pytest.fixture(scope="module")

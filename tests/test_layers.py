@@ -14,6 +14,8 @@ functions included):
    repository root.
 4. No ``from x import _name`` across modules outside tests: an underscore name
    belongs to its module.
+5. A test module imports, of ``tests``, only ``tests.helpers`` (what several
+   test files share): never another test file or a conftest.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK = {"common": 0, "services": 1, "operators": 1, "kernels": 1, "bench": 2, "tandem": 3,
         "tests": 4}
 SAME_LAYER_APART = {"services", "operators", "kernels"}
+SHARED_TEST_HELPERS = "tests.helpers"
 GENERATED = ("common/proto/",)
 
 
@@ -100,6 +103,12 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
             found.append(f"line {line}: {top} imports {target} from a layer above it")
         elif top in SAME_LAYER_APART and target_top in SAME_LAYER_APART:
             found.append(f"line {line}: {top} imports {target} (same layer, kept apart)")
+        if top == "tests" and target_top == "tests" and target != SHARED_TEST_HELPERS:
+            modules = [target] if target != "tests" else [f"tests.{n}" for n in names]
+            for imported in modules:
+                if imported != SHARED_TEST_HELPERS:
+                    found.append(f"line {line}: imports {imported}; what tests share "
+                                 f"belongs in {SHARED_TEST_HELPERS}")
         if top == "tests" or target_top not in RANK or target == module:
             continue
         for name in names:
@@ -135,6 +144,10 @@ def test_the_scan_sees_every_layer():
     ("tests.stack.test_x", "import sys\nsys.path = ['x']"),
     ("bench.cli", "from bench.router_overhead import _log"),
     ("bench.agentx.embedded", "from ..cli import _log"),
+    ("tests.stack.test_x", "from tests.conftest import MODEL_NAME"),
+    ("tests.stack.test_x", "from tests.stack.test_pd_identity import LONG_CONTEXT"),
+    ("tests.router.test_x", "from .redis_server import RedisServer"),
+    ("tests.router.conftest", "from tests import conftest"),
 ])
 def test_the_rules_catch(module, source):
     assert violations(source, module), f"{module}: {source!r} should be refused"
@@ -150,6 +163,7 @@ def test_the_rules_catch(module, source):
     ("bench.agentx.replay", "from .content import PromptBuilder\nfrom . import trace"),
     ("services.engine.server", "from services.engine.server import _private_here"),
     ("bench.cli", "from bench.harness import __doc__"),
+    ("tests.stack.test_x", "from tests.helpers import MODEL_NAME\nfrom tests import helpers"),
 ])
 def test_the_rules_allow(module, source):
     assert not violations(source, module)

@@ -22,7 +22,7 @@ import pytest
 
 from bench.engine_client import EngineClient, long_prompt
 from common.ports import free_ports
-from tests.kvstore.store_client import StoreClient
+from tests.helpers import StoreClient
 
 pytestmark = pytest.mark.stack
 

@@ -2,7 +2,7 @@
 (128 MB RAM pool, no disk tier, so an evicted block is gone), a prefill and a
 decode engine, and the router with `--kv-retention named-sessions`.
 
-Which blocks the store holds is read exactly (`store_client.py`: each
+Which blocks the store holds is read exactly (`StoreClient` in tests/helpers.py: each
 prompt's store keys from its block hashes, asked of the store by a Mooncake
 client of the test's own). The master's metrics show the pins, evictions and
 removals.
@@ -31,7 +31,7 @@ from common.ports import free_port
 from common.procs import Proc, launch, stop_process_group, wait_http_ok
 from services.router.tokenizer import ChatTokenizer
 from services.stack import Stack, StackConfig
-from tests.kvstore.store_client import StoreClient
+from tests.helpers import StoreClient
 
 pytestmark = pytest.mark.stack
 

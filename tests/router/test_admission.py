@@ -19,7 +19,7 @@ from services.router.app import install_middleware
 from services.router.config import RouterSettings, parse_settings
 from services.router.errors import install_error_handlers
 from services.router.metrics import RouterMetrics
-from tests.stack.helpers import metric_value
+from tests.helpers import metric_value
 
 
 class FakeRouter:

@@ -27,9 +27,16 @@ from services.router.pd import EngineRequest, Orchestrator
 from services.router.pods import PodPool
 from services.router.routing import PodSpec, Replica, RoutingCore, RoutingSettings
 from services.router.routing.shared_state import LocalState
-from tests.conftest import MODEL_NAME, engine
-from tests.stack.helpers import chat, engine_load, metric_value, sse_events, wait_for
-from tests.stack.test_pd_identity import LONG_CONTEXT
+from tests.helpers import (
+    LONG_CONTEXT,
+    MODEL_NAME,
+    chat,
+    engine,
+    engine_load,
+    metric_value,
+    sse_events,
+    wait_for,
+)
 
 pytestmark = pytest.mark.stack
 

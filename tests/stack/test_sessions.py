@@ -14,8 +14,7 @@ import pytest
 
 from common.ports import free_port
 from services.stack import Stack, StackConfig
-from tests.conftest import MODEL_NAME
-from tests.stack.helpers import metric_value, wait_for
+from tests.helpers import MODEL_NAME, metric_value, wait_for
 
 pytestmark = pytest.mark.stack
 
