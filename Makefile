@@ -10,12 +10,13 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf run test test-unit bench bench-all bench-routers bench-policies bench-planner bench-scheduler down clean
+.PHONY: help setup apt venv proto model aiperf run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler down clean
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
 	@echo "make test   set up everything and run the whole test suite"
 	@echo "make bench  small agentic replay, aggregated vs P/D (about 10 min); bench-all: every benchmark"
+	@echo "make lint   ruff, mypy --strict on the pure cores, and the import-direction test"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 
 setup: apt $(STAMP) proto model
@@ -68,6 +69,18 @@ test: setup aiperf
 
 test-unit: setup
 	$(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
+
+# Static checks, configured in pyproject.toml (seconds; CI runs them first).
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py
+
+# Formats the whole tree (ruff format, then import order); run it on its own
+# commit, not mixed with changes.
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --select I --fix .
 
 # A small agentic replay on the embedded stack, aggregated vs P/D at two
 # concurrencies (about 10 minutes on 2 cores); report in bench/results/.

@@ -117,8 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gen_args(p, with_output=True)
 
     p = sub.add_parser("stats", help="shape statistics of a trace file",
-                       description="Validate a trace file or directory and print its statistics "
-                                   "(turns, sub-agent share, prefix reuse, hit-rate bound) as JSON.")
+                       description="Validate a trace file or directory and print its "
+                                   "statistics (turns, sub-agent share, prefix reuse, hit-rate "
+                                   "bound) as JSON.")
     p.add_argument("trace", help="trace file or directory")
 
     p = sub.add_parser("replay", help="replay a trace against an endpoint and write a report",
@@ -399,9 +400,9 @@ def cmd_embedded(a) -> int:
     return embedded_main(a.rest)
 
 
-COMMANDS = {"embedded": cmd_embedded, "generate": cmd_generate, "stats": cmd_stats, "replay": cmd_replay,
-            "report": cmd_report, "sweep": cmd_sweep, "crosscheck": cmd_crosscheck,
-            "profile": cmd_profile}
+COMMANDS = {"embedded": cmd_embedded, "generate": cmd_generate, "stats": cmd_stats,
+            "replay": cmd_replay, "report": cmd_report, "sweep": cmd_sweep,
+            "crosscheck": cmd_crosscheck, "profile": cmd_profile}
 
 
 def main(argv: list[str] | None = None) -> int:

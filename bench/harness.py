@@ -1,13 +1,25 @@
-"""What every benchmark shares: where results go, progress lines, the model
-an endpoint serves, and Ctrl-C/SIGTERM handling."""
+"""What every benchmark (and the tests' helpers) share: where results go,
+progress lines, the model an endpoint serves, reading an OpenAI SSE stream,
+percentiles, CPU counters, a Redis server, and Ctrl-C/SIGTERM handling.
+
+Processes and ports come from ``common.procs`` and ``common.ports``.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import socket
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, AnyStr
+
+from common.ports import free_port
+from common.procs import Proc, launch, stop_process_group
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -56,3 +68,122 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# -- OpenAI streams -------------------------------------------------------------
+
+DONE = "[DONE]"  # the data of an OpenAI stream's last event
+
+
+def sse_data(line: AnyStr) -> AnyStr | None:
+    """The data of one line of a server-sent event stream (``data: x`` gives
+    ``x``, stripped), None for any other line (the blank line that ends an
+    event, comments, other fields). Text or bytes in, the same out."""
+    prefix = b"data:" if isinstance(line, bytes) else "data:"
+    if not line.startswith(prefix):  # type: ignore[arg-type]
+        return None
+    return line[5:].strip()
+
+
+def is_done(data: str | bytes) -> bool:
+    return data in (DONE, DONE.encode())
+
+
+def output_deltas(chunk: dict[str, Any]) -> int:
+    """How many choices of a streamed chat chunk carry output text (content or
+    reasoning; the opening role-only chunk and the usage chunk carry none)."""
+    count = 0
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning_content"):
+            count += 1
+    return count
+
+
+# -- statistics -------------------------------------------------------------------
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between the
+    closest ranks (numpy's default); None when there are no values."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=float), q))
+
+
+def cpu_busy_seconds(cpus: list[int]) -> dict[int, float]:
+    """Seconds each CPU spent busy (anything but idle and iowait) since boot,
+    from /proc/stat: whatever ran there, the benchmark's processes or not."""
+    tick = os.sysconf("SC_CLK_TCK")
+    wanted = {f"cpu{n}": n for n in cpus}
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *values = line.split()
+            if name in wanted:
+                # user nice system idle iowait irq softirq steal
+                ticks = [int(v) for v in values[:8]]
+                out[wanted[name]] = (sum(ticks) - ticks[3] - ticks[4]) / tick
+    return out
+
+
+# -- Redis ----------------------------------------------------------------------------
+
+class RedisServer:
+    """A real ``redis-server`` on a loopback port (``make apt`` installs it),
+    without persistence: a restart comes back empty, as a Redis pod without a
+    volume does. ``stop`` is a clean shutdown, ``kill`` a SIGKILL; ``start``
+    again reuses the port. Its output goes to ``<log_dir>/redis-<port>.log``.
+    A missing binary or a server that does not answer raises RuntimeError."""
+
+    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.log = Path(log_dir) / f"redis-{self.port}.log"
+        self.proc: Proc | None = None
+        self._popen = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (make apt, or "
+                               "apt-get install -y redis-server)")
+        self.proc, self._popen = launch(
+            "redis", [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "no"], self.log, append=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._popen.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self._popen.returncode} on port "
+                                   f"{self.port} (log: {self.log})")
+            if self.ping():
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-server did not answer PING on port {self.port} "
+                           f"(log: {self.log})")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self._running():
+            stop_process_group(self.proc, grace_s=10.0)
+            self._popen.wait(timeout=10)
+
+    def kill(self) -> None:
+        if self._running():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self._popen.wait(timeout=10)
+
+    def _running(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None

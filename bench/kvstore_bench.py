@@ -20,39 +20,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.engine_client import EngineClient, long_prompt
+from bench.harness import percentile
 from common.ports import free_ports
+from common.procs import Processes
 
-ROOT = Path(__file__).resolve().parents[1]
+STOP_GRACE_S = 60.0
 
 
-def start_store(state: Path, pool_size: str):
+def start_store(procs: Processes, state: Path, pool_size: str):
     from services.kvstore.api import store_launch, wait_ready
 
     launch = store_launch(state, ports=free_ports(6), pool_size=pool_size,
                           lease_ttl_ms=500)
-    log = open(state.parent / f"{state.name}.log", "wb")
-    proc = subprocess.Popen(launch.argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    wait_ready(launch.health_url, 180, alive=lambda: proc.poll() is None)
+    proc, popen = procs.launch(state.name, launch.argv, env=launch.env)
+    wait_ready(launch.health_url, 180, alive=lambda: popen.poll() is None)
     return launch, proc
-
-
-def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # -- 1. bandwidth -------------------------------------------------------------
@@ -107,20 +95,18 @@ def store_gbps(launch, object_size: int, count: int) -> tuple[float, float]:
 
 # -- 2. multi-turn replay -------------------------------------------------------
 
-def start_engine(role: str, cpu: int, tmp: Path, name: str, store_flags: list[str]):
+def start_engine(procs: Processes, role: str, cpu: int, name: str, store_flags: list[str]):
     grpc_port, metrics_port, nixl_port = free_ports(3)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
-    log = open(tmp / f"{name}.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.engine", "--role", role, "--grpc-port", str(grpc_port),
-         "--metrics-port", str(metrics_port), "--nixl-port", str(nixl_port), "--dtype",
-         "float32", "--enforce-eager", "--max-model-len", "4096", *store_flags],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
+    proc, popen = procs.launch(name, [
+        sys.executable, "-m", "services.engine", "--role", role, "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port), "--nixl-port", str(nixl_port), "--dtype",
+        "float32", "--enforce-eager", "--max-model-len", "4096", *store_flags], env=env)
     client = EngineClient(grpc_port, metrics_port)
     deadline = time.monotonic() + 900
     while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode} (see {tmp / name}.log)")
+        if popen.poll() is not None:
+            raise RuntimeError(f"{name} exited with {popen.returncode} (see {proc.log})")
         try:
             client.wait_ready(5)
             break
@@ -145,12 +131,11 @@ def replay(clients, tokenizer, sessions: int, turns: int, first_tokens: int,
                 cached_total += r.cached_tokens
             tool_result = long_prompt(tokenizer, turn_tokens, seed=5000 + s * 100 + t)
             contexts[s] = ids + r.token_ids + tool_result
-    q = statistics.quantiles(ttfts, n=10)
-    return {"hit_rate": cached_total / max(prompt_total, 1), "ttft_p50": statistics.median(ttfts),
-            "ttft_p90": q[8], "requests": len(ttfts)}
+    return {"hit_rate": cached_total / max(prompt_total, 1), "ttft_p50": percentile(ttfts, 50),
+            "ttft_p90": percentile(ttfts, 90), "requests": len(ttfts)}
 
 
-def run_replay(args, tmp: Path, store_flags: list[str], label: str) -> dict:
+def run_replay(args, procs: Processes, store_flags: list[str], label: str) -> dict:
     from transformers import AutoTokenizer
 
     from common.model import resolve_model
@@ -159,13 +144,13 @@ def run_replay(args, tmp: Path, store_flags: list[str], label: str) -> dict:
     engines = []
     try:
         for i in range(2):
-            engines.append(start_engine("both", i, tmp, f"{label}-{i}", store_flags))
+            engines.append(start_engine(procs, "both", i, f"{label}-{i}", store_flags))
         return replay([c for _, c in engines], tokenizer, args.sessions, args.turns,
                       args.first_tokens, args.turn_tokens)
     finally:
         for proc, client in engines:
             client.close()
-            stop(proc)
+            procs.stop(proc, STOP_GRACE_S)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {}
     with tempfile.TemporaryDirectory(prefix="tandem-kvbench-") as d:
         tmp = Path(d)
-        launch, store = start_store(tmp / "store", pool_size="1GB")
+        procs = Processes(tmp)
         try:
+            launch, _ = start_store(procs, tmp / "store", pool_size="1GB")
             size = parse_size(args.object_size)
             put, get = store_gbps(launch, size, args.objects)
             mem = memcpy_gbps(size * args.objects, 5)
@@ -196,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "put_over_memcpy": round(put / mem, 3),
                                    "get_over_memcpy": round(get / mem, 3)}
             if not args.skip_replay:
-                without = run_replay(args, tmp, [], "nostore")
-                with_store = run_replay(args, tmp, launch.engine_flags, "store")
+                without = run_replay(args, procs, [], "nostore")
+                with_store = run_replay(args, procs, launch.engine_flags, "store")
                 report["replay"] = {
                     "sessions": args.sessions, "turns": args.turns,
                     "without_store": without, "with_store": with_store,
@@ -206,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ttft_p90_ratio": round(without["ttft_p90"] / with_store["ttft_p90"], 2),
                 }
         finally:
-            stop(store)
+            procs.stop_all()
     if args.json:
         print(json.dumps(report))
     else:

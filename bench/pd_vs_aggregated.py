@@ -25,10 +25,12 @@ from pathlib import Path
 
 import httpx
 
+from bench.harness import is_done, output_deltas, percentile, sse_data
+from common.model import DEFAULT_MODEL_NAME
 from common.ports import free_port
 from services.stack import Stack, StackConfig
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = DEFAULT_MODEL_NAME
 
 
 def _prompt(i: int, words: int) -> str:
@@ -46,10 +48,11 @@ async def _one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            data = sse_data(line)
+            if data is None or is_done(data):
                 continue
-            chunk = json.loads(line[6:])
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            chunk = json.loads(data)
+            if ttft is None and output_deltas(chunk):
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 usage = chunk["usage"]
@@ -70,16 +73,11 @@ async def drive(url: str, requests: int, concurrency: int, words: int,
         start = time.perf_counter()
         results = await asyncio.gather(*(run(i) for i in range(requests)))
         wall = time.perf_counter() - start
-    ttfts = sorted(r["ttft"] for r in results)
-    return {"ttft_p50": _quantile(ttfts, 0.5), "ttft_p90": _quantile(ttfts, 0.9),
+    ttfts = [r["ttft"] for r in results]
+    return {"ttft_p50": percentile(ttfts, 50), "ttft_p90": percentile(ttfts, 90),
             "output_tok_s": sum(r["output_tokens"] for r in results) / wall,
             "prompt_tokens_mean": statistics.mean(r["prompt_tokens"] for r in results),
             "wall_s": wall}
-
-
-def _quantile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1] \
-        if len(values) > 1 else values[0]
 
 
 def router_overhead(url: str) -> dict:
@@ -144,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"router overhead (request in → first gRPC call out), from its histogram: "
           f"P/D p50 {pd_overhead.get('p50', 0) * 1e3:.2f} ms p99 "
           f"{pd_overhead.get('p99', 0) * 1e3:.2f} ms; aggregated p50 "
-          f"{agg_overhead.get('p50', 0) * 1e3:.2f} ms p99 {agg_overhead.get('p99', 0) * 1e3:.2f} ms")
+          f"{agg_overhead.get('p50', 0) * 1e3:.2f} ms p99 "
+          f"{agg_overhead.get('p99', 0) * 1e3:.2f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"pd": pd, "aggregated": agg, "pd_overhead": pd_overhead,
                                     "aggregated_overhead": agg_overhead,

@@ -39,7 +39,9 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
+from common.model import DEFAULT_MODEL_NAME
+
+MODEL_NAME = DEFAULT_MODEL_NAME
 TOKEN_TEXT = " tok"
 TOKEN_ID = 1234  # any id inside SmolLM2's vocabulary
 

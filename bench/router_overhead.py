@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
 import time
 import uuid
@@ -48,61 +47,33 @@ from typing import Any
 
 from orjson import loads as _loads
 
-from bench.agentx.metrics import percentile
-from bench.harness import sigterm_as_interrupt
+from bench.harness import (
+    cpu_busy_seconds,
+    is_done,
+    output_deltas,
+    percentile,
+    sigterm_as_interrupt,
+    sse_data,
+)
 from bench.router_fakes import MODEL_NAME
+from bench.routers import HOST, ROUTERS, RouterSpec, find_binary, http_router_argv
 from common.ports import free_port
 from common.procs import (
     Proc,
     ProcessError,
     Processes,
-    group_stats,
+    group_cpu_seconds,
     raise_if_exited,
     wait_grpc_serving,
     wait_http_ok,
 )
 
-HOST = "127.0.0.1"
 PROMPT = "Say hello in one short sentence."
 DIRECT_HTTP = "direct-http"
 DIRECT_GRPC = "direct-grpc"
 
 
 # -- routers ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RouterSpec:
-    name: str
-    backend: str  # "grpc" (fake engine) or "http" (fake OpenAI server)
-    policy: str
-    package: str | None = None  # pip package that provides `binary`
-    binary: str | None = None
-    ready_path: str = "/health"
-
-
-ROUTERS: dict[str, RouterSpec] = {
-    "tandem": RouterSpec("tandem", "grpc", "round-robin"),
-    "vllm-router": RouterSpec("vllm-router", "http", "round_robin",
-                              package="vllm-router==0.1.17", binary="vllm-router"),
-    # /health answers OK before any worker is registered; /readiness waits for one.
-    "sglang-router": RouterSpec("sglang-router", "http", "round_robin",
-                                package="sglang-router==0.3.2", binary="sglang-router",
-                                ready_path="/readiness"),
-}
-
-
-def find_binary(spec: RouterSpec) -> str:
-    """The router's console script: on PATH, else next to this Python (a venv
-    used without activating it)."""
-    found = shutil.which(spec.binary) or shutil.which(
-        spec.binary, path=str(Path(sys.executable).parent))
-    if not found:
-        raise SystemExit(
-            f"{spec.name}: the '{spec.binary}' command is not installed. Install it with "
-            f"`pip install {spec.package}` (or `pip install -e '.[routers]'`, or "
-            f"`make bench-routers`), or leave it out with --routers.")
-    return found
-
 
 def router_argv(spec: RouterSpec, port: int, backend: str, model_dir: str) -> list[str]:
     """The command that starts `spec` on `port` in front of `backend` (a gRPC
@@ -113,16 +84,10 @@ def router_argv(spec: RouterSpec, port: int, backend: str, model_dir: str) -> li
                 "--engine", backend, "--model", model_dir, "--routing-policy", spec.policy,
                 # No admission limit: the HTTP routers run without one too.
                 "--max-concurrent-requests", "0", "--shutdown-grace-s", "1"]
-    binary = find_binary(spec)
-    common = ["--host", HOST, "--port", str(port), "--worker-urls", backend,
-              "--policy", spec.policy, "--prometheus-host", HOST,
-              "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1"]
-    if spec.name == "vllm-router":
-        return [binary, *common, "--log-level", "warning"]
+    argv = http_router_argv(spec, port, [backend], spec.policy)
     if spec.name == "sglang-router":
-        return [binary, "launch", *common, "--log-level", "warn",
-                "--shutdown-grace-period-secs", "1"]
-    raise ValueError(f"unknown router {spec.name!r}")
+        argv += ["--shutdown-grace-period-secs", "1"]
+    return argv
 
 
 # -- statistics ---------------------------------------------------------------
@@ -287,17 +252,16 @@ def chat_body(tokens: int) -> bytes:
 
 
 def parse_sse_line(line: bytes) -> tuple[bool, int]:
-    """(is [DONE], content tokens in this line) for one line of an SSE stream."""
-    if not line.startswith(b"data:"):
+    """(is [DONE], output tokens in this line) for one line of an SSE stream."""
+    data = sse_data(line)
+    if data is None:
         return False, 0
-    payload = line[5:].strip()
-    if payload == b"[DONE]":
+    if is_done(data):
         return True, 0
-    chunk = _loads(payload)
+    chunk = _loads(data)
     if "error" in chunk:
         raise RuntimeError(f"error event: {str(chunk['error'])[:200]}")
-    choices = chunk.get("choices") or ()
-    return False, sum(1 for c in choices if (c.get("delta") or {}).get("content"))
+    return False, output_deltas(chunk)
 
 
 class HttpTarget:
@@ -511,31 +475,6 @@ def _rate_worker(spec_json: str) -> int:
 
     print(json.dumps(asyncio.run(run())))
     return 0
-
-
-# -- CPU use -------------------------------------------------------------------
-
-def cpu_busy_seconds(cpus: list[int]) -> dict[int, float]:
-    """Seconds each CPU spent busy (anything but idle and iowait) since boot,
-    from /proc/stat: whatever ran there, this benchmark's or not."""
-    tick = os.sysconf("SC_CLK_TCK")
-    wanted = {f"cpu{n}": n for n in cpus}
-    out = {}
-    with open("/proc/stat") as f:
-        for line in f:
-            name, *values = line.split()
-            if name in wanted:
-                # user nice system idle iowait irq softirq steal
-                ticks = [int(v) for v in values[:8]]
-                out[wanted[name]] = (sum(ticks) - ticks[3] - ticks[4]) / tick
-    return out
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of every live process in a process group."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = sum(int(f[11]) + int(f[12]) for f in group_stats(pgid))  # utime + stime
-    return total / tick
 
 
 # -- the run ------------------------------------------------------------------

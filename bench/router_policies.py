@@ -36,11 +36,10 @@ from pathlib import Path
 from bench.agentx import generate, metrics, report
 from bench.agentx.replay import ReplayConfig
 from bench.agentx.sweep import Endpoint, run_sweep
-from bench.harness import RESULTS, log, served_model, sigterm_as_interrupt
-from bench.router_overhead import ROUTERS, find_binary
+from bench.harness import RESULTS, RedisServer, log, served_model, sigterm_as_interrupt
+from bench.routers import HOST, ROUTERS, find_binary, http_router_argv
 from common.procs import Processes
 
-HOST = "127.0.0.1"
 BASELINE = "tandem:cost"
 
 
@@ -112,17 +111,7 @@ def contender_argv(c: Contender, port: int, engines: list[HttpEngine], model_dir
                    block_size: int) -> list[str]:
     """vllm-router / sglang-router in front of the HTTP engines. kv_aware gets
     the engines' KV events and session affinity (its best configuration)."""
-    from common.ports import free_port
-
-    spec = ROUTERS[c.router]
-    urls = [e.url for e in engines]
-    common = ["--host", HOST, "--port", str(port), "--worker-urls", *urls,
-              "--policy", c.policy, "--worker-startup-check-interval", "1",
-              # its own metrics port: replicas must not collide on the default
-              "--prometheus-host", HOST, "--prometheus-port", str(free_port())]
-    if c.router == "sglang-router":
-        return [find_binary(spec), "launch", *common, "--log-level", "warn"]
-    argv = [find_binary(spec), *common, "--log-level", "warning"]
+    argv = http_router_argv(ROUTERS[c.router], port, [e.url for e in engines], c.policy)
     if c.kv_events:
         for e in engines:
             pub, replay = e.kv_events.split(",")
@@ -222,19 +211,22 @@ class PolicyBench:
         state = Path(tempfile.mkdtemp(prefix=f"tandem-policies-{regime.name}-"))
         stack = Stack(self.stack_config(regime, state))
         procs = Processes(state)
+        # Replicas share session bindings and in-flight load through Redis.
+        redis_server = RedisServer(state) if self.a.replicas > 1 else None
         t0 = time.time()
         try:
             stack.start()
             log(f"{regime.name}: Tandem engines up in {time.time() - t0:.0f}s")
-            # Replicas share session bindings and in-flight load through Redis.
-            redis_url = start_redis(procs) if self.a.replicas > 1 else None
+            if redis_server is not None:
+                redis_server.start()
             for rep, c in self.each_router(contenders):
                 shared = []
-                if redis_url is not None:
+                if redis_server is not None:
                     import redis
 
-                    redis.Redis.from_url(redis_url).flushall()  # no run inherits bindings
-                    shared = ["--redis-url", redis_url]
+                    # no run inherits bindings
+                    redis.Redis.from_url(redis_server.url).flushall()
+                    shared = ["--redis-url", redis_server.url]
 
                 def argv_for(port: int, c: Contender = c, shared: list[str] = shared):
                     return stack.router_argv(port, ["--policy", c.policy, *c.flags, *shared])
@@ -243,6 +235,8 @@ class PolicyBench:
             self._failed(f"{regime.name} Tandem engines", e)
         finally:
             procs.stop_all()
+            if redis_server is not None:
+                redis_server.stop()
             stack.stop()
 
     # -- Rust routers: vLLM's own HTTP server, same engine flags --------------
@@ -279,33 +273,6 @@ class PolicyBench:
             self._failed(f"{regime.name} vLLM HTTP engines", e)
         finally:
             procs.stop_all()
-
-
-def start_redis(procs: Processes) -> str:
-    """A redis-server for Tandem's router replicas (no persistence); its URL."""
-    import shutil
-
-    import redis
-
-    from common.ports import free_port
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("--replicas > 1 needs redis-server (make apt)")
-    port = free_port()
-    proc, popen = procs.launch("redis", [binary, "--port", str(port), "--bind", HOST,
-                                         "--save", "", "--appendonly", "no"],
-                               set(os.sched_getaffinity(0)))
-    url = f"redis://{HOST}:{port}/0"
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            redis.Redis.from_url(url).ping()
-            return url
-        except redis.ConnectionError:
-            if popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start (log: {proc.log})") from None
-            time.sleep(0.05)
 
 
 def run_dir(out: Path, regime: str, rep: int, repeats: int) -> Path:
@@ -354,7 +321,7 @@ def aggregate(runs: list[dict]) -> dict[str, tuple[int, dict]]:
             "hit_sub": metrics.hit_rate([x for x in records if x["agent"]])})
     out = {}
     for label, sums in by_label.items():
-        def mean(key: str):
+        def mean(key: str, sums: list[dict] = sums):
             values = [s[key] for s in sums if s.get(key) is not None]
             return sum(values) / len(values) if values else None
         hits = [s["hit_rate"] for s in sums if s.get("hit_rate") is not None]

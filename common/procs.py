@@ -130,6 +130,28 @@ def group_alive(pgid: int) -> bool:
     return any(fields[0] != "Z" for fields in group_stats(pgid))
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process in a process group."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = sum(int(f[11]) + int(f[12]) for f in group_stats(pgid))  # utime + stime
+    return total / tick
+
+
+def launch(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None,
+           cpus: set[int] | None = None, stdout=None, append: bool = False,
+           ) -> tuple[Proc, subprocess.Popen]:
+    """Start `argv` in a process group of its own (stop it with
+    `stop_process_group`), its output (stderr, and stdout unless `stdout` is
+    given) in `log` — appended to with `append`, else overwritten. `env` adds
+    to this process's environment; `cpus` pins it (and what it forks)."""
+    with open(log, "ab" if append else "wb") as log_file:
+        popen = subprocess.Popen(argv, stdout=stdout or log_file, stderr=log_file,
+                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                                 start_new_session=True,
+                                 preexec_fn=None if cpus is None else _pinned(cpus))
+    return Proc(name=name, argv=argv, log=str(log), pid=popen.pid), popen
+
+
 def _pinned(cpus: set[int]):
     def preexec() -> None:
         os.sched_setaffinity(0, cpus)
@@ -145,15 +167,9 @@ class Processes:
         self.log_dir = log_dir
         self.procs: list[tuple[Proc, subprocess.Popen]] = []
 
-    def launch(self, name: str, argv: list[str], cpus: set[int],
+    def launch(self, name: str, argv: list[str], cpus: set[int] | None = None,
                env: dict[str, str] | None = None, stdout=None) -> tuple[Proc, subprocess.Popen]:
-        log = self.log_dir / f"{name}.log"
-        proc = Proc(name=name, argv=argv, log=str(log))
-        with open(log, "wb") as log_file:
-            popen = subprocess.Popen(argv, stdout=stdout or log_file, stderr=log_file,
-                                     stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-                                     start_new_session=True, preexec_fn=_pinned(cpus))
-        proc.pid = popen.pid
+        proc, popen = launch(name, argv, self.log_dir / f"{name}.log", env, cpus, stdout)
         self.procs.append((proc, popen))
         return proc, popen
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common.model import resolve_model
 from common.ports import free_port
-from common.procs import Proc, stop_process_group, wait_grpc_serving, wait_http_ok
+from common.procs import Proc, launch, stop_process_group, wait_grpc_serving, wait_http_ok
 from common.scheduler import POOLS, SchedulerSettings, scheduler_flag
 from services.kvstore.api import store_launch
 
@@ -135,12 +135,8 @@ class Stack:
         return proc, engine_env(c, cpu)
 
     def _launch(self, proc: Proc, env: dict[str, str]) -> None:
-        log = open(proc.log, "ab")
-        popen = subprocess.Popen(proc.argv, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env={**os.environ, **env},
-                                 start_new_session=True)  # own process group
-        log.close()
-        proc.pid = popen.pid
+        started, popen = launch(proc.name, proc.argv, Path(proc.log), env, append=True)
+        proc.pid = started.pid
         self._popen[proc.name] = popen
         self.procs.append(proc)
 

@@ -1,6 +1,7 @@
 """`tandem`: run and inspect the embedded stack.
 
-    tandem up        start the KV store, prefill and decode engines, and the router; Ctrl-C stops all
+    tandem up        start the KV store, prefill and decode engines, and the router
+                     (Ctrl-C stops them all)
     tandem down      stop a stack started by `tandem up` (from another shell)
     tandem status    what runs, and whether it is healthy
     tandem model     prepare the bundled model and print its folder
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 from common import scheduler
+from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc, ProcessError, stop_process_group
 from services.stack import Stack, StackConfig, read_state, stop_order
 
@@ -67,8 +69,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     model = os.path.basename(os.path.normpath(args.model)) if args.model \
-        else "SmolLM2-135M-Instruct"
-    print(f"\nTandem is up: {stack.router_url}  (OpenAI API; metrics at {stack.router_url}/metrics)")
+        else DEFAULT_MODEL_NAME
+    print(f"\nTandem is up: {stack.router_url}  "
+          f"(OpenAI API; metrics at {stack.router_url}/metrics)")
     print(f"try:\n  {_curl(stack.router_url, model)}\n")
     print("Ctrl-C or `tandem down` stops everything.", flush=True)
     code = 0

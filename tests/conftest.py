@@ -1,5 +1,6 @@
 """Shared fixtures. The real embedded stack (vLLM engines over gRPC, NIXL KV
-hand-off, the router) starts once per test session; nothing is mocked.
+hand-off, the router) starts once per test session; nothing in it is mocked.
+Helpers that several test files use are in tests/helpers.py.
 
 A test that needs a piece that is absent (the model, vLLM, NIXL) fails: the
 fixture raises with the reason, it never skips.
@@ -8,19 +9,18 @@ fixture raises with the reason, it never skips.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from common.model import default_model_dir, resolve_model
+from common.model import resolve_model
 from common.ports import free_port
-from common.procs import Proc, stop_process_group, wait_http_ok
+from common.procs import launch, stop_process_group, wait_http_ok
 from services.stack import Stack, StackConfig, engine_env, vllm_flags
+from tests.helpers import MODEL_NAME
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
 # Long enough that a prefill engine that never hands its KV over keeps it for
 # the whole test; early release is what the tests look for.
 KV_LEASE_SECONDS = 120
@@ -46,10 +46,6 @@ def stack(model_dir, tmp_path_factory):
     s.stop()
 
 
-def engine(stack: Stack, role: str) -> Proc:
-    return next(p for p in stack.procs if p.name.startswith(role))
-
-
 @pytest.fixture(scope="module")
 def reference(model_dir, tmp_path_factory):
     """vLLM's own OpenAI server with the same model and dtype, aggregated (no
@@ -60,11 +56,8 @@ def reference(model_dir, tmp_path_factory):
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             *vllm_flags(same_engine, model=str(model_dir)), "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details"]
-    env = {**os.environ, **engine_env(same_engine, sorted(os.sched_getaffinity(0))[0])}
-    with open(log, "wb") as out:
-        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
-    proc = Proc(name="reference", argv=argv, log=str(log), pid=popen.pid)
+    proc, popen = launch("reference", argv, log,
+                         env=engine_env(same_engine, sorted(os.sched_getaffinity(0))[0]))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(f"{url}/health", proc, time.monotonic() + 1200)

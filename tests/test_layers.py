@@ -14,6 +14,9 @@ functions included):
    repository root.
 4. No ``from x import _name`` across modules outside tests: an underscore name
    belongs to its module.
+5. A test module never imports another test file (``test_*``) or a conftest:
+   what several test files share lives in a helper module (``tests.helpers``;
+   ``tests.planner.synthetic`` for the planner's synthetic profiles).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK = {"common": 0, "services": 1, "operators": 1, "kernels": 1, "bench": 2, "tandem": 3,
         "tests": 4}
 SAME_LAYER_APART = {"services", "operators", "kernels"}
+SHARED_TEST_HELPERS = "tests.helpers"
 GENERATED = ("common/proto/",)
 
 
@@ -74,10 +78,10 @@ def sys_path_edits(tree: ast.AST):
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if is_sys_path(node.func.value):
-                yield node.lineno
-            elif (node.func.attr == "addsitedir" and isinstance(node.func.value, ast.Name)
-                  and node.func.value.id == "site"):
+            is_addsitedir = (node.func.attr == "addsitedir"
+                             and isinstance(node.func.value, ast.Name)
+                             and node.func.value.id == "site")
+            if is_sys_path(node.func.value) or is_addsitedir:
                 yield node.lineno
         elif isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -100,6 +104,13 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
             found.append(f"line {line}: {top} imports {target} from a layer above it")
         elif top in SAME_LAYER_APART and target_top in SAME_LAYER_APART:
             found.append(f"line {line}: {top} imports {target} (same layer, kept apart)")
+        if top == "tests" and target_top == "tests":
+            modules = [target, *(f"{target}.{n}" for n in names)]
+            for imported in modules:
+                leaf = imported.rpartition(".")[2]
+                if leaf == "conftest" or leaf.startswith("test_"):
+                    found.append(f"line {line}: imports {imported}; what tests share "
+                                 f"belongs in a helper module ({SHARED_TEST_HELPERS})")
         if top == "tests" or target_top not in RANK or target == module:
             continue
         for name in names:
@@ -135,6 +146,10 @@ def test_the_scan_sees_every_layer():
     ("tests.stack.test_x", "import sys\nsys.path = ['x']"),
     ("bench.cli", "from bench.router_overhead import _log"),
     ("bench.agentx.embedded", "from ..cli import _log"),
+    ("tests.stack.test_x", "from tests.conftest import MODEL_NAME"),
+    ("tests.stack.test_x", "from tests.stack.test_pd_identity import LONG_CONTEXT"),
+    ("tests.router.test_x", "from .test_admission import FakeRouter"),
+    ("tests.router.conftest", "from tests import conftest"),
 ])
 def test_the_rules_catch(module, source):
     assert violations(source, module), f"{module}: {source!r} should be refused"
@@ -150,6 +165,8 @@ def test_the_rules_catch(module, source):
     ("bench.agentx.replay", "from .content import PromptBuilder\nfrom . import trace"),
     ("services.engine.server", "from services.engine.server import _private_here"),
     ("bench.cli", "from bench.harness import __doc__"),
+    ("tests.stack.test_x", "from tests.helpers import MODEL_NAME\nfrom tests import helpers"),
+    ("tests.planner.test_x", "from tests.planner.synthetic import ramp_profile"),
 ])
 def test_the_rules_allow(module, source):
     assert not violations(source, module)

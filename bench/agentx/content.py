@@ -56,7 +56,7 @@ class PromptBuilder:
         self._blocks: dict[tuple, np.ndarray] = {}
 
     @classmethod
-    def from_model(cls, model_dir: str, salt: str = "", verify: bool = True) -> "PromptBuilder":
+    def from_model(cls, model_dir: str, salt: str = "", verify: bool = True) -> PromptBuilder:
         from transformers import AutoTokenizer
         return cls(AutoTokenizer.from_pretrained(str(model_dir)), salt=salt, verify=verify)
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import percentile
+
 from .trace import Request, Session, Subagent
 
 
@@ -153,6 +155,7 @@ class _Gen:
         entries: list = []
         t = t0
         n_in = first_in
+        prev_in = prev_out = 0  # the previous turn's, set at the end of each turn
         prev_full: list[int] = []
         pending_join_tokens = 0
         for k in range(n_turns):
@@ -321,7 +324,7 @@ def trace_stats(sessions: list[Session]) -> dict[str, Any]:
                 thinks.append(r.think_time)
 
     def pct(xs, q):
-        return float(np.percentile(xs, q)) if xs else 0.0
+        return percentile(xs, q) or 0.0
 
     return {
         "sessions": len(sessions),

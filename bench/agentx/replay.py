@@ -29,12 +29,13 @@ import json
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
-from bench.harness import urls
+from bench.harness import is_done, output_deltas, sse_data, urls
 
 from .content import BuiltPrompt, PromptBuilder, scope_key
 from .trace import Entry, Request, Session, Subagent
@@ -159,10 +160,10 @@ class Replayer:
                     rec.error = f"HTTP {resp.status_code}: {_error_message(text)}"
                     return
                 async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+                    data = sse_data(line)
+                    if data is None:
                         continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    if is_done(data):
                         break
                     try:
                         ev = json.loads(data)
@@ -174,15 +175,13 @@ class Replayer:
                         return
                     now = time.perf_counter()
                     rec.response_id = rec.response_id or ev.get("id")
-                    for ch in ev.get("choices") or []:
-                        delta = ch.get("delta") or {}
-                        if delta.get("content") or delta.get("reasoning_content"):
-                            if first is None:
-                                first = now
-                            elif last is not None:
-                                max_gap = max(max_gap, now - last)
-                            last = now
-                            chunks += 1
+                    if deltas := output_deltas(ev):
+                        if first is None:
+                            first = now
+                        elif last is not None:
+                            max_gap = max(max_gap, now - last)
+                        last = now
+                        chunks += deltas
                     usage = ev.get("usage")
                     if usage:
                         rec.prompt_tokens = usage.get("prompt_tokens")
@@ -244,7 +243,7 @@ class Replayer:
             try:
                 await asyncio.wait_for(self.stopping.wait(), timeout=wait)
                 raise _Stop()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _request(self, client, s: Session, r: Request, path: str, turn: int,

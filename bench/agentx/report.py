@@ -176,7 +176,8 @@ def markdown(runs: list[dict], baseline: str | None = None, images: list[str] = 
         lines += [n, ""]
     lines += ["## Results", "",
               "| run | conc. | ok / fail | TTFT p50 | p90 | p99 (s) | ITL p50 (ms) | "
-              "P90 interactivity (tok/s/user) | total tok/s | output tok/s | hit rate | duration (s) |",
+              "P90 interactivity (tok/s/user) | total tok/s | output tok/s | hit rate "
+              "| duration (s) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(runs, key=lambda r: (r["label"], r["concurrency"])):
         s = r["summary"]
@@ -233,7 +234,8 @@ def ratio_table(runs: list[dict], baseline: str) -> list[str]:
                else f"{100 * (s['hit_rate'] - b['hit_rate']):+.1f}")
         lines.append(
             f"| {r['label']} | {r['concurrency']} | {_ratio(R(s['ttft_p50'], b['ttft_p50']))} | "
-            f"{_ratio(R(s['ttft_p90'], b['ttft_p90']))} | {_ratio(R(s['ttft_p99'], b['ttft_p99']))} | "
+            f"{_ratio(R(s['ttft_p90'], b['ttft_p90']))} | "
+            f"{_ratio(R(s['ttft_p99'], b['ttft_p99']))} | "
             f"{_ratio(R(s['total_tokens_per_s'], b['total_tokens_per_s']))} | "
             f"{_ratio(R(s['output_tokens_per_s'], b['output_tokens_per_s']))} | "
             f"{_ratio(R(s['interactivity_p90'], b['interactivity_p90']))} | {hit or '—'} |")

@@ -11,9 +11,9 @@ may share engines).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from . import report
 from .content import PromptBuilder

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Union
+from typing import Any
 
 SCOPES = ("local", "global")
 _REQUEST_KEYS = {"t", "type", "in", "out", "hash_ids", "think_time", "api_time"}
@@ -72,7 +73,7 @@ class Request:
 class Subagent:
     """A nested session spawned by its parent (which waits for it)."""
 
-    requests: list["Entry"]
+    requests: list[Entry]
     agent_id: str = ""
     t: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -88,7 +89,7 @@ class Subagent:
         return d
 
 
-Entry = Union[Request, Subagent]
+Entry = Request | Subagent
 
 
 @dataclass

@@ -26,7 +26,7 @@ from services.engine.load import LoadTracker
 from services.engine.metrics import EngineMetrics
 from services.engine.servicer import EngineServicer
 
-log = logging.getLogger("tandem.engine")
+log = logging.getLogger(__name__)
 SERVICE_NAME = "tandem.engine.v1.Engine"
 _HEALTH_PERIOD_S = 5.0
 

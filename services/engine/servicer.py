@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -24,7 +25,7 @@ from services.engine.sampling import parse_kv_transfer_params, to_vllm
 from services.kvstore.retention import from_proto as retention_from_proto
 from services.kvstore.retention import with_hint
 
-log = logging.getLogger("tandem.engine")
+log = logging.getLogger(__name__)
 
 # Parameters that make a prefill engine keep the KV for a remote decode.
 _REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False,

@@ -35,20 +35,20 @@ def register() -> None:
         _set_nixl_progress_delay(delay_us)
 
 
-class _BindingsWithDelay:
+class BindingsWithDelay:
     """nixl's native bindings module, except that new agents get a delay."""
 
     def __init__(self, bindings: Any, delay_us: int) -> None:
-        self._bindings = bindings
+        self.bindings = bindings
         self.delay_us = delay_us
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._bindings, name)
+        return getattr(self.bindings, name)
 
     def nixlAgent(self, name: str, config: Any) -> Any:  # noqa: N802 (nixl's name)
         if config.useProgThread and config.pthrDelay == 0:
             config.pthrDelay = self.delay_us
-        return self._bindings.nixlAgent(name, config)
+        return self.bindings.nixlAgent(name, config)
 
 
 def _set_nixl_progress_delay(delay_us: int) -> None:
@@ -61,8 +61,8 @@ def _set_nixl_progress_delay(delay_us: int) -> None:
     if agent_cls is None:  # NIXL not installed: nothing to tune
         return
     api = sys.modules[agent_cls.__module__]
-    if isinstance(api.nixlBind, _BindingsWithDelay):
+    if isinstance(api.nixlBind, BindingsWithDelay):
         api.nixlBind.delay_us = delay_us
     else:
-        api.nixlBind = _BindingsWithDelay(api.nixlBind, delay_us)
+        api.nixlBind = BindingsWithDelay(api.nixlBind, delay_us)
 

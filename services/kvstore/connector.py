@@ -51,7 +51,7 @@ from services.kvstore.retention import REQ_META_ATTR, RetentionHint
 
 # Under vLLM's logger: the connector runs in vLLM's processes, where only
 # vLLM's loggers are set up to print INFO.
-log = logging.getLogger("vllm.tandem.kvstore.connector")
+log = logging.getLogger(f"vllm.{__name__}")
 
 CONFIG_PATH_KEY = "mooncake_config_path"
 # Mooncake error codes (mooncake-store/include/types.h).

@@ -17,8 +17,9 @@ removing its blocks (an unpin would rewrite their data).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 HINT_KEY = "tandem_retention"
 # Attribute set on vLLM's per-request store job (ReqMeta) for the worker.
@@ -47,7 +48,7 @@ class RetentionHint:
                 "release": self.release, "keep_tokens": self.keep_tokens}
 
     @classmethod
-    def from_params(cls, kv_transfer_params: Mapping[str, Any] | None) -> "RetentionHint | None":
+    def from_params(cls, kv_transfer_params: Mapping[str, Any] | None) -> RetentionHint | None:
         """The hint in a request's kv_transfer_params, None if there is none.
 
         Raises ValueError for a malformed hint (the engine host checks it

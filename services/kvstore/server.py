@@ -41,7 +41,7 @@ from services.kvstore.supervisor import (
     tcp_open,
 )
 
-log = logging.getLogger("tandem.kvstore")
+log = logging.getLogger(__name__)
 
 
 def build_supervisor(s: KvStoreSettings) -> Supervisor:

@@ -14,8 +14,7 @@ import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common.settings import (SettingError, add_arguments, env_name, flag_of, from_arguments,
-                             setting)
+from common.settings import SettingError, add_arguments, env_name, flag_of, from_arguments, setting
 
 ENV_PREFIX = "TANDEM_KVSTORE_"
 

@@ -21,15 +21,15 @@ import signal
 import socket
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import httpx
 
 from services.kvstore.commands import Command
 
-log = logging.getLogger("tandem.kvstore")
+log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 30.0
 _STABLE_AFTER_S = 60.0   # a process up this long resets its backoff

@@ -57,7 +57,7 @@ class Slot:
     """One admitted request's place; `release` is safe to call more than once,
     so every exit path may call it without counting a slot twice."""
 
-    def __init__(self, limiter: "Limiter") -> None:
+    def __init__(self, limiter: Limiter) -> None:
         self._limiter: Limiter | None = limiter
         self._start = time.monotonic()
 

@@ -9,8 +9,15 @@ import os
 from dataclasses import dataclass, field
 
 from common.roles import Role
-from common.settings import (SettingError, add_arguments, comma_list, env_name, from_arguments,
-                             group, setting)
+from common.settings import (
+    SettingError,
+    add_arguments,
+    comma_list,
+    env_name,
+    from_arguments,
+    group,
+    setting,
+)
 from services.router.admission import AdmissionSettings
 from services.router.auth import read_keys_file
 from services.router.retention import RetentionSettings

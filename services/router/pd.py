@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import AsyncIterator
 
 import grpc
 

@@ -27,8 +27,8 @@ Several router replicas each see only their own sessions (see README).
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from common.settings import SettingError, flag_of, setting
 from services.kvstore.retention import RetentionHint

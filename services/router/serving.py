@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
 
 import orjson
 from fastapi import Request
@@ -162,7 +162,7 @@ class OpenAIServing:
                              session_end=self._session_ends(request))
 
     async def _respond(self, request: Request, body: SamplingFields, ereq: EngineRequest,
-                       shape: "_Shape") -> JSONResponse | StreamingResponse:
+                       shape: _Shape) -> JSONResponse | StreamingResponse:
         if not body.stream:
             return JSONResponse(await self._until_done_or_gone(request, self._collect(ereq, shape)))
         # Wait for the first message before answering, so that errors before
@@ -200,7 +200,7 @@ class OpenAIServing:
             raise OpenAIError(499, "client closed the request")
         raise OpenAIError(504, f"request took longer than {self._timeout_s:.0f}s")
 
-    async def _collect(self, ereq: EngineRequest, shape: "_Shape") -> dict:
+    async def _collect(self, ereq: EngineRequest, shape: _Shape) -> dict:
         text: list[str] = []
         final = None
         async for message in self._orchestrator.stream(ereq):
@@ -212,7 +212,7 @@ class OpenAIServing:
         return shape.whole(ereq.request_id, "".join(text), final.finish_reason,
                            _usage(final.usage))
 
-    async def _sse(self, ereq: EngineRequest, shape: "_Shape", first: pb.GenerateResponse,
+    async def _sse(self, ereq: EngineRequest, shape: _Shape, first: pb.GenerateResponse,
                    rest: AsyncIterator[pb.GenerateResponse],
                    include_usage: bool) -> AsyncIterator[bytes]:
         """The events before ``[DONE]`` (which `EventStream` adds): one chunk

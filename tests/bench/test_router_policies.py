@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bench import router_policies as rp
+from bench import routers
 
 ENGINES = [rp.HttpEngine("http://127.0.0.1:8401", "tcp://127.0.0.1:5571,tcp://127.0.0.1:5572",
                          None),
@@ -19,7 +20,7 @@ ENGINES = [rp.HttpEngine("http://127.0.0.1:8401", "tcp://127.0.0.1:5571,tcp://12
 
 @pytest.fixture
 def fake_binaries(monkeypatch):
-    monkeypatch.setattr(rp, "find_binary", lambda spec: f"/bin/{spec.binary}")
+    monkeypatch.setattr(routers, "find_binary", lambda spec: f"/bin/{spec.binary}")
 
 
 def _after(argv: list[str], flag: str) -> list[str]:

@@ -10,8 +10,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from common.roles import Role
-from common.settings import (SettingError, add_arguments, flag_of, from_arguments, group,
-                             setting, to_argv)
+from common.settings import (
+    SettingError,
+    add_arguments,
+    flag_of,
+    from_arguments,
+    group,
+    setting,
+    to_argv,
+)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import importlib.metadata
 
 from services.engine import vllm_plugin
 from services.engine.config import parse_settings
-from services.engine.vllm_plugin import _BindingsWithDelay
+from services.engine.vllm_plugin import BindingsWithDelay
 
 
 def test_entry_point_is_registered_for_vllm():
@@ -19,8 +19,8 @@ def test_agents_with_progress_thread_get_the_delay():
     from vllm.distributed import nixl_utils
 
     bindings = __import__(nixl_utils.NixlWrapper.__module__, fromlist=["nixlBind"]).nixlBind
-    if isinstance(bindings, _BindingsWithDelay):
-        bindings = bindings._bindings
+    if isinstance(bindings, BindingsWithDelay):
+        bindings = bindings.bindings
     created = []
 
     class Recorder:
@@ -29,7 +29,7 @@ def test_agents_with_progress_thread_get_the_delay():
         def nixlAgent(self, name, config):  # noqa: N802
             created.append(config)
 
-    wrapped = _BindingsWithDelay(Recorder(), delay_us=10_000)
+    wrapped = BindingsWithDelay(Recorder(), delay_us=10_000)
     for prog_thread, delay in ((True, 0), (True, 500), (False, 0)):
         config = wrapped.nixlAgentConfig()
         config.useProgThread = prog_thread

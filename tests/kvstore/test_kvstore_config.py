@@ -177,7 +177,8 @@ def test_engine_settings_use_the_store():
 
     assert settings("prefill", None).kv_transfer_config("cpu")["kv_connector"] == "NixlConnector"
     assert settings("both", None).kv_transfer_config("cpu") is None
-    assert settings("decode", "/s.json").kv_transfer_config("cpu")["kv_connector"] == "MultiConnector"
+    assert settings("decode", "/s.json").kv_transfer_config("cpu")["kv_connector"] == \
+        "MultiConnector"
     assert settings("both", "/s.json").kv_transfer_config("cpu")["kv_connector"] == \
         "TandemStoreConnector"
 
@@ -251,7 +252,7 @@ master_evicted_key_count 4
 # HELP master_put_start_alloc_failures_total Total number of PutStart failures caused by replica allocation failure
 # TYPE master_put_start_alloc_failures_total counter
 master_put_start_alloc_failures_total 2
-"""
+"""  # noqa: E501 (the master's own HELP line)
 
 
 def _samples(families) -> dict[str, float]:

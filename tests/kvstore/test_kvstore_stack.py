@@ -22,7 +22,7 @@ import pytest
 
 from bench.engine_client import EngineClient, long_prompt
 from common.ports import free_ports
-from tests.kvstore.store_client import StoreClient
+from tests.helpers import StoreClient
 
 pytestmark = pytest.mark.stack
 
@@ -56,9 +56,9 @@ class Store:
             # reaching a nearly full pool is stored only in part.
             "--eviction-high-watermark", "0.6", "--eviction-ratio", "0.2",
         ]
-        self.log = open(tmp / "kvstore.log", "wb")
-        self.proc = subprocess.Popen([PY, "-m", "services.kvstore", *self.args], cwd=ROOT,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        with open(tmp / "kvstore.log", "wb") as log:
+            self.proc = subprocess.Popen([PY, "-m", "services.kvstore", *self.args], cwd=ROOT,
+                                         stdout=log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.http}"
         self.wait_healthy(120)
 
@@ -102,7 +102,6 @@ class Store:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
-            self.log.close()
 
 
 class Engine:
@@ -116,13 +115,13 @@ class Engine:
     def start(self) -> None:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
                "VLLM_CPU_OMP_THREADS_BIND": str(self.cpu)}
-        self.log = open(self.tmp / f"{self.name}.log", "ab")
-        self.proc = subprocess.Popen(
-            [PY, "-m", self.module, "--grpc-port", str(self.grpc), "--metrics-port",
-             str(self.metrics_port), "--nixl-port", str(self.nixl), "--dtype", "float32",
-             "--enforce-eager", "--max-model-len", "4096", "--shutdown-grace-s", "2",
-             "--kv-store-config", self.store.engine_config],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        with open(self.tmp / f"{self.name}.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [PY, "-m", self.module, "--grpc-port", str(self.grpc), "--metrics-port",
+                 str(self.metrics_port), "--nixl-port", str(self.nixl), "--dtype", "float32",
+                 "--enforce-eager", "--max-model-len", "4096", "--shutdown-grace-s", "2",
+                 "--kv-store-config", self.store.engine_config],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.client = EngineClient(self.grpc, self.metrics_port)
 
     def wait_ready(self) -> None:
@@ -135,7 +134,6 @@ class Engine:
                     # another process (the other engine's vLLM) took one. Once.
                     self.repicked_ports = True
                     self.client.close()
-                    self.log.close()
                     self.grpc, self.metrics_port = free_ports(2)
                     self.nixl = free_ports(1)[0]
                     self.start()
@@ -162,7 +160,6 @@ class Engine:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -385,8 +382,9 @@ def test_pool_owner_killed_mid_traffic(engines, tokenizer, store):
     assert body["processes"]["client"]["pid"] != pid
     m = store.metrics()
     assert m["tandem_kvstore_process_restarts_total{process=client}"] == restarts + 1
+    restarts_now = m["tandem_kvstore_process_restarts_total{process=client}"]
     print(f"\nclient killed: {len(results)} requests all answered; engine-side store "
-          f"errors counted: {errors:.0f}; restarts={m['tandem_kvstore_process_restarts_total{process=client}']:.0f}")
+          f"errors counted: {errors:.0f}; restarts={restarts_now:.0f}")
     # Recovery: a new prompt goes into the restarted pool and is found again.
     ids = long_prompt(tokenizer, 1000, seed=300)
     prefill.client.prefill(ids)

@@ -14,14 +14,13 @@ Mooncake upgrade that changes them fails here first.
 from __future__ import annotations
 
 import ctypes
-import signal
-import subprocess
 import time
 
 import httpx
 import pytest
 
-from common.ports import free_port
+from common.ports import free_ports
+from common.procs import launch, stop_process_group
 from services.kvstore.api import store_launch, wait_ready
 from services.kvstore.connector import OBJECT_HAS_LEASE, OBJECT_NOT_FOUND, Reaper
 
@@ -33,27 +32,24 @@ SIZE = 4 << 20  # objects of 4 MB in a 64 MB pool: 14 fit under the watermark
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mooncake-pins")
-    launch = store_launch(tmp / "kvstore", ports=[free_port() for _ in range(6)],
-                          pool_size="64MB", enable_disk=False, lease_ttl_ms=500,
-                          session_ttl_s=60)
-    log = open(tmp / "kvstore.log", "wb")
-    popen = subprocess.Popen(launch.argv, env=None, stdout=log, stderr=subprocess.STDOUT)
+    store_cmd = store_launch(tmp / "kvstore", ports=free_ports(6), pool_size="64MB",
+                             enable_disk=False, lease_ttl_ms=500, session_ttl_s=60)
+    proc, popen = launch("kvstore", store_cmd.argv, tmp / "kvstore.log", env=store_cmd.env)
     try:
-        wait_ready(launch.health_url, timeout=120, alive=lambda: popen.poll() is None)
+        wait_ready(store_cmd.health_url, timeout=120, alive=lambda: popen.poll() is None)
         from mooncake.store import MooncakeDistributedStore
 
-        s = launch.settings
+        s = store_cmd.settings
         client = MooncakeDistributedStore()
         assert client.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "",
                             s.master_address) == 0
         buf = ctypes.create_string_buffer(SIZE)
         assert client.register_buffer(ctypes.addressof(buf), SIZE) == 0
-        yield Client(client, buf, launch.metrics_url)
+        yield Client(client, buf, store_cmd.metrics_url)
         client.close()
     finally:
-        popen.send_signal(signal.SIGTERM)
-        popen.wait(30)
-        log.close()
+        stop_process_group(proc, grace_s=30)
+        popen.wait(timeout=10)
 
 
 class Client:

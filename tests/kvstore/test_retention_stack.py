@@ -2,7 +2,7 @@
 (128 MB RAM pool, no disk tier, so an evicted block is gone), a prefill and a
 decode engine, and the router with `--kv-retention named-sessions`.
 
-Which blocks the store holds is read exactly (`store_client.py`: each
+Which blocks the store holds is read exactly (`StoreClient` in tests/helpers.py: each
 prompt's store keys from its block hashes, asked of the store by a Mooncake
 client of the test's own). The master's metrics show the pins, evictions and
 removals.
@@ -18,7 +18,6 @@ removals.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -29,10 +28,10 @@ import pytest
 
 from common.model import resolve_model
 from common.ports import free_port
-from common.procs import Proc, wait_http_ok
+from common.procs import Proc, launch, stop_process_group, wait_http_ok
 from services.router.tokenizer import ChatTokenizer
 from services.stack import Stack, StackConfig
-from tests.kvstore.store_client import StoreClient
+from tests.helpers import StoreClient
 
 pytestmark = pytest.mark.stack
 
@@ -87,23 +86,16 @@ class Cluster:
         argv = [sys.executable, "-m", "services.router", "--host", "127.0.0.1", "--port",
                 str(port), "--prefill", prefill.grpc, "--decode", decode.grpc,
                 "--remote-prefill-threshold", "0", *args]
-        with open(log, "ab") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        proc = Proc(name="router-b", argv=argv, log=str(log), pid=popen.pid,
-                    url=f"http://127.0.0.1:{port}")
+        proc, popen = launch("router-b", argv, log, append=True)
+        proc.url = f"http://127.0.0.1:{port}"
         self.routers.append((proc, popen))
         wait_http_ok(f"{proc.url}/health", proc, time.monotonic() + 300)
         return proc.url
 
     def close(self) -> None:
-        for _, popen in self.routers:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(30)
-            except subprocess.TimeoutExpired:
-                popen.kill()
-                popen.wait()
+        for proc, popen in self.routers:
+            stop_process_group(proc, grace_s=30)
+            popen.wait(timeout=10)
         self.store.close()
         self.stack.stop()
 

@@ -11,10 +11,9 @@ import pytest
 from common.model import resolve_model
 from common.ports import free_port
 from common.procs import Processes, wait_grpc_serving, wait_http_ok
+from tests.planner.synthetic import FIRST_TOKEN_MS, TOKEN_DELAY_MS
 
 HOST = "127.0.0.1"
-# The fake engine's latency: first token after 200 ms, then one every 20 ms.
-FIRST_TOKEN_MS, TOKEN_DELAY_MS = 200.0, 20.0
 
 
 @pytest.fixture(scope="session")

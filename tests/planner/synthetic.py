@@ -13,6 +13,9 @@ from operators.planner.profiles import (
     validate,
 )
 
+# The fake engine's latency in the profiling tests: first token after 200 ms,
+# then one every 20 ms.
+FIRST_TOKEN_MS, TOKEN_DELAY_MS = 200.0, 20.0
 # Share of saturation reached at each load level, and how latency grows there.
 RAMP = (0.25, 0.5, 0.75, 0.9, 1.0, 1.0)
 LATENCY_GROWTH = (1.0, 1.1, 1.3, 1.8, 3.0, 6.0)

@@ -13,7 +13,7 @@ import pytest
 from bench.cli import main as bench_main
 from operators.planner.profiles import profiles_from_yaml
 from tandem.cli import main as tandem_main
-from tests.planner.conftest import FIRST_TOKEN_MS, TOKEN_DELAY_MS
+from tests.planner.synthetic import FIRST_TOKEN_MS, TOKEN_DELAY_MS
 
 
 def test_profile_writes_a_measured_profile(fake_router, tmp_path):

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from .redis_server import RedisServer
+from bench.harness import RedisServer
 
 
 @pytest.fixture
-def redis_servers():
+def redis_servers(tmp_path):
     """Makes RedisServer objects (not yet started); kills them after the test."""
     made: list[RedisServer] = []
 
     def make() -> RedisServer:
-        made.append(RedisServer())
+        made.append(RedisServer(tmp_path))
         return made[-1]
 
     yield make
@@ -23,7 +23,8 @@ def redis_servers():
 
 @pytest.fixture
 def redis_server(redis_servers):
-    """A real redis-server on a free loopback port, killed after the test."""
+    """A real redis-server on a free loopback port, killed after the test.
+    No redis-server: the test errors (RuntimeError), it never skips."""
     server = redis_servers()
     server.start()
     return server

@@ -19,7 +19,7 @@ from services.router.app import install_middleware
 from services.router.config import RouterSettings, parse_settings
 from services.router.errors import install_error_handlers
 from services.router.metrics import RouterMetrics
-from tests.stack.helpers import metric_value
+from tests.helpers import metric_value
 
 
 class FakeRouter:
@@ -151,10 +151,10 @@ async def test_queue_is_fifo():
     await until(lambda: r.started == ["a"])
     for i, name in enumerate(["b", "c", "d", "e"], 1):
         tasks.append(r.send(name))
-        await until(lambda: r.limiter.queued == i)  # each queues behind the last
+        await until(lambda i=i: r.limiter.queued == i)  # each queues behind the last
     for i, name in enumerate("abcd", 2):
         r.finish(name)  # frees the one slot: exactly the oldest waiter starts
-        await until(lambda: len(r.started) == i)
+        await until(lambda i=i: len(r.started) == i)
     assert r.started == ["a", "b", "c", "d", "e"]
     r.finish("e")
     assert [(await t).status_code for t in tasks] == [200] * 5
@@ -175,7 +175,7 @@ async def test_queued_client_that_leaves_frees_its_place():
     r.finish("a")
     await until(lambda: "c" in r.started)
     r.finish("c")
-    assert (await c).status_code == 200
+    assert (await a).status_code == 200 and (await c).status_code == 200
     assert r.started == ["a", "c"] and r.limiter.running == 0
 
 

@@ -12,7 +12,7 @@ from services.router.app import create_app, install_middleware
 from services.router.auth import read_keys_file
 from services.router.config import RouterSettings, parse_settings
 from services.router.metrics import RouterMetrics
-from tests.stack.helpers import metric_value
+from tests.helpers import metric_value
 
 KEYS = ("key-one", "key-two")
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -18,7 +18,7 @@ from services.router.pods import PodPool
 from services.router.routing import PodSpec, Replica, RoutingCore, RoutingSettings
 from services.router.routing.policy import PolicySettings
 from services.router.routing.shared_state import LocalState
-from tests.stack.helpers import metric_value
+from tests.helpers import metric_value
 
 
 def _unavailable() -> grpc.aio.AioRpcError:

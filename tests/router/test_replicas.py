@@ -29,13 +29,12 @@ import pytest
 import redis as redis_client
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness import RedisServer
 from bench.router_fakes import MODEL_NAME
 from common.model import resolve_model
 from common.ports import free_port
 from common.procs import Proc, Processes, wait_grpc_serving, wait_http_ok
 from services.router.routing.hashring import bounded_load_choice
-
-from .redis_server import RedisServer
 
 HOST = "127.0.0.1"
 PODS = ("pod-a", "pod-b")  # each fake engine's token text
@@ -74,7 +73,7 @@ def cluster(tmp_path_factory):
     procs = Processes(logs)
     cpus = set(os.sched_getaffinity(0))
     model_dir = str(resolve_model(None))
-    server = RedisServer()
+    server = RedisServer(logs)
     server.start()
     try:
         address, fakes = {}, []

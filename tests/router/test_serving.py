@@ -14,7 +14,7 @@ from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest
 from services.router.serving import EventStream, ModelCard, OpenAIServing, _ChatShape
-from tests.stack.helpers import metric_value
+from tests.helpers import metric_value
 
 CARD = ModelCard(name="m", max_model_len=1024, created=0)
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import MODEL_NAME
-from tests.stack.helpers import chat
+from tests.helpers import MODEL_NAME, chat
 
 pytestmark = pytest.mark.stack
 

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -18,8 +17,9 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from bench.harness import sse_data
 from common.ports import free_port
-from common.procs import Proc, stop_process_group
+from common.procs import launch, stop_process_group
 from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
@@ -27,9 +27,16 @@ from services.router.pd import EngineRequest, Orchestrator
 from services.router.pods import PodPool
 from services.router.routing import PodSpec, Replica, RoutingCore, RoutingSettings
 from services.router.routing.shared_state import LocalState
-from tests.conftest import MODEL_NAME, engine
-from tests.stack.helpers import chat, engine_load, metric_value, sse_events, wait_for
-from tests.stack.test_pd_identity import LONG_CONTEXT
+from tests.helpers import (
+    LONG_CONTEXT,
+    MODEL_NAME,
+    chat,
+    engine,
+    engine_load,
+    metric_value,
+    sse_events,
+    wait_for,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -45,16 +52,14 @@ def router_process(tmp_path, *pod_args: str):
     log = tmp_path / f"router-{port}.log"
     argv = [sys.executable, "-m", "services.router", "--port", str(port),
             "--poll-interval-s", "0.5", *pod_args]
-    with open(log, "wb") as out:
-        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+    proc, popen = launch("router", argv, log)
     url = f"http://127.0.0.1:{port}"
     try:
         ready = wait_for(lambda: popen.poll() is None and _answers(url), timeout=120)
         assert ready, f"router did not start:\n{log.read_text()[-2000:]}"
         yield url
     finally:
-        stop_process_group(Proc(name="router", argv=argv, log=str(log), pid=popen.pid), 10)
+        stop_process_group(proc, 10)
         popen.wait(timeout=10)
 
 
@@ -76,7 +81,7 @@ def test_client_disconnect_mid_stream_frees_kv_on_both_engines(stack):
         assert response.status_code == 200
         lines = response.iter_lines()
         while chunks < 4:
-            chunks += next(lines).startswith("data: ")
+            chunks += sse_data(next(lines)) is not None
         # Mid-generation: the decode engine is busy with this request. (Checked
         # while `lines` is alive: a dropped line iterator closes the stream.)
         assert engine_load(decode).in_flight == 1
@@ -192,12 +197,9 @@ def test_decode_pod_dying_mid_stream_ends_with_error_event(stack, tmp_path):
     argv = [sys.executable, "-m", "services.decode", "--grpc-port", str(grpc_port),
             "--metrics-port", str(free_port()), "--nixl-port", str(nixl_port),
             "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
-    with open(log, "wb") as out:
-        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
-    doomed = Proc(name="doomed", argv=argv, log=str(log), pid=popen.pid,
-                  grpc=f"127.0.0.1:{grpc_port}")
+    doomed, popen = launch("doomed", argv, log, env={"VLLM_CPU_KVCACHE_SPACE": "1",
+                                                     "VLLM_CPU_OMP_THREADS_BIND": "0"})
+    doomed.grpc = f"127.0.0.1:{grpc_port}"
     try:
         with router_process(tmp_path, "--prefill", prefill, "--decode", doomed.grpc) as url:
             assert wait_for(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200,

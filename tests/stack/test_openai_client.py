@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+
 import openai
 import pytest
 
-from tests.conftest import MODEL_NAME
+from tests.helpers import LONG_CONTEXT, MODEL_NAME, engine, engine_info
 
 pytestmark = pytest.mark.stack
 
@@ -25,7 +27,27 @@ def test_chat(client):
         max_tokens=16, temperature=0)
     assert reply.choices[0].message.content
     assert reply.usage.completion_tokens > 0
-    assert reply.usage.prompt_tokens_details.cached_tokens is not None
+
+
+def test_repeated_prompt_reports_its_cached_blocks(client, stack):
+    """A prompt seen for the first time has nothing cached; sent again, every
+    full KV block before its last token is: the prefill engine's prefix cache
+    hits (vLLM recomputes the block holding the last prompt token), which the
+    decode engine reports in usage.prompt_tokens_details.cached_tokens."""
+    block = engine_info(engine(stack, "prefill").grpc).block_size
+    # Unique from the first user token on: no earlier request shares a block.
+    prompt = f"Case {uuid.uuid4().hex}. {LONG_CONTEXT}"
+
+    def usage():
+        return client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": prompt}],
+            max_tokens=4, temperature=0).usage
+
+    first, second = usage(), usage()
+    tokens = first.prompt_tokens
+    assert tokens == second.prompt_tokens and tokens > 2 * block
+    assert first.prompt_tokens_details.cached_tokens == 0
+    assert second.prompt_tokens_details.cached_tokens == (tokens - 1) // block * block
 
 
 def test_chat_stream(client):

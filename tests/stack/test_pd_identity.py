@@ -7,14 +7,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import MODEL_NAME, engine
-from tests.stack.helpers import chat, metric_value
+from tests.helpers import LONG_CONTEXT, MODEL_NAME, chat, engine, metric_value
 
 pytestmark = pytest.mark.stack
 
-LONG_CONTEXT = " ".join(
-    f"Step {i}: the agent read file src/module_{i}.py and found {i * 7 % 13} issues."
-    for i in range(90))
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about a compiler.",

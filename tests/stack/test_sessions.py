@@ -14,8 +14,7 @@ import pytest
 
 from common.ports import free_port
 from services.stack import Stack, StackConfig
-from tests.conftest import MODEL_NAME
-from tests.stack.helpers import metric_value, wait_for
+from tests.helpers import MODEL_NAME, metric_value, wait_for
 
 pytestmark = pytest.mark.stack
 
@@ -84,8 +83,8 @@ def test_session_sticks_and_prediction_equals_engine_cached_tokens(two_engines):
         messages.append({"role": "assistant",
                          "content": body["choices"][0]["message"]["content"]})
         # The engine's KV events for this turn reach the router before the next turn.
-        assert wait_for(lambda: _event_batches(_router_metrics(url)) > _event_batches(before),
-                        timeout=60), "no KV events reached the router"
+        assert wait_for(lambda before=before: _event_batches(_router_metrics(url))
+                        > _event_batches(before), timeout=60), "no KV events reached the router"
     print("(reported, predicted) cached tokens per turn:", turns)
     assert all(reported == predicted for reported, predicted in turns), turns
     assert all(reported > 0 for reported, _ in turns[1:]), turns  # later turns hit the cache

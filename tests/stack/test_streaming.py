@@ -8,8 +8,7 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import MODEL_NAME
-from tests.stack.helpers import chat, sse_events, stream_text
+from tests.helpers import MODEL_NAME, chat, sse_events, stream_text
 
 pytestmark = pytest.mark.stack
 

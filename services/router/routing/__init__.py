@@ -7,9 +7,17 @@ view of the shared state read before it, then ``report_prefill``,
 ``remove_pod`` and ``set_draining`` change the pod set.
 """
 
-from services.router.routing.core import (PodLoad, PodReport, PodSpec, PodStatus,
-                                          RouteDecision, RouteRequest, RoutingCore,
-                                          SharedView, StateWrites)
+from services.router.routing.core import (
+                                          PodLoad,
+                                          PodReport,
+                                          PodSpec,
+                                          PodStatus,
+                                          RouteDecision,
+                                          RouteRequest,
+                                          RoutingCore,
+                                          SharedView,
+                                          StateWrites,
+)
 from services.router.routing.policy import NoPodAvailable
 from services.router.routing.replica import Replica
 from services.router.routing.sessions import IncrementalTokenizer, session_key

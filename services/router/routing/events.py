@@ -217,7 +217,7 @@ class KvEventSubscriber:
                     self._count_lost(seq - self._next_seq)
                 self.stats.replayed += 1
                 self._apply(seq, payload)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._error(f"replay from {start} timed out")
             log.warning("kv events from %s: replay timed out", self.pod)
         finally:

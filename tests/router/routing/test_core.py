@@ -4,8 +4,15 @@ servers, no mocks."""
 
 import pytest
 
-from services.router.routing import (NoPodAvailable, PodSpec, Replica, RouteRequest,
-                                     RoutingCore, RoutingSettings, SharedView)
+from services.router.routing import (
+    NoPodAvailable,
+    PodSpec,
+    Replica,
+    RouteRequest,
+    RoutingCore,
+    RoutingSettings,
+    SharedView,
+)
 from services.router.routing.core import PodLoad
 from services.router.routing.health import BreakerSettings
 from services.router.routing.policy import Binding, PolicySettings

@@ -21,8 +21,7 @@ from common.model import resolve_model
 from common.ports import free_port
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
-from services.router.routing import (PodSpec, RouteRequest, RoutingCore, RoutingSettings,
-                                     SharedView)
+from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings, SharedView
 from services.router.routing.events import KvEventSubscriber
 from services.router.routing.sessions import IncrementalTokenizer
 

@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from services.router.routing.hashing import BlockHasher, to_event_hash
-
 # vLLM is required here (no skip): this is the cross-check against the engine's code.
 import vllm.v1.core.kv_cache_utils as kv_cache_utils  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+
+from services.router.routing.hashing import BlockHasher, to_event_hash
 
 
 def vllm_hashes(tokens, block_size, algo, extra_first=None, extra_all=None):

@@ -5,8 +5,14 @@ from collections import Counter
 import pytest
 
 from services.router.routing.hashring import bounded_load_choice
-from services.router.routing.policy import (Binding, NoPodAvailable, PodView, Policy,
-                                            PolicySettings, RouteInput)
+from services.router.routing.policy import (
+    Binding,
+    NoPodAvailable,
+    PodView,
+    Policy,
+    PolicySettings,
+    RouteInput,
+)
 
 
 def pol(name="cost", **kw):

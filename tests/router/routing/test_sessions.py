@@ -39,7 +39,8 @@ def test_identity_header_then_user_then_derived():
 def conversation(turns):
     msgs = [{"role": "system", "content": "You are a coding agent.  Tools: grep, edit."}]
     for t in range(turns):
-        msgs.append({"role": "user", "content": f"Step {t}: run `grep -n foo{t}`\n\n  and fix it. "})
+        msgs.append({"role": "user",
+                     "content": f"Step {t}: run `grep -n foo{t}`\n\n  and fix it. "})
         msgs.append({"role": "assistant", "content": f"<tool>grep foo{t}</tool>\nDone {t}.  "})
     return msgs
 

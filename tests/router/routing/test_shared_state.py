@@ -8,10 +8,17 @@ import time
 
 import redis
 
-from services.router.routing import (PodLoad, PodSpec, Replica, RouteRequest, RoutingCore,
-                                     RoutingSettings, StateWrites)
+from services.router.routing import (
+    PodLoad,
+    PodSpec,
+    Replica,
+    RouteRequest,
+    RoutingCore,
+    RoutingSettings,
+    StateWrites,
+    shared_state,
+)
 from services.router.routing.policy import Binding
-from services.router.routing import shared_state
 from services.router.routing.shared_state import RedisState
 
 PODS = [PodSpec("10.0.0.1:1"), PodSpec("10.0.0.2:1"), PodSpec("10.0.0.3:1")]
