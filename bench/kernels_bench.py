@@ -133,10 +133,10 @@ def bench_kernels(rounds: int, blocks: int, tokens: int, ranks: int, queries: in
 # -- 2. store put/get per block ------------------------------------------------
 
 def start_store(tmp: Path, pool_size: str):
+    from common.ports import free_ports
     from services.kvstore.api import store_launch, wait_ready
-    from tandem.stack import free_port
 
-    launch = store_launch(tmp / "kvstore", ports=[free_port() for _ in range(6)],
+    launch = store_launch(tmp / "kvstore", ports=free_ports(6),
                           pool_size=pool_size, enable_disk=False, lease_ttl_ms=100)
     with open(tmp / "kvstore.log", "wb") as log:
         proc = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT)

@@ -17,10 +17,10 @@ import subprocess
 import pytest
 import torch
 
+from common.ports import free_port
 from kernels import pack_blocks_reference
 from services.kvstore.api import store_launch, wait_ready
 from services.kvstore.packing import SIZE_MISMATCH, BlockPacker, PackingStore
-from tandem.stack import free_port
 
 pytestmark = pytest.mark.stack
 
