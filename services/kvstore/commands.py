@@ -113,8 +113,9 @@ def engine_store_config(s: KvStoreSettings) -> dict:
     """The JSON an engine's MooncakeStoreConnector reads (MOONCAKE_CONFIG_PATH).
 
     ``standalone-store``: the engine contributes no memory; the pool owner
-    holds every object. The ``tandem`` block carries the retention policy,
-    read by :mod:`services.kvstore.connector` inside the engine.
+    holds every object. The ``tandem`` block carries the retention policy
+    and whether engines pack blocks, read by :mod:`services.kvstore.connector`
+    inside the engine.
     """
     return {
         "mode": "standalone-store",
@@ -132,6 +133,8 @@ def engine_store_config(s: KvStoreSettings) -> dict:
             # released session's blocks are removed once their lease is over.
             "max_pin_ttl_ms": max_pin_ttl_ms(s),
             "lease_ttl_ms": s.lease_ttl_ms,
+            "pack_blocks": s.pack_blocks,
+            "pack_staging_bytes": parse_size(s.pack_staging_size),
             "kvstore_health_url": f"http://{s.host}:{s.http_port}/health",
         },
     }

@@ -16,7 +16,10 @@ changes nothing else:
   ``kv_transfer_params`` carry ``tandem_retention`` has the blocks it writes
   soft-pinned for the hint's TTL, or, for a session's last request
   (``release``), the session's own blocks removed from the store once the
-  request's KV is written and no reader holds a lease on them.
+  request's KV is written and no reader holds a lease on them;
+* with ``pack_blocks`` in that block (the store's ``--pack-blocks``), each KV
+  block moves to and from the store as one packed buffer instead of one per
+  layer (``packing.py``); the stored objects are the same bytes.
 
 How a hint gets from the request to the put: the scheduler side records it
 when the request arrives (``on_new_request``) and tags the request's store
@@ -40,6 +43,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
     MooncakeStoreConnector,
 )
@@ -47,6 +51,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
     KVCacheStoreSendingThread,
 )
 
+from services.kvstore.packing import BlockPacker, PackingStore
 from services.kvstore.retention import REQ_META_ATTR, RetentionHint
 
 # Under vLLM's logger: the connector runs in vLLM's processes, where only
@@ -73,6 +78,15 @@ def retention_of(config: dict[str, Any]) -> dict[str, Any]:
             # A removal waits for the lease the write path's existence check
             # granted (master default_kv_lease_ttl).
             "lease_ttl_ms": int(block.get("lease_ttl_ms", 10_000))}
+
+
+def packing_of(config: dict[str, Any]) -> int | None:
+    """Bytes of each transfer thread's packing staging buffer, or None when
+    the store's engines do not pack blocks."""
+    block = config.get("tandem") or {}
+    if not block.get("pack_blocks", False):
+        return None
+    return int(block.get("pack_staging_bytes", 128 << 20))
 
 
 def apply_retention(replicate_config: Any, retention: dict[str, Any]) -> bool:
@@ -280,10 +294,14 @@ class TandemStoreConnector(MooncakeStoreConnector):
         # Scheduler side: request id → its router hint, until it finishes.
         self._hints: OrderedDict[str, RetentionHint] = OrderedDict()
         self._retention: RequestRetention | None = None
+        self._pack_staging_bytes: int | None = None
+        self._packing_stores: list[PackingStore] = []
         worker = self.connector_worker
         if worker is not None:
             with open(path) as f:
-                retention = retention_of(json.load(f))
+                config = json.load(f)
+            retention = retention_of(config)
+            self._pack_staging_bytes = packing_of(config)
             if apply_retention(worker.store_replicate_config, retention):
                 log.info("KV store retention: soft-pin every put for %d ms",
                          retention["session_ttl_ms"])
@@ -329,6 +347,35 @@ class TandemStoreConnector(MooncakeStoreConnector):
                                    "per-request retention needs vLLM's own class")
             thread.tandem = self._retention
             thread.__class__ = _RetentionSendingThread
+        if self._pack_staging_bytes is not None:
+            self._pack_blocks(kv_caches)
+
+    def _pack_blocks(self, kv_caches) -> None:
+        """Give each transfer thread a store client that moves packed blocks."""
+        worker = self.connector_worker
+        dbs = worker.token_dbs
+        try:
+            if len(dbs) != 1:
+                raise ValueError(f"{len(dbs)} KV cache groups (packing handles one)")
+            layout = dbs[0].store_layout
+            if not hasattr(layout, "kv_caches_base_addr"):
+                raise ValueError(f"vLLM store layout {type(layout).__name__} (packing handles "
+                                 "the rank-local layout)")
+            caches = [c if isinstance(c, torch.Tensor) else c[0] for c in kv_caches.values()]
+            packer = BlockPacker.for_regions(caches, layout.kv_caches_base_addr,
+                                             layout.block_len)
+        except ValueError as exc:
+            log.warning("KV store: not packing blocks, one buffer per layer as vLLM does: %s",
+                        exc)
+            return
+        threads = [worker.kv_send_thread, *worker.kv_recv_threads]
+        for thread in threads:
+            if thread is not None:
+                thread.store = PackingStore(thread.store, packer, self._pack_staging_bytes)
+                self._packing_stores.append(thread.store)
+        log.info("KV store: packing blocks, 1 buffer per block instead of %d (%d-byte rows, "
+                 "up to %d blocks per store call)", packer.descriptors_per_block,
+                 packer.row_bytes, self._packing_stores[0].rows_per_call)
 
     def shutdown(self):
         if getattr(self, "_retention", None) is not None:

@@ -102,6 +102,13 @@ class KvStoreSettings:
     eviction_ratio: float = setting(0.05, "fraction of objects evicted per eviction round")
     engine_buffer_size: str = setting("256MB", "staging buffer each engine registers with "
                                       "the store")
+    pack_blocks: bool = setting(False, "engines move each KV block to and from the store as "
+                                "one packed buffer (kernels.pack_blocks) instead of one "
+                                "buffer per layer; the stored objects are the same bytes, so "
+                                "packing and non-packing engines share them")
+    pack_staging_size: str = setting("128MB", "with --pack-blocks: registered staging buffer "
+                                     "per engine transfer thread that blocks are packed into "
+                                     "(at least one block is used)")
     state_dir: str = setting(None, "where logs and the engines' Mooncake config file are "
                              "written", factory=_default_state_dir)
     client_ttl_s: int = setting(10, "seconds without a heartbeat after which the master "
@@ -166,7 +173,7 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
                                  f"{flag_of(KvStoreSettings, seen[port])}")
         seen[port] = name
     for name in ("pool_size", "disk_size", "disk_bucket_size", "disk_staging_size",
-                 "engine_buffer_size"):
+                 "engine_buffer_size", "pack_staging_size"):
         flag = flag_of(KvStoreSettings, name)
         try:
             size = parse_size(getattr(settings, name))

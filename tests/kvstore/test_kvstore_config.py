@@ -139,7 +139,22 @@ def test_engine_store_config_is_what_vllm_reads(tmp_path):
     assert engine_store_config(s)["tandem"] == {
         "retention": "soft-pin", "session_ttl_ms": 90_000,
         "max_pin_ttl_ms": 86_400_000, "lease_ttl_ms": s.lease_ttl_ms,
+        "pack_blocks": False, "pack_staging_bytes": 128 << 20,
         "kvstore_health_url": f"http://127.0.0.1:{s.http_port}/health"}
+
+
+def test_pack_blocks_reaches_every_engine_of_the_store(tmp_path, monkeypatch):
+    """One setting per deployment: the store's flag (or env var) goes into the
+    config every engine's connector reads."""
+    from services.kvstore.connector import packing_of
+
+    assert packing_of(engine_store_config(_settings(tmp_path))) is None
+    packed = _settings(tmp_path, pack_blocks=True, pack_staging_size="32MB")
+    assert packing_of(engine_store_config(packed)) == 32 << 20
+    monkeypatch.setenv("TANDEM_KVSTORE_PACK_BLOCKS", "true")
+    assert parse_settings(["--state-dir", str(tmp_path)]).pack_blocks
+    with pytest.raises(SettingError, match="--pack-staging-size"):
+        validate(_settings(tmp_path, pack_staging_size="lots"), check_ports=False)
 
 
 def test_multiconnector_for_pd_roles():

@@ -13,8 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import engine
-from tests.stack.helpers import chat
+from tests.helpers import chat, engine
 
 pytestmark = pytest.mark.stack
 
