@@ -86,7 +86,7 @@ class Event:
     old: dict | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Subscription:
     kind: Kind
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
