@@ -425,6 +425,7 @@ class RunningApiServer:
         self._thread = threading.Thread(target=self._run, name="fake-apiserver", daemon=True)
         self.handler: FakeApiServer | None = None
         self.url = ""
+        self.kubeconfig: Path | None = None
         self._error: BaseException | None = None
 
     def _run(self) -> None:
