@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 
@@ -56,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.logs import setup_logging
 
     setup_logging("operator")
+    # kopf logs what it does (handlers, retries, watch errors) on its own logger.
+    tandem_logger, kopf_logger = logging.getLogger("tandem"), logging.getLogger("kopf")
+    kopf_logger.handlers[:] = tandem_logger.handlers
+    kopf_logger.setLevel(tandem_logger.level)
+    kopf_logger.propagate = False
     if args.metrics_port:
         start_http_server(args.metrics_port)
     asyncio.run(kopf.operator(

@@ -118,7 +118,9 @@ class FakeApiServer(kmock.KubernetesScaffold):
                 payload, status = await self._serve(request, *parsed)
         except ApiError as exc:
             return await self._render_error(exc)
-        return await kmock.Response(status=status, payload=payload)(request)
+        # Watches too are JSON (a stream of objects): clients pick their decoder by it.
+        return await kmock.Response(status=status, payload=payload,
+                                    headers={"Content-Type": "application/json"})(request)
 
     async def _serve_version(self, request: kmock.Request) -> Any:
         """APIResourceList for /api/v1 and /apis/{group}/{version}, subresources included."""

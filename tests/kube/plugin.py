@@ -71,9 +71,24 @@ def kubectl(kube_api: RunningApiServer) -> Callable[..., subprocess.CompletedPro
 
 
 class OperatorProcess:
-    def __init__(self, proc: subprocess.Popen, log: Path) -> None:
+    def __init__(self, proc: subprocess.Popen, log: Path, health_port: int) -> None:
         self.proc = proc
         self.log = log
+        self.health_url = f"http://127.0.0.1:{health_port}/healthz"
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until kopf's liveness endpoint answers (the operator is watching)."""
+        import httpx
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the operator exited: {self.output()[-3000:]}")
+            try:
+                return httpx.get(self.health_url, timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout, "the operator's liveness endpoint")
 
     def stop(self, kill: bool = False) -> None:
         if self.proc.poll() is None:
@@ -92,12 +107,13 @@ def start_operator(api: RunningApiServer, tmp_path: Path, resync: float = 2.0,
     from tandem.stack import free_port
 
     log = tmp_path / f"{name}.log"
+    health_port = free_port()
     env = dict(os.environ, KUBECONFIG=str(api.kubeconfig), TANDEM_LOG_LEVEL="INFO")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "operators", "--health-port", str(free_port()),
+        [sys.executable, "-m", "operators", "--health-port", str(health_port),
          "--metrics-port", "0", "--resync-seconds", str(resync)],
         cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    return OperatorProcess(proc, log)
+    return OperatorProcess(proc, log, health_port)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition"

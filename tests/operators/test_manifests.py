@@ -1,0 +1,125 @@
+"""The pure builders: every rendered object validates against the real Kubernetes
+schemas (kubernetes-validate, strict) or, for custom resources, its CRD."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+
+from operators import manifests
+from operators.spec import crd_schema, problems, with_defaults
+from tests.kube import schema as crd
+
+OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")
+POOL_OWNER = manifests.Owner("EnginePool", "demo-decode", "uid-pool")
+
+
+def spec(**overrides) -> dict:
+    base = {"model": {"path": "/models/llama", "servedName": "llama", "maxModelLen": 32768},
+            "prefill": {"replicas": 2, "parallelism": {"tensor": 2}, "gpusPerPod": 2,
+                        "engineArgs": ["--long-prefill-token-threshold=2048"]},
+            "decode": {"replicas": 4},
+            "router": {"ingress": {"enabled": True, "host": "llm.example.com",
+                                   "tlsSecretName": "llm-tls"},
+                       "apiKeySecretRef": {"name": "keys"}}}
+    base.update(overrides)
+    return with_defaults(base)
+
+
+def everything(s: dict) -> list[dict]:
+    out = manifests.shared_objects("demo", "prod", s, OWNER)
+    out += manifests.engine_pools("demo", "prod", s, OWNER)
+    for role in ("prefill", "decode"):
+        out += manifests.pool_workload("demo", "prod", s, role, s[role]["replicas"], POOL_OWNER)
+    return out
+
+
+def test_the_spec_itself_validates_against_the_crd():
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
+            "metadata": {"name": "demo"}, "spec": spec()}
+    _, dropped, errors = crd.admit(crd_schema("tandemdeployments"), body)
+    assert errors == [] and dropped == []
+
+
+def test_every_object_validates_and_is_owned():
+    objs = everything(spec())
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(["ServiceAccount", "RoleBinding", "Deployment", "Service",
+                            "PodDisruptionBudget", "Ingress", "Deployment", "Service",
+                            "Deployment", "Service", "DaemonSet", "ConfigMap",
+                            "EnginePool", "EnginePool", "Deployment", "Service",
+                            "Deployment", "Service"])
+    for obj in objs:
+        assert obj["metadata"]["ownerReferences"][0]["uid"] in ("uid-td", "uid-pool")
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tandem-operator"
+        if obj["kind"] == "EnginePool":
+            _, _, errors = crd.admit(crd_schema("enginepools"), obj)
+            assert errors == []
+        else:
+            kubernetes_validate.validate(obj, "1.32.0", strict=True)
+
+
+def test_engine_pods_carry_roles_probes_prestop_and_grace():
+    s = spec()
+    deploy, service = manifests.pool_workload("demo", "prod", s, "prefill", 2, POOL_OWNER)
+    pod = deploy["spec"]["template"]
+    assert pod["metadata"]["labels"]["llm-d.ai/role"] == "prefill"
+    assert pod["metadata"]["labels"]["tandem.dev/role"] == "prefill"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    container = pod["spec"]["containers"][0]
+    assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+    argv = container["command"] + container["args"]
+    assert "--shutdown-grace-seconds=110" in argv  # drains inside the grace period
+    assert "--tensor-parallel-size=2" in argv and "--role=prefill" in argv
+    assert "--long-prefill-token-threshold=2048" in argv
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_kv_store_clients_point_at_the_master_service():
+    objs = manifests.shared_objects("demo", "prod", spec(), OWNER)
+    ds = next(o for o in objs if o["kind"] == "DaemonSet")
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--master_server_address=demo-kvstore-master:51100" in args
+    assert "--host=$(POD_IP)" in args
+    config = json.loads(next(o for o in objs if o["kind"] == "ConfigMap")
+                        ["data"]["mooncake-engine.json"])
+    assert config["master_server_address"] == "demo-kvstore-master:51100"
+
+
+def test_multi_node_pools_render_a_leader_worker_set_on_ray():
+    s = spec(decode={"replicas": 2, "nodesPerReplica": 2, "gpusPerPod": 8,
+                     "parallelism": {"tensor": 8, "pipeline": 2}})
+    assert problems(s) == []
+    lws, _ = manifests.pool_workload("demo", "prod", s, "decode", 2, POOL_OWNER)
+    assert lws["kind"] == "LeaderWorkerSet" and lws["spec"]["startupPolicy"] == "LeaderCreated"
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2
+    leader = group["leaderTemplate"]["spec"]["containers"][0]["args"][0]
+    assert "ray start --head" in leader and "--distributed-executor-backend=ray" in leader
+    assert "--pipeline-parallel-size=2" in leader
+    worker = group["workerTemplate"]["spec"]["containers"][0]["args"][0]
+    assert "ray start --address=$(LWS_LEADER_ADDRESS):6379" in worker
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"prefill": {"replicas": 5, "maxReplicas": 2}}, "prefill.replicas (5)"),
+    ({"decode": {"minReplicas": 3, "maxReplicas": 2}}, "decode.minReplicas (3) exceeds"),
+    ({"redis": {"managed": False}}, "redis.url must name the external Redis"),
+    ({"scaling": {"gpuBudget": 1}, "prefill": {"minReplicas": 1, "gpusPerPod": 2}},
+     "below the 2 GPUs"),
+    ({"decode": {"nodesPerReplica": 2, "gpusPerPod": 4, "parallelism": {"tensor": 4}}},
+     "needs parallelism.tensor x parallelism.pipeline = 8"),
+])
+def test_problems_say_what_to_fix_and_the_crd_agrees(change, fragment):
+    s = spec(**change)
+    found = problems(s)
+    assert any(fragment in p for p in found), found
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
+            "metadata": {"name": "demo"}, "spec": s}
+    _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
+    assert errors, "the CRD's own rules refuse the same spec"
