@@ -25,8 +25,13 @@ from kubernetes_asyncio.client import ApiException
 from operators import drain, manifests, metrics, reconcile
 from operators.kube import Kube
 from operators.spec import API_VERSION, ENGINE_ROLE, pools, problems
-from operators.status import (PoolState, deployment_conditions, deployment_summary,
-                              merge_conditions, pool_conditions)
+from operators.status import (
+    PoolState,
+    deployment_conditions,
+    deployment_summary,
+    merge_conditions,
+    pool_conditions,
+)
 
 log = logging.getLogger("tandem.operator")
 

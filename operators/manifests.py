@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from operators.spec import API_VERSION, ENGINE_ROLE, Spec, pools
-from services.kvstore.commands import client_command, engine_store_config, master_command
+from services.kvstore.commands import (
+    client_command,
+    engine_store_config,
+    master_command,
+)
 from services.kvstore.settings import KvStoreSettings
 
 Manifest = dict[str, Any]

@@ -12,7 +12,7 @@ Kubernetes 1.29), plus what CEL cannot see; the operator reports them in the
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ ENGINE_ROLE = {"prefill": "prefill", "decode": "decode", "aggregated": "both"}
 Spec = dict[str, Any]
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd_schema(plural: str) -> dict:
     """The openAPIV3Schema of one of the operator's CRDs."""
     doc = yaml.safe_load((CRD_DIR / f"{plural}.yaml").read_text())

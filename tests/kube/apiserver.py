@@ -490,10 +490,10 @@ class RunningApiServer:
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
         return write_kubeconfig(self.url, path, namespace)
 
-    def __enter__(self) -> RunningApiServer:
+    def __enter__(self) -> RunningApiServer:  # noqa: PYI034
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

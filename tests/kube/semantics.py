@@ -63,7 +63,8 @@ def label_matcher(text: str | None):
             key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
             checks.append(lambda lb, k=key, v=value: lb.get(k) == v)
         elif term.startswith("!"):
-            checks.append(lambda lb, k=term[1:].strip(): k not in lb)
+            absent = term[1:].strip()
+            checks.append(lambda lb, k=absent: k not in lb)
         elif re.fullmatch(r"[\w./-]+", term):
             checks.append(lambda lb, k=term: k in lb)
         else:

@@ -191,8 +191,8 @@ class Store:
             if meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             else:
-                raise invalid(kind, "", ["metadata.name: Required value: name or generateName "
-                                         "is required"])
+                raise invalid(kind, "", [("metadata.name: Required value: name or generateName "
+                                         "is required")])
         name = meta["name"]
         key = (kind.key, ns, name)
         if key in self.objects:
@@ -258,8 +258,8 @@ class Store:
             raise bad_request("the name of the object does not match the name on the URL")
         rv = meta.get("resourceVersion")
         if not rv and not kind.unconditional_update:
-            raise invalid(kind, name, ["metadata.resourceVersion: Invalid value: 0x0: must be "
-                                       "specified for an update"])
+            raise invalid(kind, name, [("metadata.resourceVersion: Invalid value: 0x0: must be "
+                                       "specified for an update")])
         if rv and rv != old["metadata"]["resourceVersion"]:
             raise conflict(kind, name, STALE)
         return self._update(kind, key, old, body, subresource)
@@ -299,11 +299,11 @@ class Store:
                                f"application/merge-patch+json, "
                                f"application/strategic-merge-patch+json; got {content_type}", {})
         except semantics.PatchTestFailed as exc:
-            raise invalid(kind, name, [f"the server rejected our request due to an error in our "
-                                       f"request: {exc}"]) from None
+            raise invalid(kind, name, [(f"the server rejected our request due to an error in our "
+                                       f"request: {exc}")]) from None
         except ApiError:
             raise
-        except Exception as exc:  # a malformed patch document
+        except Exception as exc:  # noqa: BLE001  (a malformed patch document is the client's)
             raise ApiError(422, "Invalid", f"the patch could not be applied: {exc}",
                            _status_details(kind, name)) from None
         if not isinstance(new, dict):
@@ -329,8 +329,8 @@ class Store:
         assert kind.scale is not None
         replicas = (scale.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or replicas < 0:
-            raise invalid(kind, key[2], [f"spec.replicas: Invalid value: {replicas!r}: must be "
-                                         f"greater than or equal to 0"])
+            raise invalid(kind, key[2], [(f"spec.replicas: Invalid value: {replicas!r}: must be "
+                                         f"greater than or equal to 0")])
         new = copy.deepcopy(old)
         semantics.set_path(new, kind.scale.spec_replicas, replicas)
         return self._update(kind, key, old, new, None)
@@ -388,9 +388,9 @@ class Store:
             if old["metadata"].get("deletionTimestamp"):
                 added = set(meta.get("finalizers", [])) - set(old["metadata"].get("finalizers", []))
                 if added:
-                    raise invalid(kind, key[2], ["metadata.finalizers: Forbidden: no new "
+                    raise invalid(kind, key[2], [("metadata.finalizers: Forbidden: no new "
                                                  "finalizers can be added if the object is being "
-                                                 "deleted"])
+                                                 "deleted")])
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         new = self._admit(kind, new, old)
         if _spec_changed(old, new):

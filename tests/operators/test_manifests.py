@@ -123,3 +123,28 @@ def test_problems_say_what_to_fix_and_the_crd_agrees(change, fragment):
             "metadata": {"name": "demo"}, "spec": s}
     _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
     assert errors, "the CRD's own rules refuse the same spec"
+
+
+def test_the_operator_role_covers_every_kind_it_writes():
+    import yaml
+
+    from operators.kube import PLURALS
+    from tests.kube.plugin import REPO
+
+    docs = list(yaml.safe_load_all((REPO / "operators/rbac/operator.yaml").read_text()))
+    for doc in docs + list(yaml.safe_load_all((REPO / "operators/rbac/router.yaml").read_text())):
+        kubernetes_validate.validate(doc, "1.32.0", strict=True)
+    rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
+
+    def allowed(group: str, resource: str, verb: str) -> bool:
+        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+                   for r in rules)
+
+    s = spec(decode={"replicas": 1, "nodesPerReplica": 2, "gpusPerPod": 1,
+                     "parallelism": {"tensor": 2}})
+    for obj in everything(s):
+        group = obj["apiVersion"].rpartition("/")[0]
+        for verb in ("get", "create", "update", "watch"):
+            assert allowed(group, PLURALS[obj["kind"]], verb), (obj["kind"], verb)
+    assert allowed("tandem.dev", "enginepools/scale", "patch")
+    assert allowed("", "pods", "patch")  # deletion costs
