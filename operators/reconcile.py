@@ -63,8 +63,9 @@ def differences(desired: Any, current: Any, where: str = "") -> list[str]:
 def owned_differences(desired: dict, current: dict) -> list[str]:
     fields = {k: desired[k] for k in _BODY_FIELDS if k in desired}
     meta = desired["metadata"]
-    fields["metadata"] = {"labels": meta.get("labels", {}),
-                          "ownerReferences": meta.get("ownerReferences", [])}
+    fields["metadata"] = {"labels": meta.get("labels", {})}
+    if meta.get("ownerReferences"):
+        fields["metadata"]["ownerReferences"] = meta["ownerReferences"]
     return [d.lstrip(".") for d in differences(fields, current)]
 
 
