@@ -94,8 +94,8 @@ async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
         await _write_status(kube, body, out, router_ready=False)
         return out
 
-    async def apply(obj: dict) -> dict:
-        applied = await reconcile.apply(kube, obj)
+    async def apply(obj: dict, keep: tuple[str, ...] = ()) -> dict:
+        applied = await reconcile.apply(kube, obj, keep)
         out.applied.append(applied)
         metrics.OBJECTS_WRITTEN.labels(obj["kind"], applied.action).inc()
         ref = f"{obj['kind']}/{obj['metadata']['name']}"
@@ -166,7 +166,9 @@ async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role:
     if current_replicas is not None and desired < current_replicas:
         await _mark_cheapest(kube, namespace, td, label_selector, emit, pool)
     for obj in manifests.pool_workload(td, namespace, spec, role, desired, pool_owner):
-        workload = await apply(obj)
+        # In a conflict the count is the autoscaler's, whatever it is when written.
+        keep = ("spec.replicas",) if conflict and obj["kind"] == kind else ()
+        workload = await apply(obj, keep)
         if obj["kind"] == kind:
             current = workload
     pods = await kube.list("v1", "Pod", namespace, label_selector)

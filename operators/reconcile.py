@@ -102,13 +102,37 @@ def merged(desired: dict, current: dict) -> dict:
     return out
 
 
-async def apply(kube: Kube, desired: dict) -> Applied:
-    """Create or update one object; see the module docstring."""
+def _get_path(obj: dict, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def _set_path(obj: dict, path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        obj = obj.setdefault(part, {})
+    if value is None:
+        obj.pop(last, None)
+    else:
+        obj[last] = value
+
+
+async def apply(kube: Kube, desired: dict, keep: tuple[str, ...] = ()) -> Applied:
+    """Create or update one object; see the module docstring. Fields at the dotted
+    paths in `keep` are someone else's: whatever the object holds there stays."""
+    desired = copy.deepcopy(desired)
+    for path in keep:
+        _set_path(desired, path, None)
     desired = _with_hash(desired)
     meta = desired["metadata"]
     for _ in range(CONFLICT_RETRIES):
         current = await kube.get(desired["apiVersion"], desired["kind"], meta.get("namespace"),
                                  meta["name"])
+        for path in keep:
+            _set_path(desired, path, _get_path(current or {}, path))
         if current is None:
             try:
                 return Applied(await kube.create(desired), "created")

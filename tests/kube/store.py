@@ -216,6 +216,11 @@ class Store:
             meta["resourceVersion"] = str(self.rv)
             return body
         self._commit(kind, key, body, "ADDED", None)
+        if meta.get("ownerReferences"):
+            # Created for an owner that is already gone: the collector deletes it.
+            self.collect_garbage()
+            if key not in self.objects:
+                return copy.deepcopy(body)
         if kind.key == ("apiextensions.k8s.io", "v1", "customresourcedefinitions"):
             self._serve_crd(body)
             self._set_crd_established(key)

@@ -215,6 +215,13 @@ def test_owner_reference_garbage_collection(http, policy, survives):
         assert "ownerReferences" not in child.json()["metadata"]
 
 
+def test_an_object_created_for_a_gone_owner_is_collected(http):
+    owner = http.post(POOLS, json=pool()).json()
+    http.delete(f"{POOLS}/p-decode")
+    assert http.post(DEPLOY, json=_owned(owner, "late")).status_code == 201
+    assert http.get(f"{DEPLOY}/late").status_code == 404
+
+
 def test_scheduled_pods_terminate_gracefully_unscheduled_go_at_once(http):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
            "spec": {"containers": [{"name": "c", "image": "i"}]}}
