@@ -117,7 +117,7 @@ def start_operator(api: RunningApiServer, tmp_path: Path, resync: float = 2.0,
     return OperatorProcess(proc, log, health_port)
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition"
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition"
              ) -> object:
     deadline = time.monotonic() + timeout
     while True:
