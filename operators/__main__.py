@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     import kopf
     from prometheus_client import start_http_server
 
+    from common.logs import setup_logging
     from operators import handlers  # noqa: F401  (registers the handlers)
-    from tandem.logs import setup_logging
 
     setup_logging("operator")
     # kopf logs what it does (handlers, retries, watch errors) on its own logger.

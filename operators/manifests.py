@@ -18,13 +18,13 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from operators.spec import API_VERSION, ENGINE_ROLE, Spec, pools
-from services.kvstore.commands import (
+from common.mooncake import (
+    KvStoreSettings,
     client_command,
     engine_store_config,
     master_command,
 )
-from services.kvstore.settings import KvStoreSettings
+from operators.spec import API_VERSION, ENGINE_ROLE, Spec, pools
 
 Manifest = dict[str, Any]
 

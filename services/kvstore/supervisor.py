@@ -27,7 +27,7 @@ from typing import Awaitable, Callable
 
 import httpx
 
-from services.kvstore.commands import Command
+from common.mooncake import Command
 
 log = logging.getLogger("tandem.kvstore")
 

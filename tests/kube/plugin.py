@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from common.ports import free_port
 from tests.kube.apiserver import RunningApiServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,8 +106,6 @@ class OperatorProcess:
 
 def start_operator(api: RunningApiServer, tmp_path: Path, resync: float = 2.0,
                    name: str = "operator") -> OperatorProcess:
-    from tandem.stack import free_port
-
     log = tmp_path / f"{name}.log"
     health_port = free_port()
     env = dict(os.environ, KUBECONFIG=str(api.kubeconfig), TANDEM_LOG_LEVEL="INFO")
