@@ -321,7 +321,10 @@ class FakeApiServer(kmock.KubernetesScaffold):
                 try:
                     event = await asyncio.wait_for(sub.queue.get(), wait)
                 except TimeoutError:
-                    if bookmarks:
+                    # Events reach the queue as they are written: empty, every
+                    # event up to store.rv was sent. An event can also land while
+                    # the timeout cancels the get; then it goes first.
+                    if bookmarks and sub.queue.empty():
                         yield {"type": "BOOKMARK", "object": {
                             "apiVersion": kind.api_version, "kind": kind.kind,
                             "metadata": {"resourceVersion": str(max(last_rv, store.rv))}}}

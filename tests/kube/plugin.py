@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from common.ports import free_port
+from common.ports import free_ports
 from tests.kube.apiserver import RunningApiServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,10 +73,30 @@ def kubectl(kube_api: RunningApiServer) -> Callable[..., subprocess.CompletedPro
 
 
 class OperatorProcess:
-    def __init__(self, proc: subprocess.Popen, log: Path, health_port: int) -> None:
+    def __init__(self, proc: subprocess.Popen, log: Path, health_port: int,
+                 metrics_port: int) -> None:
         self.proc = proc
         self.log = log
         self.health_url = f"http://127.0.0.1:{health_port}/healthz"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    def reconciles(self) -> int:
+        """Reconcile passes finished so far (tandem_operator_reconciles_total, any result)."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.metrics_url, timeout=30).text
+        return int(sum(sample.value for family in text_string_to_metric_families(text)
+                       if family.name == "tandem_operator_reconciles"
+                       for sample in family.samples if sample.name.endswith("_total")))
+
+    def wait_passes(self, count: int = 2, timeout: float = 120.0) -> None:
+        """Until `count` more reconcile passes have finished. Passes of one
+        deployment run one at a time, so with count >= 2 at least one whole
+        pass began after this call: what the caller did before is seen."""
+        target = self.reconciles() + count
+        wait_for(lambda: self.reconciles() >= target, timeout,
+                 f"{count} reconcile passes of the operator")
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until kopf's liveness endpoint answers (the operator is watching)."""
@@ -107,13 +127,13 @@ class OperatorProcess:
 def start_operator(api: RunningApiServer, tmp_path: Path, resync: float = 2.0,
                    name: str = "operator") -> OperatorProcess:
     log = tmp_path / f"{name}.log"
-    health_port = free_port()
+    health_port, metrics_port = free_ports(2)
     env = dict(os.environ, KUBECONFIG=str(api.kubeconfig), TANDEM_LOG_LEVEL="INFO")
     proc = subprocess.Popen(
         [sys.executable, "-m", "operators", "--health-port", str(health_port),
-         "--metrics-port", "0", "--resync-seconds", str(resync)],
+         "--metrics-port", str(metrics_port), "--resync-seconds", str(resync)],
         cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    return OperatorProcess(proc, log, health_port)
+    return OperatorProcess(proc, log, health_port, metrics_port)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition"

@@ -127,7 +127,7 @@ def test_foreign_hpa_on_a_pool_workload_is_reported_not_fought(kube_api, kubectl
     # The HPA (here: a person acting for it) moves the Deployment; the operator leaves it.
     kubectl("scale", "deployment/demo-decode", "--replicas", "5")
     kubectl("scale", "enginepool/demo-decode", "--replicas", "1")
-    time.sleep(3)  # a resync interval and more: nothing may put it back
+    operator.wait_passes()  # a whole reconcile since: nothing may put it back
     assert deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 5
 
 
@@ -156,18 +156,17 @@ def test_restarted_mid_reconcile_converges_to_the_same_objects(kube_api, kubectl
     first = start_operator(kube_api, tmp_path, name="first")
     try:
         kubectl("create", "-f", "-", stdin=TD)
-        wait_for(lambda: deployments(kube_api), timeout=30, what="a first object")
+        wait_for(lambda: deployments(kube_api), what="a first object")
     finally:
         first.stop(kill=True)  # SIGKILL, mid-reconcile
     partial = set(deployments(kube_api))
     second = start_operator(kube_api, tmp_path, name="second")
     try:
-        wait_for(lambda: WORKLOADS <= set(deployments(kube_api)), timeout=30,
-                 what="convergence")
-        time.sleep(2.5)  # a resync: nothing more changes
+        wait_for(lambda: WORKLOADS <= set(deployments(kube_api)), what="convergence")
+        second.wait_passes()  # a whole pass after convergence: settled
         settled = {n: d["metadata"]["resourceVersion"] for n, d in
                    deployments(kube_api).items()}
-        time.sleep(2.5)
+        second.wait_passes()  # and another pass changes nothing
         assert {n: d["metadata"]["resourceVersion"] for n, d in
                 deployments(kube_api).items()} == settled
     finally:
