@@ -11,6 +11,7 @@ import pytest
 from operators import manifests
 from operators.spec import crd_schema, problems, with_defaults
 from tests.kube import schema as crd
+from tests.operators import lws_schema
 
 OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")
 POOL_OWNER = manifests.Owner("EnginePool", "demo-decode", "uid-pool")
@@ -104,6 +105,40 @@ def test_multi_node_pools_render_a_leader_worker_set_on_ray():
     assert "--pipeline-parallel-size=2" in leader
     worker = group["workerTemplate"]["spec"]["containers"][0]["args"][0]
     assert "ray start --address=$(LWS_LEADER_ADDRESS):6379" in worker
+
+
+def multi_node_lws() -> dict:
+    s = spec(decode={"replicas": 2, "nodesPerReplica": 2, "gpusPerPod": 8,
+                     "parallelism": {"tensor": 8, "pipeline": 2}})
+    return manifests.pool_workload("demo", "prod", s, "decode", 2, POOL_OWNER)[0]
+
+
+def test_the_leader_worker_set_validates_against_the_lws_api():
+    lws = multi_node_lws()
+    assert (lws["apiVersion"], lws["kind"]) == (lws_schema.API_VERSION, lws_schema.KIND)
+    _, dropped, errors = crd.admit(lws_schema.SCHEMA, lws)
+    assert dropped == [] and errors == []
+    for side in ("leaderTemplate", "workerTemplate"):
+        template = lws["spec"]["leaderWorkerTemplate"][side]
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                      "metadata": {"name": side.lower()},
+                                      "template": template}, "1.32.0", strict=True)
+
+
+@pytest.mark.parametrize("path,value,expect", [
+    (("startupPolicy",), "LeaderStarted", "error"),
+    (("leaderWorkerTemplate", "size"), 0, "error"),
+    (("leaderWorkerTemplate", "restartPolicy"), "Always", "error"),
+    (("leaderWorkerTemplate", "groupSize"), 2, "dropped"),
+])
+def test_the_lws_schema_refuses_what_lws_would(path, value, expect):
+    lws = multi_node_lws()
+    node = lws["spec"]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    _, dropped, errors = crd.admit(lws_schema.SCHEMA, lws)
+    assert (errors if expect == "error" else dropped), (dropped, errors)
 
 
 @pytest.mark.parametrize("change,fragment", [
