@@ -54,6 +54,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
+    # A deleted TandemDeployment keeps kopf's finalizer until the resync timer
+    # has stopped; when a reconcile is running at that moment kopf looks again
+    # only after this many seconds (its default, 60, held every deletion and
+    # the operator's own shutdown for a minute whenever it met a running pass).
+    settings.background.cancellation_polling = 1.0
     memo.kube = await Kube.connect(os.environ.get("KUBECONFIG"))
 
 

@@ -43,11 +43,13 @@ def events(api, reason: str) -> list[dict]:
 @pytest.fixture
 def operator(kube_api, tmp_path):
     proc = start_operator(kube_api, tmp_path)
-    proc.wait_ready()
-    yield proc
-    proc.stop()
-    if proc.proc.returncode not in (0, -15):
-        print(proc.output()[-5000:])
+    try:
+        proc.wait_ready()
+        yield proc
+        proc.stop()
+    finally:
+        # pytest shows it only for a failed test: what the operator did.
+        print(f"\n--- operator log (exit {proc.proc.returncode}) ---\n{proc.output()[-20000:]}")
 
 
 def test_create_scale_update_foreign_edit_and_delete(kube_api, kubectl, operator):
