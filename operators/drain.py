@@ -3,10 +3,9 @@
 Before lowering a pool's replicas the operator sets
 `controller.kubernetes.io/pod-deletion-cost` on each of its pods, so the
 ReplicaSet controller removes the cheapest: the fewest requests in flight as
-the routers report them (`tandem_routing_pod_in_flight`, which every replica
-reports for all replicas through the shared state, so the highest report is
-taken), then the least session KV (`tandem_routing_pod_live_blocks`: the KV
-blocks live sessions need on the pod, per replica, so summed). Pods no
+the routers report them (`tandem_router_pod_in_flight`, each router its own,
+so summed), then the least session KV (`tandem_routing_pod_live_blocks`: the
+KV blocks live sessions need on the pod, per router, so summed). Pods no
 router knows cost nothing (they serve nothing yet). `deletion_costs` is pure; `router_loads`
 reads every router pod's /metrics.
 """
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger("tandem.operator")
 
-IN_FLIGHT_METRIC = "tandem_routing_pod_in_flight"
+IN_FLIGHT_METRIC = "tandem_router_pod_in_flight"
 LIVE_BLOCKS_METRIC = "tandem_routing_pod_live_blocks"
 # Kubernetes takes the annotation as an int32.
 MAX_COST = 2**31 - 1
@@ -48,7 +47,7 @@ def deletion_costs(pods: dict[str, str], loads: list[dict[str, tuple[float, floa
     """Pod name → deletion cost, from each pod's gRPC address and every router's loads."""
     out = {}
     for name, address in pods.items():
-        in_flight = max((load.get(address, (0.0, 0.0))[0] for load in loads), default=0.0)
+        in_flight = sum(load.get(address, (0.0, 0.0))[0] for load in loads)
         blocks = sum(load.get(address, (0.0, 0.0))[1] for load in loads)
         out[name] = min(MAX_COST, int(in_flight) * 100_000 + int(blocks))
     return out
