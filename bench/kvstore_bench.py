@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-replay", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    from services.kvstore.settings import parse_size
+    from common.mooncake import parse_size
 
     report: dict = {}
     with tempfile.TemporaryDirectory(prefix="tandem-kvbench-") as d:

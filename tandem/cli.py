@@ -172,6 +172,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return bench_main(["profile", *args.rest])
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    from operators.__main__ import main as operator_main
+    return operator_main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -229,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "controller (tandem bench profile)", add_help=False)
     profile.add_argument("rest", nargs=argparse.REMAINDER)
     profile.set_defaults(func=cmd_profile)
+    operator = sub.add_parser("operator", help="run the Kubernetes operator (operators/)",
+                              add_help=False)
+    operator.add_argument("rest", nargs=argparse.REMAINDER)
+    operator.set_defaults(func=cmd_operator)
     return parser
 
 
@@ -238,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(argparse.Namespace(rest=argv[1:]))
     if argv[:1] == ["profile"]:  # likewise
         return cmd_profile(argparse.Namespace(rest=argv[1:]))
+    if argv[:1] == ["operator"]:  # likewise the operator's flags
+        return cmd_operator(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from common.mooncake import KvStoreSettings
 from common.settings import to_argv
-from services.kvstore.settings import KvStoreSettings
 
 _PORT_FIELDS = ("master_port", "metadata_port", "master_metrics_port", "client_port",
                 "client_http_port", "http_port")

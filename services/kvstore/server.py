@@ -25,14 +25,15 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from common.logs import setup_logging
-from services.kvstore.commands import (
+from common.mooncake import (
+    KvStoreSettings,
     client_command,
     engine_store_config,
     find_binary,
     master_command,
 )
 from services.kvstore.metrics import StoreCollector
-from services.kvstore.settings import KvStoreSettings, SettingError, parse_settings, validate
+from services.kvstore.settings import SettingError, parse_settings, validate
 from services.kvstore.supervisor import (
     ManagedProcess,
     StartupError,

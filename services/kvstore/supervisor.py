@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from services.kvstore.commands import Command
+from common.mooncake import Command
 
 log = logging.getLogger(__name__)
 

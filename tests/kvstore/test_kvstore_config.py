@@ -11,16 +11,16 @@ import socket
 
 import pytest
 
-from services.kvstore.commands import client_command, engine_store_config, master_command
+from common.mooncake import (
+    KvStoreSettings,
+    client_command,
+    engine_store_config,
+    master_command,
+    parse_size,
+)
 from services.kvstore.engine import check_store, with_store
 from services.kvstore.metrics import parse_master_metrics, translate
-from services.kvstore.settings import (
-    KvStoreSettings,
-    SettingError,
-    parse_settings,
-    parse_size,
-    validate,
-)
+from services.kvstore.settings import SettingError, parse_settings, validate
 
 
 def _settings(tmp_path, **kw) -> KvStoreSettings:

