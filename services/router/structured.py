@@ -20,7 +20,7 @@ def check_schema(schema: Any, param: str) -> str:
     """The schema serialized for the wire; ValueError naming `param` when it is
     not a valid JSON Schema (checked against the 2020-12 meta-schema)."""
     if not isinstance(schema, dict):
-        raise ValueError(f"{param}: a JSON Schema must be an object")
+        raise ValueError(f"{param}: a JSON Schema must be an object")  # noqa: TRY004 (a 400)
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

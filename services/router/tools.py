@@ -50,7 +50,7 @@ def check_tools(tools: list[Any]) -> list[Tool]:
             raise ValueError(f"{where}.type: only 'function' tools are supported")
         function = tool.get("function")
         if not isinstance(function, dict):
-            raise ValueError(f"{where}.function: required, an object")
+            raise ValueError(f"{where}.function: required, an object")  # noqa: TRY004 (a 400)
         name = function.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError(f"{where}.function.name: required, a non-empty string")
@@ -95,7 +95,8 @@ def check_history(messages: list[dict[str, Any]]) -> None:
                 raise ValueError(f"messages[{i}].tool_calls[{j}].id: required, a string")
             function = call.get("function")
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise ValueError(f"messages[{i}].tool_calls[{j}].function.name: required")
+                raise ValueError(  # noqa: TRY004 (a 400)
+                    f"messages[{i}].tool_calls[{j}].function.name: required")
             called.add(call_id)
         if message["role"] == "tool":
             call_id = message.get("tool_call_id")
@@ -153,7 +154,9 @@ class AutoParser:
     importing vllm.tool_parsers pulls in torch and vLLM's server modules."""
 
     def __init__(self, name: str, tokenizer: Any) -> None:
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionRequest,
+        )
         from vllm.tool_parsers import ToolParserManager
 
         self.name = name

@@ -11,8 +11,15 @@ import jsonschema
 import pytest
 
 from services.router.structured import from_response_format, from_structured_outputs
-from services.router.tools import (ForcedCalls, ToolChoice, check_history, check_tools,
-                                   forced_constraint, parse_forced, resolve_choice)
+from services.router.tools import (
+    ForcedCalls,
+    ToolChoice,
+    check_history,
+    check_tools,
+    forced_constraint,
+    parse_forced,
+    resolve_choice,
+)
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}},
            "required": ["city"]}
