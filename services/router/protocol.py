@@ -137,7 +137,7 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
 class CompletionRequest(SamplingFields):
     unsupported: ClassVar[tuple[str, ...]] = (*SamplingFields.unsupported, "tools", "response_format")
 
-    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    prompt: str | list[int] | list[str] | list[list[int]]
     # Top log-probabilities per token (OpenAI allows up to 5).
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
@@ -155,4 +155,6 @@ class CompletionRequest(SamplingFields):
             raise ValueError("prompt is empty")
         if isinstance(value, list) and not value:
             raise ValueError("prompt is empty")
+        if isinstance(value, list) and not all(0 <= t <= UINT32_MAX for t in value):
+            raise ValueError("prompt token ids must be integers from 0 to 2**32-1")
         return value

@@ -305,9 +305,6 @@ class OpenAIServing:
             token_ids = await self._tokenizer.prompt_async(body.prompt)
         else:
             token_ids = list(body.prompt)
-            if any(not isinstance(t, int) or t < 0 for t in token_ids):
-                raise bad_request("prompt token ids must be non-negative integers",
-                                  param="prompt")
         session = self._session(request, body, prompt=body.prompt)
         ereq = self._engine_request("cmpl", request, body, token_ids, "prompt", session)
         if body.logprobs is not None:

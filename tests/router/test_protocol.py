@@ -63,7 +63,7 @@ def test_sampling_params_carry_only_what_was_set():
 
 @pytest.mark.parametrize("prompt, ok", [
     ("text", True), ([1, 2, 3], True), (["one"], True), ([[1, 2]], True),
-    ("", False), ([], False), (["a", "b"], False),
+    ("", False), ([], False), (["a", "b"], False), ([1, -3], False), ([[2**32]], False),
 ])
 def test_completion_prompt_shapes(prompt, ok):
     if ok:
