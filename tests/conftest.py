@@ -19,7 +19,7 @@ from common.model import resolve_model
 from common.ports import free_port
 from common.procs import launch, stop_process_group, wait_http_ok
 from services.stack import Stack, StackConfig, engine_env, vllm_flags
-from tests.helpers import MODEL_NAME
+from tests.helpers import MODEL_NAME, TOOLS_TEMPLATE
 
 # Long enough that a prefill engine that never hands its KV over keeps it for
 # the whole test; early release is what the tests look for.
@@ -38,7 +38,10 @@ def stack(model_dir, tmp_path_factory):
                          engine_args=["--kv-lease-s", str(KV_LEASE_SECONDS)],
                          # Every prompt goes through the prefill pod, however
                          # short: the P/D tests check its KV moves over NIXL.
-                         router_args=["--remote-prefill-threshold", "0"])
+                         router_args=["--remote-prefill-threshold", "0",
+                                      # Tools: SmolLM2's own template lacks them.
+                                      "--chat-template", str(TOOLS_TEMPLATE),
+                                      "--tool-call-parser", "hermes"])
     s = Stack(config)
     s.start()
     s.model = MODEL_NAME

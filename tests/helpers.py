@@ -26,6 +26,9 @@ MODEL_NAME = DEFAULT_MODEL_NAME  # the name the stack serves the bundled model u
 LONG_CONTEXT = " ".join(
     f"Step {i}: the agent read file src/module_{i}.py and found {i * 7 % 13} issues."
     for i in range(90))
+# The ChatML template with tool calls the router ships (SmolLM2's own ignores tools).
+TOOLS_TEMPLATE = (Path(__file__).resolve().parent.parent / "services" / "router"
+                  / "chat_templates" / "chatml_tools.jinja")
 
 
 def engine(stack, role: str) -> Proc:

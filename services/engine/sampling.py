@@ -18,8 +18,13 @@ DEFAULTABLE = (*_OPTIONAL_FLOATS, "top_k")
 
 def to_vllm(params: pb.SamplingParams, *, defaults: dict[str, Any] | None = None,
             max_tokens: int | None = None,
-            kv_transfer_params: dict[str, Any] | None = None):
-    """Build vLLM SamplingParams; raises ValueError on invalid values."""
+            kv_transfer_params: dict[str, Any] | None = None,
+            constrained: bool = True):
+    """Build vLLM SamplingParams; raises ValueError on invalid values.
+
+    `constrained=False` drops the structured-output constraint: a prefill
+    engine's one sampled token is discarded, and compiling the constraint
+    there would only delay the prefill."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     kwargs: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if k in DEFAULTABLE}
@@ -34,6 +39,8 @@ def to_vllm(params: pb.SamplingParams, *, defaults: dict[str, Any] | None = None
         kwargs["seed"] = params.seed
     if params.HasField("logprobs"):
         kwargs["logprobs"] = params.logprobs
+    if constrained and params.HasField("structured"):
+        kwargs["structured_outputs"] = structured_to_vllm(params.structured)
     extra_args = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else (params.max_tokens or None),
@@ -45,6 +52,20 @@ def to_vllm(params: pb.SamplingParams, *, defaults: dict[str, Any] | None = None
         extra_args=extra_args,
         **kwargs,
     )
+
+
+def structured_to_vllm(structured: pb.StructuredOutput):
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kind = structured.WhichOneof("kind")
+    if kind is None:
+        raise ValueError("structured: no constraint given")
+    value: Any = getattr(structured, kind)
+    if kind == "choice":
+        value = list(value.values)
+    name = {"json_schema": "json"}.get(kind, kind)
+    return StructuredOutputsParams(**{name: value},
+                                   disable_any_whitespace=structured.compact)
 
 
 def parse_kv_transfer_params(raw: str) -> dict[str, Any] | None:

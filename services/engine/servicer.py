@@ -65,6 +65,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         """Run one request in vLLM, keeping the in-flight count, timing its
         phases (`remote_kv`: its KV comes from a prefill engine) and mapping
         errors."""
+        from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self.draining:
@@ -94,7 +95,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         except EngineDeadError as exc:
             self._metrics.errors.labels(kind, "engine_dead").inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine dead: {exc}")
-        except ValueError as exc:  # vLLM's validation errors subclass ValueError
+        except (ValueError, VLLMClientError) as exc:  # e.g. a grammar that does not compile
             self._metrics.errors.labels(kind, "invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
@@ -111,9 +112,11 @@ class EngineServicer(pb_grpc.EngineServicer):
         return prompt
 
     async def _sampling(self, context, request, **kwargs):
+        from vllm.exceptions import VLLMClientError
+
         try:
             return to_vllm(request.sampling_params, defaults=self._sampling_defaults, **kwargs)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, VLLMClientError) as exc:
             self._metrics.errors.labels("sampling", "invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
@@ -134,7 +137,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         if not request.token_ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
         hint = await self._retention(context, request)
-        params = await self._sampling(context, request, max_tokens=1,
+        params = await self._sampling(context, request, max_tokens=1, constrained=False,
                                       kv_transfer_params=with_hint(dict(_REMOTE_DECODE), hint))
         final = None
         async for out in self._run(request.request_id,

@@ -44,6 +44,7 @@ from services.router.routing.shared_state import LocalState, RedisState
 from services.router.routing.tasks import cancel_and_wait
 from services.router.serving import ModelCard, OpenAIServing
 from services.router.tokenizer import ChatTokenizer
+from services.router.tools import AutoParser
 
 log = logging.getLogger("tandem.router")
 _STARTUP_WAIT_S = 600.0
@@ -141,14 +142,19 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         metrics.watch(core, pool, state)
         retention = SessionRetention(settings.retention, routing.block_size)
         orchestrator = Orchestrator(pool, Replica(core, state), metrics, retention)
-        tokenizer = await asyncio.to_thread(ChatTokenizer, Path(settings.model or info.model_path))
+        template = Path(settings.chat_template).read_text() if settings.chat_template else None
+        tokenizer = await asyncio.to_thread(ChatTokenizer, Path(settings.model or info.model_path),
+                                            template)
+        tool_parser = (await asyncio.to_thread(AutoParser, settings.tool_call_parser,
+                                               tokenizer.hf_tokenizer)
+                       if settings.tool_call_parser else None)
         await state.start()
         await pool.poll_once()
         pool.start()
         watch = asyncio.create_task(source.watch(pool), name="pod-source")
         parts["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
                                          settings.request_timeout_s, routing.session_header,
-                                         settings.retention.end_header)
+                                         settings.retention.end_header, tool_parser)
         log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
                  "policy %s, KV events from %d pods; KV retention %s, pins %gs; "
                  "admission %s running, %d queued; API keys %s)", settings.host,

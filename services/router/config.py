@@ -59,6 +59,14 @@ class RouterSettings:
                                 "(default: the engines' model path)")
     served_model_name: str | None = setting(None, "model name clients send (default: the "
                                             "engines' name)")
+    chat_template: str | None = setting(
+        None, "Jinja chat template file replacing the model's own, e.g. one that renders "
+        "`tools` (services/router/chat_templates/chatml_tools.jinja does, for ChatML models "
+        "such as SmolLM2)", metavar="PATH")
+    tool_call_parser: str | None = setting(
+        None, "vLLM tool parser (as vLLM names them, e.g. hermes) reading tool calls from the "
+        "model's text under tool_choice auto; without it, auto returns the text as content. "
+        "Forced calls (required, a named function) need no parser", metavar="NAME")
     poll_interval_s: float = setting(1.0, "seconds between health/load polls of each pod")
     request_timeout_s: float = setting(600.0, "seconds a request may take end to end")
     shutdown_grace_s: float = setting(30.0, "on SIGTERM, seconds in-flight requests may "
@@ -110,6 +118,8 @@ class RouterSettings:
         unknown = [s.pod for s in self.kv_events if s.pod not in pods]
         if unknown:
             raise SettingError("--kv-events", f"names pods that are not configured: {unknown}")
+        if self.chat_template is not None and not os.path.isfile(self.chat_template):
+            raise SettingError("--chat-template", f"{self.chat_template}: no such file")
         named = [s.pod for s in self.kv_events]
         if len(named) != len(set(named)):
             raise SettingError("--kv-events", "names a pod twice")

@@ -6,9 +6,16 @@ unsupported option gets a 400 naming the field, never a silent ignore.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# What the wire's integer fields carry (engine.proto): larger values are a
+# 400 naming the field, not an overflow in the router.
+UINT32_MAX = 2**32 - 1
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
 
 
 class StreamOptions(BaseModel):
@@ -21,19 +28,19 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=UINT32_MAX)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
-    min_tokens: int | None = Field(default=None, ge=0)
+    min_tokens: int | None = Field(default=None, ge=0, le=UINT32_MAX)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     n: int = Field(default=1, ge=1, le=1, description="only n=1 is served")
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -49,14 +56,16 @@ class SamplingFields(BaseModel):
             raise ValueError("at most 16 stop sequences")
         return value
 
+    # Options this server does not serve: a 400, never a silent ignore.
+    unsupported: ClassVar[tuple[str, ...]] = ("echo", "best_of", "logit_bias", "suffix")
+
     @model_validator(mode="after")
     def _unsupported(self):
         extra = self.model_extra or {}
-        for name in ("logprobs", "top_logprobs", "echo", "best_of", "logit_bias",
-                     "tools", "response_format", "suffix"):
+        for name in self.unsupported:
             value = extra.get(name)
             harmless = value is None or value is False or value == [] or value == {} \
-                or (name == "best_of" and value == 1) or (name == "top_logprobs" and value == 0)
+                or (name == "best_of" and value == 1)
             if not harmless:
                 raise ValueError(f"'{name}' is not supported by this server")
         return self
@@ -68,6 +77,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -82,7 +93,15 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=UINT32_MAX)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    # vLLM's option: one of json, json_object, regex, choice, grammar.
+    structured_outputs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _max_tokens_alias(self):
@@ -90,16 +109,37 @@ class ChatCompletionRequest(SamplingFields):
             self.max_tokens = self.max_completion_tokens
         return self
 
-    def template_messages(self) -> list[dict[str, str]]:
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def template_messages(self) -> list[dict[str, Any]]:
         """Messages as the chat template expects them (text content only)."""
         try:
-            return [{"role": m.role, "content": m.text()} for m in self.messages]
+            return [_template_message(m) for m in self.messages]
         except ValueError as exc:
             raise ValueError(f"messages: {exc}") from None
 
 
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.tool_calls is not None:
+        out["tool_calls"] = message.tool_calls
+        if message.content is None:
+            out["content"] = None
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
 class CompletionRequest(SamplingFields):
+    unsupported: ClassVar[tuple[str, ...]] = (*SamplingFields.unsupported, "tools", "response_format")
+
     prompt: str | list[int] | list[str] | list[list[int]]
+    # Top log-probabilities per token (OpenAI allows up to 5).
+    logprobs: int | None = Field(default=None, ge=0, le=5)
 
     @field_validator("prompt")
     @classmethod
@@ -115,4 +155,6 @@ class CompletionRequest(SamplingFields):
             raise ValueError("prompt is empty")
         if isinstance(value, list) and not value:
             raise ValueError("prompt is empty")
+        if isinstance(value, list) and not all(0 <= t <= UINT32_MAX for t in value):
+            raise ValueError("prompt token ids must be integers from 0 to 2**32-1")
         return value

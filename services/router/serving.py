@@ -25,7 +25,10 @@ from services.router.pd import EngineRequest, Orchestrator
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.router.routing import session_key
 from services.router.routing.sessions import SessionKey
+from services.router.structured import from_response_format, from_structured_outputs
 from services.router.tokenizer import ChatTokenizer
+from services.router.tools import (AutoParser, ForcedCalls, check_history, check_tools,
+                                   forced_constraint, resolve_choice)
 
 
 @dataclass
@@ -111,8 +114,10 @@ class OpenAIServing:
     def __init__(self, card: ModelCard, tokenizer: ChatTokenizer,
                  orchestrator: Orchestrator, metrics: RouterMetrics,
                  request_timeout_s: float, session_header: str = "x-session-id",
-                 session_end_header: str = "x-session-end") -> None:
+                 session_end_header: str = "x-session-end",
+                 tool_parser: AutoParser | None = None) -> None:
         self.card = card
+        self._tool_parser = tool_parser
         self._session_header = session_header
         self._session_end_header = session_end_header
         self._tokenizer = tokenizer
@@ -202,15 +207,17 @@ class OpenAIServing:
 
     async def _collect(self, ereq: EngineRequest, shape: _Shape) -> dict:
         text: list[str] = []
+        logprobs: list[pb.TokenLogprob] = []
         final = None
         async for message in self._orchestrator.stream(ereq):
             text.append(message.text)
+            logprobs.extend(message.logprobs)
             if message.finish_reason:
                 final = message
         if final is None:
             raise OpenAIError(502, "the decode pod ended the stream without a final message")
         return shape.whole(ereq.request_id, "".join(text), final.finish_reason,
-                           _usage(final.usage))
+                           _usage(final.usage), logprobs)
 
     async def _sse(self, ereq: EngineRequest, shape: _Shape, first: pb.GenerateResponse,
                    rest: AsyncIterator[pb.GenerateResponse],
@@ -223,7 +230,8 @@ class OpenAIServing:
 
         def events(message: pb.GenerateResponse, chunk: bytes = b"") -> bytes:
             if message.text or message.finish_reason:
-                chunk += _event(shape.delta(rid, message.text, message.finish_reason or None))
+                for payload in shape.deltas(rid, message):
+                    chunk += _event(payload)
             if message.finish_reason and include_usage:
                 chunk += _event(shape.usage_chunk(rid, _usage(message.usage)))
             return chunk
@@ -253,10 +261,43 @@ class OpenAIServing:
             messages = body.template_messages()
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
+        try:
+            check_history(messages)
+            tools = check_tools(body.tools or [])
+            choice = resolve_choice(body.tool_choice, tools)
+            structured = forced_constraint(choice, tools, body.parallel_tool_calls)
+            if body.response_format is not None or body.structured_outputs is not None:
+                if structured is not None:
+                    raise ValueError("response_format: cannot be combined with tool_choice "
+                                     f"{choice.mode!r}, which constrains the output itself")
+                if body.response_format is not None and body.structured_outputs is not None:
+                    raise ValueError("structured_outputs: give it or response_format, not both")
+                structured = (from_response_format(body.response_format)
+                              if body.response_format is not None
+                              else from_structured_outputs(body.structured_outputs))
+        except ValueError as exc:
+            message = str(exc)
+            raise bad_request(message, param=message.split(":", 1)[0]) from None
+        rendered = tools if choice.mode != "none" else []
+        if rendered and not self._tokenizer.renders_tools:
+            raise bad_request("this model's chat template does not render tools; start the "
+                              "router with --chat-template (see README, 'Tool calling')",
+                              param="tools")
         session = self._session(request, body, messages=messages)
-        token_ids = await self._tokenizer.chat_async(messages, session.key if session else None)
+        token_ids = await self._tokenizer.chat_async(
+            messages, session.key if session else None, [t.definition for t in rendered])
         ereq = self._engine_request("chatcmpl", request, body, token_ids, "messages", session)
-        return await self._respond(request, body, ereq, _ChatShape(self.card))
+        if structured is not None:
+            ereq.sampling.structured.CopyFrom(structured)
+        if body.logprobs:
+            ereq.sampling.logprobs = body.top_logprobs or 0
+        calls = None
+        if choice.mode in ("required", "named"):
+            calls = ForcedCalls(choice)
+        elif choice.mode == "auto" and self._tool_parser is not None:
+            calls = self._tool_parser.start(self.card.name, tools)
+        shape = _ChatShape(self.card, calls, body.top_logprobs or 0 if body.logprobs else None)
+        return await self._respond(request, body, ereq, shape)
 
     async def completions(self, request: Request, body: CompletionRequest):
         self._check_model(body)
@@ -264,12 +305,11 @@ class OpenAIServing:
             token_ids = await self._tokenizer.prompt_async(body.prompt)
         else:
             token_ids = list(body.prompt)
-            if any(not isinstance(t, int) or t < 0 for t in token_ids):
-                raise bad_request("prompt token ids must be non-negative integers",
-                                  param="prompt")
         session = self._session(request, body, prompt=body.prompt)
         ereq = self._engine_request("cmpl", request, body, token_ids, "prompt", session)
-        return await self._respond(request, body, ereq, _CompletionShape(self.card))
+        if body.logprobs is not None:
+            ereq.sampling.logprobs = body.logprobs
+        return await self._respond(request, body, ereq, _CompletionShape(self.card, body.logprobs))
 
     def models(self) -> dict:
         return {"object": "list", "data": [{
@@ -277,8 +317,22 @@ class OpenAIServing:
             "owned_by": "tandem", "max_model_len": self.card.max_model_len}]}
 
 
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode())
+
+
+def chat_logprobs(entries, top: int) -> dict:
+    """OpenAI chat `logprobs` for generated tokens."""
+    return {"content": [
+        {"token": e.token, "logprob": e.logprob, "bytes": _token_bytes(e.token),
+         "top_logprobs": [{"token": t.token, "logprob": t.logprob,
+                           "bytes": _token_bytes(t.token)} for t in e.top[:top]]}
+        for e in entries]}
+
+
 class _Shape:
-    """How one API family shapes whole responses and stream chunks."""
+    """How one API family shapes whole responses and stream chunks, for one
+    request."""
 
     opening: Callable[[str], dict] | None = None
 
@@ -290,10 +344,11 @@ class _Shape:
         return {"id": request_id, "object": obj, "created": self.created,
                 "model": self.card.name}
 
-    def whole(self, request_id: str, text: str, finish_reason: str, usage: dict) -> dict:
+    def whole(self, request_id: str, text: str, finish_reason: str, usage: dict,
+              logprobs: list[pb.TokenLogprob]) -> dict:
         raise NotImplementedError
 
-    def delta(self, request_id: str, text: str, finish_reason: str | None) -> dict:
+    def deltas(self, request_id: str, message: pb.GenerateResponse) -> list[dict]:
         raise NotImplementedError
 
     def usage_chunk(self, request_id: str, usage: dict) -> dict:
@@ -301,10 +356,27 @@ class _Shape:
 
 
 class _ChatShape(_Shape):
-    def whole(self, request_id, text, finish_reason, usage):
+    def __init__(self, card: ModelCard, calls: ForcedCalls | None = None,
+                 top_logprobs: int | None = None) -> None:
+        super().__init__(card)
+        self._calls = calls  # reads tool calls from the output (None: plain text)
+        self._top = top_logprobs  # None: no logprobs
+
+    def _logprobs(self, entries) -> dict | None:
+        return None if self._top is None else chat_logprobs(entries, self._top)
+
+    def whole(self, request_id, text, finish_reason, usage, logprobs):
+        message: dict = {"role": "assistant", "content": text}
+        if self._calls is not None:
+            content, calls = self._calls.whole(text)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = calls
+                finish_reason = "tool_calls"
         return {**self._base(request_id, "chat.completion"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": None, "finish_reason": finish_reason}],
+                "choices": [{"index": 0, "message": message,
+                             "logprobs": self._logprobs(logprobs),
+                             "finish_reason": finish_reason}],
                 "usage": usage}
 
     def opening(self, request_id):
@@ -312,10 +384,21 @@ class _ChatShape(_Shape):
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None}]}
 
-    def delta(self, request_id, text, finish_reason):
-        return {**self._base(request_id, "chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": {"content": text} if text else {},
-                             "logprobs": None, "finish_reason": finish_reason}]}
+    def deltas(self, request_id, message):
+        finish_reason = message.finish_reason or None
+        if self._calls is None:
+            delta = {"content": message.text} if message.text else {}
+        else:
+            delta = self._calls.delta(message.text, list(message.token_ids),
+                                      final=finish_reason is not None) or {}
+            if finish_reason and self._calls.called:
+                finish_reason = "tool_calls"
+        if not delta and not finish_reason:
+            return []
+        return [{**self._base(request_id, "chat.completion.chunk"),
+                 "choices": [{"index": 0, "delta": delta,
+                              "logprobs": self._logprobs(message.logprobs),
+                              "finish_reason": finish_reason}]}]
 
     def usage_chunk(self, request_id, usage):
         return {**self._base(request_id, "chat.completion.chunk"), "choices": [],
@@ -323,16 +406,35 @@ class _ChatShape(_Shape):
 
 
 class _CompletionShape(_Shape):
-    def whole(self, request_id, text, finish_reason, usage):
+    def __init__(self, card: ModelCard, logprobs: int | None = None) -> None:
+        super().__init__(card)
+        self._top = logprobs  # None: no logprobs
+        self._offset = 0  # text offset of the next token, across stream chunks
+
+    def _logprobs(self, entries) -> dict | None:
+        if self._top is None:
+            return None
+        offsets = []
+        for e in entries:
+            offsets.append(self._offset)
+            self._offset += len(e.token)
+        return {"tokens": [e.token for e in entries],
+                "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{t.token: t.logprob for t in e.top[:self._top]}
+                                 for e in entries],
+                "text_offset": offsets}
+
+    def whole(self, request_id, text, finish_reason, usage, logprobs):
         return {**self._base(request_id, "text_completion"),
-                "choices": [{"index": 0, "text": text, "logprobs": None,
+                "choices": [{"index": 0, "text": text, "logprobs": self._logprobs(logprobs),
                              "finish_reason": finish_reason}],
                 "usage": usage}
 
-    def delta(self, request_id, text, finish_reason):
-        return {**self._base(request_id, "text_completion"),
-                "choices": [{"index": 0, "text": text, "logprobs": None,
-                             "finish_reason": finish_reason}]}
+    def deltas(self, request_id, message):
+        return [{**self._base(request_id, "text_completion"),
+                 "choices": [{"index": 0, "text": message.text,
+                              "logprobs": self._logprobs(message.logprobs),
+                              "finish_reason": message.finish_reason or None}]}]
 
     def usage_chunk(self, request_id, usage):
         return {**self._base(request_id, "text_completion"), "choices": [], "usage": usage}

@@ -22,19 +22,27 @@ INLINE_MAX_CHARS = 1024
 
 
 class ChatTokenizer:
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, chat_template: str | None = None) -> None:
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(model_dir)
+        if chat_template is not None:
+            self._tok.chat_template = chat_template
+        # Templates that ignore `tools` would drop them silently.
+        self.renders_tools = "tools" in (self._tok.chat_template or "")
         # Incremental reuse needs offsets, which only fast tokenizers give;
         # their Rust backend also encodes without the Python wrapper's cost.
         self._incremental = IncrementalTokenizer(self._tok) if self._tok.is_fast else None
         self._encoder = self._incremental.encoder if self._incremental else None
         self._lock = threading.Lock()  # the session cache is shared by worker threads
 
-    def _render(self, messages: list[dict[str, str]]) -> str:
-        return self._tok.apply_chat_template(messages, add_generation_prompt=True,
-                                             tokenize=False)
+    @property
+    def hf_tokenizer(self):
+        return self._tok
+
+    def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        return self._tok.apply_chat_template(messages, tools=tools or None,
+                                             add_generation_prompt=True, tokenize=False)
 
     def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
         if self._encoder is not None:
@@ -53,20 +61,21 @@ class ChatTokenizer:
         finally:
             self._lock.release()
 
-    def chat(self, messages: list[dict[str, str]], session: str | None = None) -> list[int]:
-        return self._encode(self._render(messages), session)
+    def chat(self, messages: list[dict], session: str | None = None,
+             tools: list[dict] | None = None) -> list[int]:
+        return self._encode(self._render(messages, tools), session)
 
     def prompt(self, text: str) -> list[int]:
         return self._ids(text, add_special_tokens=True)
 
-    async def chat_async(self, messages: list[dict[str, str]],
-                         session: str | None = None) -> list[int]:
-        if sum(len(m["content"]) for m in messages) <= INLINE_MAX_CHARS:
+    async def chat_async(self, messages: list[dict], session: str | None = None,
+                         tools: list[dict] | None = None) -> list[int]:
+        if not tools and sum(len(m["content"] or "") for m in messages) <= INLINE_MAX_CHARS:
             # Never wait on the loop for a worker thread's (long) encode.
             ids = self._encode(self._render(messages), session, blocking=False)
             if ids is not None:
                 return ids
-        return await asyncio.to_thread(self.chat, messages, session)
+        return await asyncio.to_thread(self.chat, messages, session, tools)
 
     async def prompt_async(self, text: str) -> list[int]:
         if len(text) <= INLINE_MAX_CHARS:

@@ -30,8 +30,11 @@ def test_non_text_parts_are_refused():
 
 @pytest.mark.parametrize("fields", [
     {"temperature": 2.5}, {"top_p": 0}, {"max_tokens": 0}, {"n": 3},
-    {"stop": [str(i) for i in range(17)]}, {"logprobs": True}, {"tools": [{"x": 1}]},
-    {"best_of": 2}, {"presence_penalty": 3},
+    {"stop": [str(i) for i in range(17)]}, {"top_logprobs": 2}, {"best_of": 2},
+    {"presence_penalty": 3}, {"logprobs": True, "top_logprobs": 21},
+    # Beyond what the wire's integers carry.
+    {"seed": 1208925819614629174706176}, {"seed": -(2**63) - 1}, {"top_k": 2**31},
+    {"max_tokens": 2**32}, {"min_tokens": 2**32}, {"stop_token_ids": [2**32]},
 ])
 def test_invalid_or_unsupported_fields_are_refused(fields):
     with pytest.raises(ValidationError):
@@ -40,6 +43,11 @@ def test_invalid_or_unsupported_fields_are_refused(fields):
 
 def test_harmless_defaults_of_unsupported_fields_pass():
     chat(logprobs=False, tools=[], best_of=1)
+
+
+def test_wire_integer_limits_pass():
+    chat(seed=2**63 - 1, top_k=2**31 - 1, stop_token_ids=[2**32 - 1])
+    chat(seed=-(2**63))
 
 
 def test_max_completion_tokens_is_an_alias():
@@ -55,7 +63,7 @@ def test_sampling_params_carry_only_what_was_set():
 
 @pytest.mark.parametrize("prompt, ok", [
     ("text", True), ([1, 2, 3], True), (["one"], True), ([[1, 2]], True),
-    ("", False), ([], False), (["a", "b"], False),
+    ("", False), ([], False), (["a", "b"], False), ([1, -3], False), ([[2**32]], False),
 ])
 def test_completion_prompt_shapes(prompt, ok):
     if ok:

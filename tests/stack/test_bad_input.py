@@ -38,6 +38,7 @@ CASES = {
         {"role": "user", "content": "word " * 6000}]}, 400, "messages"),
     "empty completion prompt": ("/v1/completions", {"model": M, "prompt": ""}, 400, "prompt"),
     "negative token id": ("/v1/completions", {"model": M, "prompt": [1, -3]}, 400, "prompt"),
+    "token id beyond uint32": ("/v1/completions", {"model": M, "prompt": [2**32]}, 400, "prompt"),
     "missing model": ("/v1/completions", {"prompt": "x"}, 400, "model"),
 }
 

@@ -7,14 +7,16 @@ the engines' side from their own /metrics and the responses."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import httpx
+import jsonschema
 import pytest
 
 from common.ports import free_port
 from services.stack import Stack, StackConfig
-from tests.helpers import MODEL_NAME, metric_value, wait_for
+from tests.helpers import MODEL_NAME, TOOLS_TEMPLATE, metric_value, wait_for
 
 pytestmark = pytest.mark.stack
 
@@ -30,7 +32,8 @@ def two_engines(model_dir, tmp_path_factory):
                          state_dir=tmp_path_factory.mktemp("two-engines"),
                          engine_args=["--block-size", str(BLOCK_SIZE)],
                          router_args=["--block-size", str(BLOCK_SIZE),
-                                      "--routing-policy", "cost"],
+                                      "--routing-policy", "cost",
+                                      "--chat-template", str(TOOLS_TEMPLATE)],
                          # A guard against hangs, not a performance bound: on a
                          # loaded 2-core machine engines alone took 8 minutes.
                          startup_timeout_s=1800)
@@ -95,3 +98,26 @@ def test_session_sticks_and_prediction_equals_engine_cached_tokens(two_engines):
     assert metric_value(text, "tandem_routing_prediction_total", 'outcome="exact"') >= 4
     assert metric_value(text, "tandem_routing_decisions_total",
                         'policy="cost",reason="sticky"') == 3
+
+
+def test_forced_tool_call_and_json_schema_on_aggregated_engines(two_engines):
+    """The aggregated path applies the constraint too (no prefill pod)."""
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+              "required": ["city"], "additionalProperties": False}
+    url = f"{two_engines.router_url}/v1/chat/completions"
+    ask = [{"role": "user", "content": "Weather in Rome?"}]
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": params}}]
+    reply = httpx.post(url, timeout=300, json={
+        "model": MODEL_NAME, "messages": ask, "max_tokens": 40, "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "weather"}}})
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    jsonschema.validate(json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]),
+                        params)
+    reply = httpx.post(url, timeout=300, json={
+        "model": MODEL_NAME, "messages": ask, "max_tokens": 40,
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "w", "schema": params}}})
+    assert reply.status_code == 200, reply.text
+    jsonschema.validate(json.loads(reply.json()["choices"][0]["message"]["content"]), params)
