@@ -59,8 +59,8 @@ def cpu_cache(blocks: int, layers: int = LAYERS) -> list[torch.Tensor]:
     """Per-layer views over one allocation, as vLLM 0.32 lays out the CPU cache."""
     page = HEADS * BLOCK_SIZE * 2 * HEAD_SIZE
     raw = torch.rand(layers * blocks * page)
-    return [raw[l * blocks * page:(l + 1) * blocks * page]
-            .view(blocks, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE) for l in range(layers)]
+    return [raw[i * blocks * page:(i + 1) * blocks * page]
+            .view(blocks, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE) for i in range(layers)]
 
 
 def kernel_cases(blocks: int, tokens: int, ranks: int, queries: int) -> list[Case]:

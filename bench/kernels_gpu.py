@@ -67,9 +67,9 @@ def nhd_cache(blocks: int) -> list[torch.Tensor]:
     """Per-layer [B, H, N, 2*head] views, token-major inside a page (LBNHC)."""
     page = BLOCK_SIZE * KV_HEADS * 2 * HEAD_SIZE
     raw = torch.empty(LAYERS * blocks * page, dtype=DTYPE, device="cuda").normal_()
-    return [raw[l * blocks * page:(l + 1) * blocks * page]
+    return [raw[i * blocks * page:(i + 1) * blocks * page]
             .view(blocks, BLOCK_SIZE, KV_HEADS, 2 * HEAD_SIZE).permute(0, 2, 1, 3)
-            for l in range(LAYERS)]
+            for i in range(LAYERS)]
 
 
 def token_view(blocks: int, block_size: int) -> torch.Tensor:

@@ -135,7 +135,8 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
 
 
 class CompletionRequest(SamplingFields):
-    unsupported: ClassVar[tuple[str, ...]] = (*SamplingFields.unsupported, "tools", "response_format")
+    unsupported: ClassVar[tuple[str, ...]] = (*SamplingFields.unsupported, "tools",
+                                              "response_format")
 
     prompt: str | list[int] | list[str] | list[list[int]]
     # Top log-probabilities per token (OpenAI allows up to 5).

@@ -27,8 +27,14 @@ from services.router.routing import session_key
 from services.router.routing.sessions import SessionKey
 from services.router.structured import from_response_format, from_structured_outputs
 from services.router.tokenizer import ChatTokenizer
-from services.router.tools import (AutoParser, ForcedCalls, check_history, check_tools,
-                                   forced_constraint, resolve_choice)
+from services.router.tools import (
+    AutoParser,
+    ForcedCalls,
+    check_history,
+    check_tools,
+    forced_constraint,
+    resolve_choice,
+)
 
 
 @dataclass

@@ -39,23 +39,23 @@ def make_layers(layout: str, dtype: torch.dtype, layers: int = 3, blocks: int = 
     page = heads * block_size * 2 * head_size
     shape = (blocks, heads, block_size, 2 * head_size)
     if layout == "separate":  # own allocation per layer, page sizes differ
-        caches = [random_bytes(blocks * (page + l * 2 * head_size * block_size) * width,
-                               seed + l).view(dtype).view(blocks, heads + l, block_size, -1)
-                  for l in range(layers)]
+        caches = [random_bytes(blocks * (page + i * 2 * head_size * block_size) * width,
+                               seed + i).view(dtype).view(blocks, heads + i, block_size, -1)
+                  for i in range(layers)]
         return caches, torch.empty(0)
     raw = random_bytes(layers * blocks * page * width, seed)
     flat = raw.view(dtype)
     if layout == "layer_outer":  # LBHNC: the CPU backend's layout
-        caches = [flat[l * blocks * page:(l + 1) * blocks * page].view(shape)
-                  for l in range(layers)]
+        caches = [flat[i * blocks * page:(i + 1) * blocks * page].view(shape)
+                  for i in range(layers)]
     elif layout == "block_outer":  # BLHNC: a block's pages of every layer adjacent
         caches = [torch.as_strided(flat, shape, (layers * page, block_size * 2 * head_size,
-                                                 2 * head_size, 1), l * page)
-                  for l in range(layers)]
+                                                 2 * head_size, 1), i * page)
+                  for i in range(layers)]
     else:  # LBNHC: tokens outer inside a page, logical view permuted
-        caches = [flat[l * blocks * page:(l + 1) * blocks * page]
+        caches = [flat[i * blocks * page:(i + 1) * blocks * page]
                   .view(blocks, block_size, heads, 2 * head_size).permute(0, 2, 1, 3)
-                  for l in range(layers)]
+                  for i in range(layers)]
     return caches, raw
 
 
@@ -104,7 +104,7 @@ def test_packed_row_is_the_store_connectors_multi_buffer_object():
     layers, raw = make_layers("layer_outer", torch.float32, layers=4, blocks=5)
     page = block_pages(layers[0]).shape[1]
     for b in range(5):
-        expected = torch.cat([raw[(l * 5 + b) * page:(l * 5 + b + 1) * page] for l in range(4)])
+        expected = torch.cat([raw[(i * 5 + b) * page:(i * 5 + b + 1) * page] for i in range(4)])
         assert torch.equal(pack_blocks(layers, [b])[0], expected)
 
 

@@ -75,7 +75,8 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message, {})
 
 
-STALE = "the object has been modified; please apply your changes to the latest version and try again"
+STALE = ("the object has been modified; please apply your changes to the latest version and "
+         "try again")
 
 
 @dataclass
@@ -117,7 +118,8 @@ class Store:
         except KeyError:
             gv = f"{group}/{version}" if group else version
             raise ApiError(
-                404, "NotFound", f"the server could not find the requested resource ({gv} {plural})",
+                404, "NotFound",
+                f"the server could not find the requested resource ({gv} {plural})",
                 {},
             ) from None
 
@@ -251,7 +253,8 @@ class Store:
             body.setdefault("status", {}).setdefault("phase", "Pending")
 
     def replace(
-        self, kind: Kind, namespace: str | None, name: str, body: dict, subresource: str | None = None
+        self, kind: Kind, namespace: str | None, name: str, body: dict,
+        subresource: str | None = None
     ) -> dict:
         key = self._key(kind, namespace, name)
         old = self.objects.get(key)
@@ -423,7 +426,8 @@ class Store:
         if obj is None:
             raise not_found(kind, name)
         pre = options.get("preconditions") or {}
-        if pre.get("resourceVersion") and pre["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+        current = obj["metadata"]["resourceVersion"]
+        if pre.get("resourceVersion") and pre["resourceVersion"] != current:
             raise conflict(kind, name, "Precondition failed: resourceVersion")
         if pre.get("uid") and pre["uid"] != obj["metadata"]["uid"]:
             raise conflict(kind, name, "Precondition failed: UID")

@@ -128,7 +128,9 @@ def test_builtins_are_validated_against_the_kubernetes_schema(http):
 def test_label_and_field_selectors(http):
     http.post(DEPLOY, json=deployment("a", tier="x"))
     http.post(DEPLOY, json=deployment("b", tier="y"))
-    names = lambda r: [i["metadata"]["name"] for i in r.json()["items"]]
+    def names(r):
+        return [i["metadata"]["name"] for i in r.json()["items"]]
+
     assert names(http.get(DEPLOY, params={"labelSelector": "tier=x"})) == ["a"]
     assert names(http.get(DEPLOY, params={"labelSelector": "tier in (x,y),tier!=y"})) == ["a"]
     assert names(http.get(DEPLOY, params={"labelSelector": "!tier"})) == []

@@ -82,8 +82,8 @@ class Engine:
             self.raw.copy_(torch.randint(0, 256, self.raw.shape, dtype=torch.uint8,
                                          generator=gen))
         flat = self.raw.view(torch.float32)
-        self.layers = [flat[l * BLOCKS * page:(l + 1) * BLOCKS * page]
-                       .view(BLOCKS, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE) for l in range(LAYERS)]
+        self.layers = [flat[i * BLOCKS * page:(i + 1) * BLOCKS * page]
+                       .view(BLOCKS, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE) for i in range(LAYERS)]
         assert store.register_buffer(self.raw.data_ptr(), self.raw.numel()) == 0
         self.layout = RankLocalStoreLayout(KeyMetadata("m", 0, 0, 0, 0), BLOCK_SIZE, BLOCK_SIZE)
         self.layout.register_kv_caches(self.layers, BLOCKS)
@@ -214,6 +214,6 @@ def test_calls_that_are_not_whole_blocks_pass_through(client, engines):
     assert packing.batch_put_from_multi_buffers(["two-blocks"], addrs, doubled,
                                                 ReplicateConfig()) == [0]
     assert packing.passed_through_calls == 1 and packing.packed_keys == 0
-    expected = torch.cat([torch.cat([engine.layers[l][2:4].reshape(-1).view(torch.uint8)])
-                          for l in range(LAYERS)])
+    expected = torch.cat([torch.cat([engine.layers[i][2:4].reshape(-1).view(torch.uint8)])
+                          for i in range(LAYERS)])
     assert bytes(client.get("two-blocks")) == expected.numpy().tobytes()

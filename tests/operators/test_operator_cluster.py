@@ -55,7 +55,7 @@ def operator(kube_api, tmp_path):
 def test_create_scale_update_foreign_edit_and_delete(kube_api, kubectl, operator):
     started = time.monotonic()
     kubectl("create", "-f", "-", stdin=TD)
-    wait_for(lambda: WORKLOADS <= set(deployments(kube_api)), what="workloads")
+    wait_for(lambda: set(deployments(kube_api)) >= WORKLOADS, what="workloads")
     print(f"\nreconcile latency, create -> {len(WORKLOADS)} Deployments written: "
           f"{time.monotonic() - started:.2f}s")
     td = kube_api.get("tandem.dev", "v1alpha1", "tandemdeployments", "default", "demo")
@@ -164,7 +164,7 @@ def test_restarted_mid_reconcile_converges_to_the_same_objects(kube_api, kubectl
     partial = set(deployments(kube_api))
     second = start_operator(kube_api, tmp_path, name="second")
     try:
-        wait_for(lambda: WORKLOADS <= set(deployments(kube_api)), what="convergence")
+        wait_for(lambda: set(deployments(kube_api)) >= WORKLOADS, what="convergence")
         second.wait_passes()  # a whole pass after convergence: settled
         settled = {n: d["metadata"]["resourceVersion"] for n, d in
                    deployments(kube_api).items()}
