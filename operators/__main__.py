@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging("operator")
     # kopf logs what it does (handlers, retries, watch errors) on its own logger.
-    tandem_logger, kopf_logger = logging.getLogger("tandem"), logging.getLogger("kopf")
-    kopf_logger.handlers[:] = tandem_logger.handlers
-    kopf_logger.setLevel(tandem_logger.level)
+    operators_logger, kopf_logger = logging.getLogger("operators"), logging.getLogger("kopf")
+    kopf_logger.handlers[:] = operators_logger.handlers
+    kopf_logger.setLevel(operators_logger.level)
     kopf_logger.propagate = False
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -33,7 +33,7 @@ from operators.status import (
     pool_conditions,
 )
 
-log = logging.getLogger("tandem.operator")
+log = logging.getLogger(__name__)
 
 TEMPLATE_REPLICAS = "tandem.dev/template-replicas"
 Emit = Callable[[dict, str, str, str], None]  # (object, type, reason, message)

@@ -19,7 +19,7 @@ from collections import defaultdict
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-log = logging.getLogger("tandem.operator")
+log = logging.getLogger(__name__)
 
 IN_FLIGHT_METRIC = "tandem_router_pod_in_flight"
 LIVE_BLOCKS_METRIC = "tandem_routing_pod_live_blocks"

@@ -20,7 +20,7 @@ from operators.kube import Kube
 from operators.manifests import LABEL_DEPLOYMENT, MANAGED_BY
 from operators.spec import API_VERSION, GROUP, VERSION
 
-log = logging.getLogger("tandem.operator")
+log = logging.getLogger(__name__)
 
 RESYNC_SECONDS = float(os.environ.get("TANDEM_OPERATOR_RESYNC_SECONDS", "30"))
 _locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)

@@ -27,7 +27,7 @@ from kubernetes_asyncio.client import ApiException
 
 from operators.kube import Kube
 
-log = logging.getLogger("tandem.operator")
+log = logging.getLogger(__name__)
 
 RENDERED_HASH = "tandem.dev/rendered-hash"
 CONFLICT_RETRIES = 5

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from .demand import COUNTERS, POOL_OF_LABEL, PoolCounters, RouterSample, Window, window
 from .profiles import PoolRole
 
-log = logging.getLogger("tandem.planner")
+log = logging.getLogger(__name__)
 
 # Router counter name (without _total) → PoolCounters field.
 _METRICS: Mapping[str, str] = {f"tandem_router_pool_{c}": c for c in COUNTERS}

@@ -22,7 +22,7 @@ from common.settings import SettingError, add_arguments, from_arguments, setting
 from services.engine import vllm_plugin
 
 ENV_PREFIX = "TANDEM_ENGINE_"
-log = logging.getLogger("tandem.engine")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from services.router.serving import ModelCard, OpenAIServing
 from services.router.tokenizer import ChatTokenizer
 from services.router.tools import AutoParser
 
-log = logging.getLogger("tandem.router")
+log = logging.getLogger(__name__)
 _STARTUP_WAIT_S = 600.0
 
 

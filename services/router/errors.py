@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-log = logging.getLogger("tandem.router")
+log = logging.getLogger(__name__)
 
 # 401 is invalid_request_error because that is what OpenAI's API answers for
 # a missing or wrong key (with code invalid_api_key); clients match on it.

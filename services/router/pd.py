@@ -36,7 +36,7 @@ from services.router.retention import SessionRetention
 from services.router.routing import NoPodAvailable, RouteDecision, RouteRequest
 from services.router.routing.replica import Replica
 
-log = logging.getLogger("tandem.router")
+log = logging.getLogger(__name__)
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN,
               grpc.StatusCode.CANCELLED}

@@ -24,7 +24,7 @@ from services.router.routing import PodSpec, RoutingCore
 from services.router.routing.events import KvEventSubscriber
 from services.router.routing.tasks import cancel_and_wait
 
-log = logging.getLogger("tandem.router")
+log = logging.getLogger(__name__)
 
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.max_send_message_length", 64 << 20),

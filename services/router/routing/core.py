@@ -26,7 +26,7 @@ from services.router.routing.live import LiveSessions
 from services.router.routing.policy import Binding, PodView, Policy, RouteInput
 from services.router.routing.settings import RoutingSettings
 
-log = logging.getLogger("tandem.router.routing")
+log = logging.getLogger(__name__)
 
 # A pod's state as /health and the tandem_router_pod_state metric name it,
 # the first that applies: not healthy, draining (engine or discovery), circuit

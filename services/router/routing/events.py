@@ -30,7 +30,7 @@ import zmq.asyncio
 from services.router.routing.index import PrefixIndex
 from services.router.routing.tasks import cancel_and_wait
 
-log = logging.getLogger("tandem.router.routing.events")
+log = logging.getLogger(__name__)
 
 END_SEQ = -1
 

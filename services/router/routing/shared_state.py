@@ -38,7 +38,7 @@ from services.router.routing.core import PodLoad, SharedView, StateWrites
 from services.router.routing.policy import Binding
 from services.router.routing.tasks import cancel_and_wait
 
-log = logging.getLogger("tandem.router.routing.shared_state")
+log = logging.getLogger(__name__)
 
 # Field of every replica's load hash, so that a replica with no load yet is not
 # taken for one that is gone (whose hash expired).
