@@ -63,7 +63,7 @@ def kubectl(kube_api: RunningApiServer) -> Callable[..., subprocess.CompletedPro
     def run(*args: str, stdin: str | None = None, check: bool = True
             ) -> subprocess.CompletedProcess:
         result = subprocess.run([binary, "--kubeconfig", str(kube_api.kubeconfig), *args],
-                                input=stdin, capture_output=True, text=True, timeout=60,
+                                input=stdin, capture_output=True, text=True, timeout=300,
                                 check=False)
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
