@@ -77,7 +77,7 @@ test-unit: setup
 	$(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
 
 # Static checks, configured in pyproject.toml (seconds; CI runs them first).
-lint: $(STAMP)
+lint: $(STAMP) proto
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py
