@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ def vendored_crds() -> list[Manifest]:
     return docs
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd_schema_for(api_version: str, kind: str) -> dict | None:
     group, _, version = api_version.rpartition("/")
     for crd in chart_crds() + vendored_crds():
@@ -125,7 +125,7 @@ def problems(obj: Manifest) -> list[str]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def builtin_validator(version: str, api_version: str, kind: str
                       ) -> jsonschema.Draft202012Validator | None:
     """kubernetes-validate's strict schema for one kind, as its `validate` builds it."""

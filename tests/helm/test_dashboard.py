@@ -155,7 +155,7 @@ def test_every_query_parses_and_reads_exported_metrics(title, expr):
 
 
 def test_parser_refuses_a_broken_query():
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):
         parse('sum(rate(tandem_router_requests_total{namespace="$namespace"}[5m])')
 
 

@@ -34,8 +34,21 @@ import pytest
 
 from tandem.stack import free_port
 from tests.helm.cases import CASES
-from tests.helm.chart import (NAMESPACE, RELEASE, REPO, by_kind, chart_crds, containers, example,
-                              one, pod_templates, problems, render, selects, vendored_crds)
+from tests.helm.chart import (
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    by_kind,
+    chart_crds,
+    containers,
+    example,
+    one,
+    pod_templates,
+    problems,
+    render,
+    selects,
+    vendored_crds,
+)
 from tests.kube.apiserver import RunningApiServer
 from tests.kube.kinds import Kind
 

@@ -16,8 +16,19 @@ import yaml
 from operators.manifests import GRPC_PORT, ROUTER_PORT
 from operators.spec import CRD_DIR
 from tests.helm.cases import CASES, EXAMPLE_NAMES
-from tests.helm.chart import (CHART_DIR, EXAMPLES, NAMESPACE, RELEASE, by_kind, chart,
-                              chart_crds, notes, one, problems, render)
+from tests.helm.chart import (
+    CHART_DIR,
+    EXAMPLES,
+    NAMESPACE,
+    RELEASE,
+    by_kind,
+    chart,
+    chart_crds,
+    notes,
+    one,
+    problems,
+    render,
+)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
