@@ -222,7 +222,8 @@ def test_notes_tell_how_to_send_the_first_request():
     assert "kubectl -n serving get td tandem -w" in text
     assert "port-forward svc/tandem-router 8000:80" in text
     assert '"model": "Qwen/Qwen3-8B"' in text
-    text = notes({**CASES["feature-ingress-tls"], **CASES["feature-api-keys"]})
+    router = {**CASES["feature-ingress-tls"]["router"], **CASES["feature-api-keys"]["router"]}
+    text = notes({"router": router})
     assert "export TANDEM_URL=https://llm.example.com" in text
     assert 'Authorization: Bearer $TANDEM_API_KEY' in text
     assert "get secret tandem-api-keys" in text
