@@ -8,6 +8,7 @@ CRDs with CEL rules evaluated (tests/kube/schema.py).
 from __future__ import annotations
 
 import os
+import tarfile
 
 import helm_python as helm
 import pytest
@@ -69,6 +70,18 @@ def test_the_chart_ships_the_operators_crds():
     assert shipped == own
     assert sorted(c["metadata"]["name"] for c in chart_crds()) == [
         "enginepools.tandem.dev", "tandemdeployments.tandem.dev"]
+
+
+def test_the_packaged_chart_carries_the_crds_as_files(tmp_path):
+    archive = helm.package(CHART_DIR, destination=tmp_path)
+    with tarfile.open(archive) as tar:
+        crds = {m.name: m for m in tar.getmembers() if "/crds/" in m.name}
+        assert sorted(crds) == ["tandem/crds/enginepools.yaml", "tandem/crds/tandemdeployments.yaml"]
+        assert all(m.isfile() for m in crds.values())
+    with helm.Chart.load(archive) as packaged:
+        assert packaged.crds == chart().crds
+        assert packaged.render({}, name=RELEASE, namespace=NAMESPACE) == \
+            chart().render({}, name=RELEASE, namespace=NAMESPACE)
 
 
 def test_examples_render_what_they_say():
