@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from common.mooncake import find_binary
 from operators import manifests
 from operators.spec import with_defaults
-from services.kvstore.commands import find_binary
 from tandem.cli import build_parser
 from tests.helm.chart import REPO, chart, containers, one, render
 

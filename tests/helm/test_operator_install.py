@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.stack import free_port
+from common.ports import free_port
 from tests.helm.cases import CASES
 from tests.helm.chart import (
     NAMESPACE,

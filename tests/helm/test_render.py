@@ -22,6 +22,7 @@ from tests.helm.chart import (
     EXAMPLES,
     NAMESPACE,
     RELEASE,
+    REPO,
     by_kind,
     chart,
     chart_crds,
@@ -70,6 +71,18 @@ def test_the_chart_ships_the_operators_crds():
     assert shipped == own
     assert sorted(c["metadata"]["name"] for c in chart_crds()) == [
         "enginepools.tandem.dev", "tandemdeployments.tandem.dev"]
+
+
+def test_the_operators_rbac_is_operators_rbac():
+    for name in ("operator.yaml", "router.yaml"):
+        link = CHART_DIR / "files" / "rbac" / name
+        assert os.readlink(link) == f"../../../../operators/rbac/{name}"
+    own = [d for d in yaml.safe_load_all((REPO / "operators" / "rbac" / "operator.yaml").read_text())
+           if d and d["kind"] == "ClusterRole"]
+    rendered = one(render({}), "ClusterRole", f"{RELEASE}-operator")
+    assert rendered["rules"] == own[0]["rules"]
+    router = yaml.safe_load((REPO / "operators" / "rbac" / "router.yaml").read_text())
+    assert one(render({}), "ClusterRole", "tandem-router")["rules"] == router["rules"]
 
 
 def test_the_packaged_chart_carries_the_crds_as_files(tmp_path):
