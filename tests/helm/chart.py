@@ -10,8 +10,8 @@ definitions file on every call); custom resources against
 their CRD's openAPIV3Schema the way kube-apiserver admits them (pruning,
 defaults, OpenAPI constraints, CEL rules; tests/kube/schema.py), unknown
 fields counting as errors. The CRDs are the chart's own (operators/crds) and
-the ones vendored under tests/helm/vendor (LeaderWorkerSet, InferencePool,
-ServiceMonitor, PodMonitor).
+other projects' written here from their API docs (tests/helm/foreign_schemas.py:
+LeaderWorkerSet, InferencePool, ServiceMonitor, PodMonitor).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import referencing
 import yaml
 from kubernetes_validate.utils import schema_contents
 
+from tests.helm import foreign_schemas
 from tests.kube import schema as crd_schema
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "tandem"
 EXAMPLES = REPO / "helm" / "examples"
-VENDOR = Path(__file__).parent / "vendor"
 RELEASE = "tandem"
 NAMESPACE = "serving"
 # The chart's kubeVersion floor and the newest Kubernetes kubernetes-validate knows.
@@ -81,17 +81,15 @@ def chart_crds() -> list[Manifest]:
 
 
 @lru_cache(maxsize=1)
-def vendored_crds() -> list[Manifest]:
-    docs = []
-    for path in sorted(VENDOR.glob("*.yaml")):
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
-    return docs
+def foreign_crds() -> list[Manifest]:
+    """The CRDs of other projects whose resources the chart renders."""
+    return foreign_schemas.crds()
 
 
 @cache
 def crd_schema_for(api_version: str, kind: str) -> dict | None:
     group, _, version = api_version.rpartition("/")
-    for crd in chart_crds() + vendored_crds():
+    for crd in chart_crds() + foreign_crds():
         spec = crd["spec"]
         if spec["group"] != group or spec["names"]["kind"] != kind:
             continue

@@ -1,8 +1,9 @@
 """The Grafana dashboard (helm/tandem/files/dashboards/tandem.json).
 
-Checked against Grafana's own JSON schemas (grafana-foundation-sdk, vendored
-under tests/helm/vendor/grafana): the dashboard model, each panel plugin's
-options, each Prometheus query. Every PromQL expression is parsed by a real
+Checked for what Grafana's dashboard importer and its sidecar need: a title,
+a uid, a schemaVersion, templating variables, and panels of a known type,
+each with a grid position and Prometheus targets (expr, refId, datasource).
+Every PromQL expression is parsed by a real
 PromQL parser (promql-parser, the Rust parser's Python binding) and every
 metric it reads must be one Tandem's components really export — the router's
 registry, vLLM's metric definitions, the Mooncake master's metrics, the
@@ -17,7 +18,6 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-import jsonschema
 import promql_parser
 import pytest
 import yaml
@@ -25,25 +25,17 @@ import yaml
 from operators.spec import crd_schema
 from services.kvstore.metrics import TRANSLATIONS
 from services.router.metrics import RouterMetrics
-from tests.helm.chart import CHART_DIR, VENDOR, one, render
+from tests.helm.chart import CHART_DIR, one, render
 
 DASHBOARD = json.loads((CHART_DIR / "files" / "dashboards" / "tandem.json").read_text())
 KSM_CONFIG = yaml.safe_load((CHART_DIR / "files" / "kube-state-metrics" /
                              "enginepools.yaml").read_text())
-GRAFANA = VENDOR / "grafana"
 COUNTER, GAUGE = "counter", "gauge"
-
-
-def grafana_validator(name: str, definition: str | None = None) -> jsonschema.Draft7Validator:
-    schema = json.loads((GRAFANA / f"{name}.jsonschema.json").read_text())
-    if definition is not None:
-        schema = {**schema, "$ref": f"#/definitions/{definition}"}
-    return jsonschema.Draft7Validator(schema)
-
-
-def errors(validator: jsonschema.Draft7Validator, value: object) -> list[str]:
-    return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-            for e in validator.iter_errors(value)]
+# The panel plugins built into Grafana that this dashboard uses.
+PANEL_TYPES = {"timeseries", "stat"}
+# The schemaVersion range of the Grafana releases the dashboard is written for (10.x-12.x).
+SCHEMA_VERSIONS = range(36, 42)
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
 @lru_cache(maxsize=1)
@@ -106,22 +98,39 @@ def selectors(node, in_rate: bool = False):
         yield from selectors(node.expr, in_rate)
 
 
-def test_dashboard_is_valid_against_grafanas_schema():
-    assert errors(grafana_validator("dashboard"), DASHBOARD) == []
+def test_dashboard_has_what_grafanas_importer_needs():
+    assert isinstance(DASHBOARD["title"], str) and DASHBOARD["title"]
+    # Grafana's uid: at most 40 characters of letters, digits, '-' and '_'.
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,40}", DASHBOARD["uid"]), DASHBOARD["uid"]
+    assert DASHBOARD["schemaVersion"] in SCHEMA_VERSIONS
+    assert "id" not in DASHBOARD or DASHBOARD["id"] is None  # set by the Grafana it lands in
+    assert isinstance(DASHBOARD["panels"], list) and DASHBOARD["panels"]
+    variables = DASHBOARD["templating"]["list"]
+    assert len({v["name"] for v in variables}) == len(variables)
+    for variable in variables:
+        assert variable["type"] in ("datasource", "query", "custom", "constant", "interval")
+        if variable["type"] == "query":
+            assert variable["datasource"] == DATASOURCE, variable["name"]
+            assert variable["query"], variable["name"]
 
 
 @pytest.mark.parametrize("panel", DASHBOARD["panels"], ids=lambda p: p["title"])
-def test_each_panel_matches_its_plugin_and_query_schemas(panel):
-    options = grafana_validator(panel["type"], "Options")
-    assert errors(options, panel["options"]) == []
-    if panel["type"] == "timeseries":
-        custom = grafana_validator("timeseries", "GraphFieldConfig")
-        assert errors(custom, panel["fieldConfig"]["defaults"].get("custom", {})) == []
-    query = grafana_validator("prometheus")
+def test_each_panel_has_a_type_a_place_and_prometheus_targets(panel):
+    assert panel["type"] in PANEL_TYPES
+    assert isinstance(panel["title"], str) and panel["title"]
+    assert isinstance(panel["id"], int)
+    grid = panel["gridPos"]
+    assert set(grid) == {"x", "y", "w", "h"}
+    assert all(isinstance(grid[k], int) and grid[k] >= 0 for k in grid)
+    assert grid["w"] >= 1 and grid["h"] >= 1
+    assert isinstance(panel.get("options", {}), dict)
+    assert isinstance(panel.get("fieldConfig", {}).get("defaults", {}), dict)
+    assert panel["targets"], f"{panel['title']} has no query"
+    ref_ids = [t["refId"] for t in panel["targets"]]
+    assert len(ref_ids) == len(set(ref_ids))
     for target in panel["targets"]:
-        assert errors(query, target) == []
-        assert target["datasource"] == panel["datasource"] == {"type": "prometheus",
-                                                               "uid": "${datasource}"}
+        assert isinstance(target["expr"], str) and target["expr"].strip()
+        assert target["datasource"] == panel["datasource"] == DATASOURCE
 
 
 def test_panels_have_unique_ids_and_do_not_overlap():

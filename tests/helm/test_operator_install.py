@@ -7,8 +7,8 @@ operator runs as its own process with the flags the chart gives its
 Deployment. No mocks. Checked:
 
 * the TandemDeployment from default values reconciles into workloads that
-  validate (Kubernetes schemas for 1.30 and the newest; LeaderWorkerSet's own
-  CRD for multi-node pools);
+  validate (Kubernetes schemas for 1.30 and the newest; the LeaderWorkerSet
+  schema of tests/operators/lws_schema.py for multi-node pools);
 * every selector the chart renders (monitors, NetworkPolicies, InferencePool)
   picks the operator's pods and names ports they have;
 * every API request the operator made is allowed by the chart's RBAC (the
@@ -42,12 +42,12 @@ from tests.helm.chart import (
     chart_crds,
     containers,
     example,
+    foreign_crds,
     one,
     pod_templates,
     problems,
     render,
     selects,
-    vendored_crds,
 )
 from tests.kube.apiserver import RunningApiServer
 from tests.kube.kinds import Kind
@@ -83,7 +83,7 @@ class Cluster:
 
     def helm_install(self, values: dict) -> None:
         """What `helm install` creates: the CRDs, then every object but the test hooks."""
-        self.server.install(*chart_crds(), *vendored_crds())
+        self.server.install(*chart_crds(), *foreign_crds())
         self.server.install({"apiVersion": "v1", "kind": "Namespace",
                              "metadata": {"name": NAMESPACE}})
         self.docs = render(values)

@@ -2,7 +2,9 @@
 
 No mocks: Helm's Go SDK renders (helm-python-sdk), kubernetes-validate holds
 the Kubernetes OpenAPI schemas, custom resources are admitted against their
-CRDs with CEL rules evaluated (tests/kube/schema.py).
+CRDs with CEL rules evaluated (tests/kube/schema.py): the chart's own, and
+other projects' kinds (LeaderWorkerSet, InferencePool, ServiceMonitor,
+PodMonitor) as tests/helm/foreign_schemas.py writes them from their API docs.
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ def test_the_operators_rbac_is_operators_rbac():
     for name in ("operator.yaml", "router.yaml"):
         link = CHART_DIR / "files" / "rbac" / name
         assert os.readlink(link) == f"../../../../operators/rbac/{name}"
-    own = [d for d in yaml.safe_load_all((REPO / "operators" / "rbac" / "operator.yaml").read_text())
-           if d and d["kind"] == "ClusterRole"]
+    own_text = (REPO / "operators" / "rbac" / "operator.yaml").read_text()
+    own = [d for d in yaml.safe_load_all(own_text) if d and d["kind"] == "ClusterRole"]
     rendered = one(render({}), "ClusterRole", f"{RELEASE}-operator")
     assert rendered["rules"] == own[0]["rules"]
     router = yaml.safe_load((REPO / "operators" / "rbac" / "router.yaml").read_text())
@@ -89,7 +91,8 @@ def test_the_packaged_chart_carries_the_crds_as_files(tmp_path):
     archive = helm.package(CHART_DIR, destination=tmp_path)
     with tarfile.open(archive) as tar:
         crds = {m.name: m for m in tar.getmembers() if "/crds/" in m.name}
-        assert sorted(crds) == ["tandem/crds/enginepools.yaml", "tandem/crds/tandemdeployments.yaml"]
+        assert sorted(crds) == ["tandem/crds/enginepools.yaml",
+                                "tandem/crds/tandemdeployments.yaml"]
         assert all(m.isfile() for m in crds.values())
     with helm.Chart.load(archive) as packaged:
         assert packaged.crds == chart().crds
