@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the model to ask (default: the first /v1/models lists)")
     parser.add_argument("--prompt", default="What is the capital of France? Answer in one word.")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--timeout", type=float, default=300.0,
+    parser.add_argument("--timeout-s", type=float, default=300.0,
                         help="seconds to wait for the router to be healthy and answer")
     parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY", ""),
                         help="API key to send ($TANDEM_API_KEY; a comma-separated list "
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     key = args.api_key.split(",")[0].strip()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    deadline = time.monotonic() + args.timeout
-    with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout) as client:
+    deadline = time.monotonic() + args.timeout_s
+    with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout_s) as client:
         try:
             wait_healthy(client, deadline)
             model = args.model

@@ -42,7 +42,7 @@ def test_a_bad_reply_says_why(status, body, why):
 
 def test_an_absent_router_fails_within_the_timeout():
     done = subprocess.run([sys.executable, "-m", "tandem.smoke", "--url", "http://127.0.0.1:9",
-                           "--timeout", "3"], check=False, cwd=REPO, capture_output=True,
+                           "--timeout-s", "3"], check=False, cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 1
     assert "did not become healthy" in done.stderr
