@@ -34,7 +34,8 @@ DOCKER = REPO / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
-FROM = re.compile(r"^FROM\s+(?P<image>\S+)(?:\s+AS\s+(?P<alias>\S+))?\s*$", re.IGNORECASE | re.MULTILINE)
+FROM = re.compile(r"^FROM\s+(?P<image>\S+)(?:\s+AS\s+(?P<alias>\S+))?\s*$",
+                  re.IGNORECASE | re.MULTILINE)
 
 
 def instructions(path: Path, name: str) -> list[str]:
