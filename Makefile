@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels down clean
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels down clean images
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench  small agentic replay, aggregated vs P/D (about 10 min); bench-all: every benchmark"
 	@echo "make lint   ruff, mypy --strict on the pure cores, and the import-direction test"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
+	@echo "make images build the container images the Helm chart runs (needs docker or podman)"
 
 setup: apt $(STAMP) proto model
 
@@ -139,6 +140,16 @@ bench-planner: setup
 BENCH_SCHEDULER_ARGS ?=
 bench-scheduler: setup
 	$(PY) -m bench.long_prefill $(BENCH_SCHEDULER_ARGS)
+
+# The two images helm/tandem runs, tagged as its values.yaml names them (the
+# chart's appVersion is the project's version). Needs a container engine.
+IMAGE_REGISTRY ?= ghcr.io/tandem-serving
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
+images:
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make images needs docker or podman" >&2; exit 1; }
+	$(CONTAINER_ENGINE) build -f docker/tandem.Dockerfile -t $(IMAGE_REGISTRY)/tandem:$(IMAGE_TAG) .
+	$(CONTAINER_ENGINE) build -f docker/engine.Dockerfile -t $(IMAGE_REGISTRY)/tandem-engine:$(IMAGE_TAG) .
 
 clean:
 	rm -rf common/proto .pytest_cache

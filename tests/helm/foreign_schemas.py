@@ -1,0 +1,207 @@
+"""The other projects' custom resources the chart renders, as structural OpenAPI schemas.
+
+Written here by hand from each project's documented API (field names, enums,
+bounds, defaults), not copied from their CRDs, and covering the fields the
+chart renders plus their close neighbours, so that a misspelt or misplaced
+field is pruned (and reported) the way kube-apiserver would drop it:
+
+* InferencePool, `inference.networking.k8s.io/v1` (the Gateway API Inference
+  Extension's API reference);
+* ServiceMonitor and PodMonitor, `monitoring.coreos.com/v1` (the Prometheus
+  operator's API reference);
+* LeaderWorkerSet, `leaderworkerset.x-k8s.io/v1`: tests/operators/lws_schema.py.
+
+`additionalProperties: false` marks objects whose every field is listed here,
+so that the JSON Schema check refuses an unknown key even where pruning does
+not reach. `crds()` wraps them as CustomResourceDefinitions for the fake API
+server and for `tests.helm.chart.problems`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.operators import lws_schema
+
+Schema = dict[str, Any]
+
+_PORT_NUMBER: Schema = {"type": "integer", "format": "int32", "minimum": 1, "maximum": 65535}
+_STRING_MAP: Schema = {"type": "object", "additionalProperties": {"type": "string"}}
+# Prometheus' duration syntax, as the Prometheus operator's Duration type documents it.
+_DURATION: Schema = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+               r"(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
+_LABEL_SELECTOR: Schema = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": _STRING_MAP,
+        "matchExpressions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["key", "operator"],
+                "additionalProperties": False,
+                "properties": {
+                    "key": {"type": "string"},
+                    "operator": {"type": "string",
+                                 "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                    "values": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
+}
+_NAMESPACE_SELECTOR: Schema = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "any": {"type": "boolean"},
+        "matchNames": {"type": "array", "items": {"type": "string"}},
+    },
+}
+_RELABELINGS: Schema = {
+    "type": "array",
+    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+}
+_INT_OR_STRING: Schema = {"x-kubernetes-int-or-string": True}
+# One ServiceMonitor endpoint or PodMonitor podMetricsEndpoint.
+_SCRAPE_ENDPOINT: Schema = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "port": {"type": "string"},
+        "portNumber": {"type": "integer", "format": "int32", "minimum": 1,
+                       "maximum": 65535},
+        "targetPort": _INT_OR_STRING,
+        "path": {"type": "string"},
+        "scheme": {"type": "string", "enum": ["http", "https", "HTTP", "HTTPS"]},
+        "params": {"type": "object", "additionalProperties": {
+            "type": "array", "items": {"type": "string"}}},
+        "interval": _DURATION,
+        "scrapeTimeout": _DURATION,
+        "honorLabels": {"type": "boolean"},
+        "honorTimestamps": {"type": "boolean"},
+        "enableHttp2": {"type": "boolean"},
+        "followRedirects": {"type": "boolean"},
+        "filterRunning": {"type": "boolean"},
+        "relabelings": _RELABELINGS,
+        "metricRelabelings": _RELABELINGS,
+        "tlsConfig": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "authorization": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "basicAuth": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+
+
+def _monitor_spec(endpoints_field: str, only_here: dict[str, Schema]) -> Schema:
+    return {
+        "type": "object",
+        "required": ["selector"],
+        "additionalProperties": False,
+        "properties": {
+            "selector": _LABEL_SELECTOR,
+            "selectorMechanism": {"type": "string", "enum": ["RelabelConfig", "RoleSelector"]},
+            "namespaceSelector": _NAMESPACE_SELECTOR,
+            endpoints_field: {"type": "array", "items": _SCRAPE_ENDPOINT},
+            "jobLabel": {"type": "string"},
+            "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+            "sampleLimit": {"type": "integer", "format": "int64", "minimum": 0},
+            "targetLimit": {"type": "integer", "format": "int64", "minimum": 0},
+            "labelLimit": {"type": "integer", "format": "int64", "minimum": 0},
+            "scrapeProtocols": {"type": "array", "items": {"type": "string"}},
+            "attachMetadata": {"type": "object", "properties": {"node": {"type": "boolean"}}},
+            **only_here,
+        },
+    }
+
+
+SERVICE_MONITOR: Schema = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {"spec": _monitor_spec(
+        "endpoints", {"targetLabels": {"type": "array", "items": {"type": "string"}}})},
+}
+
+# A PodMonitor has no Service, so no targetLabels.
+POD_MONITOR: Schema = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {"spec": _monitor_spec("podMetricsEndpoints", {})},
+}
+
+INFERENCE_POOL: Schema = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["selector", "targetPorts"],
+            "additionalProperties": False,
+            "properties": {
+                # v1's selector is labels only (no matchExpressions).
+                "selector": {
+                    "type": "object",
+                    "required": ["matchLabels"],
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": _STRING_MAP},
+                },
+                "targetPorts": {
+                    "type": "array", "minItems": 1, "maxItems": 8,
+                    "items": {"type": "object", "required": ["number"],
+                              "additionalProperties": False,
+                              "properties": {"number": _PORT_NUMBER}},
+                },
+                "appProtocol": {"type": "string", "enum": ["http", "kubernetes.io/h2c"],
+                                "default": "http"},
+                "endpointPickerRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "group": {"type": "string", "default": ""},
+                        "kind": {"type": "string", "default": "Service"},
+                        "name": {"type": "string", "minLength": 1, "maxLength": 253},
+                        "port": {"type": "object", "required": ["number"],
+                                 "additionalProperties": False,
+                                 "properties": {"number": _PORT_NUMBER}},
+                        "failureMode": {"type": "string", "enum": ["FailOpen", "FailClose"],
+                                        "default": "FailClose"},
+                    },
+                },
+            },
+        },
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+
+
+def _crd(group: str, version: str, kind: str, plural: str, schema: Schema) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
+                      "listKind": f"{kind}List"},
+            "versions": [{"name": version, "served": True, "storage": True,
+                          "schema": {"openAPIV3Schema": schema}}],
+        },
+    }
+
+
+def crds() -> list[dict[str, Any]]:
+    """The four as CustomResourceDefinitions, as their projects install them."""
+    lws_group, _, lws_version = lws_schema.API_VERSION.rpartition("/")
+    return [
+        _crd(lws_group, lws_version, lws_schema.KIND, "leaderworkersets", lws_schema.SCHEMA),
+        _crd("inference.networking.k8s.io", "v1", "InferencePool", "inferencepools",
+             INFERENCE_POOL),
+        _crd("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors",
+             SERVICE_MONITOR),
+        _crd("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors", POD_MONITOR),
+    ]

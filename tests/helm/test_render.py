@@ -1,0 +1,258 @@
+"""The chart rendered by Helm's own library, every object validated by real schemas.
+
+No mocks: Helm's Go SDK renders (helm-python-sdk), kubernetes-validate holds
+the Kubernetes OpenAPI schemas, custom resources are admitted against their
+CRDs with CEL rules evaluated (tests/kube/schema.py): the chart's own, and
+other projects' kinds (LeaderWorkerSet, InferencePool, ServiceMonitor,
+PodMonitor) as tests/helm/foreign_schemas.py writes them from their API docs.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+
+import helm_python as helm
+import pytest
+import yaml
+
+from operators.manifests import GRPC_PORT, ROUTER_PORT
+from operators.spec import CRD_DIR
+from tests.helm.cases import CASES, EXAMPLE_NAMES
+from tests.helm.chart import (
+    CHART_DIR,
+    EXAMPLES,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    by_kind,
+    chart,
+    chart_crds,
+    notes,
+    one,
+    problems,
+    render,
+)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_rendered_object_is_valid(case):
+    docs = render(CASES[case])
+    found = [p for doc in docs for p in problems(doc)]
+    assert not found, "\n".join(found)
+    # Every object names its namespace but the cluster-scoped ones.
+    for doc in docs:
+        cluster_scoped = doc["kind"] in ("ClusterRole", "ClusterRoleBinding")
+        assert ("namespace" in doc["metadata"]) != cluster_scoped, doc["metadata"]["name"]
+        if not cluster_scoped:
+            assert doc["metadata"]["namespace"] == NAMESPACE
+
+
+def test_default_values_install_operator_and_one_tandem_deployment():
+    docs = render({})
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+    assert kinds == [
+        "ClusterRole/tandem-operator", "ClusterRole/tandem-operator-cluster",
+        "ClusterRole/tandem-router", "ClusterRoleBinding/tandem-operator-cluster",
+        "Deployment/tandem-operator", "Pod/tandem-test-chat", "RoleBinding/tandem-operator",
+        "Service/tandem-operator", "ServiceAccount/tandem-operator",
+        "TandemDeployment/tandem"]
+    td = one(docs, "TandemDeployment")
+    assert td["spec"]["model"]["path"] == chart().values["model"]["path"]
+    for role in ("prefill", "decode"):
+        assert td["spec"][role]["gpusPerPod"] == 1
+    # The operator watches the release's namespace only.
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--namespace={NAMESPACE}" in args
+
+
+def test_the_chart_ships_the_operators_crds():
+    assert os.readlink(CHART_DIR / "crds") == "../../operators/crds"
+    shipped = {c["name"]: c["data"] for c in chart().crds}
+    own = {f"crds/{p.name}": p.read_text() for p in sorted(CRD_DIR.glob("*.yaml"))}
+    assert shipped == own
+    assert sorted(c["metadata"]["name"] for c in chart_crds()) == [
+        "enginepools.tandem.dev", "tandemdeployments.tandem.dev"]
+
+
+def test_the_operators_rbac_is_operators_rbac():
+    for name in ("operator.yaml", "router.yaml"):
+        link = CHART_DIR / "files" / "rbac" / name
+        assert os.readlink(link) == f"../../../../operators/rbac/{name}"
+    own_text = (REPO / "operators" / "rbac" / "operator.yaml").read_text()
+    own = [d for d in yaml.safe_load_all(own_text) if d and d["kind"] == "ClusterRole"]
+    rendered = one(render({}), "ClusterRole", f"{RELEASE}-operator")
+    assert rendered["rules"] == own[0]["rules"]
+    router = yaml.safe_load((REPO / "operators" / "rbac" / "router.yaml").read_text())
+    assert one(render({}), "ClusterRole", "tandem-router")["rules"] == router["rules"]
+
+
+def test_the_packaged_chart_carries_the_crds_as_files(tmp_path):
+    archive = helm.package(CHART_DIR, destination=tmp_path)
+    with tarfile.open(archive) as tar:
+        crds = {m.name: m for m in tar.getmembers() if "/crds/" in m.name}
+        assert sorted(crds) == ["tandem/crds/enginepools.yaml",
+                                "tandem/crds/tandemdeployments.yaml"]
+        assert all(m.isfile() for m in crds.values())
+    with helm.Chart.load(archive) as packaged:
+        assert packaged.crds == chart().crds
+        assert packaged.render({}, name=RELEASE, namespace=NAMESPACE) == \
+            chart().render({}, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_examples_render_what_they_say():
+    one_node = one(render(yaml.safe_load((EXAMPLES / "one-node-8gpu-1p1d-tp4.yaml").read_text())),
+                   "TandemDeployment")["spec"]
+    for role in ("prefill", "decode"):
+        assert (one_node[role]["replicas"], one_node[role]["gpusPerPod"],
+                one_node[role]["parallelism"]["tensor"]) == (1, 4, 4)
+    assert one_node["prefill"]["gpusPerPod"] + one_node["decode"]["gpusPerPod"] == 8
+    two = render(yaml.safe_load((EXAMPLES / "two-nodes.yaml").read_text()))
+    spec = one(two, "TandemDeployment")["spec"]
+    assert spec["prefill"]["nodeSelector"] != spec["decode"]["nodeSelector"]
+    assert spec["prefill"]["resources"]["requests"]["rdma/ib"] == "1"
+    assert spec["router"]["ingress"]["host"] == "llm.example.com"
+    assert spec["scaling"] == {"mode": "Recommend", "gpuBudget": 16,
+                               "slo": {"ttftP90Ms": 2000, "itlP90Ms": 50}}
+    lws = one(render(yaml.safe_load((EXAMPLES / "multinode-lws.yaml").read_text())),
+              "TandemDeployment")["spec"]
+    assert lws["decode"]["nodesPerReplica"] == 2
+
+
+def test_monitoring_renders_a_monitor_per_component_and_the_dashboard():
+    docs = render(CASES["feature-monitoring"])
+    monitors = {d["metadata"]["name"]: d for d in by_kind(docs, "ServiceMonitor")
+                + by_kind(docs, "PodMonitor")}
+    assert sorted(monitors) == ["tandem-engines", "tandem-kvstore-master", "tandem-operator",
+                                "tandem-router"]
+    for monitor in monitors.values():
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    engines = monitors["tandem-engines"]["spec"]["podMetricsEndpoints"][0]
+    assert (engines["interval"], engines["scrapeTimeout"]) == ("5s", "4s")
+    router = monitors["tandem-router"]["spec"]["endpoints"][0]
+    assert (router["port"], router["interval"], router["scrapeTimeout"]) == ("http", "15s", "10s")
+    dashboard = one(docs, "ConfigMap", "tandem-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+    assert not by_kind(render({}), "ServiceMonitor")  # off by default
+
+
+def test_network_policies_deny_by_default_and_open_the_request_path():
+    docs = render(CASES["feature-network-policy-restricted"])
+    policies = {d["metadata"]["name"]: d["spec"] for d in by_kind(docs, "NetworkPolicy")}
+    assert sorted(policies) == ["tandem-default-deny", "tandem-engines", "tandem-kvstore",
+                                "tandem-operator", "tandem-redis", "tandem-router"]
+    assert "ingress" not in policies["tandem-default-deny"]
+    router_from = policies["tandem-router"]["ingress"][0]["from"]
+    assert router_from[0] == {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "ingress-nginx"}}}
+    # Open to anyone unless routerFrom says otherwise.
+    open_docs = render(CASES["feature-network-policy"])
+    open_router = one(open_docs, "NetworkPolicy", "tandem-router")["spec"]["ingress"]
+    assert open_router == [{"ports": [{"port": "http"}]}]
+
+
+@pytest.mark.parametrize("selects,port,protocol", [
+    ("router", ROUTER_PORT, "http"), ("engines", GRPC_PORT, "kubernetes.io/h2c")])
+def test_inference_pool_selects_router_or_engines(selects, port, protocol):
+    case = "feature-inference-pool" if selects == "router" else "feature-inference-pool-engines"
+    pool = one(render(CASES[case]), "InferencePool")["spec"]
+    assert pool["targetPorts"] == [{"number": port}]
+    assert pool["appProtocol"] == protocol
+    component = "router" if selects == "router" else "engine"
+    assert pool["selector"]["matchLabels"] == {"tandem.dev/deployment": RELEASE,
+                                               "app.kubernetes.io/component": component}
+    assert pool["endpointPickerRef"]["name"] == "tandem-epp"
+
+
+def test_external_redis_and_api_keys_reach_the_tandem_deployment():
+    spec = one(render(CASES["feature-external-redis"]), "TandemDeployment")["spec"]
+    assert spec["redis"] == {"managed": False, "url": "rediss://redis.cache.svc:6380/0"}
+    docs = render(CASES["feature-api-keys"])
+    secret = one(docs, "Secret")
+    assert secret["stringData"] == {"api-keys": "sk-test-0001,sk-test-0002"}
+    ref = one(docs, "TandemDeployment")["spec"]["router"]["apiKeySecretRef"]
+    assert ref == {"name": secret["metadata"]["name"], "key": "api-keys"}
+    test_pod = one(docs, "Pod")["spec"]["containers"][0]
+    assert test_pod["env"][0]["valueFrom"]["secretKeyRef"] == ref
+    existing = render({"router": {"apiKeys": {"existingSecret": "mine"}}})
+    assert not by_kind(existing, "Secret")
+    assert one(existing, "TandemDeployment")["spec"]["router"]["apiKeySecretRef"]["name"] == "mine"
+
+
+def test_watch_all_namespaces_binds_the_operator_cluster_wide():
+    docs = render(CASES["feature-watch-all-namespaces"])
+    assert not by_kind(docs, "RoleBinding")
+    assert {b["metadata"]["name"] for b in by_kind(docs, "ClusterRoleBinding")} == {
+        "tandem-operator", "tandem-operator-cluster"}
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--namespace") for a in args)
+
+
+@pytest.mark.parametrize("values,field", [
+    ({"model": {"path": ""}}, "/model/path"),
+    ({"model": {"dtype": "int3"}}, "/model/dtype"),
+    ({"prefill": {"gpusPerPod": -1}}, "/prefill/gpusPerPod"),
+    ({"decode": {"nodesPerReplica": 0}}, "/decode/nodesPerReplica"),
+    ({"decode": {"parallelism": {"tensor": "4"}}}, "/decode/parallelism/tensor"),
+    ({"prefill": {"engineArgs": ["gpu-memory-utilization=0.9"]}}, "/prefill/engineArgs/0"),
+    ({"router": {"policy": "random"}}, "/router/policy"),
+    ({"router": {"replicas": 0}}, "/router/replicas"),
+    ({"router": {"apiKeys": {"keys": ["short"]}}}, "/router/apiKeys/keys/0"),
+    ({"router": {"ingress": {"enabled": True, "tlsSecretName": "tls"}}}, "/router/ingress/host"),
+    ({"images": {"tandem": {"tag": "latest"}}}, "/images/tandem/tag"),
+    ({"images": {"engine": {"repository": ""}}}, "/images/engine/repository"),
+    ({"redis": {"managed": False}}, "/redis/url"),
+    ({"redis": {"url": "http://redis:6379"}}, "/redis/url"),
+    ({"kvStore": {"ramPool": "32G"}}, "/kvStore/ramPool"),
+    ({"kvStore": {"disk": {"hostPath": "relative/dir"}}}, "/kvStore/disk/hostPath"),
+    ({"scaling": {"mode": "auto"}}, "/scaling/mode"),
+    ({"monitoring": {"interval": "15"}}, "/monitoring/interval"),
+    ({"monitoring": {"router": {"scrapeTimeout": "soon"}}}, "/monitoring/router/scrapeTimeout"),
+    ({"inferencePool": {"enabled": True}}, "/inferencePool/endpointPicker/name"),
+    ({"inferencePool": {"selects": "gateway"}}, "/inferencePool/selects"),
+    ({"model": {"volume": {"hostPath": "/w", "persistentVolumeClaim": "w"}}}, "/model/volume"),
+    ({"operator": {"replicas": 2}}, "/operator/replicas"),
+    ({"prefill": {"replica": 3}}, "additional properties 'replica'"),
+])
+def test_invalid_values_fail_naming_the_field(values, field):
+    with pytest.raises(helm.HelmValuesError) as refused:
+        render(values)
+    assert field in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize("values,rule", [
+    ({"decode": {"replicas": 9, "maxReplicas": 8}}, "replicas must lie between"),
+    ({"prefill": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}},
+     "minReplicas must not exceed maxReplicas"),
+    ({"decode": {"nodesPerReplica": 2, "gpusPerPod": 8, "parallelism": {"tensor": 8}}},
+     "a multi-node replica"),
+    ({"scaling": {"gpuBudget": 1}}, "scaling.gpuBudget is below"),
+])
+def test_cross_field_rules_are_refused_by_the_crd(values, rule):
+    """What one field cannot say alone the CRD's CEL rules say: the API server refuses
+    the TandemDeployment at `helm install` with the rule's message."""
+    td = one(render(values), "TandemDeployment")
+    found = problems(td)
+    assert any(rule in p for p in found), found
+
+
+@pytest.mark.parametrize("values_file", [None, *EXAMPLE_NAMES])
+def test_helm_lint_strict_finds_nothing_but_the_missing_icon(values_file):
+    values = yaml.safe_load((EXAMPLES / f"{values_file}.yaml").read_text()) if values_file else None
+    report = helm.lint(CHART_DIR, values, strict=True, kube_version="v1.30.0")
+    assert report["errors"] == []
+    assert [(m["severity"], m["error"]) for m in report["messages"]] == [
+        (1, "icon is recommended")]
+
+
+def test_notes_tell_how_to_send_the_first_request():
+    text = notes({})
+    assert "kubectl -n serving get td tandem -w" in text
+    assert "port-forward svc/tandem-router 8000:80" in text
+    assert '"model": "Qwen/Qwen3-8B"' in text
+    router = {**CASES["feature-ingress-tls"]["router"], **CASES["feature-api-keys"]["router"]}
+    text = notes({"router": router})
+    assert "export TANDEM_URL=https://llm.example.com" in text
+    assert 'Authorization: Bearer $TANDEM_API_KEY' in text
+    assert "get secret tandem-api-keys" in text
