@@ -23,9 +23,13 @@ from pathlib import Path
 from common import scheduler
 from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc, ProcessError, stop_process_group
+from services.router.chat_templates import CHATML_TOOLS
 from services.stack import Stack, StackConfig, read_state, stop_order
 
 _DEFAULT_STATE = Path.home() / ".cache" / "tandem" / "run"
+# The bundled SmolLM2's own chat template ignores `tools`: the router renders
+# them with its shipped ChatML template and parses the calls (README, "Tools").
+BUNDLED_MODEL_ROUTER_ARGS = ["--chat-template", str(CHATML_TOOLS), "--tool-call-parser", "hermes"]
 
 
 def _curl(url: str, model: str) -> str:
@@ -100,7 +104,8 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
                        state_dir=args.state_dir, engine_args=args.engine_arg or [],
                        scheduler=scheduler.by_pool(per_setting),
                        kv_store=not args.no_kv_store, kv_store_pool=args.kv_store_pool,
-                       kv_store_disk=args.kv_store_disk)
+                       kv_store_disk=args.kv_store_disk,
+                       router_args=[] if args.model else BUNDLED_MODEL_ROUTER_ARGS)
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
+from services.router.chat_templates import CHATML_TOOLS
 from services.router.routing.hashing import BlockHasher
 
 MODEL_NAME = DEFAULT_MODEL_NAME  # the name the stack serves the bundled model under
@@ -27,8 +28,7 @@ LONG_CONTEXT = " ".join(
     f"Step {i}: the agent read file src/module_{i}.py and found {i * 7 % 13} issues."
     for i in range(90))
 # The ChatML template with tool calls the router ships (SmolLM2's own ignores tools).
-TOOLS_TEMPLATE = (Path(__file__).resolve().parent.parent / "services" / "router"
-                  / "chat_templates" / "chatml_tools.jinja")
+TOOLS_TEMPLATE = CHATML_TOOLS
 
 
 def engine(stack, role: str) -> Proc:
