@@ -17,7 +17,7 @@ A replica whose counters went down restarted: its window counts from zero.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .efficiency import PoolMeasurement
 from .profiles import PoolRole
@@ -26,8 +26,6 @@ from .solver import Demand
 # Router role labels → pool roles ("both" is an aggregated pod).
 POOL_OF_LABEL: Mapping[str, PoolRole] = {"prefill": "prefill", "decode": "decode",
                                          "both": "aggregated"}
-COUNTERS = ("prompts", "prompt_tokens", "cached_tokens", "generations", "output_tokens",
-            "busy_seconds")
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,10 @@ class PoolCounters:
 
     def plus(self, other: PoolCounters) -> PoolCounters:
         return PoolCounters(*(getattr(self, c) + getattr(other, c) for c in COUNTERS))
+
+
+# The router's tandem_router_pool_<name>_total counters, one per field.
+COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(PoolCounters))
 
 
 @dataclass(frozen=True)
