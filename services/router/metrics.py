@@ -164,6 +164,10 @@ class _RoutingCollector(Collector):
                                  "(what eviction pricing protects)", labels=["pod"])
         capacity = GaugeMetricFamily("tandem_routing_pod_kv_capacity_blocks",
                                      "KV cache size a pod reports, in blocks", labels=["pod"])
+        engine = GaugeMetricFamily("tandem_router_pod_engine_requests",
+                                   "Requests a pod's engine reported at the last load poll, "
+                                   "by state (running, waiting): every router's, and up to "
+                                   "one poll interval old", labels=["pod", "state"])
         ejections = CounterMetricFamily("tandem_routing_ejections",
                                         "Pods ejected by their circuit breaker", labels=["pod"])
         for r in reports:
@@ -174,8 +178,10 @@ class _RoutingCollector(Collector):
             cached.add_metric([r.name], r.cached_blocks)
             live.add_metric([r.name], r.live_blocks)
             capacity.add_metric([r.name], r.kv_capacity_blocks)
+            engine.add_metric([r.name, "running"], r.engine_running)
+            engine.add_metric([r.name, "waiting"], r.engine_waiting)
             ejections.add_metric([r.name], r.ejections)
-        yield from (in_flight, state, pending, cached, live, capacity, ejections)
+        yield from (in_flight, state, pending, cached, live, capacity, engine, ejections)
         index = self._core.index
         yield GaugeMetricFamily("tandem_routing_index_blocks",
                                 "Distinct block hashes in the prefix index", value=len(index))

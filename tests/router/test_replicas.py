@@ -149,9 +149,33 @@ def sid_where(c: Cluster, stem: str, home_is: str | None = None,
     raise AssertionError("no session id with that home")
 
 
+async def wait_idle_view(client, c: Cluster, url: str, timeout_s: float = 10.0) -> None:
+    """Until replica ``url`` sees no request on any pod, its own or polled.
+
+    The engines' load is polled (each second): a request that just ended can
+    still count as running on its pod until the next poll, and a loaded pod
+    is passed over by bounded-load hashing, so a new session's pod is its
+    hash home only once that view is idle."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = (await client.get(f"{url}/metrics")).text
+        assert "tandem_router_pod_engine_requests{" in text
+        busy = {pod: 0.0 for pod in PODS}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in ("tandem_router_pod_in_flight",
+                                   "tandem_router_pod_engine_requests"):
+                    busy[c.pod_of[sample.labels["pod"]]] += sample.value
+        if not any(busy.values()):
+            return
+        assert time.monotonic() < deadline, f"{url} still sees load {busy}"
+        await asyncio.sleep(0.1)
+
+
 async def seed(client, c: Cluster, url: str, pod: str, tag: str) -> str:
     """Put a fresh system prompt on ``pod`` through replica ``url``; returns it."""
     system = system_prompt(tag)
+    await wait_idle_view(client, c, url)
     s = Session(sid_where(c, f"seed-{tag}", home_is=pod), system)
     assert await s.turn(client, url) == pod  # a new session with nothing cached: its home
     return system

@@ -95,6 +95,8 @@ class PodReport:
     live_blocks: int  # KV blocks this replica's live sessions need there
     kv_capacity_blocks: int
     ejections: int  # times its circuit breaker opened
+    engine_running: int  # as the pod's last load poll reported (all routers' requests)
+    engine_waiting: int
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,8 @@ class RoutingCore:
                 cached_blocks=self.index.held_blocks(name),
                 live_blocks=self.live.occupied_blocks(name, None),
                 kv_capacity_blocks=st.kv_capacity_blocks,
-                ejections=self.health.breaker(name).ejections))
+                ejections=self.health.breaker(name).ejections,
+                engine_running=st.running, engine_waiting=st.waiting))
         return reports
 
     # ----- the seam ---------------------------------------------------------
