@@ -137,7 +137,7 @@ def start_store(tmp: Path, pool_size: str):
     from services.kvstore.api import store_launch, wait_ready
 
     launch = store_launch(tmp / "kvstore", ports=free_ports(6),
-                          pool_size=pool_size, enable_disk=False, lease_ttl_ms=100)
+                          pool_size=pool_size, enable_disk=False)
     with open(tmp / "kvstore.log", "wb") as log:
         proc = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT)
     wait_ready(launch.health_url, 180, alive=lambda: proc.poll() is None)

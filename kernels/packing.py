@@ -22,7 +22,6 @@ further apart than a page, as in vLLM's block-outer layouts).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import triton
@@ -59,7 +58,7 @@ def pack_blocks(layers: Sequence[torch.Tensor], block_ids: Sequence[int] | torch
     if out is None:
         out = torch.empty((ids.numel(), row_bytes), dtype=torch.uint8, device=device)
     _check_rows(out, ids.numel(), row_bytes, device, "out")
-    chosen = backends.resolve(backend, device, _pack_kernel)
+    chosen = backends.resolve(backend, device, _page_copy_kernel)
     if chosen == "reference":
         out.copy_(pack_blocks_reference(layers, ids.tolist()))
     elif ids.numel():
@@ -68,7 +67,7 @@ def pack_blocks(layers: Sequence[torch.Tensor], block_ids: Sequence[int] | torch
             for page, (start, end) in zip(pages, _spans(pages)):
                 torch.index_select(page, 0, ids, out=row[:, start:end])
         else:
-            _launch(_pack_kernel, pages, row, ids)
+            _launch(pages, row, ids, to_rows=True)
     return out
 
 
@@ -82,7 +81,7 @@ def unpack_blocks(packed: torch.Tensor, layers: Sequence[torch.Tensor],
     if ids.numel() != len(set(ids.tolist())):
         raise ValueError("block_ids: unpacking into the same block twice")
     _check_rows(packed, ids.numel(), row_bytes, device, "packed")
-    chosen = backends.resolve(backend, device, _unpack_kernel)
+    chosen = backends.resolve(backend, device, _page_copy_kernel)
     if chosen == "reference":
         unpack_blocks_reference(packed, layers, ids.tolist())
     elif ids.numel():
@@ -91,7 +90,7 @@ def unpack_blocks(packed: torch.Tensor, layers: Sequence[torch.Tensor],
             for page, (start, end) in zip(pages, _spans(pages)):
                 page.index_copy_(0, ids, row[:, start:end])
         else:
-            _launch(_unpack_kernel, pages, row, ids)
+            _launch(pages, row, ids, to_rows=False)
 
 
 # -- reference: what is correct ------------------------------------------------
@@ -130,32 +129,24 @@ def _memory_order(page: torch.Tensor) -> torch.Tensor:
 # (layers need not share an allocation); all in words of the row's dtype.
 
 @triton.jit
-def _pack_kernel(rows, row_words, page_bases, block_strides, page_words, row_offsets,
-                 block_ids, CHUNK: tl.constexpr):
+def _page_copy_kernel(rows, row_words, page_bases, block_strides, page_words, row_offsets,
+                      block_ids, CHUNK: tl.constexpr, TO_ROWS: tl.constexpr):
+    """Pages to rows (pack) when ``TO_ROWS``, rows to pages (unpack) otherwise."""
     i = tl.program_id(0)
     layer = tl.program_id(1)
     offs = tl.program_id(2).to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     mask = offs < tl.load(page_words + layer)
     block = tl.load(block_ids + i).to(tl.int64)
-    src = tl.load(page_bases + layer).to(rows.dtype) + block * tl.load(block_strides + layer)
-    dst = rows + i.to(tl.int64) * row_words + tl.load(row_offsets + layer)
-    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+    page = tl.load(page_bases + layer).to(rows.dtype) + block * tl.load(block_strides + layer)
+    row = rows + i.to(tl.int64) * row_words + tl.load(row_offsets + layer)
+    if TO_ROWS:
+        tl.store(row + offs, tl.load(page + offs, mask=mask), mask=mask)
+    else:
+        tl.store(page + offs, tl.load(row + offs, mask=mask), mask=mask)
 
 
-@triton.jit
-def _unpack_kernel(rows, row_words, page_bases, block_strides, page_words, row_offsets,
-                   block_ids, CHUNK: tl.constexpr):
-    i = tl.program_id(0)
-    layer = tl.program_id(1)
-    offs = tl.program_id(2).to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
-    mask = offs < tl.load(page_words + layer)
-    block = tl.load(block_ids + i).to(tl.int64)
-    dst = tl.load(page_bases + layer).to(rows.dtype) + block * tl.load(block_strides + layer)
-    src = rows + i.to(tl.int64) * row_words + tl.load(row_offsets + layer)
-    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
-
-
-def _launch(kernel: Any, pages: list[torch.Tensor], row: torch.Tensor, ids: torch.Tensor) -> None:
+def _launch(pages: list[torch.Tensor], row: torch.Tensor, ids: torch.Tensor,
+            to_rows: bool) -> None:
     device = row.device
     spans = _spans(pages)
 
@@ -165,9 +156,10 @@ def _launch(kernel: Any, pages: list[torch.Tensor], row: torch.Tensor, ids: torc
     page_words = [p.shape[1] for p in pages]
     chunk = min(_MAX_CHUNK_WORDS, triton.next_power_of_2(max(page_words)))
     grid = (ids.numel(), len(pages), triton.cdiv(max(page_words), chunk))
-    kernel[grid](row, row.shape[1], table([p.data_ptr() for p in pages]),
-                 table([p.stride(0) for p in pages]), table(page_words),
-                 table([start for start, _ in spans]), ids, CHUNK=chunk)
+    _page_copy_kernel[grid](row, row.shape[1], table([p.data_ptr() for p in pages]),
+                            table([p.stride(0) for p in pages]), table(page_words),
+                            table([start for start, _ in spans]), ids, CHUNK=chunk,
+                            TO_ROWS=to_rows)
 
 
 # -- geometry and checks ----------------------------------------------------------

@@ -18,7 +18,7 @@ from kernels import (
     unpack_blocks_reference,
 )
 from kernels.backend import interpreted
-from kernels.packing import _pack_kernel
+from kernels.packing import _page_copy_kernel
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn]
 LAYOUTS = ["layer_outer", "block_outer", "token_major", "separate"]
@@ -64,7 +64,7 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_triton_kernels_run_in_the_interpreter_and_the_flag_does_not_leak():
-    assert interpreted(_pack_kernel)
+    assert interpreted(_page_copy_kernel)
     assert "TRITON_INTERPRET" not in os.environ
 
 
