@@ -8,6 +8,7 @@ from the pure solver on the same profiles and demand."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -276,14 +277,38 @@ def test_a_missing_profile_is_a_condition_that_says_what_to_write(kube_api, kube
     assert "ConfigMap no-such-profile" in message and "tandem profile --role decode" in message
     assert events(kube_api, "ScalingSpecInvalid")
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
+    # No profiles named at all: the condition says which to set; the rest still runs.
+    kubectl("patch", "td", TD, "--type", "merge", "-p",
+            '{"spec":{"scaling":{"profiles":null}}}')
+    wait_for(lambda: "scaling.profiles.prefill is not set"
+             in condition(kube_api, "ScalingSpecValid").get("message", ""), 30,
+             "ScalingSpecValid names the missing profiles")
+    assert len(events(kube_api, "ScalingSpecInvalid")) >= 2
+    assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
+    assert kube_api.get("apps", "v1", "deployments", "default", f"{TD}-decode")
+    # Profiles back, and a TTFT SLO no profile meets: the condition says what would.
+    kubectl("patch", "td", TD, "--type", "merge", "-p", json.dumps({"spec": {"scaling": {
+        "profiles": {"prefill": "prefill-test", "decode": "decode-test"},
+        "slo": {"ttftP90Ms": 10}}}}))
+    wait_for(lambda: condition(kube_api, "ScalingSpecValid").get("reason") == "SloUnattainable",
+             30, "ScalingSpecValid=False (SloUnattainable)")
+    assert "ttft" in condition(kube_api, "ScalingSpecValid")["message"].lower()
+    assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
 
 
-def test_the_crd_refuses_auto_without_profiles(kube_api, kubectl):
+@pytest.mark.parametrize("scaling,fragment", [
+    ({"slo": {"longestContextTokens": 8192}}, "longestContextTokens exceeds model.maxModelLen"),
+    ({"upCooldownSeconds": 900}, "downCooldownSeconds must be at least"),
+    ({"slo": {"itlP90Ms": 40, "interactivityP90": 25}}, "itlP90Ms or interactivityP90"),
+    ({"headroom": 0.5}, "spec.scaling.headroom"),
+    ({"prometheus": {"url": "prometheus:9090"}}, "spec.scaling.prometheus.url"),
+])
+def test_the_crd_refuses_scaling_fields_that_contradict_each_other(kube_api, kubectl, scaling,
+                                                                    fragment):
     refused = kubectl("create", "-f", "-", check=False, stdin=yaml.safe_dump({
         "apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
         "metadata": {"name": TD},
         "spec": {"model": {"path": "/m", "maxModelLen": 4096}, "prefill": {}, "decode": {},
-                 "scaling": {"mode": "Auto", "slo": {"longestContextTokens": 8192}}}}))
+                 "scaling": {"mode": "Auto", **scaling}}}))
     assert refused.returncode != 0
-    assert "needs scaling.profiles.prefill" in refused.stderr
-    assert "longestContextTokens exceeds model.maxModelLen" in refused.stderr
+    assert fragment in refused.stderr, refused.stderr
