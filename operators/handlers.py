@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.client import ApiException
 
 from operators import controller, scaling
 from operators.kube import Kube
@@ -92,7 +93,13 @@ async def scaling_tick(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> 
         if body is None or body["metadata"].get("deletionTimestamp"):
             await memo.metrics_sources.forget(namespace, name)
             return
-        await scaling.tick(memo.kube, body, memo.metrics_sources, _emit, time.time())
+        try:
+            await scaling.tick(memo.kube, body, memo.metrics_sources, _emit, time.time())
+        except ApiException as exc:
+            # The next tick decides again from what is there; no retry backoff.
+            log.warning("scaling tick of %s/%s failed: %s", namespace, name, exc)
+            _emit(body, "Warning", "ScalingError",
+                  f"API error {exc.status} ({exc.reason}); the next decision retries")
 
 
 @kopf.on.field(GROUP, VERSION, "enginepools", field="spec.replicas")

@@ -23,3 +23,17 @@ SCALING_TARGET = Gauge(
 SCALING_DEMAND = Gauge(
     "tandem_operator_scaling_demand_requests_per_second",
     "Request rate the routers measured over the last window", ["namespace", "deployment"])
+
+
+def forget_scaling(namespace: str, deployment: str, roles: list[str]) -> None:
+    """Drop a deployment's scaling series (its mode went Off)."""
+    for role in roles:
+        for gauge in (SCALING_RECOMMENDED, SCALING_TARGET):
+            try:
+                gauge.remove(namespace, deployment, role)
+            except KeyError:
+                pass
+    try:
+        SCALING_DEMAND.remove(namespace, deployment)
+    except KeyError:
+        pass

@@ -225,6 +225,7 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
     state = state_from_dict(previous)
     if mode == "Off":
         await sources.forget(namespace, td)
+        metrics.forget_scaling(namespace, td, pools(spec))
         await _write(kube, body, previous, [Condition(
             "ScalingActive", "False", "Off", "scaling mode Off: pools keep the replicas set")], now)
         return None
@@ -276,6 +277,14 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
     # Partial counts would read as a demand drop: no demand (hold) until all answer.
     usable = window if metrics_ok.status == "True" else None
     ready = {status.role: status.ready for _, status in observed}
+    # A pool an autoscaler owns is sized but not written (the reconcile reports the
+    # conflict as ScalingConflict); two writers would fight.
+    hpas = await kube.list("autoscaling/v2", "HorizontalPodAutoscaler", namespace)
+    external = {role: "an autoscaler scales it" for role in pools(spec)
+                if controller.foreign_autoscaler(
+                    hpas, td, role,
+                    "LeaderWorkerSet" if spec[role]["nodesPerReplica"] > 1 else "Deployment",
+                    mode)}
     inputs = TickInputs(
         mode=mode, pools=tuple(status for _, status in observed),
         profiles=tuple(profiles.values()),
@@ -284,7 +293,7 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
         measurements=() if usable is None else measurements_of(usable, ready),
         refused=kv_refusals(profiles, scaling.get("slo", {}).get("longestContextTokens")),
         bounds={role: (spec[role]["minReplicas"], spec[role]["maxReplicas"])
-                for role in pools(spec)})
+                for role in pools(spec)}, external=external)
     state, effects = on_tick(now, state, inputs, loop_settings(scaling))
 
     for s in effects.scale:

@@ -77,6 +77,8 @@ class TickInputs:
     refused: Mapping[str, str] = field(default_factory=dict)  # capacity check
     # Each pool's (minReplicas, maxReplicas): the solver's target is held inside.
     bounds: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Pools whose count another writer owns (an autoscaler), with why: decided, not written.
+    external: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -308,9 +310,14 @@ def _smooth(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str,
     over_budget = budget is not None and sum(
         spec[p.role] * p.gpus_per_replica for p in inputs.pools) > budget
 
+    for role, why in inputs.external.items():
+        if targets.get(role, spec.get(role)) != spec.get(role):
+            held.append(f"{role}: {spec.get(role)} → {targets.get(role)} not written: {why}")
     for pool in inputs.pools:
         role, current, target = pool.role, spec[pool.role], targets[pool.role]
         since_change = now - state.last_change_at.get(role, -float("inf"))
+        if role in inputs.external:
+            continue
         if target >= current:
             below_since.pop(role, None)
             window_max.pop(role, None)
@@ -335,7 +342,8 @@ def _smooth(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str,
 
     # Scale-ups, the largest relative shortfall first, while the GPUs held
     # (terminating pods included) stay within the budget.
-    ups = sorted((p for p in inputs.pools if targets[p.role] > spec[p.role]),
+    ups = sorted((p for p in inputs.pools
+                  if targets[p.role] > spec[p.role] and p.role not in inputs.external),
                  key=lambda p: -(targets[p.role] / max(spec[p.role], 1)))
     for pool in ups:
         role, current, target = pool.role, spec[pool.role], targets[pool.role]

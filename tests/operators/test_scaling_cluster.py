@@ -312,3 +312,23 @@ def test_the_crd_refuses_scaling_fields_that_contradict_each_other(kube_api, kub
                  "scaling": {"mode": "Auto", **scaling}}}))
     assert refused.returncode != 0
     assert fragment in refused.stderr, refused.stderr
+
+
+def test_auto_leaves_a_pool_an_hpa_scales_to_the_hpa(kube_api, kubectl, operator, router):
+    install_cluster(kube_api, router)
+    kube_api.install({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "decode-hpa", "namespace": "default"},
+        "spec": {"scaleTargetRef": {"apiVersion": "tandem.dev/v1alpha1", "kind": "EnginePool",
+                                    "name": f"{TD}-decode"},
+                 "minReplicas": 1, "maxReplicas": 4}})
+    kubectl("create", "-f", "-", stdin=deployment({"mode": "Auto", "upCooldownSeconds": 0,
+                                                   "maxStep": 10}))
+    wait_for(lambda: pool_replicas(kube_api).get("prefill") == expected()["prefill"], 60,
+             "prefill scaled")
+    time.sleep(2)
+    assert pool_replicas(kube_api)["decode"] == 1  # the HPA's, not written by the controller
+    status = scaling_status(kube_api)
+    assert status["targets"]["decode"] == expected()["decode"]
+    assert any("decode" in h and "autoscaler" in h for h in status["held"]), status["held"]
+    assert all("decode" not in e["message"] for e in events(kube_api, "Scaled"))
