@@ -13,7 +13,7 @@ EnginePools and their pods, the routers' counters from each router pod's
   state, so cooldowns survive a restart), each EnginePool's
   `status.recommendedReplicas`, the conditions `ScalingActive`,
   `ScalingSpecValid`, `DemandMet` and `MetricsAvailable`, Events and gauges;
-* `Off`: nothing but `ScalingActive=False`.
+* `Off`: nothing, but `ScalingActive=False` once it was on.
 
 The functions above `tick` are pure (objects in, inputs or documents out).
 """
@@ -226,6 +226,8 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
     if mode == "Off":
         await sources.forget(namespace, td)
         metrics.forget_scaling(namespace, td, pools(spec))
+        if not _condition(body, "ScalingActive"):
+            return None  # never scaled: nothing to say
         await _write(kube, body, previous, [Condition(
             "ScalingActive", "False", "Off", "scaling mode Off: pools keep the replicas set")], now)
         return None

@@ -187,6 +187,15 @@ def test_auto_scales_the_pools_to_the_solvers_answer(kube_api, kubectl, operator
     wide = kubectl("get", "td", "-o", "wide").stdout.splitlines()
     assert "RECOMMENDED" in wide[0].split() and "3:2" in wide[1].split()
 
+    # Demand falls: the target drops at once, the pools wait out the down window.
+    router.rps = 20.0
+    low = expected(20.0)
+    assert low == {"prefill": 1, "decode": 1}
+    wait_for(lambda: scaling_status(kube_api)["targets"] == low, 30, "the lower target")
+    status = scaling_status(kube_api)
+    assert pool_replicas(kube_api) == want and status["replicas"] == want
+    assert any("waits for the target to stay lower" in h for h in status["held"]), status
+
 
 def test_recommend_writes_status_only_and_off_leaves_the_pools(kube_api, kubectl, operator,
                                                                router):
