@@ -102,6 +102,12 @@ async def scaling_tick(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> 
                   f"API error {exc.status} ({exc.reason}); the next decision retries")
 
 
+@kopf.on.delete(GROUP, VERSION, "tandemdeployments", optional=True)
+async def deployment_deleted(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """Close the deleted deployment's metrics source (its router scrape client)."""
+    await memo.metrics_sources.forget(namespace, name)
+
+
 @kopf.on.field(GROUP, VERSION, "enginepools", field="spec.replicas")
 async def pool_scaled(spec: kopf.Spec, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     await reconcile(memo.kube, namespace, spec["deployment"])
