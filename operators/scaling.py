@@ -40,7 +40,12 @@ from operators.planner.loop import (
     plan_ratio,
 )
 from operators.planner.persist import rfc3339, state_from_dict, state_to_dict
-from operators.planner.profiles import EngineProfile, ProfileError, profile_from_configmap
+from operators.planner.profiles import (
+    EngineProfile,
+    PoolRole,
+    ProfileError,
+    profile_from_configmap,
+)
 from operators.planner.scrape import MetricsSource, PrometheusSource, RouterScrapeSource
 from operators.planner.solver import Decision, Slo
 from operators.spec import API_VERSION, pools
@@ -128,11 +133,12 @@ def _ready(pod: dict) -> bool:
                for c in pod.get("status", {}).get("conditions", []))
 
 
-def pool_status(role: str, pool: dict, pods: list[dict], profile: EngineProfile) -> PoolStatus:
+def pool_status(role: PoolRole, pool: dict, pods: list[dict], profile: EngineProfile
+                ) -> PoolStatus:
     """One EnginePool and its pods as the loop sees them (terminating pods hold
     their GPUs until they are gone)."""
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    return PoolStatus(role=role, config=profile.name,  # type: ignore[arg-type]
+    return PoolStatus(role=role, config=profile.name,
                       spec_replicas=pool["spec"]["replicas"], pods=len(pods),
                       ready=sum(1 for p in live if _ready(p)),
                       pending=sum(1 for p in live
