@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resync-seconds", type=float, default=30.0,
                         help="how often every TandemDeployment is compared again in full "
                         "(besides every change it, its pools or its objects see)")
+    parser.add_argument("--scaling-seconds", type=float, default=15.0,
+                        help="how often the rate-matching controller decides for each "
+                        "TandemDeployment whose scaling.mode is Recommend or Auto")
     return parser
 
 
@@ -49,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     os.environ["TANDEM_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
+    os.environ["TANDEM_OPERATOR_SCALING_SECONDS"] = str(args.scaling_seconds)
 
     import kopf
     from prometheus_client import start_http_server

@@ -201,8 +201,7 @@ async def _mark_cheapest(kube: Kube, namespace: str, td: str, label_selector: st
     routers = await kube.list("v1", "Pod", namespace,
                               f"{manifests.LABEL_DEPLOYMENT}={td},"
                               f"{manifests.LABEL_COMPONENT}=router")
-    urls = [f"http://{p['status']['podIP']}:{_port(p, 'http', manifests.ROUTER_PORT)}/metrics"
-            for p in routers if p.get("status", {}).get("podIP")]
+    urls = [f"{url}/metrics" for url in router_urls(routers)]
     loads = await drain.router_loads(urls)
     addresses = {p["metadata"]["name"]:
                  f"{p['status']['podIP']}:{_port(p, 'grpc', manifests.GRPC_PORT)}"
@@ -217,6 +216,12 @@ async def _mark_cheapest(kube: Kube, namespace: str, td: str, label_selector: st
         emit(pool, "Normal", "DeletionCostsSet",
              f"scale-down: deletion costs {dict(sorted(costs.items()))}; cheapest {cheapest} "
              f"(from {len(loads)} router(s))")
+
+
+def router_urls(routers: list[dict]) -> list[str]:
+    """http://IP:PORT of each router pod that has an address."""
+    return [f"http://{p['status']['podIP']}:{_port(p, 'http', manifests.ROUTER_PORT)}"
+            for p in routers if p.get("status", {}).get("podIP")]
 
 
 def _port(pod: dict, name: str, default: int) -> int:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import defaultdict
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.client import ApiException
 
-from operators import controller
+from operators import controller, scaling
 from operators.kube import Kube
 from operators.manifests import LABEL_DEPLOYMENT, MANAGED_BY
 from operators.spec import API_VERSION, GROUP, VERSION
@@ -23,6 +25,7 @@ from operators.spec import API_VERSION, GROUP, VERSION
 log = logging.getLogger(__name__)
 
 RESYNC_SECONDS = float(os.environ.get("TANDEM_OPERATOR_RESYNC_SECONDS", "30"))
+SCALING_SECONDS = float(os.environ.get("TANDEM_OPERATOR_SCALING_SECONDS", "15"))
 _locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 OWNED = [("apps", "v1", "deployments"), ("apps", "v1", "daemonsets"), ("", "v1", "services"),
          ("", "v1", "configmaps"), ("", "v1", "serviceaccounts"),
@@ -60,10 +63,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # the operator's own shutdown for a minute whenever it met a running pass).
     settings.background.cancellation_polling = 1.0
     memo.kube = await Kube.connect(os.environ.get("KUBECONFIG"))
+    memo.metrics_sources = scaling.Sources()
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.metrics_sources.close()
     await memo.kube.close()
 
 
@@ -77,6 +82,30 @@ async def deployment_changed(name: str, namespace: str, memo: kopf.Memo, **_: An
 @kopf.timer(GROUP, VERSION, "tandemdeployments", interval=RESYNC_SECONDS, initial_delay=1)
 async def resync(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     await reconcile(memo.kube, namespace, name)
+
+
+@kopf.timer(GROUP, VERSION, "tandemdeployments", interval=SCALING_SECONDS,
+            initial_delay=SCALING_SECONDS)
+async def scaling_tick(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """The rate-matching controller's decision (operators/scaling.py)."""
+    async with _locks[(namespace, name)]:
+        body = await memo.kube.get(API_VERSION, "TandemDeployment", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            await memo.metrics_sources.forget(namespace, name)
+            return
+        try:
+            await scaling.tick(memo.kube, body, memo.metrics_sources, _emit, time.time())
+        except ApiException as exc:
+            # The next tick decides again from what is there; no retry backoff.
+            log.warning("scaling tick of %s/%s failed: %s", namespace, name, exc)
+            _emit(body, "Warning", "ScalingError",
+                  f"API error {exc.status} ({exc.reason}); the next decision retries")
+
+
+@kopf.on.delete(GROUP, VERSION, "tandemdeployments", optional=True)
+async def deployment_deleted(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """Close the deleted deployment's metrics source (its router scrape client)."""
+    await memo.metrics_sources.forget(namespace, name)
 
 
 @kopf.on.field(GROUP, VERSION, "enginepools", field="spec.replicas")

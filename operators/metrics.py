@@ -1,6 +1,6 @@
 """The operator's Prometheus metrics (served on --metrics-port)."""
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILE_SECONDS = Histogram(
     "tandem_operator_reconcile_seconds",
@@ -11,3 +11,29 @@ OBJECTS_WRITTEN = Counter(
     "tandem_operator_objects_total",
     "Objects the operator compared, by kind and what it did (created, updated, reverted, "
     "unchanged)", ["kind", "action"])
+
+# The rate-matching controller (operators/scaling.py), in Recommend and Auto.
+SCALING_RECOMMENDED = Gauge(
+    "tandem_operator_scaling_recommended_replicas",
+    "Replicas the rate-matching controller writes (Auto) or recommends (Recommend) now, after "
+    "cooldowns, steps and the budget", ["namespace", "deployment", "role"])
+SCALING_TARGET = Gauge(
+    "tandem_operator_scaling_target_replicas",
+    "Replicas the solver wants for the measured demand", ["namespace", "deployment", "role"])
+SCALING_DEMAND = Gauge(
+    "tandem_operator_scaling_demand_requests_per_second",
+    "Request rate the routers measured over the last window", ["namespace", "deployment"])
+
+
+def forget_scaling(namespace: str, deployment: str, roles: list[str]) -> None:
+    """Drop a deployment's scaling series (its mode went Off)."""
+    for role in roles:
+        for gauge in (SCALING_RECOMMENDED, SCALING_TARGET):
+            try:
+                gauge.remove(namespace, deployment, role)
+            except KeyError:
+                pass
+    try:
+        SCALING_DEMAND.remove(namespace, deployment)
+    except KeyError:
+        pass

@@ -93,7 +93,27 @@ def problems(spec: Spec) -> list[str]:
         if budget < floor:
             out.append(f"scaling.gpuBudget ({budget}) is below the {floor} GPUs the pools' "
                        f"minReplicas already take: raise gpuBudget or lower minReplicas")
+    out += _scaling_problems(spec)
     ingress = spec.get("router", {}).get("ingress", {})
     if ingress.get("tlsSecretName") and not ingress.get("host"):
         out.append("router.ingress.tlsSecretName needs router.ingress.host")
+    return out
+
+
+def _scaling_problems(spec: Spec) -> list[str]:
+    """The CRD's CEL rules on `scaling` (the rate-matching controller's block).
+    A missing profile is not one: the controller reports it in its own
+    condition (operators/scaling.py) and the rest of the deployment runs."""
+    scaling = spec.get("scaling", {})
+    out: list[str] = []
+    slo = scaling.get("slo", {})
+    longest, max_len = slo.get("longestContextTokens"), spec["model"].get("maxModelLen")
+    if longest is not None and max_len is not None and longest > max_len:
+        out.append(f"scaling.slo.longestContextTokens ({longest}) exceeds model.maxModelLen "
+                   f"({max_len}): lower it or raise maxModelLen")
+    if "itlP90Ms" in slo and "interactivityP90" in slo:
+        out.append("scaling.slo takes itlP90Ms or interactivityP90 (tokens/s per user), not both")
+    if scaling.get("downCooldownSeconds", 600) < scaling.get("upCooldownSeconds", 60):
+        out.append("scaling.downCooldownSeconds must be at least scaling.upCooldownSeconds "
+                   "(up fast, down slow)")
     return out

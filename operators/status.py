@@ -16,11 +16,14 @@ class Condition:
 
 def merge_conditions(previous: list[dict], new: list[Condition], generation: int,
                      now: str) -> list[dict]:
-    """Conditions as stored: `lastTransitionTime` moves only when the status flips."""
+    """Conditions as stored: `lastTransitionTime` moves only when the status flips.
+    A condition's status is a bool or already "True", "False" or "Unknown" (the
+    rate-matching controller's, operators/planner/loop.py)."""
     before = {c["type"]: c for c in previous or []}
     out = []
     for cond in new:
-        status = "True" if cond.status else "False"
+        status = cond.status if isinstance(cond.status, str) else (
+            "True" if cond.status else "False")
         old = before.get(cond.type)
         changed = old is None or old.get("status") != status
         out.append({"type": cond.type, "status": status, "reason": cond.reason,

@@ -1,11 +1,11 @@
 """Where decisions meet pools: the actuator protocol and its virtual
 implementation.
 
-The loop's shell observes the pools and applies a tick's effects through an
-``Actuator``. The Kubernetes implementation (``operators/planner/kube.py``)
-reads EnginePools and their pods and writes ``/scale``, status, Events and
-gauges; ``VirtualActuator`` keeps pools in memory, with pods that take time to
-schedule, to become ready and to drain, for the simulator and the tests.
+A shell observes the pools and applies a tick's effects. In the operator
+that is ``operators/scaling.py`` (EnginePools and their pods in, ``/scale``,
+status, Events and gauges out); ``VirtualActuator`` keeps pools in memory,
+with pods that take time to schedule, to become ready and to drain, for the
+simulator and the tests.
 """
 
 from __future__ import annotations

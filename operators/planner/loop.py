@@ -75,6 +75,10 @@ class TickInputs:
     min_replicas: int = 1
     measurements: tuple[PoolMeasurement, ...] = ()
     refused: Mapping[str, str] = field(default_factory=dict)  # capacity check
+    # Each pool's (minReplicas, maxReplicas): the solver's target is held inside.
+    bounds: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Pools whose count another writer owns (an autoscaler), with why: decided, not written.
+    external: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,8 @@ class Effects:
     ratio: str  # "P:D" now, for `kubectl get td`
 
 
-def _ratio(replicas: Mapping[str, int]) -> str:
+def plan_ratio(replicas: Mapping[str, int]) -> str:
+    """"P:D", or the aggregated pool's size."""
     if "prefill" in replicas and "decode" in replicas:
         return f"{replicas['prefill']}:{replicas['decode']}"
     return f"{replicas.get('aggregated', 0)} agg"
@@ -186,7 +191,7 @@ def on_tick(now: float, state: LoopState, inputs: TickInputs,
         state = replace(state, below_since={}, window_max={})
         return state, Effects((), (), (Condition("ScalingActive", "False", "Off",
                                                  "scaling mode Off: pools follow their "
-                                                 "replicas as set"),), None, None, _ratio(spec))
+                                                 "replicas as set"),), None, None, plan_ratio(spec))
 
     efficiency = update_efficiency(settings, state.efficiency, inputs.pools, inputs.profiles,
                                    inputs.measurements)
@@ -199,7 +204,7 @@ def on_tick(now: float, state: LoopState, inputs: TickInputs,
     if inputs.demand is None:
         return state, Effects((), (), (Condition("ScalingActive", "Unknown", "NoDemand",
                                                  "no demand measured yet"),), None, None,
-                              _ratio(spec))
+                              plan_ratio(spec))
     deployed = {p.config for p in inputs.pools}
     problem = Problem(profiles=tuple(p for p in inputs.profiles if p.name in deployed),
                       demand=inputs.demand, slo=inputs.slo, budget_gpus=inputs.budget_gpus,
@@ -213,7 +218,9 @@ def on_tick(now: float, state: LoopState, inputs: TickInputs,
                         "; ".join(decision.changes), settings, decision)
 
     targets: dict[str, int] = {p.role: p.replicas for p in decision.plan.pools}
-    state, replicas, held, reasons = _smooth(now, state, inputs, spec, targets, settings)
+    bounded, held_by_bounds = _within_bounds(targets, inputs.bounds)
+    state, replicas, held, reasons = _smooth(now, state, inputs, spec, bounded, settings)
+    held = held_by_bounds + held
     scale = tuple(ScalePool(p.role, replicas[p.role], spec[p.role], reasons[p.role])
                   for p in sorted(inputs.pools, key=lambda p: replicas[p.role] - spec[p.role])
                   if replicas[p.role] != spec[p.role])
@@ -233,10 +240,10 @@ def on_tick(now: float, state: LoopState, inputs: TickInputs,
             last_change[s.role] = now
         state = replace(state, last_change_at=last_change,
                         last_spec={**state.last_spec, **{s.role: s.replicas for s in scale}})
-    message = f"{_ratio(replicas)} — {summary}"
+    message = f"{plan_ratio(replicas)} — {summary}"
     if inputs.mode == "Recommend" and replicas != spec and message != state.last_message:
-        events.append(Event("Normal", "ScalingRecommended", f"recommend {_ratio(replicas)} "
-                            f"(now {_ratio(spec)}): {summary}"))
+        events.append(Event("Normal", "ScalingRecommended", f"recommend {plan_ratio(replicas)} "
+                            f"(now {plan_ratio(spec)}): {summary}"))
     conditions = [Condition("ScalingActive", "True", inputs.mode, f"scaling mode {inputs.mode}"),
                   Condition("ScalingSpecValid", "True", "Valid", "a plan meets the SLOs")]
     if not decision.meets_demand and inputs.demand.request_rate is not None:
@@ -244,12 +251,17 @@ def on_tick(now: float, state: LoopState, inputs: TickInputs,
         conditions.append(Condition("DemandMet", "False", "BudgetBound", f"{summary}. {changes}"))
         if message != state.last_message:
             events.append(Event("Warning", "BudgetBound", f"{summary}. {changes}"))
+    elif capped := [h for h in held_by_bounds if "above maxReplicas" in h]:
+        message_capped = f"{'; '.join(capped)}: raise maxReplicas to meet the demand"
+        conditions.append(Condition("DemandMet", "False", "MaxReplicas", message_capped))
+        if message != state.last_message:
+            events.append(Event("Warning", "MaxReplicas", message_capped))
     else:
         conditions.append(Condition("DemandMet", "True", "Met", summary))
     history = (*state.history, record)[-settings.history:]
     state = replace(state, history=history, last_message=message)
     return state, Effects(scale if inputs.mode == "Auto" else (), tuple(events),
-                          tuple(conditions), record, decision, _ratio(spec))
+                          tuple(conditions), record, decision, plan_ratio(spec))
 
 
 def _invalid(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str, int],
@@ -269,7 +281,21 @@ def _invalid(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str
                     history=(*state.history, record)[-settings.history:])
     return state, Effects((), events, (
         Condition("ScalingActive", "True", inputs.mode, f"scaling mode {inputs.mode}"),
-        Condition("ScalingSpecValid", "False", reason, message)), record, decision, _ratio(spec))
+        Condition("ScalingSpecValid", "False", reason, message)), record, decision,
+        plan_ratio(spec))
+
+
+def _within_bounds(targets: Mapping[str, int], bounds: Mapping[str, tuple[int, int]],
+                   ) -> tuple[dict[str, int], list[str]]:
+    out, held = dict(targets), []
+    for role, target in targets.items():
+        lo, hi = bounds.get(role, (0, target))
+        if target > hi:
+            held.append(f"{role}: target {target} is above maxReplicas {hi}")
+        elif target < lo:
+            held.append(f"{role}: target {target} is below minReplicas {lo}")
+        out[role] = max(lo, min(hi, target))
+    return out, held
 
 
 def _smooth(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str, int],
@@ -284,9 +310,14 @@ def _smooth(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str,
     over_budget = budget is not None and sum(
         spec[p.role] * p.gpus_per_replica for p in inputs.pools) > budget
 
+    for role, why in inputs.external.items():
+        if targets.get(role, spec.get(role)) != spec.get(role):
+            held.append(f"{role}: {spec.get(role)} → {targets.get(role)} not written: {why}")
     for pool in inputs.pools:
         role, current, target = pool.role, spec[pool.role], targets[pool.role]
         since_change = now - state.last_change_at.get(role, -float("inf"))
+        if role in inputs.external:
+            continue
         if target >= current:
             below_since.pop(role, None)
             window_max.pop(role, None)
@@ -311,7 +342,8 @@ def _smooth(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str,
 
     # Scale-ups, the largest relative shortfall first, while the GPUs held
     # (terminating pods included) stay within the budget.
-    ups = sorted((p for p in inputs.pools if targets[p.role] > spec[p.role]),
+    ups = sorted((p for p in inputs.pools
+                  if targets[p.role] > spec[p.role] and p.role not in inputs.external),
                  key=lambda p: -(targets[p.role] / max(spec[p.role], 1)))
     for pool in ups:
         role, current, target = pool.role, spec[pool.role], targets[pool.role]

@@ -26,6 +26,9 @@ class MetricsSource(Protocol):
         """Counts since the previous call (or over the source's own window)."""
         ...
 
+    async def aclose(self) -> None:
+        ...
+
 
 def parse_router_metrics(text: str, at: float) -> RouterSample:
     """The pool counters of one router's exposition text."""
@@ -54,6 +57,8 @@ class RouterScrapeSource:
         self.urls = list(urls or [])
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
         self._last: dict[str, RouterSample] = {}
+        # The replicas the last round could not read, with why.
+        self.failures: dict[str, str] = {}
 
     async def sample(self, url: str, at: float) -> RouterSample:
         r = await self._client.get(url.rstrip("/") + "/metrics")
@@ -62,11 +67,13 @@ class RouterScrapeSource:
 
     async def window(self, now: float) -> Window | None:
         samples: dict[str, RouterSample] = {}
+        self.failures = {}
         for url in self.urls:
             try:
                 samples[url] = await self.sample(url, now)
             except (httpx.HTTPError, ValueError) as exc:
                 log.warning("router metrics at %s unreadable: %s", url, exc)
+                self.failures[url] = str(exc) or type(exc).__name__
         result = window(self._last, samples) if self._last else None
         self._last = {**self._last, **samples}
         # Replicas gone from the list are forgotten (a new pod at the same

@@ -125,13 +125,14 @@ class OperatorProcess:
 
 
 def start_operator(api: RunningApiServer, tmp_path: Path, resync: float = 2.0,
-                   name: str = "operator") -> OperatorProcess:
+                   name: str = "operator", scaling: float = 15.0) -> OperatorProcess:
     log = tmp_path / f"{name}.log"
     health_port, metrics_port = free_ports(2)
     env = dict(os.environ, KUBECONFIG=str(api.kubeconfig), TANDEM_LOG_LEVEL="INFO")
     proc = subprocess.Popen(
         [sys.executable, "-m", "operators", "--health-port", str(health_port),
-         "--metrics-port", str(metrics_port), "--resync-seconds", str(resync)],
+         "--metrics-port", str(metrics_port), "--resync-seconds", str(resync),
+         "--scaling-seconds", str(scaling)],
         cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return OperatorProcess(proc, log, health_port, metrics_port)
 

@@ -1,0 +1,124 @@
+"""The rate-matching controller's pure pieces inside the operator
+(operators/scaling.py, operators/planner/persist.py): the spec read into the
+loop's settings, profiles loaded from their ConfigMaps with problems that say
+what to change, the loop's state through status and back, and the spec
+rules the CRD states in CEL, re-checked for API servers without CEL."""
+
+from __future__ import annotations
+
+import pytest
+
+from operators import scaling
+from operators.planner.loop import LoopState, PoolStatus, TickInputs, on_tick
+from operators.planner.persist import state_from_dict, state_to_dict
+from operators.planner.profiles import profile_configmap
+from operators.planner.solver import Demand
+from operators.spec import crd_schema, problems, with_defaults
+from tests.kube import schema as crd
+from tests.planner.synthetic import ramp_profile
+
+PREFILL = ramp_profile("prefill-a", "prefill", 28.0, kv_capacity_tokens=16_000)
+DECODE = ramp_profile("decode-a", "decode", 65.0, kv_capacity_tokens=64_000)
+
+
+def spec(scaling: dict | None = None, **pools) -> dict:
+    return with_defaults({"model": {"path": "/m", "maxModelLen": 32768},
+                          "prefill": pools.get("prefill", {}), "decode": pools.get("decode", {}),
+                          "scaling": scaling or {}})
+
+
+def test_the_crd_defaults_are_the_loops_defaults():
+    s = spec({"mode": "Auto"})["scaling"]
+    settings = scaling.loop_settings(s)
+    assert (settings.up_cooldown_s, settings.down_cooldown_s, settings.down_window_s,
+            settings.max_step, settings.history) == (60, 600, 300, 2, 10)
+    assert s["headroom"] == 1.2
+    slo = scaling.slo_of({"slo": {"ttftP90Ms": 800, "itlP90Ms": 40}})
+    assert slo.ttft_p90_s == 0.8 and slo.interactivity_p90 == pytest.approx(25.0)
+
+
+def test_profiles_load_from_the_configmaps_the_spec_names():
+    s = spec({"mode": "Auto", "profiles": {"prefill": "p", "decode": "d"}})
+    cms = {"p": profile_configmap(PREFILL, "p"), "d": profile_configmap(DECODE, "d")}
+    found, wrong = scaling.load_profiles(s, cms)
+    assert wrong == [] and found == {"prefill": PREFILL, "decode": DECODE}
+
+    found, wrong = scaling.load_profiles(s, {"p": cms["d"], "d": None})
+    assert "ConfigMap p holds a decode profile" in wrong[0]
+    assert "ConfigMap d (scaling.profiles.decode) does not exist" in wrong[1]
+    assert "tandem profile --role decode" in wrong[1]
+
+    broken = profile_configmap(DECODE, "d")
+    broken["data"]["profile.json"] = "{"
+    _, wrong = scaling.load_profiles(s, {"p": cms["p"], "d": broken})
+    assert "is not JSON" in wrong[0]
+
+    # A profile taken on 1 GPU per replica does not size a pool of 2-GPU replicas.
+    _, wrong = scaling.load_profiles(
+        spec({"profiles": {"prefill": "p", "decode": "d"}}, decode={"gpusPerPod": 2}), cms)
+    assert "taken with 1 GPU(s) per replica, the decode pool runs 2" in wrong[0]
+
+
+def test_a_replica_that_cannot_hold_the_longest_context_is_refused():
+    refused = scaling.kv_refusals({"prefill": PREFILL, "decode": DECODE}, 32_000)
+    assert list(refused) == ["prefill-a"] and "16000 tokens of KV" in refused["prefill-a"]
+    assert scaling.kv_refusals({"decode": DECODE}, None) == {}
+
+
+def test_pods_count_as_the_loop_needs():
+    pool = {"spec": {"replicas": 3}}
+    pods = [{"metadata": {}, "status": {"phase": "Running",
+                                        "conditions": [{"type": "Ready", "status": "True"}]}},
+            {"metadata": {}, "status": {"phase": "Pending"}},
+            {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+             "status": {"phase": "Running"}}]
+    status = scaling.pool_status("decode", pool, pods, DECODE)
+    assert status == PoolStatus("decode", "decode-a", 3, pods=3, ready=1, pending=1,
+                                gpus_per_replica=1)
+
+
+def test_the_loop_state_survives_status_and_a_bad_document_starts_fresh():
+    state = LoopState()
+    pools = (PoolStatus("prefill", "prefill-a", 1, 1, 1, 0, 1),
+             PoolStatus("decode", "decode-a", 1, 1, 1, 0, 1))
+    for t in (1_000.0, 1_060.0):
+        state, effects = on_tick(t, state, TickInputs(
+            mode="Auto", pools=pools, profiles=(PREFILL, DECODE),
+            demand=Demand(40.0, 2000.0, 200.0, 0.0)))
+    back = state_from_dict(state_to_dict(state))
+    assert back == state
+    doc = scaling.scaling_document(state, effects, "Auto")
+    assert doc["recommendation"] == f"{effects.record.replicas['prefill']}:" \
+                                    f"{effects.record.replicas['decode']}"
+    assert doc["reasons"] and doc["pools"][0]["limit"]
+    assert state_from_dict({"history": [{"mode": "Sideways"}]}) == LoopState()
+    assert state_from_dict(None) == LoopState()
+
+
+def test_targets_outside_the_pools_bounds_are_held_and_said():
+    pools = (PoolStatus("prefill", "prefill-a", 1, 1, 1, 0, 1),
+             PoolStatus("decode", "decode-a", 1, 1, 1, 0, 1))
+    _, effects = on_tick(0.0, LoopState(), TickInputs(
+        mode="Auto", pools=pools, profiles=(PREFILL, DECODE),
+        demand=Demand(77.0, 2000.0, 200.0, 0.25), bounds={"prefill": (1, 2), "decode": (1, 8)}))
+    assert effects.record.targets["prefill"] == 3 and effects.record.replicas["prefill"] == 2
+    assert "prefill: target 3 is above maxReplicas 2" in effects.record.held
+    met = next(c for c in effects.conditions if c.type == "DemandMet")
+    assert (met.status, met.reason) == ("False", "MaxReplicas")
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"slo": {"longestContextTokens": 65536}}, "exceeds model.maxModelLen"),
+    ({"slo": {"itlP90Ms": 40, "interactivityP90": 25}}, "not both"),
+    ({"upCooldownSeconds": 900}, "downCooldownSeconds must be at least"),
+])
+def test_scaling_problems_say_what_to_fix_and_the_crd_agrees(change, fragment):
+    s = spec(change)
+    found = problems(s)
+    assert any(fragment in p for p in found), found
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
+            "metadata": {"name": "demo"}, "spec": s}
+    _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
+    assert errors, "the CRD's own rules refuse the same spec"
+    assert problems(spec({"mode": "Recommend", "profiles": {"prefill": "p", "decode": "d"},
+                          "slo": {"longestContextTokens": 8192}})) == []
