@@ -19,8 +19,10 @@ from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
+from operators.spec import crd_schema, problems
 from services.router.chat_templates import CHATML_TOOLS
 from services.router.routing.hashing import BlockHasher
+from tests.kube import schema as crd
 
 MODEL_NAME = DEFAULT_MODEL_NAME  # the name the stack serves the bundled model under
 # A prompt of about 1,500 tokens: long enough to span many KV blocks.
@@ -153,3 +155,14 @@ class StoreClient:
                 f"blocks never reached the store: {present} (if none did, the key "
                 "format of vLLM's store connector changed)")
             time.sleep(0.5)
+
+
+def assert_spec_refused(spec: dict, fragment: str) -> None:
+    """The operator's ``problems`` name the fault (``fragment``), and the
+    CRD's own schema and CEL rules refuse the same TandemDeployment spec."""
+    found = problems(spec)
+    assert any(fragment in p for p in found), found
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
+            "metadata": {"name": "demo"}, "spec": spec}
+    _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
+    assert errors, "the CRD's own rules refuse the same spec"

@@ -22,7 +22,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,6 +137,20 @@ def start_operator(api: RunningApiServer, tmp_path: Path, resync: float = 2.0,
          "--scaling-seconds", str(scaling)],
         cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return OperatorProcess(proc, log, health_port, metrics_port)
+
+
+@contextmanager
+def running_operator(api: RunningApiServer, tmp_path: Path, **kwargs: Any
+                     ) -> Iterator[OperatorProcess]:
+    """``start_operator``, ready; stopped after. Its log is printed on the way
+    out (pytest shows it only for a failed test: what the operator did)."""
+    proc = start_operator(api, tmp_path, **kwargs)
+    try:
+        proc.wait_ready()
+        yield proc
+        proc.stop()
+    finally:
+        print(f"\n--- operator log (exit {proc.proc.returncode}) ---\n{proc.output()[-20000:]}")
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition"

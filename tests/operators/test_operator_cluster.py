@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.kube.plugin import start_operator, wait_for
+from tests.kube.plugin import running_operator, start_operator, wait_for
 
 TD = """
 apiVersion: tandem.dev/v1alpha1
@@ -42,14 +42,8 @@ def events(api, reason: str) -> list[dict]:
 
 @pytest.fixture
 def operator(kube_api, tmp_path):
-    proc = start_operator(kube_api, tmp_path)
-    try:
-        proc.wait_ready()
+    with running_operator(kube_api, tmp_path) as proc:
         yield proc
-        proc.stop()
-    finally:
-        # pytest shows it only for a failed test: what the operator did.
-        print(f"\n--- operator log (exit {proc.proc.returncode}) ---\n{proc.output()[-20000:]}")
 
 
 def test_create_scale_update_foreign_edit_and_delete(kube_api, kubectl, operator):

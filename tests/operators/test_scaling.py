@@ -13,8 +13,8 @@ from operators.planner.loop import LoopState, PoolStatus, TickInputs, on_tick
 from operators.planner.persist import state_from_dict, state_to_dict
 from operators.planner.profiles import profile_configmap
 from operators.planner.solver import Demand
-from operators.spec import crd_schema, problems, with_defaults
-from tests.kube import schema as crd
+from operators.spec import problems, with_defaults
+from tests.helpers import assert_spec_refused
 from tests.planner.synthetic import ramp_profile
 
 PREFILL = ramp_profile("prefill-a", "prefill", 28.0, kv_capacity_tokens=16_000)
@@ -114,11 +114,6 @@ def test_targets_outside_the_pools_bounds_are_held_and_said():
 ])
 def test_scaling_problems_say_what_to_fix_and_the_crd_agrees(change, fragment):
     s = spec(change)
-    found = problems(s)
-    assert any(fragment in p for p in found), found
-    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
-            "metadata": {"name": "demo"}, "spec": s}
-    _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
-    assert errors, "the CRD's own rules refuse the same spec"
+    assert_spec_refused(s, fragment)
     assert problems(spec({"mode": "Recommend", "profiles": {"prefill": "p", "decode": "d"},
                           "slo": {"longestContextTokens": 8192}})) == []

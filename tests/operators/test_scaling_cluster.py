@@ -20,7 +20,7 @@ from prometheus_client import generate_latest
 from operators.planner.profiles import profile_configmap
 from operators.planner.solver import Demand, Problem, solve
 from services.router.metrics import RouterMetrics
-from tests.kube.plugin import start_operator, wait_for
+from tests.kube.plugin import running_operator, wait_for
 from tests.planner.synthetic import ramp_profile
 
 PREFILL = ramp_profile("prefill-test", "prefill", 28.0)
@@ -99,13 +99,8 @@ def router():
 
 @pytest.fixture
 def operator(kube_api, tmp_path):
-    proc = start_operator(kube_api, tmp_path, scaling=1.0)
-    try:
-        proc.wait_ready()
+    with running_operator(kube_api, tmp_path, scaling=1.0) as proc:
         yield proc
-        proc.stop()
-    finally:
-        print(f"\n--- operator log (exit {proc.proc.returncode}) ---\n{proc.output()[-20000:]}")
 
 
 def install_cluster(kube_api, router: RouterStandIn) -> None:
