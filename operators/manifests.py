@@ -409,7 +409,7 @@ def engine_argv(td: str, spec: Spec, role: str, ray: bool = False) -> list[str]:
             f"--prefill-context-parallel-size={par['prefillContext']}",
             f"--decode-context-parallel-size={par['decodeContext']}",
             # Drain within the pod's grace period, leaving time to exit.
-            f"--shutdown-grace-seconds={max(1, pool['terminationGracePeriodSeconds'] - 10)}",
+            f"--shutdown-grace-s={max(1, pool['terminationGracePeriodSeconds'] - 10)}",
             "--kv-events-config=" + json.dumps({
                 "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
                 "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
@@ -432,7 +432,8 @@ def ray_leader_script(engine: list[str], port: int = RAY_PORT) -> str:
             "ray.init(address='auto')\n"
             "size = int(os.environ.get('LWS_GROUP_SIZE', '1'))\n"
             "while sum(n['Alive'] for n in ray.nodes()) < size:\n"
-            "    time.sleep(1)\n")
+            "    time.sleep(1)\n"
+            "print(f'ray group ready: {size} nodes', flush=True)\n")
     return (f"ray start --head --port={port} --node-ip-address=$(POD_IP) --disable-usage-stats"
             f" && python -c {shlex.quote(wait)} && exec {shlex.join(engine)}")
 
