@@ -48,6 +48,16 @@ KVSTORE_CONFIG_DIR = "/etc/tandem/kvstore"
 # Seconds an engine pod keeps serving after it is told to stop, before
 # SIGTERM: the time for EndpointSlice updates to reach every router replica.
 PRESTOP_SECONDS = 5
+# Ray's per-node dashboard agent: its /api/local_raylet_healthz says whether
+# that node's raylet is up (ray[default]), the worker pods' probe.
+RAY_AGENT_PORT = 52365
+# Requests for containers whose spec gives none: the scheduler places no pod
+# blind, and a busy node does not starve the router, Redis or the store master.
+ROUTER_REQUESTS = {"cpu": "1", "memory": "1Gi"}
+REDIS_REQUESTS = {"cpu": "250m", "memory": "512Mi"}
+KVSTORE_MASTER_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
+KVSTORE_CLIENT_CPU = "1"
+ENGINE_REQUESTS = {"cpu": "4", "memory": "16Gi"}
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,22 @@ def kvstore_settings(td: str, spec: Spec, host: str) -> KvStoreSettings:
                            disk_path=store["disk"]["hostPath"])
 
 
+def with_requests(resources: dict | None, defaults: dict[str, str]) -> dict:
+    """`resources` with a request for each of `defaults`' keys it lacks (its limit
+    where it sets one: what Kubernetes would default the request to)."""
+    out = json.loads(json.dumps(resources or {}))
+    requests = out.setdefault("requests", {})
+    for key, value in defaults.items():
+        requests.setdefault(key, out.get("limits", {}).get(key, value))
+    return out
+
+
+def _mebibytes(size: str) -> int:
+    """A Mooncake size ("32GB", binary units as Mooncake reads them) in MiB."""
+    number, unit = int(size[:-2]), size[-2:]
+    return number * {"KB": 1, "MB": 1 << 10, "GB": 1 << 20, "TB": 1 << 30}[unit] // 1024
+
+
 def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return [f"{flag}={value}" if a.startswith(flag + "=") else a for a in argv]
 
@@ -160,7 +186,7 @@ def _router(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest]
                           "periodSeconds": 10, "failureThreshold": 6},
         # Keep answering while the Service stops sending here, then drain.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
-        "resources": router.get("resources", {}),
+        "resources": with_requests(router.get("resources"), ROUTER_REQUESTS),
     }
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -226,7 +252,10 @@ def _redis(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest]:
         # Shared router state is soft state: no persistence.
         "args": ["--save", "", "--appendonly", "no"],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
-        "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 2},
+        "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 2},
+        "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10,
+                          "failureThreshold": 3},
+        "resources": with_requests(spec["redis"].get("resources"), REDIS_REQUESTS),
     }
     return [
         {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -261,6 +290,10 @@ def _kvstore(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest
                       "ports": [{"name": n, "containerPort": p}
                                 for n, p in master_port_names.items()],
                       "readinessProbe": {"tcpSocket": {"port": "rpc"}, "periodSeconds": 2},
+                      "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
+                                        "periodSeconds": 10, "failureThreshold": 6},
+                      "resources": with_requests(spec["kvStore"].get("masterResources"),
+                                                 KVSTORE_MASTER_REQUESTS),
                   }]}}}},
         {"apiVersion": "v1", "kind": "Service",
          "metadata": _meta(master_host, namespace, owner, m_lbls),
@@ -274,17 +307,20 @@ def _kvstore(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest
     argv = _replace_flag(client.argv, "--master_server_address", s.master_address)
     argv = _replace_flag(argv, "--metadata_server", s.metadata_url)
     c_lbls = labels(td, "kvstore-client")
-    engine_nodes = {}
-    for role in pools(spec):
-        engine_nodes.update(spec[role].get("nodeSelector") or {})
+    # The pool owns the node's RAM pool and stages disk-tier reads in RAM:
+    # ask for both up front so the node is not overcommitted under it.
+    staging = _mebibytes(s.disk_staging_size) if s.enable_disk else 0
+    pool_mi = _mebibytes(s.pool_size) + staging + 1024
+    client_resources = with_requests(spec["kvStore"].get("clientResources"),
+                                     {"cpu": KVSTORE_CLIENT_CPU, "memory": f"{pool_mi}Mi"})
+    client_resources.setdefault("limits", {}).setdefault(
+        "memory", client_resources["requests"]["memory"])
     out.append({
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": _meta(f"{td}-kvstore-client", namespace, owner, c_lbls),
         "spec": {"selector": {"matchLabels": _selector(c_lbls)},
                  "template": {"metadata": {"labels": c_lbls}, "spec": {
-                     "nodeSelector": engine_nodes,
-                     "tolerations": [t for r in pools(spec) for t in spec[r].get("tolerations",
-                                                                                  [])],
+                     **store_client_placement(spec),
                      "containers": [{
                          "name": "client", "image": image, "imagePullPolicy": pull,
                          "command": argv[:1], "args": argv[1:],
@@ -292,6 +328,11 @@ def _kvstore(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest
                                                  for k, v in sorted(client.env.items())],
                          "ports": [{"name": "rpc", "containerPort": s.client_port},
                                    {"name": "health", "containerPort": s.client_http_port}],
+                         "readinessProbe": {"httpGet": {"path": "/health", "port": "health"},
+                                            "periodSeconds": 5},
+                         "livenessProbe": {"httpGet": {"path": "/health", "port": "health"},
+                                           "periodSeconds": 10, "failureThreshold": 6},
+                         "resources": client_resources,
                          "volumeMounts": [{"name": "disk", "mountPath": s.disk_path}],
                      }],
                      "volumes": [{"name": "disk", "hostPath": {
@@ -305,6 +346,32 @@ def _kvstore(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest
         "data": {"mooncake-engine.json": json.dumps(engine_store_config(s), indent=2,
                                                     sort_keys=True)},
     })
+    return out
+
+
+def store_client_placement(spec: Spec) -> dict:
+    """Where the store clients run: on every node any engine pool may use. The
+    pools' node selectors are alternatives (one required node-affinity term
+    each, which the scheduler ORs), inside the store's own nodeSelector; a pool
+    without a selector may run anywhere, and so do the clients then."""
+    out: dict = {}
+    if spec["kvStore"].get("nodeSelector"):
+        out["nodeSelector"] = dict(spec["kvStore"]["nodeSelector"])
+    selectors = [spec[role].get("nodeSelector") or {} for role in pools(spec)]
+    if selectors and all(selectors):
+        terms: list[dict] = []
+        for selector in selectors:
+            term = {"matchExpressions": [{"key": k, "operator": "In", "values": [v]}
+                                         for k, v in sorted(selector.items())]}
+            if term not in terms:
+                terms.append(term)
+        out["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    tolerations: list[dict] = []
+    for role in pools(spec):
+        tolerations += [t for t in spec[role].get("tolerations", []) if t not in tolerations]
+    if tolerations:
+        out["tolerations"] = tolerations
     return out
 
 
@@ -342,7 +409,7 @@ def engine_argv(td: str, spec: Spec, role: str, ray: bool = False) -> list[str]:
             f"--prefill-context-parallel-size={par['prefillContext']}",
             f"--decode-context-parallel-size={par['decodeContext']}",
             # Drain within the pod's grace period, leaving time to exit.
-            f"--shutdown-grace-seconds={max(1, pool['terminationGracePeriodSeconds'] - 10)}",
+            f"--shutdown-grace-s={max(1, pool['terminationGracePeriodSeconds'] - 10)}",
             "--kv-events-config=" + json.dumps({
                 "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
                 "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
@@ -365,7 +432,8 @@ def ray_leader_script(engine: list[str], port: int = RAY_PORT) -> str:
             "ray.init(address='auto')\n"
             "size = int(os.environ.get('LWS_GROUP_SIZE', '1'))\n"
             "while sum(n['Alive'] for n in ray.nodes()) < size:\n"
-            "    time.sleep(1)\n")
+            "    time.sleep(1)\n"
+            "print(f'ray group ready: {size} nodes', flush=True)\n")
     return (f"ray start --head --port={port} --node-ip-address=$(POD_IP) --disable-usage-stats"
             f" && python -c {shlex.quote(wait)} && exec {shlex.join(engine)}")
 
@@ -393,28 +461,49 @@ def _engine_container(td: str, spec: Spec, role: str, argv: list[str] | None,
         # The router sees the endpoint terminating and stops sending first;
         # SIGTERM then makes the engine drain (services/engine/server.py).
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        # NCCL, vLLM's workers and Ray's object store share tensors through
+        # /dev/shm; a container's default 64 MiB is far too small.
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
     }
+    if pool["rdma"]:
+        # RDMA (UCX under NIXL) pins the KV buffers it registers with the NIC.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if argv is not None:
         container["command"], container["args"] = argv[:3], argv[3:]
-        container["readinessProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 2}
-        container["livenessProbe"] = {"httpGet": {"path": "/health", "port": "metrics"},
-                                      "periodSeconds": 10, "failureThreshold": 6}
-        # Loading weights and compiling may take long; liveness waits for it.
-        container["startupProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5,
-                                     "failureThreshold": 360}
     else:
         container["command"], container["args"] = ["sh", "-c"], [script]
+    container["readinessProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 2}
+    container["livenessProbe"] = {"httpGet": {"path": "/health", "port": "metrics"},
+                                  "periodSeconds": 10, "failureThreshold": 6}
+    # Loading weights and compiling (and, in a group, waiting for the workers
+    # to join Ray) may take long; liveness waits for it.
+    container["startupProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5,
+                                 "failureThreshold": 360}
     if spec["kvStore"]["enabled"]:
-        container["volumeMounts"] = [{"name": "kvstore", "mountPath": KVSTORE_CONFIG_DIR,
-                                      "readOnly": True}]
+        container["volumeMounts"].append({"name": "kvstore", "mountPath": KVSTORE_CONFIG_DIR,
+                                          "readOnly": True})
     if spec["model"].get("volume"):
-        container.setdefault("volumeMounts", []).append(
+        container["volumeMounts"].append(
             {"name": "model", "mountPath": "/models", "readOnly": True})
     return container
 
 
+def _ray_worker_container(td: str, spec: Spec, role: str) -> dict:
+    """A group's non-leader pod: a Ray node holding its GPUs for the leader's engine."""
+    container = _engine_container(td, spec, role, None, ray_worker_script())
+    container["name"] = "ray-worker"
+    container.pop("lifecycle")
+    container["ports"] = [{"name": "ray-agent", "containerPort": RAY_AGENT_PORT}]
+    raylet = {"httpGet": {"path": "/api/local_raylet_healthz", "port": "ray-agent"}}
+    container["readinessProbe"] = {**raylet, "periodSeconds": 5}
+    container["livenessProbe"] = {**raylet, "periodSeconds": 10, "failureThreshold": 6}
+    # It keeps retrying until the leader's Ray head is up (ray_worker_script).
+    container["startupProbe"] = {**raylet, "periodSeconds": 5, "failureThreshold": 120}
+    return container
+
+
 def _resources(pool: dict) -> dict:
-    resources = json.loads(json.dumps(pool.get("resources") or {}))
+    resources = with_requests(pool.get("resources"), ENGINE_REQUESTS)
     if pool["gpusPerPod"]:
         for key in ("limits", "requests"):
             resources.setdefault(key, {})["nvidia.com/gpu"] = str(pool["gpusPerPod"])
@@ -423,7 +512,9 @@ def _resources(pool: dict) -> dict:
 
 def _pod_spec(td: str, spec: Spec, role: str, containers: list[dict]) -> dict:
     pool = spec[role]
-    volumes = []
+    # Memory-backed: it counts against the container's memory limit.
+    volumes: list[dict] = [{"name": "shm", "emptyDir": {"medium": "Memory",
+                                                        "sizeLimit": pool["shmSize"]}}]
     if spec["kvStore"]["enabled"]:
         volumes.append({"name": "kvstore", "configMap": {"name": f"{td}-kvstore"}})
     vol = spec["model"].get("volume") or {}
@@ -485,11 +576,7 @@ def pool_workload(
         return [workload, service]
     leader = _engine_container(td, spec, role, None,
                                ray_leader_script(engine_argv(td, spec, role, ray=True)))
-    leader["readinessProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5}
-    worker = _engine_container(td, spec, role, None, ray_worker_script())
-    worker["name"] = "ray-worker"
-    worker.pop("lifecycle")
-    worker["ports"] = []
+    worker = _ray_worker_container(td, spec, role)
     worker_labels = {**lbls, LABEL_COMPONENT: "engine-worker"}
     workload = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",

@@ -220,7 +220,7 @@ def test_default_values_reconcile_to_valid_workloads_the_chart_can_see(cluster):
                                             "decode")}
     objects = reconciled(cluster, workloads)
 
-    found = [p for obj in objects for p in problems(obj)]
+    found = [p for obj in objects for p in problems(obj) + policy_problems(obj)]
     assert not found, "\n".join(found)
     assert {p["spec"]["role"]: p["spec"]["replicas"] for p in by_kind(objects, "EnginePool")} == \
         {"prefill": 1, "decode": 1}
@@ -238,6 +238,24 @@ def test_default_values_reconcile_to_valid_workloads_the_chart_can_see(cluster):
     check_selectors(cluster.docs, objects, absent=("engine-worker",))
     check_operator_rbac(cluster, cluster.docs)
     check_operator_rbac(cluster, render({}), in_release_namespace=True)
+
+
+def policy_problems(obj: dict) -> list[str]:
+    """test_policy's rules for the operator's pods: every container asks for CPU and
+    memory and has readiness and liveness probes; engine pods mount a memory /dev/shm."""
+    out = []
+    for template in pod_templates(obj):
+        for c in template["spec"]["containers"]:
+            where = f"{obj['kind']}/{obj['metadata']['name']} {c['name']}"
+            if not {"cpu", "memory"} <= set(c.get("resources", {}).get("requests", {})):
+                out.append(f"{where}: no CPU/memory request")
+            if not ("readinessProbe" in c and "livenessProbe" in c):
+                out.append(f"{where}: no readiness or liveness probe")
+        if template["metadata"]["labels"].get("tandem.dev/role"):
+            shm = [v for v in template["spec"].get("volumes", []) if v["name"] == "shm"]
+            if not shm or shm[0]["emptyDir"].get("medium") != "Memory":
+                out.append(f"{obj['metadata']['name']}: engine pod without a memory /dev/shm")
+    return out
 
 
 def check_selectors(docs: list[dict], objects: list[dict], absent: tuple[str, ...] = ()) -> None:
@@ -338,7 +356,7 @@ def test_multi_node_pools_reconcile_to_valid_leaderworkersets(cluster):
         lambda: len(cluster.objects("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")) == 2
         and cluster.objects("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
         "two LeaderWorkerSets")
-    found = [p for obj in lws + objects for p in problems(obj)]
+    found = [p for obj in lws + objects for p in problems(obj) + policy_problems(obj)]
     assert not found, "\n".join(found)
     for group in lws:
         template = group["spec"]["leaderWorkerTemplate"]

@@ -81,6 +81,8 @@ def test_rdma_only_when_enabled(rendered):
         requests = td[role]["resources"]["requests"]
         has_rdma = any(k.startswith("rdma/") for k in requests)
         assert has_rdma == values["rdma"]["enabled"], f"{case}: {role}"
+        # The operator adds IPC_LOCK to engine containers of RDMA pools only.
+        assert td[role]["rdma"] == values["rdma"]["enabled"], f"{case}: {role}"
 
 
 def test_images_are_pinned_by_tag(rendered):

@@ -87,7 +87,7 @@ TD = crd_schema("tandemdeployments")["properties"]["spec"]["properties"]
     ("images.pullPolicy", "images.pullPolicy"),
     *[(f"{pool}.{field}", f"{pool}.{field}") for pool in ("prefill", "decode")
       for field in ("replicas", "minReplicas", "maxReplicas", "gpusPerPod", "nodesPerReplica",
-                    "terminationGracePeriodSeconds", "parallelism.tensor",
+                    "terminationGracePeriodSeconds", "shmSize", "parallelism.tensor",
                     "parallelism.pipeline", "parallelism.data", "parallelism.prefillContext",
                     "parallelism.decodeContext")],
     ("router.replicas", "router.replicas"),

@@ -75,7 +75,7 @@ def test_engine_pods_carry_roles_probes_prestop_and_grace():
     assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
     assert pod["spec"]["terminationGracePeriodSeconds"] == 120
     argv = container["command"] + container["args"]
-    assert "--shutdown-grace-seconds=110" in argv  # drains inside the grace period
+    assert "--shutdown-grace-s=110" in argv  # drains inside the grace period
     assert "--tensor-parallel-size=2" in argv and "--role=prefill" in argv
     assert "--long-prefill-token-threshold=2048" in argv
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
@@ -179,3 +179,118 @@ def test_the_operator_role_covers_every_kind_it_writes():
             assert allowed(group, PLURALS[obj["kind"]], verb), (obj["kind"], verb)
     assert allowed("tandem.dev", "enginepools/scale", "patch")
     assert allowed("", "pods", "patch")  # deletion costs
+
+
+def _store_clients(s: dict) -> dict:
+    objs = manifests.shared_objects("demo", "prod", s, OWNER)
+    return next(o for o in objs if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+
+
+def _schedules_on(pod: dict, node_labels: dict[str, str]) -> bool:
+    """Whether the scheduler may place `pod` on a node with these labels (nodeSelector
+    AND required node affinity, whose terms are ORed and expressions ANDed)."""
+    if any(node_labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items()):
+        return False
+    required = (pod.get("affinity", {}).get("nodeAffinity", {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if not required:
+        return True
+    return any(all(e["operator"] == "In" and node_labels.get(e["key"]) in e["values"]
+                   for e in term["matchExpressions"])
+               for term in required["nodeSelectorTerms"])
+
+
+def test_store_clients_run_on_every_pools_nodes_not_only_the_last_pools():
+    """The store DaemonSet must reach the nodes of every pool: the pools' node
+    selectors are alternatives (a node of either pool), never one dict where the
+    last pool's value for a shared key overwrites the first's."""
+    gpu = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    s = spec(prefill={"nodeSelector": {"gpu": "h100", "zone": "a"}, "tolerations": gpu},
+             decode={"nodeSelector": {"gpu": "l40s"}, "tolerations": gpu})
+    pod = _store_clients(s)
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                  "metadata": {"name": "t"}, "template": {"spec": pod}},
+                                 "1.32.0", strict=True)
+    assert _schedules_on(pod, {"gpu": "h100", "zone": "a"})  # a prefill node
+    assert _schedules_on(pod, {"gpu": "l40s"})  # a decode node
+    assert not _schedules_on(pod, {"gpu": "h100", "zone": "b"})  # neither pool's
+    assert not _schedules_on(pod, {})
+    assert pod["tolerations"] == gpu  # each toleration once
+
+
+def test_store_clients_keep_their_own_node_selector_beside_the_pools():
+    s = spec(prefill={"nodeSelector": {"gpu": "h100"}}, decode={"nodeSelector": {"gpu": "l40s"}},
+             kvStore={"nodeSelector": {"tandem.dev/kv-store": "yes"}})
+    pod = _store_clients(s)
+    assert _schedules_on(pod, {"gpu": "h100", "tandem.dev/kv-store": "yes"})
+    assert not _schedules_on(pod, {"gpu": "h100"})
+
+
+def test_store_clients_go_everywhere_when_a_pool_may_run_anywhere():
+    pod = _store_clients(spec(prefill={"nodeSelector": {"gpu": "h100"}}))
+    assert _schedules_on(pod, {"gpu": "h100"}) and _schedules_on(pod, {"gpu": "l40s"})
+
+
+def _pod_templates(obj: dict) -> list[dict]:
+    if obj["kind"] in ("Deployment", "DaemonSet"):
+        return [obj["spec"]["template"]]
+    if obj["kind"] == "LeaderWorkerSet":
+        group = obj["spec"]["leaderWorkerTemplate"]
+        return [group["leaderTemplate"], group["workerTemplate"]]
+    return []
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_every_container_has_requests_and_probes(nodes):
+    s = spec(decode={"replicas": 1, "nodesPerReplica": nodes, "gpusPerPod": 4,
+                     "parallelism": {"tensor": 4 * nodes}},
+             router={"replicas": 2})  # two routers: a managed Redis too
+    templates = [t for o in everything(s) for t in _pod_templates(o)]
+    names = {c["name"] for t in templates for c in t["spec"]["containers"]}
+    assert {"router", "redis", "master", "client", "engine"} <= names
+    assert ("ray-worker" in names) == (nodes > 1)
+    for template in templates:
+        for c in template["spec"]["containers"]:
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), c["name"]
+            assert "readinessProbe" in c and "livenessProbe" in c, c["name"]
+            named = {p["name"] for p in c.get("ports", [])}
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                port = next(iter(c.get(probe, {}).values()), {}).get("port")
+                assert not isinstance(port, str) or port in named, (c["name"], probe)
+
+
+def test_store_client_asks_for_its_ram_pool():
+    s = spec(kvStore={"ramPool": "32GB", "disk": {"size": "100GB"}})
+    client = _store_clients(s)["containers"][0]
+    # 32 GiB pool + 1280 MiB disk staging + 1 GiB for the process itself.
+    assert client["resources"]["requests"]["memory"] == f"{32 * 1024 + 1280 + 1024}Mi"
+    assert client["resources"]["limits"]["memory"] == client["resources"]["requests"]["memory"]
+    own = {"requests": {"cpu": "2", "memory": "40Gi"}, "limits": {"memory": "48Gi"}}
+    client = _store_clients(spec(kvStore={"clientResources": own}))["containers"][0]
+    assert client["resources"] == own
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("rdma", [False, True])
+def test_engine_pods_get_shared_memory_and_ipc_lock_only_with_rdma(nodes, rdma):
+    s = spec(prefill={"replicas": 1, "nodesPerReplica": nodes, "gpusPerPod": 8,
+                      "parallelism": {"tensor": 8 * nodes}, "shmSize": "20Gi", "rdma": rdma})
+    workload, _ = manifests.pool_workload("demo", "prod", s, "prefill", 1, POOL_OWNER)
+    for template in _pod_templates(workload):
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert volumes["shm"] == {"name": "shm",
+                                  "emptyDir": {"medium": "Memory", "sizeLimit": "20Gi"}}
+        container = template["spec"]["containers"][0]
+        assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        added = container.get("securityContext", {}).get("capabilities", {}).get("add", [])
+        assert added == (["IPC_LOCK"] if rdma else [])
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                      "metadata": {"name": "t"}, "template": template},
+                                     "1.32.0", strict=True)
+
+
+def test_given_limits_become_the_requests_kubernetes_would_default():
+    s = spec(decode={"resources": {"limits": {"cpu": "8", "memory": "80Gi"}}})
+    deploy, _ = manifests.pool_workload("demo", "prod", s, "decode", 1, POOL_OWNER)
+    requests = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests == {"cpu": "8", "memory": "80Gi", "nvidia.com/gpu": "1"}

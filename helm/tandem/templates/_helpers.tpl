@@ -73,6 +73,8 @@ gpusPerPod: {{ $pool.gpusPerPod }}
 nodesPerReplica: {{ $pool.nodesPerReplica }}
 parallelism:
   {{- toYaml $pool.parallelism | nindent 2 }}
+shmSize: {{ $pool.shmSize }}
+rdma: {{ $rdma.enabled }}
 terminationGracePeriodSeconds: {{ $pool.terminationGracePeriodSeconds }}
 {{- with $pool.engineArgs }}
 engineArgs:
