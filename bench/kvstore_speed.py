@@ -16,13 +16,13 @@ all measured in one run.
      one receiving thread per engine);
    * ``tcp unregistered``: ``put_batch`` / ``get_batch`` of Python buffers;
    * ``shm``: Mooncake's dummy client (``setup_dummy``) attached to the pool owner over
-     shared memory; its buffers must come from the shared pool
-     (``alloc_from_mem_pool``, then ``register_buffer``), so ``shm + staging copy`` adds the copy from an
-     ordinary buffer (an engine's KV cache) into that pool.
+     shared memory; its buffers must come from the shared pool (``alloc_from_mem_pool``,
+     then ``register_buffer``), so ``shm + staging copy`` adds the copy from an ordinary
+     buffer (an engine's KV cache) into that pool.
 
 Bandwidth is payload bytes per second (one direction) for every figure.
 
-    python -m bench.kvstore_speed [--rounds 5] [--sizes 1MB,5898240] [--batches 1,12] [--json]
+    python -m bench.kvstore_speed [--rounds 5] [--sizes 4KB,1MB,5898240] [--batches 1,12] [--json]
 """
 
 from __future__ import annotations
@@ -227,6 +227,8 @@ def _put_get(store, mode: str, threads: int, src: torch.Tensor, dst: torch.Tenso
             times["put"].append(put_done - staged)
             times["get"].append(get_done - put_done)
     row = {"object_bytes": size, "batch": batch,
+           "put_ms": statistics.median(times["put"]) * 1e3,
+           "get_ms": statistics.median(times["get"]) * 1e3,
            "put_gbps": median_gbps(nbytes, times["put"]),
            "get_gbps": median_gbps(nbytes, times["get"])}
     if mode == "shm":
@@ -283,7 +285,8 @@ def print_report(report: dict) -> None:
     print(f"KV store speed, {report['cpus']} CPUs, load average before {load}; GB/s of "
           "payload, medians; ratios against memcpy and loopback TCP of the same bytes")
     print(f"  {'variant':<30} {'object':>9} {'batch':>5} {'put':>6} {'get':>6} "
-          f"{'memcpy':>7} {'tcp':>6} {'put/mc':>6} {'get/mc':>6} {'put/tcp':>7} {'get/tcp':>7}")
+          f"{'memcpy':>7} {'tcp':>6} {'put/mc':>6} {'get/mc':>6} {'put/tcp':>7} {'get/tcp':>7} "
+          f"{'put ms':>7} {'get ms':>7}")
     for variant in report["store"]:
         if "error" in variant:
             print(f"  {variant['variant']:<30} FAILED: {variant['error']}")
@@ -291,11 +294,13 @@ def print_report(report: dict) -> None:
         for row in variant["rows"]:
             key = f"{row['object_bytes']}x{row['batch']}"
             mc, tcp = report["memcpy_gbps"][key], report["loopback_tcp_gbps"][key]
-            size = f"{row['object_bytes'] / (1 << 20):.2f}MiB"
+            size = (f"{row['object_bytes'] / (1 << 20):.2f}MiB" if row["object_bytes"] >= 1 << 20
+                    else f"{row['object_bytes'] >> 10}KiB")
             print(f"  {variant['variant']:<30} {size:>9} {row['batch']:>5} "
                   f"{row['put_gbps']:6.2f} {row['get_gbps']:6.2f} {mc:7.2f} {tcp:6.2f} "
                   f"{row['put_gbps'] / mc:6.2f} {row['get_gbps'] / mc:6.2f} "
-                  f"{row['put_gbps'] / tcp:7.2f} {row['get_gbps'] / tcp:7.2f}")
+                  f"{row['put_gbps'] / tcp:7.2f} {row['get_gbps'] / tcp:7.2f} "
+                  f"{row['put_ms']:7.2f} {row['get_ms']:7.2f}")
             if "put_with_staging_gbps" in row:
                 staged = row["put_with_staging_gbps"]
                 print(f"  {'  shm + staging copy':<30} {'':>9} {'':>5} {staged:6.2f} "
@@ -307,9 +312,9 @@ def print_report(report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per figure")
-    parser.add_argument("--sizes", default=f"1MB,{SMOLLM2_BLOCK_BYTES}",
-                        help="object sizes, comma-separated (default: 1 MiB and one "
-                        "SmolLM2 KV block, 5.6 MiB)")
+    parser.add_argument("--sizes", default=f"4KB,1MB,{SMOLLM2_BLOCK_BYTES}",
+                        help="object sizes, comma-separated (default: 4 KiB, whose time is "
+                        "the per-call cost, 1 MiB and one SmolLM2 KV block, 5.6 MiB)")
     parser.add_argument("--batches", default="1,12",
                         help="objects per put/get call, comma-separated")
     parser.add_argument("--variants", default=",".join(VARIANTS),
