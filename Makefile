@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels down clean images
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -101,13 +101,18 @@ bench-all: setup aiperf
 	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
 	$(PY) -m bench.pd_vs_aggregated --concurrency 4 --requests 12
 	$(PY) -m bench.kvstore_bench
-	$(MAKE) bench-kernels bench-routers bench-policies bench-scheduler
+	$(MAKE) bench-kernels bench-kvstore bench-routers bench-policies bench-scheduler
 
 # The KV layout kernels (kernels/) on this machine's CPU, each against memcpy
 # of the same bytes, and the KV store's put/get per block with and without
 # packing (a few minutes). On a GPU machine: $(PY) -m bench.kernels_gpu
 bench-kernels: setup
 	$(PY) -m bench.kernels_bench
+
+# The KV store's put/get GB/s (transports, settings, batch and object sizes)
+# beside memcpy and raw loopback TCP of the same bytes, in one run (a minute).
+bench-kvstore: setup
+	$(PY) -m bench.kvstore_speed
 
 # The router's own overhead (added TTFT/e2e, req/s on one core), Tandem's
 # router vs vllm-router and sglang-router, each in front of a fixed-latency

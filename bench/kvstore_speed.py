@@ -1,0 +1,346 @@
+"""KV store speed on this machine: Mooncake put/get GB/s beside memcpy and raw loopback TCP,
+all measured in one run.
+
+1. **memcpy**: ``torch`` copying one batch of objects (the bytes a put or a get moves).
+2. **loopback TCP**: a plain socket pair on 127.0.0.1, one thread sending the same bytes
+   (``sendall``), another receiving them into a buffer (``recv_into``): what any TCP
+   transport can reach here.
+3. **Mooncake store**: a real store (master + standalone pool owner, as ``tandem up``
+   starts it), one requester process per variant (Mooncake reads its settings from the
+   environment at set-up), put then get of fresh keys every round:
+
+   * ``tcp``: Tandem's engine path (``protocol: tcp``, buffers registered as vLLM
+     registers its KV cache, zero-copy ``batch_put_from`` / ``batch_get_into``);
+   * ``tcp`` with ``MC_STORE_MEMCPY=1`` and with more TCP lanes per peer;
+   * ``tcp x2 threads``: the batch split over two threads (vLLM has one sending and
+     one receiving thread per engine);
+   * ``tcp unregistered``: ``put_batch`` / ``get_batch`` of Python buffers;
+   * ``shm``: Mooncake's dummy client (``setup_dummy``) attached to the pool owner over
+     shared memory; its buffers must come from the shared pool (``alloc_from_mem_pool``,
+     then ``register_buffer``), so ``shm + staging copy`` adds the copy from an ordinary
+     buffer (an engine's KV cache) into that pool.
+
+Bandwidth is payload bytes per second (one direction) for every figure.
+
+    python -m bench.kvstore_speed [--rounds 5] [--sizes 4KB,1MB,5898240] [--batches 1,12] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+# SmolLM2-135M on vLLM's CPU backend: one 128-token block of all 30 layers, float32.
+SMOLLM2_BLOCK_BYTES = 30 * 3 * 128 * 2 * 64 * 4
+
+# name -> (how the requester connects, extra environment, threads)
+VARIANTS: dict[str, tuple[str, dict[str, str], int]] = {
+    "tcp": ("tcp", {}, 1),
+    "tcp MC_STORE_MEMCPY=1": ("tcp", {"MC_STORE_MEMCPY": "1"}, 1),
+    "tcp MC_TCP_LANES_PER_PEER=4": ("tcp", {"MC_TCP_LANES_PER_PEER": "4"}, 1),
+    "tcp x2 threads": ("tcp", {}, 2),
+    "tcp unregistered": ("tcp-unregistered", {}, 1),
+    "shm": ("shm", {}, 1),
+}
+
+
+def median_gbps(nbytes: int, seconds: list[float]) -> float:
+    return nbytes / statistics.median(seconds) / 1e9
+
+
+def bench_memcpy(nbytes: int, rounds: int) -> float:
+    src = torch.rand(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return median_gbps(src.numel() * 4, times)
+
+
+def bench_loopback_tcp(nbytes: int, rounds: int) -> float:
+    """One connection on 127.0.0.1; each round sends ``nbytes`` and waits for all of them."""
+    src = torch.rand(nbytes // 4)
+    dst = torch.empty_like(src)
+    payload = memoryview(src.numpy()).cast("B")
+    landing = memoryview(dst.numpy()).cast("B")
+    server = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(server.getsockname())
+    receiver, _ = server.accept()
+    server.close()
+
+    def receive_all() -> None:
+        got = 0
+        while got < len(landing):
+            got += receiver.recv_into(landing[got:])
+
+    times = []
+    try:
+        for r in range(rounds + 1):  # round 0 warms up
+            reader = threading.Thread(target=receive_all)
+            start = time.perf_counter()
+            reader.start()
+            sender.sendall(payload)
+            reader.join()
+            if r:
+                times.append(time.perf_counter() - start)
+        if not torch.equal(src, dst):
+            raise RuntimeError("loopback TCP delivered other bytes")
+    finally:
+        sender.close()
+        receiver.close()
+    return median_gbps(len(payload), times)
+
+
+# -- the store ------------------------------------------------------------------
+
+def start_store(tmp: Path, pool_bytes: int):
+    from common.ports import free_ports
+    from services.kvstore.api import store_launch, wait_ready
+
+    launch = store_launch(tmp / "kvstore", ports=free_ports(6),
+                          pool_size=f"{pool_bytes >> 20}MB", enable_disk=False)
+    with open(tmp / "kvstore.log", "wb") as log:
+        proc = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT)
+    launch_ok = False
+    try:
+        wait_ready(launch.health_url, 180, alive=lambda: proc.poll() is None)
+        launch_ok = True
+    finally:
+        if not launch_ok:
+            proc.kill()
+    return launch, proc
+
+
+def shared_tensor(address: int, nbytes: int) -> torch.Tensor:
+    """A float32 tensor over memory Mooncake allocated (its shared pool)."""
+    raw = (ctypes.c_char * nbytes).from_address(address)
+    return torch.frombuffer(raw, dtype=torch.float32)
+
+
+def run_requester(mode: str, threads: int, store_args: dict, sizes: list[int],
+                  batches: list[int], rounds: int) -> list[dict]:
+    """In a requester process: put/get every (size, batch) and report GB/s."""
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    largest = max(sizes) * max(batches)
+    if mode == "shm":
+        rc = store.setup_dummy(2 * largest + (64 << 20), 64 << 20,
+                               f"127.0.0.1:{store_args['client_port']}")
+    else:
+        rc = store.setup("127.0.0.1", store_args["metadata_url"], 0, largest + (64 << 20),
+                         "tcp", "", store_args["master_address"])
+    if rc != 0:
+        raise RuntimeError(f"Mooncake requester set-up ({mode}) returned {rc}")
+    try:
+        if mode == "shm":
+            src = shared_tensor(store.alloc_from_mem_pool(largest), largest)
+            dst = shared_tensor(store.alloc_from_mem_pool(largest), largest)
+            src.copy_(torch.rand(largest // 4))
+        else:
+            src, dst = torch.rand(largest // 4), torch.zeros(largest // 4)
+        if mode != "tcp-unregistered":
+            for t in (src, dst):
+                if store.register_buffer(t.data_ptr(), t.numel() * 4) != 0:
+                    raise RuntimeError(f"register_buffer failed ({mode})")
+        staging_src = torch.rand(largest // 4)  # an engine's own (unshared) KV cache
+        rows = []
+        for size in sizes:
+            for batch in batches:
+                rows.append(_put_get(store, mode, threads, src, dst, staging_src, size,
+                                     batch, rounds))
+        return rows
+    finally:
+        store.close()
+
+
+def _put_get(store, mode: str, threads: int, src: torch.Tensor, dst: torch.Tensor,
+             staging_src: torch.Tensor, size: int, batch: int, rounds: int) -> dict:
+    src_bytes = memoryview(src.numpy()).cast("B")
+    addrs = [src.data_ptr() + i * size for i in range(batch)]
+    dst_addrs = [dst.data_ptr() + i * size for i in range(batch)]
+    nbytes = size * batch
+    times: dict[str, list[float]] = {"put": [], "get": [], "staging": []}
+
+    def in_threads(call, keys: list[str], ptrs: list[int]) -> list[int]:
+        if threads == 1:
+            return list(call(keys, ptrs, [size] * len(keys)))
+        share = -(-len(keys) // threads)
+        results: list[list[int]] = [[] for _ in range(threads)]
+
+        def part(i: int) -> None:
+            ks, ps = keys[i * share:(i + 1) * share], ptrs[i * share:(i + 1) * share]
+            results[i] = list(call(ks, ps, [size] * len(ks))) if ks else []
+
+        workers = [threading.Thread(target=part, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return [r for rs in results for r in rs]
+
+    for r in range(rounds + 1):  # round 0 warms up
+        keys = [f"speed-{mode}-{threads}-{size}-{batch}-{r}-{i}" for i in range(batch)]
+        start = time.perf_counter()
+        if mode == "shm":  # what an engine whose KV is not in the shared pool pays first
+            src[:nbytes // 4].copy_(staging_src[:nbytes // 4])
+        staged = time.perf_counter()
+        if mode == "tcp-unregistered":
+            put_rc = store.put_batch(keys, [src_bytes[i * size:(i + 1) * size]
+                                            for i in range(batch)])
+            put_ok = put_rc == 0
+        else:
+            put_ok = all(x == 0 for x in in_threads(store.batch_put_from, keys, addrs))
+        put_done = time.perf_counter()
+        if mode == "tcp-unregistered":
+            got = store.get_batch(keys)
+            get_ok = [len(g) for g in got] == [size] * batch
+            get_done = time.perf_counter()
+            landed = b"".join(got) == bytes(src_bytes[:nbytes])
+        else:
+            get_ok = all(x == size for x in in_threads(store.batch_get_into, keys, dst_addrs))
+            get_done = time.perf_counter()
+            landed = torch.equal(src[:nbytes // 4], dst[:nbytes // 4])
+            dst[:nbytes // 4].zero_()
+        if not (put_ok and get_ok and landed):
+            raise RuntimeError(f"{mode}: put ok={put_ok} get ok={get_ok} "
+                               f"bytes intact={landed} ({size} B x {batch})")
+        store.batch_remove(keys, True)  # free the pool (reads lease the objects)
+        if r:
+            times["staging"].append(staged - start)
+            times["put"].append(put_done - staged)
+            times["get"].append(get_done - put_done)
+    row = {"object_bytes": size, "batch": batch,
+           "put_ms": statistics.median(times["put"]) * 1e3,
+           "get_ms": statistics.median(times["get"]) * 1e3,
+           "put_gbps": median_gbps(nbytes, times["put"]),
+           "get_gbps": median_gbps(nbytes, times["get"])}
+    if mode == "shm":
+        row["put_with_staging_gbps"] = median_gbps(
+            nbytes, [a + b for a, b in zip(times["staging"], times["put"])])
+    return row
+
+
+def bench_variant(name: str, store_args: dict, sizes: list[int], batches: list[int],
+                  rounds: int, log: Path) -> dict:
+    mode, env, threads = VARIANTS[name]
+    request = json.dumps({"mode": mode, "threads": threads, "store": store_args,
+                          "sizes": sizes, "batches": batches, "rounds": rounds})
+    with open(log, "ab") as err:
+        done = subprocess.run([sys.executable, "-m", "bench.kvstore_speed", "--requester",
+                               request], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                              stderr=err, timeout=600)
+    lines = done.stdout.decode().strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"variant": name, "error": f"requester exited {done.returncode}; see {log}"}
+    return {"variant": name, "env": env, "rows": json.loads(lines[-1])}
+
+
+def run(rounds: int, sizes: list[int], batches: list[int], variants: list[str]) -> dict:
+    largest = max(sizes) * max(batches)
+    report: dict = {"load_average": os.getloadavg(), "cpus": os.cpu_count(),
+                    "memcpy_gbps": {}, "loopback_tcp_gbps": {}, "store": []}
+    for size in sizes:
+        for batch in batches:
+            key = f"{size}x{batch}"
+            report["memcpy_gbps"][key] = bench_memcpy(size * batch, rounds)
+            report["loopback_tcp_gbps"][key] = bench_loopback_tcp(size * batch, rounds)
+    with tempfile.TemporaryDirectory(prefix="tandem-kvstore-speed-") as d:
+        launch, proc = start_store(Path(d), 4 * largest + (256 << 20))
+        s = launch.settings
+        store_args = {"metadata_url": s.metadata_url, "master_address": s.master_address,
+                      "client_port": s.client_port}
+        try:
+            for name in variants:
+                report["store"].append(bench_variant(name, store_args, sizes, batches, rounds,
+                                                     Path(d) / "requesters.log"))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+            errors = [v for v in report["store"] if "error" in v]
+            if errors:  # the log dies with the temporary directory
+                sys.stderr.write((Path(d) / "requesters.log").read_text()[-4000:])
+    report["load_average_after"] = os.getloadavg()
+    return report
+
+
+def print_report(report: dict) -> None:
+    load = ", ".join(f"{x:.2f}" for x in report["load_average"])
+    print(f"KV store speed, {report['cpus']} CPUs, load average before {load}; GB/s of "
+          "payload, medians; ratios against memcpy and loopback TCP of the same bytes")
+    print(f"  {'variant':<30} {'object':>9} {'batch':>5} {'put':>6} {'get':>6} "
+          f"{'memcpy':>7} {'tcp':>6} {'put/mc':>6} {'get/mc':>6} {'put/tcp':>7} {'get/tcp':>7} "
+          f"{'put ms':>7} {'get ms':>7}")
+    for variant in report["store"]:
+        if "error" in variant:
+            print(f"  {variant['variant']:<30} FAILED: {variant['error']}")
+            continue
+        for row in variant["rows"]:
+            key = f"{row['object_bytes']}x{row['batch']}"
+            mc, tcp = report["memcpy_gbps"][key], report["loopback_tcp_gbps"][key]
+            size = (f"{row['object_bytes'] / (1 << 20):.2f}MiB" if row["object_bytes"] >= 1 << 20
+                    else f"{row['object_bytes'] >> 10}KiB")
+            print(f"  {variant['variant']:<30} {size:>9} {row['batch']:>5} "
+                  f"{row['put_gbps']:6.2f} {row['get_gbps']:6.2f} {mc:7.2f} {tcp:6.2f} "
+                  f"{row['put_gbps'] / mc:6.2f} {row['get_gbps'] / mc:6.2f} "
+                  f"{row['put_gbps'] / tcp:7.2f} {row['get_gbps'] / tcp:7.2f} "
+                  f"{row['put_ms']:7.2f} {row['get_ms']:7.2f}")
+            if "put_with_staging_gbps" in row:
+                staged = row["put_with_staging_gbps"]
+                print(f"  {'  shm + staging copy':<30} {'':>9} {'':>5} {staged:6.2f} "
+                      f"{'':>6} {'':>7} {'':>6} {staged / mc:6.2f}")
+    load = ", ".join(f"{x:.2f}" for x in report["load_average_after"])
+    print(f"load average after {load}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per figure")
+    parser.add_argument("--sizes", default=f"4KB,1MB,{SMOLLM2_BLOCK_BYTES}",
+                        help="object sizes, comma-separated (default: 4 KiB, whose time is "
+                        "the per-call cost, 1 MiB and one SmolLM2 KV block, 5.6 MiB)")
+    parser.add_argument("--batches", default="1,12",
+                        help="objects per put/get call, comma-separated")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"store variants, comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--requester", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.requester:  # one variant, in its own process (see bench_variant)
+        job = json.loads(args.requester)
+        print(json.dumps(run_requester(job["mode"], job["threads"], job["store"],
+                                       job["sizes"], job["batches"], job["rounds"])))
+        return 0
+    from common.mooncake import parse_size
+
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
+    report = run(args.rounds, [parse_size(s) for s in args.sizes.split(",")],
+                 [int(b) for b in args.batches.split(",")], variants)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
