@@ -348,7 +348,7 @@ def engine_argv(td: str, spec: Spec, role: str, ray: bool = False) -> list[str]:
             f"--prefill-context-parallel-size={par['prefillContext']}",
             f"--decode-context-parallel-size={par['decodeContext']}",
             # Drain within the pod's grace period, leaving time to exit.
-            f"--shutdown-grace-seconds={max(1, pool['terminationGracePeriodSeconds'] - 10)}",
+            f"--shutdown-grace-s={max(1, pool['terminationGracePeriodSeconds'] - 10)}",
             "--kv-events-config=" + json.dumps({
                 "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
                 "endpoint": f"tcp://*:{KV_EVENTS_PORT}",

@@ -77,3 +77,18 @@ def test_the_routers_role_lets_it_list_and_watch_endpoint_slices():
               if d]
     assert any("discovery.k8s.io" in rule["apiGroups"] and "endpointslices" in rule["resources"]
                and {"list", "watch"} <= set(rule["verbs"]) for rule in role["rules"])
+
+
+def test_the_engine_host_accepts_the_operators_engine_flags():
+    from services.engine.config import parse_settings as engine_settings
+
+    # Without the KV store: with it, the engine reads the store's config file at start.
+    spec = with_defaults({"model": {"path": "/models/llama", "servedName": "llama"},
+                          "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                          "kvStore": {"enabled": False}})
+    for role in ("prefill", "decode"):
+        argv = manifests.engine_argv("demo", spec, role)
+        assert argv[:3] == ["python", "-m", "services.engine"]
+        settings = engine_settings(argv[3:])
+        assert settings.role == ENGINE_ROLE[role]
+        assert settings.shutdown_grace_s == spec[role]["terminationGracePeriodSeconds"] - 10

@@ -75,7 +75,7 @@ def test_engine_pods_carry_roles_probes_prestop_and_grace():
     assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
     assert pod["spec"]["terminationGracePeriodSeconds"] == 120
     argv = container["command"] + container["args"]
-    assert "--shutdown-grace-seconds=110" in argv  # drains inside the grace period
+    assert "--shutdown-grace-s=110" in argv  # drains inside the grace period
     assert "--tensor-parallel-size=2" in argv and "--role=prefill" in argv
     assert "--long-prefill-token-threshold=2048" in argv
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
