@@ -208,7 +208,7 @@ class KubernetesPods:
         self._metrics = metrics
         self._retry_s = retry_s
         self._api: client.ApiClient | None = None
-        self._slices: dict[str, dict] = {}
+        self._slices: dict[str, dict[str, Any]] = {}
         self._rv: str | None = None  # None: list before watching
         self._drained: set[str] = set()
 
@@ -282,7 +282,8 @@ class KubernetesPods:
             await pool.poll_once()  # new pods take work now, not at the next poll
 
     async def _list(self, api: client.DiscoveryV1Api) -> None:
-        response = await api.list_namespaced_endpoint_slice(
+        # Raw: the slices stay the dicts the watch events carry.
+        response: Any = await api.list_namespaced_endpoint_slice(
             self._namespace, label_selector=self._selector, _preload_content=False,
             _request_timeout=30)
         try:
@@ -295,7 +296,7 @@ class KubernetesPods:
 
     @staticmethod
     def _key(endpoint_slice: Mapping[str, Any]) -> str:
-        return endpoint_slice["metadata"]["name"]
+        return str(endpoint_slice["metadata"]["name"])
 
     async def _follow(self, on_change: Callable[[], Awaitable[bool]]) -> None:
         """List (when needed) and watch, calling ``on_change`` after the list
