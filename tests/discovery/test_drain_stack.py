@@ -223,8 +223,8 @@ async def drive(cluster: Cluster, kubectl, url: str, decodes: dict) -> dict:
         for i in range(5):
             streams.append(asyncio.create_task(stream(client, url, f"s{i}", outcomes)))
             await until_async(lambda n=i + 1: _in_flight_total(client, url, address, n), 60)
-            loads = {n: (await router_pods(client, url))[a]["in_flight"]
-                     for n, a in address.items()}
+            pods = await router_pods(client, url)
+            loads = {n: pods[a]["in_flight"] for n, a in address.items()}
             if i >= 2 and len(set(loads.values())) == 2:
                 break
         cheaper = min(loads, key=lambda n: loads[n])
@@ -237,8 +237,8 @@ async def drive(cluster: Cluster, kubectl, url: str, decodes: dict) -> dict:
         # New requests keep coming from now until the pod is gone.
         stop = asyncio.Event()
         shorts = asyncio.create_task(short_requests(client, url, stop, outcomes))
-        in_flight_at_scale = sum((await router_pods(client, url))[a]["in_flight"]
-                                 for a in address.values())
+        pods = await router_pods(client, url)
+        in_flight_at_scale = sum(pods[a]["in_flight"] for a in address.values())
         assert cluster.api.get("apps", "v1", "deployments", "default", "demo-decode")[
             "spec"]["replicas"] == 1
         # The ReplicaSet controller deletes the pod with the lowest cost.
