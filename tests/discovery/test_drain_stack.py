@@ -48,7 +48,9 @@ TD = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
       "spec": {"model": {"path": "/models/smollm2"}, "prefill": {"replicas": 1},
                "decode": {"replicas": 2}, "kvStore": {"enabled": False}}}
 KV_LEASE_S = 60  # a stranded lease would show for a minute; drained ones go at once
-STREAM_TOKENS = 400  # long enough to outlast the scale-down
+# Long enough to outlast the scale-down (a few seconds); short enough to end
+# well inside the grace period on a loaded 2-core machine (~1-2 tokens/s each).
+STREAM_TOKENS = 96
 PRESTOP_S = 1.0  # the pod's preStop sleep: the router sees `terminating` first
 
 
@@ -58,7 +60,7 @@ def engines(tmp_path_factory):
     stack = Stack(StackConfig(prefill=1, decode=2, kv_store=False, router=False,
                               kv_cache_gib=1, max_model_len=2048, state_dir=state,
                               engine_args=["--kv-lease-s", str(KV_LEASE_S),
-                                           "--shutdown-grace-s", "120"]))
+                                           "--shutdown-grace-s", "400"]))
     stack.start()
     try:
         yield stack
