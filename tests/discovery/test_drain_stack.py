@@ -241,8 +241,10 @@ async def drive(cluster: Cluster, kubectl, url: str, decodes: dict) -> dict:
         shorts = asyncio.create_task(short_requests(client, url, stop, outcomes))
         pods = await router_pods(client, url)
         in_flight_at_scale = sum(pods[a]["in_flight"] for a in address.values())
-        assert cluster.api.get("apps", "v1", "deployments", "default", "demo-decode")[
-            "spec"]["replicas"] == 1
+        # Costs first, then the lower count: the order the operator writes them.
+        await asyncio.to_thread(wait_for, lambda: cluster.api.get(
+            "apps", "v1", "deployments", "default", "demo-decode")["spec"]["replicas"] == 1,
+            30, "decode Deployment at 1 replica")
         # The ReplicaSet controller deletes the pod with the lowest cost.
         victim = min(costs, key=lambda n: costs[n])
         assert victim == cheaper, (costs, loads)
