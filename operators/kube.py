@@ -9,11 +9,12 @@ returns error Statuses instead of raising on a 409, so objects go through
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
+
+from common.kube import api_client
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -51,10 +52,7 @@ class Kube:
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
         """In the cluster: the pod's service account; otherwise a kubeconfig."""
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()
-            return cls(client.ApiClient())
-        return cls(await config.new_client_from_config(config_file=kubeconfig))
+        return cls(await api_client(kubeconfig))
 
     async def close(self) -> None:
         await self.api.close()

@@ -18,6 +18,15 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from common.kube import (
+    COMPONENT_ENGINE,
+    LABEL_COMPONENT,
+    LABEL_DEPLOYMENT,
+    LABEL_ROLE,
+    PORT_GRPC,
+    PORT_KV_EVENTS,
+    PORT_KV_REPLAY,
+)
 from common.mooncake import (
     KvStoreSettings,
     client_command,
@@ -28,11 +37,8 @@ from operators.spec import API_VERSION, ENGINE_ROLE, Spec, pools
 
 Manifest = dict[str, Any]
 
-LABEL_DEPLOYMENT = "tandem.dev/deployment"
-LABEL_ROLE = "tandem.dev/role"
 LABEL_POOL = "tandem.dev/pool"
 LABEL_LLMD_ROLE = "llm-d.ai/role"
-LABEL_COMPONENT = "app.kubernetes.io/component"
 MANAGED_BY = "tandem-operator"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
@@ -100,7 +106,7 @@ def pool_name(td: str, role: str) -> str:
 
 def pool_selector(td: str, role: str) -> dict[str, str]:
     """The labels that pick one pool's engine pods (Service, EndpointSlices, /scale)."""
-    return {LABEL_DEPLOYMENT: td, LABEL_COMPONENT: "engine", LABEL_ROLE: ENGINE_ROLE[role]}
+    return {LABEL_DEPLOYMENT: td, LABEL_COMPONENT: COMPONENT_ENGINE, LABEL_ROLE: ENGINE_ROLE[role]}
 
 
 def _env_pod_ip() -> list[dict]:
@@ -452,11 +458,11 @@ def _engine_container(td: str, spec: Spec, role: str, argv: list[str] | None,
         "image": spec["images"]["engine"],
         "imagePullPolicy": spec["images"]["pullPolicy"],
         "env": _env_pod_ip() + list(pool.get("env", [])),
-        "ports": [{"name": "grpc", "containerPort": GRPC_PORT},
+        "ports": [{"name": PORT_GRPC, "containerPort": GRPC_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT},
                   {"name": "nixl", "containerPort": NIXL_PORT},
-                  {"name": "kv-events", "containerPort": KV_EVENTS_PORT},
-                  {"name": "kv-replay", "containerPort": KV_REPLAY_PORT}],
+                  {"name": PORT_KV_EVENTS, "containerPort": KV_EVENTS_PORT},
+                  {"name": PORT_KV_REPLAY, "containerPort": KV_REPLAY_PORT}],
         "resources": _resources(pool),
         # The router sees the endpoint terminating and stops sending first;
         # SIGTERM then makes the engine drain (services/engine/server.py).
@@ -539,7 +545,7 @@ def pool_workload(
     """One pool's engines (Deployment or LeaderWorkerSet) and its headless Service."""
     pool = spec[role]
     engine_role = ENGINE_ROLE[role]
-    lbls = labels(td, "engine", **{LABEL_ROLE: engine_role, LABEL_LLMD_ROLE: engine_role,
+    lbls = labels(td, COMPONENT_ENGINE, **{LABEL_ROLE: engine_role, LABEL_LLMD_ROLE: engine_role,
                                    LABEL_POOL: pool_name(td, role)})
     name = pool_name(td, role)
     selector = pool_selector(td, role)
@@ -550,12 +556,12 @@ def pool_workload(
                  # Endpoints stay listed while terminating: the router needs to
                  # see them go `terminating` to stop new work but let streams end.
                  "publishNotReadyAddresses": False,
-                 "ports": [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"},
+                 "ports": [{"name": PORT_GRPC, "port": GRPC_PORT, "targetPort": PORT_GRPC},
                            {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
-                           {"name": "kv-events", "port": KV_EVENTS_PORT,
-                            "targetPort": "kv-events"},
-                           {"name": "kv-replay", "port": KV_REPLAY_PORT,
-                            "targetPort": "kv-replay"}]},
+                           {"name": PORT_KV_EVENTS, "port": KV_EVENTS_PORT,
+                            "targetPort": PORT_KV_EVENTS},
+                           {"name": PORT_KV_REPLAY, "port": KV_REPLAY_PORT,
+                            "targetPort": PORT_KV_REPLAY}]},
     }
     if pool["nodesPerReplica"] == 1:
         container = _engine_container(td, spec, role, engine_argv(td, spec, role), None)

@@ -3,7 +3,9 @@
 Start-up order: load the engine (slow), then open the gRPC port and report
 SERVING on grpc.health.v1, so a ready port means a ready engine. On SIGTERM or
 SIGINT: report NOT_SERVING, refuse new requests, let in-flight ones finish for
-the grace period, abort the rest (which frees their KV), then stop.
+the grace period, abort the rest (which frees their KV); a prefill engine then
+waits, within the same grace period, until every KV lease it holds is pulled or
+released (services/engine/leases.py); then stop.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,6 +24,7 @@ from prometheus_client import start_http_server
 from common.logs import setup_logging
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
+from services.engine import leases
 from services.engine.config import EngineSettings, describe, parse_settings
 from services.engine.load import LoadTracker
 from services.engine.metrics import EngineMetrics
@@ -48,6 +52,8 @@ def _build_engine(settings: EngineSettings, load: LoadTracker):
         cfg = settings.kv_transfer_config(device)
         if cfg is not None:
             ea.kv_transfer_config = KVTransferConfig(**cfg)
+    if settings.role == Role.PREFILL and not ea.worker_extension_cls:
+        ea.worker_extension_cls = leases.EXTENSION  # SIGTERM waits for its KV leases
     return AsyncLLM.from_engine_args(ea, stat_loggers=[load.stat_logger_factory()])
 
 
@@ -102,12 +108,16 @@ async def serve(settings: EngineSettings) -> None:
 
     log.info("shutting down: draining in-flight requests (up to %.0fs)",
              settings.shutdown_grace_s)
+    deadline = time.monotonic() + settings.shutdown_grace_s
     servicer.draining = True
     await set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
     if not await servicer.wait_idle(settings.shutdown_grace_s):
         log.warning("grace period over: aborting remaining requests")
         await servicer.abort_all()
         await servicer.wait_idle(5)
+    elif ea.worker_extension_cls == leases.EXTENSION:
+        # A decode may still be pulling KV this prefill computed.
+        await leases.wait_kv_leases(engine, max(0.0, deadline - time.monotonic()))
     await server.stop(grace=2)
     engine.shutdown()
     log.info("engine stopped")

@@ -31,7 +31,7 @@ from common.roles import Role
 from services.router.admission import AdmissionMiddleware, Limiter
 from services.router.auth import ApiKeyAuth
 from services.router.config import RouterSettings
-from services.router.discovery import PodSource, StaticPods
+from services.router.discovery import PodSource, pod_source
 from services.router.errors import OpenAIError, install_error_handlers
 from services.router.metrics import RouterMetrics
 from services.router.pd import Orchestrator
@@ -123,7 +123,7 @@ def install_middleware(app: FastAPI, settings: RouterSettings,
 def create_app(settings: RouterSettings, source: PodSource | None = None) -> FastAPI:
     """The router app; its pods come from ``source`` (default: the flags' static list)."""
     metrics = RouterMetrics()
-    source = source or StaticPods(settings.pods())
+    source = source or pod_source(settings.discovery, settings.pods(), metrics)
     parts: dict[str, Any] = {}
 
     @asynccontextmanager

@@ -20,6 +20,7 @@ from common.settings import (
 )
 from services.router.admission import AdmissionSettings
 from services.router.auth import read_keys_file
+from services.router.discovery import DiscoverySettings
 from services.router.retention import RetentionSettings
 from services.router.routing import PodSpec, RoutingSettings
 
@@ -81,6 +82,13 @@ class RouterSettings:
     # Not in repr: settings must be printable without leaking keys. Not a
     # derived flag either: --api-key, --api-keys-file and the environment merge.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    discovery: DiscoverySettings = group(
+        DiscoverySettings, "pod discovery",
+        "With --discovery static (the default) the engine pods are the --prefill, --decode "
+        "and --engine flags. With --discovery kubernetes the router follows the "
+        "EndpointSlices of a TandemDeployment's engine pools (what the operator deploys): "
+        "a pod joins once its endpoint is ready, gets no new requests once it is "
+        "terminating (its streams finish) and leaves once it is gone.")
     routing: RoutingSettings = group(RoutingSettings, "routing")
     retention: RetentionSettings = group(
         RetentionSettings, "KV store retention hints",
@@ -107,9 +115,14 @@ class RouterSettings:
         self.admission.validate()
         self.routing.validate()
         self.retention.validate()
-        if self.prefill and not self.decode:
+        self.discovery.validate()
+        if self.discovery.kubernetes:
+            if self.prefill or self.decode or self.engines or self.kv_events:
+                raise SettingError("--discovery", "kubernetes finds the pods itself: drop "
+                                   "--prefill, --decode, --engine and --kv-events")
+        elif self.prefill and not self.decode:
             raise SettingError("--prefill", "needs at least one --decode pod to hand KV to")
-        if not (self.decode or self.engines):
+        elif not (self.decode or self.engines):
             raise SettingError("--decode", "no engine pods: give --decode (with --prefill "
                                "for P/D) or --engine for aggregated engines")
         if not 0 < self.port < 65536:

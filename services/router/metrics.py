@@ -96,6 +96,22 @@ class RouterMetrics:
         self.retention_sessions = Gauge("tandem_router_kv_retention_sessions",
                                         "Sessions whose KV the router currently keeps pinned",
                                         registry=r)
+        # Pod discovery from Kubernetes EndpointSlices (services/router/discovery.py).
+        self.discovery_changes = Counter("tandem_router_discovery_changes_total",
+                                         "Pod set changes from EndpointSlices (added, "
+                                         "draining, ready_again, removed)", ["change"],
+                                         registry=r)
+        self.discovery_events = Counter("tandem_router_discovery_watch_events_total",
+                                        "EndpointSlice watch events by type (added, modified, "
+                                        "deleted)", ["type"], registry=r)
+        self.discovery_lists = Counter("tandem_router_discovery_lists_total",
+                                       "Full EndpointSlice lists (at start and after a watch "
+                                       "is lost)", registry=r)
+        self.discovery_restarts = Counter("tandem_router_discovery_watch_restarts_total",
+                                          "EndpointSlice watches ended, by reason (timeout: "
+                                          "the server's, rewatched; gone: 410, relisted; "
+                                          "error: relisted after a pause)", ["reason"],
+                                          registry=r)
         # Routing decisions (services/router/routing).
         self.decisions = Counter("tandem_routing_decisions_total",
                                  "Routing decisions by policy and reason", ["policy", "reason"],

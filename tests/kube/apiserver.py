@@ -45,6 +45,13 @@ from tests.kube.store import ApiError, Event, Store, Subscription, bad_request
 Json = Any
 
 
+def query_bool(value: str | None) -> bool:
+    """A boolean query parameter as the API server reads one: absent, empty,
+    "0" or any case of "false" is false, anything else true (clients send
+    "true", "1" or Python's "True")."""
+    return bool(value) and value != "0" and value.lower() != "false"
+
+
 def _parse_path(path: str) -> tuple[str, str, list[str]] | None:
     """(group, version, rest) for /api/v1/... and /apis/{g}/{v}/...; None otherwise."""
     parts = [p for p in path.split("/") if p]
@@ -208,7 +215,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
         body = self._body(request) if method in ("POST", "PUT", "PATCH", "DELETE") else None
 
         if method == "GET" and name is None:
-            if params.get("watch") in ("true", "1"):
+            if query_bool(params.get("watch")):
                 return self._watch(kind, namespace, params), 200
             items = store.list(kind, namespace, params.get("labelSelector"),
                                params.get("fieldSelector"))
@@ -276,7 +283,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
         store = self.store
         labels_ok, fields_ok = store.matchers(params.get("labelSelector"),
                                                params.get("fieldSelector"))
-        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+        bookmarks = query_bool(params.get("allowWatchBookmarks"))
         timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
         rv_param = params.get("resourceVersion") or ""
 

@@ -163,6 +163,14 @@ def test_watch_resumes_from_a_resource_version_with_bookmarks_and_label_filterin
     assert int(events[2]["object"]["metadata"]["resourceVersion"]) >= int(rv) + 3
 
 
+def test_boolean_query_parameters_read_as_the_api_server_reads_them(http, kube_api):  # noqa: F811
+    http.post(DEPLOY, json=deployment())
+    for value in ("true", "True", "1"):  # "True": kubernetes_asyncio sends Python's str(True)
+        assert _watch(kube_api, DEPLOY, {"watch": value}, 1)[0]["type"] == "ADDED"
+    for value in ("false", "False", "0", ""):
+        assert http.get(DEPLOY, params={"watch": value}).json()["kind"] == "DeploymentList"
+
+
 def test_watch_from_a_compacted_resource_version_gets_410(http, kube_api):  # noqa: F811
     rv = http.post(DEPLOY, json=deployment()).json()["metadata"]["resourceVersion"]
     http.patch(f"{DEPLOY}/web", headers=MERGE, json={"spec": {"replicas": 3}})
