@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.ports import free_port
+from common.procs import group_alive
 from operators import manifests
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,20 +52,6 @@ def free_non_ray_port() -> int:
         port = free_port()
         if port not in RAY_WORKER_PORTS:
             return port
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group `pgid` runs (zombies aside)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 class LocalPod:
