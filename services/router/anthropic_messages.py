@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.router.protocol import INT32_MAX, UINT32_MAX, ChatCompletionRequest
+from services.router.protocol import INT32_MAX, UINT32_MAX, ChatCompletionRequest, chat_request
 from services.router.structured import check_schema
 
 # Chat finish reasons → Anthropic stop reasons. ("abort" only reaches a
@@ -231,7 +231,7 @@ def to_chat(body: MessagesRequest) -> ChatCompletionRequest:
     user = (body.metadata or {}).get("user_id")
     if isinstance(user, str) and user:
         chat["user"] = user
-    return ChatCompletionRequest.model_validate(chat)
+    return chat_request(chat)
 
 
 def message_id(chat_id: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.router.protocol import UINT32_MAX, ChatCompletionRequest
+from services.router.protocol import UINT32_MAX, ChatCompletionRequest, chat_request
 from services.router.structured import check_schema
 
 
@@ -214,7 +214,7 @@ def to_chat(body: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompl
         chat["tool_choice"] = _chat_tool_choice(body.tool_choice, tools)
     if body.text is not None and (form := _response_format(body.text)) is not None:
         chat["response_format"] = form
-    return ChatCompletionRequest.model_validate(chat)
+    return chat_request(chat)
 
 
 def response_id(chat_id: str) -> str:

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # What the wire's integer fields carry (engine.proto): larger values are a
 # 400 naming the field, not an overflow in the router.
@@ -124,6 +131,17 @@ class ChatCompletionRequest(SamplingFields):
             return [_template_message(m) for m in self.messages]
         except ValueError as exc:
             raise ValueError(f"messages: {exc}") from None
+
+
+def chat_request(fields: dict[str, Any]) -> ChatCompletionRequest:
+    """A chat request built by translating another API's; ValueError
+    ("<field>: <problem>") when it is not a valid one."""
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "request"
+        raise ValueError(f"{where}: {first['msg']}") from None
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:
