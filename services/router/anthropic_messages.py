@@ -69,6 +69,12 @@ class MessagesRequest(BaseModel):
         return bool(self.thinking) and self.thinking.get("type") in ("enabled", "adaptive")
 
 
+class CountTokensRequest(MessagesRequest):
+    """`/v1/messages/count_tokens`: a Messages request without `max_tokens`."""
+
+    max_tokens: int = Field(default=1, ge=1, le=UINT32_MAX)
+
+
 def _text_of(content: Any, where: str) -> str:
     """The text of a string or a list of text blocks."""
     if isinstance(content, str):

@@ -29,7 +29,7 @@ from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
 from services.router.admission import AdmissionMiddleware, Limiter
-from services.router.anthropic_messages import MessagesRequest
+from services.router.anthropic_messages import CountTokensRequest, MessagesRequest
 from services.router.auth import ApiKeyAuth
 from services.router.config import RouterSettings
 from services.router.discovery import PodSource, StaticPods
@@ -198,6 +198,10 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
     @app.post(ANTHROPIC_MESSAGES_PATH)
     async def messages(request: Request, body: MessagesRequest):
         return await serving().messages(request, body)
+
+    @app.post(ANTHROPIC_MESSAGES_PATH + "/count_tokens")
+    async def count_message_tokens(body: CountTokensRequest):
+        return await serving().count_message_tokens(body)
 
     @app.post("/v1/responses")
     async def responses(request: Request, body: ResponsesRequest):

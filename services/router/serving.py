@@ -541,6 +541,22 @@ class OpenAIServing:
             result["token_strs"] = self._tokenizer.hf_tokenizer.convert_ids_to_tokens(ids)
         return result
 
+    async def count_message_tokens(self, body: MessagesRequest) -> dict:
+        """Anthropic's token count: the prompt tokens this Messages request
+        would send to the engines (template, tools and all)."""
+        self._check_model(body)
+        try:
+            chat = anthropic_messages.to_chat(body)
+            messages = chat.template_messages()
+            tools = [t.definition for t in check_tools(chat.tools or [])]
+        except ValueError as exc:
+            raise _named_bad_request(exc) from None
+        if chat.tool_choice == "none":
+            tools = []
+        text = await asyncio.to_thread(self._tokenizer.render, messages, tools)
+        ids = await asyncio.to_thread(self._tokenizer.ids, text, False)
+        return {"input_tokens": len(ids)}
+
     async def detokenize(self, body: DetokenizeRequest) -> dict:
         """vLLM's `/detokenize`: the text of token ids."""
         if body.model is not None:

@@ -62,6 +62,9 @@ def test_plain_and_streamed_replies_agree(stack, client):
     rendered = httpx.post(f"{stack.router_url}/tokenize", timeout=60, json={"messages": [
         {"role": "system", "content": kwargs["system"]}, *kwargs["messages"]]}).json()
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == rendered["count"]
+    counted = client.messages.count_tokens(model=MODEL_NAME, system=kwargs["system"],
+                                           messages=kwargs["messages"])
+    assert counted.input_tokens == rendered["count"]
 
 
 def _tool_uses(message, names=None):
