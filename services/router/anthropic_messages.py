@@ -59,14 +59,14 @@ class MessagesRequest(BaseModel):
     thinking: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _unsupported(self):
+    def _unsupported(self) -> MessagesRequest:
         for name in ("container", "mcp_servers"):
             if (self.model_extra or {}).get(name):
                 raise ValueError(f"'{name}' is not supported by this server")
         return self
 
     def wants_thinking(self) -> bool:
-        return bool(self.thinking) and self.thinking.get("type") in ("enabled", "adaptive")
+        return self.thinking is not None and self.thinking.get("type") in ("enabled", "adaptive")
 
 
 class CountTokensRequest(MessagesRequest):
@@ -171,7 +171,7 @@ def _chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
 
 
 def _chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if tool.get("type", "custom") != "custom":
@@ -184,7 +184,7 @@ def _chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "input_schema" not in tool:
             raise ValueError(f"{where}.input_schema: required")
         check_schema(tool["input_schema"], f"{where}.input_schema")
-        function = {"name": name, "parameters": tool["input_schema"]}
+        function: dict[str, Any] = {"name": name, "parameters": tool["input_schema"]}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})

@@ -44,7 +44,7 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _unsupported(self):
+    def _unsupported(self) -> ResponsesRequest:
         extra = self.model_extra or {}
         for name in ("background", "conversation", "prompt", "top_logprobs"):
             if extra.get(name):
@@ -91,6 +91,13 @@ def _text(content: Any, where: str) -> str:
     return "".join(parts)
 
 
+def _string(item: dict[str, Any], field: str, where: str, empty: bool) -> str:
+    value = item.get(field)
+    if not isinstance(value, str) or (not value and not empty):
+        raise ValueError(f"{where}.{field}: required, a string")
+    return value
+
+
 def _called(conversation: list[dict[str, Any]]) -> set[str]:
     return {c["id"] for m in conversation for c in m.get("tool_calls") or []}
 
@@ -115,12 +122,8 @@ def conversation(body: ResponsesRequest,
             messages.append({"role": role, "content": _text(item.get("content"),
                                                             f"{where}.content")})
         elif kind == "function_call":
-            call_id, name = item.get("call_id"), item.get("name")
-            arguments = item.get("arguments")
-            for field, value in (("call_id", call_id), ("name", name),
-                                 ("arguments", arguments)):
-                if not isinstance(value, str) or (field != "arguments" and not value):
-                    raise ValueError(f"{where}.{field}: required, a string")
+            call_id, name, arguments = (_string(item, field, where, empty=field == "arguments")
+                                        for field in ("call_id", "name", "arguments"))
             call = {"id": call_id, "type": "function",
                     "function": {"name": name, "arguments": arguments}}
             last = messages[-1] if messages else None
@@ -130,13 +133,12 @@ def conversation(body: ResponsesRequest,
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             called.add(call_id)
         elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or call_id not in called:
-                raise ValueError(f"{where}.call_id: {call_id!r} answers no function_call "
+            answered = item.get("call_id")
+            if not isinstance(answered, str) or answered not in called:
+                raise ValueError(f"{where}.call_id: {answered!r} answers no function_call "
                                  "earlier in the conversation")
-            output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": call_id,
-                             "content": _text(output, f"{where}.output")})
+            messages.append({"role": "tool", "tool_call_id": answered,
+                             "content": _text(item.get("output"), f"{where}.output")})
         elif kind == "reasoning":
             continue  # earlier turns' reasoning is not fed back to the model
         else:
@@ -146,7 +148,7 @@ def conversation(body: ResponsesRequest,
 
 
 def _chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if tool.get("type") != "function":
@@ -158,7 +160,7 @@ def _chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise ValueError(f"{where}.name: {name!r} is defined twice")
         parameters = tool.get("parameters") or {"type": "object"}
         check_schema(parameters, f"{where}.parameters")
-        function = {"name": name, "parameters": parameters}
+        function: dict[str, Any] = {"name": name, "parameters": parameters}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
