@@ -422,7 +422,10 @@ class OpenAIServing:
                               else from_structured_outputs(body.structured_outputs))
         except ValueError as exc:
             raise _named_bad_request(exc) from None
-        rendered = tools if choice.mode != "none" else []
+        # Tools are rendered under "none" too (as vLLM does by default): an
+        # agent's answer turn then keeps the prompt prefix of its tool turns,
+        # and hits the prefix cache.
+        rendered = tools
         if rendered and not self._tokenizer.renders_tools:
             raise bad_request("this model's chat template does not render tools; start the "
                               "router with --chat-template (see README, 'Tool calling')",
@@ -551,8 +554,6 @@ class OpenAIServing:
             tools = [t.definition for t in check_tools(chat.tools or [])]
         except ValueError as exc:
             raise _named_bad_request(exc) from None
-        if chat.tool_choice == "none":
-            tools = []
         text = await asyncio.to_thread(self._tokenizer.render, messages, tools)
         ids = await asyncio.to_thread(self._tokenizer.ids, text, False)
         return {"input_tokens": len(ids)}
