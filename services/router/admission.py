@@ -21,7 +21,8 @@ from services.router.metrics import RouterMetrics
 
 # Requests that generate: only these hold engine capacity, so only these
 # queue. /health, /metrics and /v1/models must answer under any load.
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                              "/v1/responses"})
 _RECENT = 64  # request durations kept for the Retry-After estimate
 
 
@@ -237,7 +238,7 @@ class AdmissionMiddleware:
         rejected = acquiring.exception()
         if not isinstance(rejected, Rejected):
             raise rejected
-        await rejected.openai_error.response()(scope, receive, send)
+        await rejected.openai_error.response(scope["path"])(scope, receive, send)
         return None
 
 

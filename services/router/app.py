@@ -29,14 +29,22 @@ from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
 from services.router.admission import AdmissionMiddleware, Limiter
+from services.router.anthropic_messages import CountTokensRequest, MessagesRequest
 from services.router.auth import ApiKeyAuth
 from services.router.config import RouterSettings
 from services.router.discovery import PodSource, pod_source
-from services.router.errors import OpenAIError, install_error_handlers
+from services.router.errors import ANTHROPIC_MESSAGES_PATH, OpenAIError, install_error_handlers
 from services.router.metrics import RouterMetrics
+from services.router.openai_responses import ResponsesRequest
 from services.router.pd import Orchestrator
 from services.router.pods import PodPool
-from services.router.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from services.router.reasoning import ReasoningParsers
 from services.router.retention import SessionRetention
 from services.router.routing import RoutingCore, RoutingSettings
 from services.router.routing.replica import Replica
@@ -148,13 +156,17 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         tool_parser = (await asyncio.to_thread(AutoParser, settings.tool_call_parser,
                                                tokenizer.hf_tokenizer)
                        if settings.tool_call_parser else None)
+        reasoning = (await asyncio.to_thread(ReasoningParsers, settings.reasoning_parser,
+                                             tokenizer.hf_tokenizer)
+                     if settings.reasoning_parser else None)
         await state.start()
         await pool.poll_once()
         pool.start()
         watch = asyncio.create_task(source.watch(pool), name="pod-source")
         parts["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
                                          settings.request_timeout_s, routing.session_header,
-                                         settings.retention.end_header, tool_parser)
+                                         settings.retention.end_header, tool_parser,
+                                         reasoning)
         log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
                  "policy %s, KV events from %d pods; KV retention %s, pins %gs; "
                  "admission %s running, %d queued; API keys %s)", settings.host,
@@ -183,9 +195,33 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
     async def chat_completions(request: Request, body: ChatCompletionRequest):
         return await serving().chat(request, body)
 
+    @app.post(ANTHROPIC_MESSAGES_PATH)
+    async def messages(request: Request, body: MessagesRequest):
+        return await serving().messages(request, body)
+
+    @app.post(ANTHROPIC_MESSAGES_PATH + "/count_tokens")
+    async def count_message_tokens(body: CountTokensRequest):
+        return await serving().count_message_tokens(body)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request, body: ResponsesRequest):
+        return await serving().responses(request, body)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str):
+        return serving().stored_response(response_id)
+
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest):
         return await serving().completions(request, body)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        return await serving().tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        return await serving().detokenize(body)
 
     @app.get("/v1/models")
     async def models():

@@ -62,7 +62,7 @@ class ApiKeyAuth:
         self._metrics.auth_failures.labels(reason).inc()
         error = OpenAIError(401, message, code="invalid_api_key",
                             headers={"WWW-Authenticate": "Bearer"})
-        await error.response()(scope, receive, send)
+        await error.response(scope["path"])(scope, receive, send)
 
     def _check(self, header: bytes | None) -> tuple[str, str] | None:
         """None if the request may pass, else (metric reason, client message)."""

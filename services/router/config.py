@@ -68,13 +68,19 @@ class RouterSettings:
         None, "vLLM tool parser (as vLLM names them, e.g. hermes) reading tool calls from the "
         "model's text under tool_choice auto; without it, auto returns the text as content. "
         "Forced calls (required, a named function) need no parser", metavar="NAME")
+    reasoning_parser: str | None = setting(
+        None, "vLLM reasoning parser (as vLLM names them, e.g. deepseek_r1, qwen3, olmo3) "
+        "splitting a thinking model's reasoning from its answer: chat's reasoning_content, "
+        "Anthropic thinking blocks, Responses reasoning items; without it, reasoning stays "
+        "in the content", metavar="NAME")
     poll_interval_s: float = setting(1.0, "seconds between health/load polls of each pod")
     request_timeout_s: float = setting(600.0, "seconds a request may take end to end")
     shutdown_grace_s: float = setting(30.0, "on SIGTERM, seconds in-flight requests may "
                                       "finish; also how long a removed pod's calls may")
     admission: AdmissionSettings = group(
         AdmissionSettings, "admission and API keys",
-        "Generation requests (POST /v1/chat/completions, /v1/completions) beyond "
+        "Generation requests (POST /v1/chat/completions, /v1/completions, /v1/messages, "
+        "/v1/responses) beyond "
         "--max-concurrent-requests wait in FIFO order; beyond --max-queued-requests, or "
         "after --queue-timeout-s, they get 429 with Retry-After. With any API key set, "
         "every request except /health and /metrics needs 'Authorization: Bearer <key>' "

@@ -1,7 +1,9 @@
-"""OpenAI-format errors, mapped from exceptions in one place.
+"""Errors in each API's own format, mapped from exceptions in one place.
 
-Every error leaves the router as ``{"error": {"message", "type", "param",
-"code"}}`` with the status OpenAI's API uses for the case — never a stack trace.
+Every error leaves the router with the status OpenAI's API uses for the case —
+never a stack trace — as ``{"error": {"message", "type", "param", "code"}}``,
+or, on the Anthropic Messages path, as Anthropic's
+``{"type": "error", "error": {"type", "message"}}``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
           502: "server_error", 503: "service_unavailable", 504: "timeout"}
 
 
+# Anthropic's error types, by status (its SDK maps statuses to exception
+# classes; the type is what clients log).
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    502: "api_error", 503: "overloaded_error", 504: "timeout_error"}
+# The path of the Anthropic Messages API: errors there take Anthropic's format.
+ANTHROPIC_MESSAGES_PATH = "/v1/messages"
+
+
+def speaks_anthropic(path: str) -> bool:
+    return path.startswith(ANTHROPIC_MESSAGES_PATH)
+
+
 class OpenAIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None) -> None:
@@ -39,12 +55,24 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
                           "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict:
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500
+                                    else "invalid_request_error")
+        message = f"{self.param}: {self.message}" if self.param and \
+            self.param not in self.message else self.message
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The error as the API at `path` answers it."""
+        body = self.anthropic_body() if speaks_anthropic(path) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
     def sse(self) -> bytes:
         """The error as a server-sent event, for failures after streaming began."""
         return f"data: {json.dumps(self.body())}\n\n".encode()
+
+    def anthropic_sse(self) -> bytes:
+        return f"event: error\ndata: {json.dumps(self.anthropic_body())}\n\n".encode()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -68,19 +96,20 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
-    async def _openai(_: Request, exc: OpenAIError):
-        return exc.response()
+    async def _openai(request: Request, exc: OpenAIError):
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
-        return bad_request(message, param=param).response()
+        return bad_request(message, param=param).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
-        return OpenAIError(exc.status_code, str(exc.detail)).response()
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return OpenAIError(exc.status_code, str(exc.detail)).response(request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
+    async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error")
-        return OpenAIError(500, f"internal error: {type(exc).__name__}").response()
+        return OpenAIError(500, f"internal error: {type(exc).__name__}").response(
+            request.url.path)

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # What the wire's integer fields carry (engine.proto): larger values are a
 # 400 naming the field, not an overflow in the router.
@@ -16,6 +23,7 @@ UINT32_MAX = 2**32 - 1
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
+MAX_CHOICES = 16
 
 
 class StreamOptions(BaseModel):
@@ -41,7 +49,9 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
-    n: int = Field(default=1, ge=1, le=1, description="only n=1 is served")
+    # n > 1: one engine request per choice, the first prefilled before the
+    # others start so that they reuse its KV from the prefix cache.
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -123,6 +133,17 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError(f"messages: {exc}") from None
 
 
+def chat_request(fields: dict[str, Any]) -> ChatCompletionRequest:
+    """A chat request built by translating another API's; ValueError
+    ("<field>: <problem>") when it is not a valid one."""
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "request"
+        raise ValueError(f"{where}: {first['msg']}") from None
+
+
 def _template_message(message: ChatMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.role, "content": message.text()}
     if message.tool_calls is not None:
@@ -159,3 +180,41 @@ class CompletionRequest(SamplingFields):
         if isinstance(value, list) and not all(0 <= t <= UINT32_MAX for t in value):
             raise ValueError("prompt token ids must be integers from 0 to 2**32-1")
         return value
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's `/tokenize`: a prompt, or chat messages rendered by the chat
+    template (exactly the tokens a chat request sends to the engines)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    # Default: true for a prompt, false for messages (the template adds them).
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either 'prompt' or 'messages'")
+        if self.tools and self.messages is None:
+            raise ValueError("'tools' go with 'messages'")
+        return self
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Messages as the chat template expects them (as chat requests do)."""
+        try:
+            return [_template_message(m) for m in self.messages or []]
+        except ValueError as exc:
+            raise ValueError(f"messages: {exc}") from None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[TokenId]

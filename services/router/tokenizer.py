@@ -40,11 +40,14 @@ class ChatTokenizer:
     def hf_tokenizer(self):
         return self._tok
 
-    def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render(self, messages: list[dict], tools: list[dict] | None = None,
+               add_generation_prompt: bool = True) -> str:
+        """Chat messages as the prompt text the model sees."""
         return self._tok.apply_chat_template(messages, tools=tools or None,
-                                             add_generation_prompt=True, tokenize=False)
+                                             add_generation_prompt=add_generation_prompt,
+                                             tokenize=False)
 
-    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
         if self._encoder is not None:
             return self._encoder.encode(text, add_special_tokens=add_special_tokens).ids
         return self._tok(text, add_special_tokens=add_special_tokens)["input_ids"]
@@ -53,7 +56,7 @@ class ChatTokenizer:
         """Ids of rendered chat text; None when not `blocking` and another
         thread holds the session cache."""
         if self._incremental is None or session is None:
-            return self._ids(text, add_special_tokens=False)
+            return self.ids(text, add_special_tokens=False)
         if not self._lock.acquire(blocking=blocking):
             return None
         try:
@@ -63,16 +66,16 @@ class ChatTokenizer:
 
     def chat(self, messages: list[dict], session: str | None = None,
              tools: list[dict] | None = None) -> list[int]:
-        return self._encode(self._render(messages, tools), session)
+        return self._encode(self.render(messages, tools), session)
 
     def prompt(self, text: str) -> list[int]:
-        return self._ids(text, add_special_tokens=True)
+        return self.ids(text, add_special_tokens=True)
 
     async def chat_async(self, messages: list[dict], session: str | None = None,
                          tools: list[dict] | None = None) -> list[int]:
         if not tools and sum(len(m["content"] or "") for m in messages) <= INLINE_MAX_CHARS:
             # Never wait on the loop for a worker thread's (long) encode.
-            ids = self._encode(self._render(messages), session, blocking=False)
+            ids = self._encode(self.render(messages), session, blocking=False)
             if ids is not None:
                 return ids
         return await asyncio.to_thread(self.chat, messages, session, tools)

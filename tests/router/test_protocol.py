@@ -29,7 +29,7 @@ def test_non_text_parts_are_refused():
 
 
 @pytest.mark.parametrize("fields", [
-    {"temperature": 2.5}, {"top_p": 0}, {"max_tokens": 0}, {"n": 3},
+    {"temperature": 2.5}, {"top_p": 0}, {"max_tokens": 0}, {"n": 17}, {"n": 0},
     {"stop": [str(i) for i in range(17)]}, {"top_logprobs": 2}, {"best_of": 2},
     {"presence_penalty": 3}, {"logprobs": True, "top_logprobs": 21},
     # Beyond what the wire's integers carry.

@@ -138,3 +138,34 @@ async def test_someone_elses_cancellation_goes_on():
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_choices_stream_interleaved_numbered_with_one_usage():
+    serving = _serving(RouterMetrics())
+    (first_a, *rest_a), (first_b, *rest_b) = _messages(3), _messages(2)
+    streams = [_Rest(rest_a), _Rest(rest_b)]
+    sent = await _run(EventStream(serving._sse_choices(
+        [_ereq(), _ereq()], [_ChatShape(CARD), _ChatShape(CARD)], [first_a, first_b],
+        streams, include_usage=True)))
+    events = _events(sent)
+    assert events[-1] == b"data: [DONE]" and all(s.closed for s in streams)
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    texts = ["", ""]
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] += choice["delta"].get("content", "")
+    assert texts == [" t0 t1 t2", " t0 t1"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    assert sum(1 for c in chunks if c.get("usage")) == 1
+
+
+async def test_a_failing_choice_ends_the_stream_with_an_error():
+    serving = _serving(RouterMetrics())
+    (first_a, *rest_a), (first_b, *rest_b) = _messages(3), _messages(3)
+    streams = [_Rest(rest_a, hang=True), _Rest(rest_b[:1], error=OpenAIError(502, "gone"))]
+    sent = await _run(EventStream(serving._sse_choices(
+        [_ereq(), _ereq()], [_ChatShape(CARD), _ChatShape(CARD)], [first_a, first_b],
+        streams, include_usage=True)))
+    events = _events(sent)
+    assert json.loads(events[-2][6:])["error"]["message"] == "gone"
+    assert all(s.closed for s in streams)

@@ -25,7 +25,7 @@ def _chat(chars: int) -> list[dict[str, str]]:
 @pytest.mark.parametrize("chars", [10, INLINE_MAX_CHARS - 20, INLINE_MAX_CHARS * 3])
 async def test_chat_tokens_on_or_off_the_loop_equal_full_tokenization(tokenizer, chars):
     messages = _chat(chars)
-    text = tokenizer._render(messages)
+    text = tokenizer.render(messages)
     full = tokenizer._tok(text, add_special_tokens=False)["input_ids"]
     assert await tokenizer.chat_async(messages) == full
     assert await tokenizer.chat_async(messages, session=f"s{chars}") == full
@@ -34,7 +34,7 @@ async def test_chat_tokens_on_or_off_the_loop_equal_full_tokenization(tokenizer,
 
 async def test_busy_session_cache_sends_short_chats_to_a_thread(tokenizer):
     messages = _chat(50)
-    full = tokenizer._tok(tokenizer._render(messages), add_special_tokens=False)["input_ids"]
+    full = tokenizer._tok(tokenizer.render(messages), add_special_tokens=False)["input_ids"]
     with tokenizer._lock:  # as if a worker thread were encoding a long chat
         pending = asyncio.ensure_future(tokenizer.chat_async(messages, session="busy"))
         await asyncio.sleep(0.05)

@@ -30,7 +30,7 @@ CASES = {
                    "top_p"),
     "max_tokens zero": ("/v1/chat/completions", {"model": M, "messages": USER, "max_tokens": 0},
                         400, "max_tokens"),
-    "n=2": ("/v1/chat/completions", {"model": M, "messages": USER, "n": 2}, 400, "n"),
+    "n=17": ("/v1/chat/completions", {"model": M, "messages": USER, "n": 17}, 400, "n"),
     "max_tokens beyond context": ("/v1/chat/completions",
                                   {"model": M, "messages": USER, "max_tokens": 100_000}, 400,
                                   "max_tokens"),

@@ -1,0 +1,68 @@
+"""Property tests of the Messages and Responses translations: whatever JSON a
+client sends, validation and translation either succeed or refuse with the
+error that becomes a 400 (pydantic's ValidationError, or a ValueError naming
+the field) — never another exception, which would be a 500. No engines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from services.router import anthropic_messages, openai_responses
+
+SCALARS = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(
+    allow_nan=False) | st.sampled_from(["", "x", "user", "assistant", "text", "tool_use",
+                                        "tool_result", "function", "function_call",
+                                        "function_call_output", "message", "input_text",
+                                        "json_schema", "object", "auto", "any", "tool",
+                                        "required", "none", "call_1", "toolu_1", "m"])
+KEYS = st.sampled_from(["type", "role", "content", "text", "id", "name", "input",
+                        "input_schema", "tool_use_id", "is_error", "call_id", "arguments",
+                        "output", "parameters", "format", "schema", "properties",
+                        "disable_parallel_tool_use", "user_id", "strict"])
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(KEYS, inner, max_size=5), max_leaves=20)
+
+
+def _refused_or_translated(translate) -> None:
+    try:
+        translate()
+    except ValidationError:
+        pass  # of the API's own request model: FastAPI's 400 naming the field
+    except ValueError as exc:
+        # A 400 whose param is the field the message starts with.
+        field = str(exc).split(":", 1)[0]
+        assert field and "\n" not in field and " " not in field.strip("'"), str(exc)
+
+
+MESSAGES_BODY = st.fixed_dictionaries({"model": st.just("m"), "max_tokens": SCALARS,
+                                       "messages": JSON}, optional={
+    "system": JSON, "tools": JSON, "tool_choice": JSON, "stop_sequences": JSON,
+    "metadata": JSON, "output_config": JSON, "thinking": JSON, "top_k": SCALARS})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(MESSAGES_BODY)
+def test_any_messages_body_is_translated_or_refused(body: dict[str, Any]):
+    _refused_or_translated(lambda: anthropic_messages.to_chat(
+        anthropic_messages.MessagesRequest.model_validate(body)))
+
+
+RESPONSES_BODY = st.fixed_dictionaries({"model": st.just("m"), "input": JSON}, optional={
+    "instructions": JSON, "tools": JSON, "tool_choice": JSON, "text": JSON,
+    "max_output_tokens": SCALARS, "parallel_tool_calls": SCALARS})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(RESPONSES_BODY, st.lists(st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": st.none(), "tool_calls": st.just([
+        {"id": "call_1", "type": "function",
+         "function": {"name": "f", "arguments": "{}"}}])}), max_size=1))
+def test_any_responses_body_is_translated_or_refused(body: dict[str, Any], previous):
+    def translate():
+        request = openai_responses.ResponsesRequest.model_validate(body)
+        openai_responses.to_chat(request, openai_responses.conversation(request, previous))
+    _refused_or_translated(translate)
