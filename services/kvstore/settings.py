@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 from common.mooncake import RETENTION_POLICIES, KvStoreSettings, parse_size
@@ -54,7 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_settings(argv: list[str] | None = None) -> KvStoreSettings:
     settings: KvStoreSettings = from_arguments(KvStoreSettings, build_parser().parse_args(argv))
-    return settings
+    # Absolute: Mooncake's file storage refuses a relative disk path (it
+    # aborts the pool owner), and the engines read both from another cwd.
+    return replace(settings, state_dir=os.path.abspath(settings.state_dir),
+                   disk_path=os.path.abspath(settings.disk_path))
 
 
 def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:

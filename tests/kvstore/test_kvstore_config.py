@@ -328,3 +328,11 @@ def test_store_launch_for_tandem_up(tmp_path):
     assert launch.health_url == "http://127.0.0.1:9190/health"
     with pytest.raises(ValueError, match="ports"):
         store_launch(tmp_path, ports=[1, 2])
+
+
+def test_relative_paths_become_absolute(tmp_path, monkeypatch):
+    """Mooncake aborts on a relative disk path; the engines run from another cwd."""
+    monkeypatch.chdir(tmp_path)
+    s = parse_settings(["--state-dir", "state", "--disk-path", "state/disk"])
+    assert s.state_dir == str(tmp_path / "state")
+    assert s.disk_path == str(tmp_path / "state" / "disk")
