@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+from hypothesis import strategies as st
 
 from bench.harness import sse_data
 from common.model import DEFAULT_MODEL_NAME
@@ -166,3 +167,19 @@ def assert_spec_refused(spec: dict, fragment: str) -> None:
             "metadata": {"name": "demo"}, "spec": spec}
     _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
     assert errors, "the CRD's own rules refuse the same spec"
+
+
+# Hypothesis strategies: JSON values an agent API client could send (no NaN or
+# infinity: JSON cannot carry them), with the keys and words those APIs use, so
+# fuzzed bodies reach past the first check.
+JSON_SCALARS = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(
+    allow_nan=False, allow_infinity=False) | st.sampled_from([
+        "", "x", "user", "assistant", "text", "tool_use", "tool_result", "function",
+        "function_call", "function_call_output", "message", "input_text", "json_schema",
+        "object", "auto", "any", "tool", "required", "none", "call_1", "toolu_1", "m"])
+_JSON_KEYS = st.sampled_from(["type", "role", "content", "text", "id", "name", "input",
+                              "input_schema", "tool_use_id", "is_error", "call_id",
+                              "arguments", "output", "parameters", "format", "schema",
+                              "properties", "disable_parallel_tool_use", "user_id", "strict"])
+ANY_JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(_JSON_KEYS, inner, max_size=5), max_leaves=20)

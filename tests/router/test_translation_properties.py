@@ -12,19 +12,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from services.router import anthropic_messages, openai_responses
-
-SCALARS = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(
-    allow_nan=False) | st.sampled_from(["", "x", "user", "assistant", "text", "tool_use",
-                                        "tool_result", "function", "function_call",
-                                        "function_call_output", "message", "input_text",
-                                        "json_schema", "object", "auto", "any", "tool",
-                                        "required", "none", "call_1", "toolu_1", "m"])
-KEYS = st.sampled_from(["type", "role", "content", "text", "id", "name", "input",
-                        "input_schema", "tool_use_id", "is_error", "call_id", "arguments",
-                        "output", "parameters", "format", "schema", "properties",
-                        "disable_parallel_tool_use", "user_id", "strict"])
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(KEYS, inner, max_size=5), max_leaves=20)
+from tests.helpers import ANY_JSON as JSON
+from tests.helpers import JSON_SCALARS as SCALARS
 
 
 def _refused_or_translated(translate) -> None:
