@@ -26,6 +26,8 @@ SSE re-encoding), which is part of what is measured.
 
     python -m bench.router_overhead                         # all three routers
     python -m bench.router_overhead --routers tandem --requests 50 --duration 5
+    python -m bench.router_overhead --routers tandem,tandem-tools,tandem-structured
+        # what tool parsing (hermes, tool_choice auto) and structured output cost
 
 Results: a Markdown table and ratios on stdout, JSON in
 bench/results/router_overhead.json, process logs in
@@ -79,11 +81,12 @@ def router_argv(spec: RouterSpec, port: int, backend: str, model_dir: str) -> li
     """The command that starts `spec` on `port` in front of `backend` (a gRPC
     host:port for Tandem, an http:// URL for the others), with logging at
     warning level and nothing but round robin."""
-    if spec.name == "tandem":
+    if spec.backend == "grpc":  # Tandem's router, plain or with agent features on
         return [sys.executable, "-m", "services.router", "--host", HOST, "--port", str(port),
                 "--engine", backend, "--model", model_dir, "--routing-policy", spec.policy,
                 # No admission limit: the HTTP routers run without one too.
-                "--max-concurrent-requests", "0", "--shutdown-grace-s", "1"]
+                "--max-concurrent-requests", "0", "--shutdown-grace-s", "1",
+                *spec.router_args]
     argv = http_router_argv(spec, port, [backend], spec.policy)
     if spec.name == "sglang-router":
         argv += ["--shutdown-grace-period-secs", "1"]
@@ -245,10 +248,11 @@ def ratio_lines(rows: list[dict[str, Any]], baseline: str = "tandem") -> list[st
 
 # -- clients ------------------------------------------------------------------
 
-def chat_body(tokens: int) -> bytes:
+def chat_body(tokens: int, fields: dict | None = None) -> bytes:
     return json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": PROMPT}],
                        "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+                       "stream": True, "stream_options": {"include_usage": True},
+                       **(fields or {})}).encode()
 
 
 def parse_sse_line(line: bytes) -> tuple[bool, int]:
@@ -267,10 +271,10 @@ def parse_sse_line(line: bytes) -> tuple[bool, int]:
 class HttpTarget:
     """Streaming chat completions over one aiohttp session (keep-alive)."""
 
-    def __init__(self, url: str, tokens: int) -> None:
+    def __init__(self, url: str, tokens: int, fields: dict | None = None) -> None:
         self.url = f"{url}/v1/chat/completions"
         self.tokens = tokens
-        self.body = chat_body(tokens)
+        self.body = chat_body(tokens, fields)
         self._session = None
 
     async def open(self) -> None:
@@ -362,8 +366,10 @@ def _check(sample: Sample, tokens: int) -> Sample:
     return sample
 
 
-def make_target(kind: str, address: str, tokens: int):
-    return GrpcTarget(address, tokens) if kind == "grpc" else HttpTarget(address, tokens)
+def make_target(kind: str, address: str, tokens: int, fields: dict | None = None):
+    """``fields``: added to each chat request (the HTTP targets)."""
+    return (GrpcTarget(address, tokens) if kind == "grpc"
+            else HttpTarget(address, tokens, fields))
 
 
 async def wait_serving(target, deadline: float, proc: Proc | None = None) -> None:
@@ -457,7 +463,7 @@ def _rate_worker(spec_json: str) -> int:
     spec = json.loads(spec_json)
 
     async def run() -> dict:
-        target = make_target(spec["kind"], spec["address"], spec["tokens"])
+        target = make_target(spec["kind"], spec["address"], spec["tokens"], spec["fields"])
         pgid, cpus = spec.get("cpu_pgid"), spec.get("watch_cpus") or []
 
         def counters() -> dict[str, float]:
@@ -541,13 +547,14 @@ class Bench:
             return {}
         return httpx.get(f"{self.backends['http']}/_fake/paths", timeout=5).json()
 
-    def rate_test(self, name: str, kind: str, address: str,
-                  router: Proc | None = None) -> dict[str, Any]:
+    def rate_test(self, name: str, kind: str, address: str, router: Proc | None = None,
+                  fields: dict | None = None) -> dict[str, Any]:
         """The closed loop in `client_procs` subprocesses on the load CPUs;
         with `router`, its CPU use over the measured window too."""
         c = self.c
         per_proc = max(1, c.rate_concurrency // c.client_procs)
         spec = json.dumps({"kind": kind, "address": address, "tokens": c.tokens,
+                           "fields": fields,
                            "concurrency": per_proc, "warmup_s": c.warmup_s,
                            "duration_s": c.duration_s,
                            "cpu_pgid": router.pid if router else None,
@@ -603,7 +610,7 @@ class Bench:
             wait_http_ok(f"{url}{spec.ready_path}", proc, self._deadline())
 
             async def latency() -> tuple[list[Sample], list[Sample]]:
-                routed = HttpTarget(url, c.tokens)
+                routed = HttpTarget(url, c.tokens, spec.request_fields)
                 direct = make_target(spec.backend, backend, c.tokens)
                 await routed.open()
                 await direct.open()
@@ -623,7 +630,8 @@ class Bench:
             routed, direct = asyncio.run(latency())
             print(f"[{spec.name}] max rate: {c.duration_s:g} s at concurrency "
                   f"{c.rate_concurrency} ...", file=sys.stderr, flush=True)
-            rate = self.rate_test(spec.name, "http", url, router=proc)
+            rate = self.rate_test(spec.name, "http", url, router=proc,
+                                  fields=spec.request_fields)
             raise_if_exited(proc)
         finally:
             self.procs.stop(proc)

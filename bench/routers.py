@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.ports import free_port
+from services.router.chat_templates import CHATML_TOOLS
 
 HOST = "127.0.0.1"
 
@@ -22,10 +23,41 @@ class RouterSpec:
     package: str | None = None  # pip package that provides `binary`
     binary: str | None = None
     ready_path: str = "/health"
+    router_args: tuple[str, ...] = ()  # Tandem's router: flags beyond the common ones
+    request_fields: dict = field(default_factory=dict)  # added to every chat request
+
+
+# What an agent sends each turn: two function tools (bench/router_overhead.py
+# measures the router's tool parsing, and structured output's schema checks,
+# against plain chat).
+AGENT_TOOLS = [{"type": "function", "function": {
+    "name": name, "description": description,
+    "parameters": {"type": "object", "properties": properties,
+                   "required": list(properties)}}}
+    for name, description, properties in (
+        ("read_file", "Read a file of the repository",
+         {"path": {"type": "string"}, "max_lines": {"type": "integer"}}),
+        ("run_tests", "Run the test suite, or one test file",
+         {"target": {"type": "string"}, "verbose": {"type": "boolean"}}))]
+ANSWER_SCHEMA = {"type": "json_schema", "json_schema": {
+    "name": "answer", "strict": True, "schema": {
+        "type": "object", "properties": {"summary": {"type": "string"},
+                                         "files": {"type": "array", "items": {"type": "string"}}},
+        "required": ["summary", "files"], "additionalProperties": False}}}
 
 
 ROUTERS: dict[str, RouterSpec] = {
     "tandem": RouterSpec("tandem", "grpc", "round-robin"),
+    # The same router with the bundled model's tool template and vLLM's hermes
+    # parser, every request carrying tools (tool_choice auto: each output token
+    # goes through the parser).
+    "tandem-tools": RouterSpec("tandem-tools", "grpc", "round-robin", router_args=(
+        "--chat-template", str(CHATML_TOOLS), "--tool-call-parser", "hermes"),
+        request_fields={"tools": AGENT_TOOLS, "tool_choice": "auto"}),
+    # Every request constrained by a JSON schema (checked by the router, carried
+    # to the engine; the fake engine does not apply it).
+    "tandem-structured": RouterSpec("tandem-structured", "grpc", "round-robin",
+                                    request_fields={"response_format": ANSWER_SCHEMA}),
     "vllm-router": RouterSpec("vllm-router", "http", "round_robin",
                               package="vllm-router==0.1.17", binary="vllm-router"),
     # /health answers OK before any worker is registered; /readiness waits for one.

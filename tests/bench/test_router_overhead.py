@@ -133,6 +133,17 @@ def test_router_commands_use_round_robin(monkeypatch):
         assert argv[argv.index("--port") + 1] == "9000"
 
 
+def test_agent_variants_turn_features_on_in_the_router_and_the_requests():
+    tools = ro.router_argv(ROUTERS["tandem-tools"], 9000, "127.0.0.1:9001", "/m")
+    assert tools[tools.index("--tool-call-parser") + 1] == "hermes"
+    assert "--chat-template" in tools
+    body = json.loads(ro.chat_body(8, ROUTERS["tandem-tools"].request_fields))
+    assert body["tool_choice"] == "auto" and len(body["tools"]) == 2
+    body = json.loads(ro.chat_body(8, ROUTERS["tandem-structured"].request_fields))
+    assert body["response_format"]["type"] == "json_schema"
+    assert "tools" not in json.loads(ro.chat_body(8))
+
+
 def test_missing_router_names_its_pip_package(monkeypatch):
     monkeypatch.setattr(routers.shutil, "which", lambda *a, **k: None)
     with pytest.raises(SystemExit, match=r"pip install sglang-router==0\.3\.2"):
