@@ -7,6 +7,7 @@ turns of the conversation are prefix-cache hits."""
 
 from __future__ import annotations
 
+import httpx
 import jsonschema
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -16,7 +17,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from pydantic import BaseModel, Field
 
-from tests.helpers import MODEL_NAME
+from tests.helpers import MODEL_NAME, metric_value
 
 pytestmark = pytest.mark.stack
 
@@ -47,11 +48,20 @@ def _graph(stack):
     model = ChatOpenAI(model=MODEL_NAME, base_url=f"{stack.router_url}/v1", api_key="unused",
                        temperature=0, max_tokens=60, max_retries=0)
     turns: list[AIMessage] = []
+    ttfts: list[float] = []  # as the router measured each turn's first token
+
+    def ttft_totals() -> tuple[float, float]:
+        text = httpx.get(f"{stack.router_url}/metrics", timeout=10).text
+        return (metric_value(text, "tandem_router_ttft_seconds_sum"),
+                metric_value(text, "tandem_router_ttft_seconds_count"))
 
     def agent(state: MessagesState) -> dict:
         choice = PLAN[len(turns)]
         bound = model.bind_tools(TOOLS, tool_choice=choice)
+        before = ttft_totals()
         reply = bound.invoke(state["messages"])
+        after = ttft_totals()
+        ttfts.append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
         turns.append(reply)
         return {"messages": [reply]}
 
@@ -64,11 +74,11 @@ def _graph(stack):
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", route, ["tools", END])
     graph.add_edge("tools", "agent")
-    return graph.compile(), turns
+    return graph.compile(), turns, ttfts
 
 
 def test_agent_runs_tools_over_several_turns(stack):
-    app, turns = _graph(stack)
+    app, turns, ttfts = _graph(stack)
     final = app.invoke({"messages": [HumanMessage(
         "How many apples and pears are in inventory.txt, together?")]},
         {"recursion_limit": 10})
@@ -90,4 +100,5 @@ def test_agent_runs_tools_over_several_turns(stack):
     prompts = [u["prompt_tokens"] for u in usage]
     cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usage]
     assert prompts == sorted(prompts) and all(c > 0 for c in cached[1:])
-    print("agent loop: prompt tokens", prompts, "cached", cached)
+    print("agent loop: prompt tokens", prompts, "cached", cached,
+          "TTFT s", [round(t, 3) for t in ttfts])
