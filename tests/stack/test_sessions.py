@@ -121,3 +121,29 @@ def test_forced_tool_call_and_json_schema_on_aggregated_engines(two_engines):
                             "json_schema": {"name": "w", "schema": params}}})
     assert reply.status_code == 200, reply.text
     jsonschema.validate(json.loads(reply.json()["choices"][0]["message"]["content"]), params)
+
+
+def test_messages_and_responses_forced_tools_on_aggregated_engines(two_engines):
+    """Anthropic Messages and OpenAI Responses on the aggregated path: a forced
+    tool call comes back as the API's own tool block, schema-valid."""
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+              "required": ["city"], "additionalProperties": False}
+    ask = [{"role": "user", "content": "Weather in Rome?"}]
+    reply = httpx.post(f"{two_engines.router_url}/v1/messages", timeout=300, json={
+        "model": MODEL_NAME, "max_tokens": 40, "messages": ask,
+        "tools": [{"name": "weather", "input_schema": params}],
+        "tool_choice": {"type": "tool", "name": "weather"}})
+    assert reply.status_code == 200, reply.text
+    message = reply.json()
+    assert message["stop_reason"] == "tool_use"
+    (use,) = [b for b in message["content"] if b["type"] == "tool_use"]
+    assert use["name"] == "weather"
+    jsonschema.validate(use["input"], params)
+    reply = httpx.post(f"{two_engines.router_url}/v1/responses", timeout=300, json={
+        "model": MODEL_NAME, "max_output_tokens": 40, "input": ask,
+        "tools": [{"type": "function", "name": "weather", "parameters": params}],
+        "tool_choice": {"type": "function", "name": "weather"}})
+    assert reply.status_code == 200, reply.text
+    (call,) = [item for item in reply.json()["output"] if item["type"] == "function_call"]
+    assert call["name"] == "weather"
+    jsonschema.validate(json.loads(call["arguments"]), params)
