@@ -131,6 +131,16 @@ async def _sweep_levels(stack, name: str, sessions, info, tok, base: ReplayConfi
     return out
 
 
+NO_GOODPUT = "none (no deployment met the SLO)"
+
+
+def best_per_core(rows: list[dict[str, Any]], rate: str) -> str | None:
+    """The deployment with the highest ``rate`` per core; None when every rate
+    is zero (a tie at zero names no winner)."""
+    best = max(rows, key=lambda r: r[rate] / r["cores"], default=None)
+    return best["deployment"] if best is not None and best[rate] > 0 else None
+
+
 def _plan_json(plan: Plan | None) -> dict[str, Any] | None:
     if plan is None:
         return None
@@ -271,10 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                      "predicted_why": None if isinstance(predicted, Plan) else predicted.reason,
                      "measured_rps": measured, "levels": levels_out,
                      "efficiency": {r: sum(v) / len(v) for r, v in efficiency.items()}})
-    predicted_best = max(rows, key=lambda r: r["predicted_rps"] / r["cores"])["deployment"] \
-        if rows else None
-    measured_best = max(rows, key=lambda r: r["measured_rps"] / r["cores"])["deployment"] \
-        if rows else None
+    predicted_best = best_per_core(rows, "predicted_rps")
+    measured_best = best_per_core(rows, "measured_rps")
     timings["total_s"] = time.time() - started
     doc = {"profiles": [p.name for p in profiles], "shape": shape, "slo_ttft_p90": a.slo_ttft_p90,
            "decisions": decisions, "sweep": rows, "predicted_best": predicted_best,
@@ -313,8 +321,8 @@ def _markdown(doc: dict[str, Any], profiles: list[EngineProfile]) -> str:
         eff = ", ".join(f"{k} {v:.2f}" for k, v in r["efficiency"].items())
         lines.append(f"| {r['deployment']} | {r['cores']} | {r['predicted_rps']:.3f} | "
                      f"{r['measured_rps']:.3f} | {ratio:.2f} | {eff} |")
-    lines += ["", (f"Predicted best per core: **{doc['predicted_best']}**; measured best: "
-                  f"**{doc['measured_best']}**."), "", "Levels:", "",
+    lines += ["", (f"Predicted best per core: **{doc['predicted_best'] or NO_GOODPUT}**; "
+                  f"measured best: **{doc['measured_best'] or NO_GOODPUT}**."), "", "Levels:", "",
               "| deployment | c | req/s | TTFT p50/p90 s | P90 inter. | hit | failures |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for r in doc["sweep"]:
