@@ -183,3 +183,22 @@ _JSON_KEYS = st.sampled_from(["type", "role", "content", "text", "id", "name", "
                               "properties", "disable_parallel_tool_use", "user_id", "strict"])
 ANY_JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4)
                         | st.dictionaries(_JSON_KEYS, inner, max_size=5), max_leaves=20)
+
+
+# The two tools the agent-API stack tests offer (chat, Messages, Responses
+# each wrap them in their own tool format): parameter schemas by tool name.
+WEATHER_PARAMS = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 40},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}
+ADD_PARAMS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "required": ["a", "b"], "additionalProperties": False}
+TOOL_PARAMS = {"get_weather": WEATHER_PARAMS, "add": ADD_PARAMS}
+
+
+def chat_completion(message: dict, finish: str, usage: dict) -> dict:
+    """A non-streamed chat completion with one choice, as the router's chat
+    path returns it (the input of the Messages and Responses translations)."""
+    return {"id": "chatcmpl-abc", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": usage}

@@ -16,6 +16,7 @@ from services.router.anthropic_messages import (
     message_from_chat,
     to_chat,
 )
+from tests.helpers import chat_completion
 
 TOOL = {"name": "add", "description": "Add", "input_schema": {
     "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
@@ -109,11 +110,12 @@ def test_schema_level_bad_requests(fields):
         _request(**fields)
 
 
+USAGE = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+         "prompt_tokens_details": {"cached_tokens": 4}}
+
+
 def _completion(message: dict, finish: str) -> dict:
-    return {"id": "chatcmpl-abc", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
-                      "prompt_tokens_details": {"cached_tokens": 4}}}
+    return chat_completion(message, finish, USAGE)
 
 
 def test_whole_reply_is_an_sdk_message():

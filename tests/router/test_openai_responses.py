@@ -19,6 +19,7 @@ from services.router.openai_responses import (
     stored_conversation,
     to_chat,
 )
+from tests.helpers import chat_completion
 
 TOOL = {"type": "function", "name": "add", "description": "Add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
@@ -109,9 +110,7 @@ def test_schema_level_bad_requests(fields):
 
 
 def _completion(message: dict, finish: str) -> dict:
-    return {"id": "chatcmpl-abc", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": USAGE}
+    return chat_completion(message, finish, USAGE)
 
 
 def test_whole_reply_is_an_sdk_response_and_continues_the_conversation():

@@ -11,20 +11,13 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.helpers import MODEL_NAME
+from tests.helpers import ADD_PARAMS, MODEL_NAME, TOOL_PARAMS, WEATHER_PARAMS
 
 pytestmark = pytest.mark.stack
 
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 40},
-    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"], "additionalProperties": False}
-ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-       "required": ["a", "b"], "additionalProperties": False}
 TOOLS = [{"name": "get_weather", "description": "Current weather in a city",
-          "input_schema": WEATHER},
-         {"name": "add", "description": "Add two integers", "input_schema": ADD}]
-SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+          "input_schema": WEATHER_PARAMS},
+         {"name": "add", "description": "Add two integers", "input_schema": ADD_PARAMS}]
 ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 
 
@@ -71,8 +64,8 @@ def _tool_uses(message, names=None):
     uses = [b for b in message.content if b.type == "tool_use"]
     assert uses and message.stop_reason == "tool_use"
     for use in uses:
-        assert use.id and use.name in (names or SCHEMAS)
-        jsonschema.validate(use.input, SCHEMAS[use.name])
+        assert use.id and use.name in (names or TOOL_PARAMS)
+        jsonschema.validate(use.input, TOOL_PARAMS[use.name])
     return uses
 
 

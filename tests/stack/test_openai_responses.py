@@ -11,21 +11,14 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers import MODEL_NAME
+from tests.helpers import ADD_PARAMS, MODEL_NAME, TOOL_PARAMS, WEATHER_PARAMS
 
 pytestmark = pytest.mark.stack
 
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 40},
-    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"], "additionalProperties": False}
-ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-       "required": ["a", "b"], "additionalProperties": False}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
-          "parameters": WEATHER, "strict": True},
+          "parameters": WEATHER_PARAMS, "strict": True},
          {"type": "function", "name": "add", "description": "Add two integers",
-          "parameters": ADD, "strict": True}]
-SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+          "parameters": ADD_PARAMS, "strict": True}]
 ASK = "What is the weather in Paris, in celsius?"
 
 
@@ -57,8 +50,8 @@ def _calls(response, names=None):
     calls = [i for i in response.output if i.type == "function_call"]
     assert calls
     for c in calls:
-        assert c.call_id and c.name in (names or SCHEMAS)
-        jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
+        assert c.call_id and c.name in (names or TOOL_PARAMS)
+        jsonschema.validate(json.loads(c.arguments), TOOL_PARAMS[c.name])
     return calls
 
 

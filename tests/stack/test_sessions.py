@@ -100,13 +100,15 @@ def test_session_sticks_and_prediction_equals_engine_cached_tokens(two_engines):
                         'policy="cost",reason="sticky"') == 3
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+        "required": ["city"], "additionalProperties": False}
+
+
 def test_forced_tool_call_and_json_schema_on_aggregated_engines(two_engines):
     """The aggregated path applies the constraint too (no prefill pod)."""
-    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
-              "required": ["city"], "additionalProperties": False}
     url = f"{two_engines.router_url}/v1/chat/completions"
     ask = [{"role": "user", "content": "Weather in Rome?"}]
-    tools = [{"type": "function", "function": {"name": "weather", "parameters": params}}]
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": CITY}}]
     reply = httpx.post(url, timeout=300, json={
         "model": MODEL_NAME, "messages": ask, "max_tokens": 40, "tools": tools,
         "tool_choice": {"type": "function", "function": {"name": "weather"}}})
@@ -114,36 +116,34 @@ def test_forced_tool_call_and_json_schema_on_aggregated_engines(two_engines):
     choice = reply.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     jsonschema.validate(json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]),
-                        params)
+                        CITY)
     reply = httpx.post(url, timeout=300, json={
         "model": MODEL_NAME, "messages": ask, "max_tokens": 40,
         "response_format": {"type": "json_schema",
-                            "json_schema": {"name": "w", "schema": params}}})
+                            "json_schema": {"name": "w", "schema": CITY}}})
     assert reply.status_code == 200, reply.text
-    jsonschema.validate(json.loads(reply.json()["choices"][0]["message"]["content"]), params)
+    jsonschema.validate(json.loads(reply.json()["choices"][0]["message"]["content"]), CITY)
 
 
 def test_messages_and_responses_forced_tools_on_aggregated_engines(two_engines):
     """Anthropic Messages and OpenAI Responses on the aggregated path: a forced
     tool call comes back as the API's own tool block, schema-valid."""
-    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
-              "required": ["city"], "additionalProperties": False}
     ask = [{"role": "user", "content": "Weather in Rome?"}]
     reply = httpx.post(f"{two_engines.router_url}/v1/messages", timeout=300, json={
         "model": MODEL_NAME, "max_tokens": 40, "messages": ask,
-        "tools": [{"name": "weather", "input_schema": params}],
+        "tools": [{"name": "weather", "input_schema": CITY}],
         "tool_choice": {"type": "tool", "name": "weather"}})
     assert reply.status_code == 200, reply.text
     message = reply.json()
     assert message["stop_reason"] == "tool_use"
     (use,) = [b for b in message["content"] if b["type"] == "tool_use"]
     assert use["name"] == "weather"
-    jsonschema.validate(use["input"], params)
+    jsonschema.validate(use["input"], CITY)
     reply = httpx.post(f"{two_engines.router_url}/v1/responses", timeout=300, json={
         "model": MODEL_NAME, "max_output_tokens": 40, "input": ask,
-        "tools": [{"type": "function", "name": "weather", "parameters": params}],
+        "tools": [{"type": "function", "name": "weather", "parameters": CITY}],
         "tool_choice": {"type": "function", "name": "weather"}})
     assert reply.status_code == 200, reply.text
     (call,) = [item for item in reply.json()["output"] if item["type"] == "function_call"]
     assert call["name"] == "weather"
-    jsonschema.validate(json.loads(call["arguments"]), params)
+    jsonschema.validate(json.loads(call["arguments"]), CITY)

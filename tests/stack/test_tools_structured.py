@@ -11,21 +11,14 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers import MODEL_NAME
+from tests.helpers import ADD_PARAMS, MODEL_NAME, TOOL_PARAMS, WEATHER_PARAMS
 
 pytestmark = pytest.mark.stack
 
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 40},
-    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"], "additionalProperties": False}
-ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-       "required": ["a", "b"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER,
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMS,
                                            "description": "Current weather in a city"}},
-         {"type": "function", "function": {"name": "add", "parameters": ADD,
+         {"type": "function", "function": {"name": "add", "parameters": ADD_PARAMS,
                                            "description": "Add two integers"}}]
-SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 
 
@@ -38,8 +31,8 @@ def _check_calls(calls, names=None):
     assert calls
     for c in calls:
         assert c.id and c.type == "function"
-        assert c.function.name in (names or SCHEMAS)
-        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+        assert c.function.name in (names or TOOL_PARAMS)
+        jsonschema.validate(json.loads(c.function.arguments), TOOL_PARAMS[c.function.name])
 
 
 def test_named_tool_is_forced_and_schema_valid(client):
@@ -80,7 +73,7 @@ def test_required_streamed_and_reassembled(client):
     assert calls
     for entry in calls.values():
         assert entry["id"]
-        jsonschema.validate(json.loads(entry["arguments"]), SCHEMAS[entry["name"]])
+        jsonschema.validate(json.loads(entry["arguments"]), TOOL_PARAMS[entry["name"]])
 
 
 def test_tool_round_trip_and_auto(client):
