@@ -4,6 +4,9 @@ slice, one endpoint per pod with its conditions."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from common.kube import (
     COMPONENT_ENGINE,
     LABEL_COMPONENT,
@@ -68,3 +71,11 @@ class Slices:
 
     def delete(self, name: str, namespace: str = "default") -> None:
         self._api.call(lambda: self._api.store.delete(self._kind(), namespace, name))
+
+
+def discovery_router_argv(host: str, port: int, kubeconfig: Path, *flags: str) -> list[str]:
+    """A router that finds the `demo` deployment's pools in namespace default
+    through the fake API server, plus the test's own flags."""
+    return [sys.executable, "-m", "services.router", "--host", host, "--port", str(port),
+            "--discovery", "kubernetes", "--kubeconfig", str(kubeconfig),
+            "--discovery-namespace", "default", "--discovery-deployment", "demo", *flags]

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import time
 
 import grpc
@@ -36,7 +35,7 @@ from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from operators.manifests import DELETION_COST
 from services.stack import Stack, StackConfig
-from tests.discovery.slices import Slices, endpoint, endpoint_slice
+from tests.discovery.slices import Slices, discovery_router_argv, endpoint, endpoint_slice
 from tests.helpers import MODEL_NAME, engine_load
 from tests.kube.plugin import start_operator, wait_for
 
@@ -193,13 +192,11 @@ def test_scale_down_while_streaming(engines, kube_api, kubectl, tmp_path):
 
         port = free_port()
         url = f"http://{HOST}:{port}"
-        router, _ = procs.launch("router", [
-            sys.executable, "-m", "services.router", "--host", HOST, "--port", str(port),
-            "--discovery", "kubernetes", "--kubeconfig", str(kube_api.kubeconfig),
-            "--discovery-namespace", "default", "--discovery-deployment", "demo",
+        router, _ = procs.launch("router", discovery_router_argv(
+            HOST, port, kube_api.kubeconfig,
             # Every prompt through the prefill pod: each leaves a KV lease there.
             "--remote-prefill-threshold", "0", "--poll-interval-s", "0.5",
-            "--shutdown-grace-s", "30"], env={"TANDEM_LOG_LEVEL": "INFO"})
+            "--shutdown-grace-s", "30"), env={"TANDEM_LOG_LEVEL": "INFO"})
         wait_http_ok(f"{url}/health", router, time.monotonic() + 600)
         cluster.create_pod("demo-router-0", "demo-router", {"http": port})
 

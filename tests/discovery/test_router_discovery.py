@@ -24,7 +24,7 @@ from bench.router_fakes import MODEL_NAME
 from common.model import resolve_model
 from common.ports import free_port
 from common.procs import Processes, wait_grpc_serving, wait_http_ok
-from tests.discovery.slices import Slices, endpoint, endpoint_slice
+from tests.discovery.slices import Slices, discovery_router_argv, endpoint, endpoint_slice
 from tests.helpers import metric_value
 
 HOST = "127.0.0.1"
@@ -94,12 +94,10 @@ async def test_router_follows_endpoint_slices(kube_api, tmp_path):
         slices.put(pool_slice("pod-a", "ready"))
         port = free_port()
         url = f"http://{HOST}:{port}"
-        router, _ = procs.launch("router", [
-            sys.executable, "-m", "services.router", "--host", HOST, "--port", str(port),
-            "--discovery", "kubernetes", "--kubeconfig", str(kube_api.kubeconfig),
-            "--discovery-namespace", "default", "--discovery-deployment", "demo",
+        router, _ = procs.launch("router", discovery_router_argv(
+            HOST, port, kube_api.kubeconfig,
             "--model", model_dir, "--routing-policy", "round-robin",
-            "--poll-interval-s", "0.5", "--shutdown-grace-s", "5"], cpus,
+            "--poll-interval-s", "0.5", "--shutdown-grace-s", "5"), cpus,
             env={"TANDEM_LOG_LEVEL": "INFO", "TANDEM_LOG_FORMAT": "text"})
         wait_http_ok(f"{url}/health", router, time.monotonic() + STARTUP_S)
 
