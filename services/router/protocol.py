@@ -6,6 +6,7 @@ unsupported option gets a 400 naming the field, never a silent ignore.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -190,7 +191,7 @@ class TokenizeRequest(BaseModel):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     # Default: true for a prompt, false for messages (the template adds them).
@@ -218,3 +219,30 @@ class DetokenizeRequest(BaseModel):
 
     model: str | None = None
     tokens: list[TokenId]
+
+
+class ChatStreamTranslator(ABC):
+    """Chat stream chunks → another API's stream events, for one request: each
+    chunk's deltas as they come, and the closing events once the usage chunk
+    that ends every chat stream arrives (with the last finish reason seen)."""
+
+    def __init__(self) -> None:
+        self._finish: str | None = None
+
+    @abstractmethod
+    def _delta(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events for one choice's delta."""
+
+    @abstractmethod
+    def _complete(self, usage: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events that end the stream."""
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events for one chat chunk."""
+        events: list[dict[str, Any]] = []
+        for choice in chunk["choices"]:
+            events += self._delta(choice["delta"])
+            self._finish = choice.get("finish_reason") or self._finish
+        if chunk.get("usage") is None:
+            return events
+        return [*events, *self._complete(chunk["usage"])]

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.router.config import parse_settings
-from services.router.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from services.router.serving import sampling_params
 
 
@@ -39,6 +39,13 @@ def test_non_text_parts_are_refused():
 def test_invalid_or_unsupported_fields_are_refused(fields):
     with pytest.raises(ValidationError):
         chat(**fields)
+
+
+@pytest.mark.parametrize("body", [{}, {"prompt": "a", "messages": []}, {"messages": []},
+                                  {"prompt": "a", "tools": [{}]}])
+def test_tokenize_needs_a_prompt_or_some_messages(body):
+    with pytest.raises(ValidationError):
+        TokenizeRequest(**body)
 
 
 def test_harmless_defaults_of_unsupported_fields_pass():
