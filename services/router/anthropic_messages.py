@@ -15,7 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.router.protocol import INT32_MAX, UINT32_MAX, ChatCompletionRequest, chat_request
+from services.router.protocol import (
+    INT32_MAX,
+    UINT32_MAX,
+    ChatCompletionRequest,
+    ChatStreamTranslator,
+    chat_request,
+)
 from services.router.structured import check_schema
 
 # Chat finish reasons → Anthropic stop reasons. ("abort" only reaches a
@@ -283,19 +289,19 @@ def message_from_chat(completion: dict[str, Any]) -> dict[str, Any]:
             "stop_sequence": None, "usage": _usage(completion["usage"])}
 
 
-class MessagesStream:
+class MessagesStream(ChatStreamTranslator):
     """Chat stream chunks → Anthropic stream events, for one request: the
     message opens, each run of text or tool call is a content block (text
     deltas, or the call's arguments as partial JSON), and the usage chunk
     that ends a chat stream closes the message."""
 
     def __init__(self, chat_id: str, model: str, input_tokens: int) -> None:
+        super().__init__()
         self._id = message_id(chat_id)
         self._model = model
         self._input_tokens = input_tokens
         self._index = -1  # of the open content block
         self._open: str | None = None  # its type
-        self._finish: str | None = None
         self._called = False
 
     def opening(self) -> list[dict[str, Any]]:
@@ -342,19 +348,12 @@ class MessagesStream:
                                          "partial_json": function["arguments"]}})
         return events
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events for one chat chunk (the final usage chunk ends the message)."""
-        events: list[dict[str, Any]] = []
-        for choice in chunk["choices"]:
-            events += self._delta(choice["delta"])
-            self._finish = choice.get("finish_reason") or self._finish
-        if chunk.get("usage") is None:
-            return events
+    def _complete(self, usage: dict[str, Any]) -> list[dict[str, Any]]:
         stop_reason = STOP_REASONS.get(self._finish or "stop", "end_turn")
         if stop_reason == "tool_use" and not self._called:
             stop_reason = "end_turn"
-        return [*events, *self._close(),
+        return [*self._close(),
                 {"type": "message_delta",
                  "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                 "usage": _usage(chunk["usage"])},
+                 "usage": _usage(usage)},
                 {"type": "message_stop"}]

@@ -17,7 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.router.protocol import UINT32_MAX, ChatCompletionRequest, chat_request
+from services.router.protocol import (
+    UINT32_MAX,
+    ChatCompletionRequest,
+    ChatStreamTranslator,
+    chat_request,
+)
 from services.router.structured import check_schema
 
 
@@ -313,18 +318,18 @@ class ResponseBuilder:
         return self.build(status, output, completion["usage"], incomplete)
 
 
-class ResponsesStream:
+class ResponsesStream(ChatStreamTranslator):
     """Chat stream chunks → Responses stream events, for one request. Each run
     of text is a message item with one output_text part, each tool call a
     function_call item; the usage chunk that ends a chat stream completes the
     response (`final` then holds it)."""
 
     def __init__(self, builder: ResponseBuilder) -> None:
+        super().__init__()
         self._builder = builder
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being streamed
-        self._finish: str | None = None
         self.final: dict[str, Any] | None = None
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -424,17 +429,10 @@ class ResponsesStream:
                                           output_index=len(self._output), delta=piece))
         return events
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events for one chat chunk (the final usage chunk completes)."""
-        events: list[dict[str, Any]] = []
-        for choice in chunk["choices"]:
-            events += self._delta(choice["delta"])
-            self._finish = choice.get("finish_reason") or self._finish
-        if chunk.get("usage") is None:
-            return events
-        events += self._close()
+    def _complete(self, usage: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._close()
         status, incomplete = _status(self._finish)
-        self.final = self._builder.build(status, self._output, chunk["usage"], incomplete)
+        self.final = self._builder.build(status, self._output, usage, incomplete)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return [*events, self._event(kind, response=self.final)]
 
