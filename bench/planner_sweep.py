@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = {role: by_role[role].name for role in replicas}
         predicted = fixed_plan(Problem(tuple(profiles), Demand(None, **shape), slo),
                                replicas, configs)
+        peak = fixed_plan(Problem(tuple(profiles), Demand(None, **shape)), replicas, configs)
         t0 = time.time()
         stack = start_stack(replicas, a.kv_cache_gib, out, not a.no_kv_store)
         try:
@@ -300,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                      else 0.0,
                      "predicted_why": None if isinstance(predicted, Plan) else predicted.reason,
                      "measured_rps": measured, "levels": levels_out,
+                     "predicted_peak_rps": peak.capacity_rps if isinstance(peak, Plan) else 0.0,
+                     "measured_peak_rps": max(lv["summary"]["requests_per_s"] or 0
+                                              for lv in levels_out),
                      "efficiency": {r: sum(v) / len(v) for r, v in efficiency.items()}})
     predicted_best = best_per_core(rows, "predicted_rps")
     measured_best = best_per_core(rows, "measured_rps")
@@ -341,6 +345,14 @@ def _markdown(doc: dict[str, Any], profiles: list[EngineProfile]) -> str:
         eff = ", ".join(f"{k} {v:.2f}" for k, v in r["efficiency"].items())
         lines.append(f"| {r['deployment']} | {r['cores']} | {r['predicted_rps']:.3f} | "
                      f"{r['measured_rps']:.3f} | {ratio:.2f} | {eff} |")
+    lines += ["", "Throughput with no SLO: the solver's capacity for the deployment against "
+              "the highest request rate any level reached.", "",
+              "| deployment | predicted req/s | measured peak req/s | measured ÷ predicted |",
+              "|---|---:|---:|---:|"]
+    for r in doc["sweep"]:
+        peak = r["predicted_peak_rps"]
+        lines.append(f"| {r['deployment']} | {peak:.3f} | {r['measured_peak_rps']:.3f} | "
+                     f"{r['measured_peak_rps'] / peak if peak else float('nan'):.2f} |")
     lines += ["", (f"Predicted best per core: **{doc['predicted_best'] or NO_GOODPUT}**; "
                   f"measured best: **{doc['measured_best'] or NO_GOODPUT}**."), "", "Levels:", "",
               "| deployment | c | req/s | TTFT p50/p90 s | P90 inter. | hit | failures |",
