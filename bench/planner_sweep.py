@@ -64,7 +64,10 @@ MODEL = "SmolLM2-135M-Instruct"
 HARDWARE = "cpu-core"  # one engine pinned to one core: the unit of the budget here
 DEPLOYMENTS = {"1P1D": {"prefill": 1, "decode": 1}, "2agg": {"aggregated": 2},
                "1agg": {"aggregated": 1}, "2P1D": {"prefill": 2, "decode": 1},
-               "1P2D": {"prefill": 1, "decode": 2}}
+               "1P2D": {"prefill": 1, "decode": 2}, "1P1D-remote": {"prefill": 1, "decode": 1}}
+# Deployments whose router sends every prompt through the prefill pool, as the
+# P/D profiles were taken (the others run the router's defaults).
+ROUTER_ARGS = {"1P1D-remote": PD_PROFILE_ROUTER_ARGS}
 STACK_ROLES = {"prefill": "prefill", "decode": "decode", "aggregated": "aggregated"}
 
 
@@ -277,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                                replicas, configs)
         peak = fixed_plan(Problem(tuple(profiles), Demand(None, **shape)), replicas, configs)
         t0 = time.time()
-        stack = start_stack(replicas, a.kv_cache_gib, out, not a.no_kv_store)
+        stack = start_stack(replicas, a.kv_cache_gib, out, not a.no_kv_store,
+                            ROUTER_ARGS.get(name, ()))
         try:
             levels_out = asyncio.run(_sweep_levels(stack, name, sessions, info, tok, base,
                                                    sweep, a.level_s))
