@@ -9,9 +9,12 @@ deployments two cores can run, measured best against predicted.
 
 Steps, one stack at a time (this machine holds two engines, one per core):
 
-1. ``1P1D`` stack: ``profile --role prefill`` (outputs capped at a few tokens),
-   then ``--role decode`` (the trace with longer outputs, so decode is the
-   bottleneck); each engine's KV capacity is read from its metrics.
+1. ``1P1D`` stack, its router sending every prompt to the prefill pool
+   (``bench.profile.PD_PROFILE_ROUTER_ARGS``): ``profile --role prefill``
+   (outputs capped at a few tokens), then ``--role decode`` (the trace with
+   longer outputs, so decode is the bottleneck); each engine's KV capacity is
+   read from its metrics. ``--retake`` with ``--skip-profiles`` profiles only
+   the roles it names and keeps the others from the file.
 2. ``1agg`` stack: ``profile --role aggregated`` (the trace as it is).
 3. The solver on the three profiles for the trace's shape (its own hit rates):
    the plan for a budget of 2 cores, and the P/D ratio at scale.
@@ -19,7 +22,8 @@ Steps, one stack at a time (this machine holds two engines, one per core):
    its goodput is the highest request rate whose TTFT p90 meets the SLO. The
    solver's prediction for the same deployment (``fixed_plan``) sits beside
    it, with each pool's measured efficiency (measured ÷ profiled throughput at
-   the load it ran, from the router's counters).
+   the load it ran, from the router's counters). The deployments run the
+   router's defaults, local prefill of short uncached prompts included.
 
 Writes ``profiles.yaml``, ``planner.json`` and ``report.md`` to the output
 directory (default ``bench/results/<time>-planner``).
@@ -43,7 +47,7 @@ import httpx
 from bench.agentx import generate
 from bench.agentx.replay import ReplayConfig
 from bench.harness import RESULTS, log
-from bench.profile import engine_config, measure_level, profile_pool
+from bench.profile import PD_PROFILE_ROUTER_ARGS, engine_config, measure_level, profile_pool
 from operators.planner.demand import measurements_of
 from operators.planner.efficiency import measure_efficiency
 from operators.planner.profiles import (
@@ -60,7 +64,10 @@ MODEL = "SmolLM2-135M-Instruct"
 HARDWARE = "cpu-core"  # one engine pinned to one core: the unit of the budget here
 DEPLOYMENTS = {"1P1D": {"prefill": 1, "decode": 1}, "2agg": {"aggregated": 2},
                "1agg": {"aggregated": 1}, "2P1D": {"prefill": 2, "decode": 1},
-               "1P2D": {"prefill": 1, "decode": 2}}
+               "1P2D": {"prefill": 1, "decode": 2}, "1P1D-remote": {"prefill": 1, "decode": 1}}
+# Deployments whose router sends every prompt through the prefill pool, as the
+# P/D profiles were taken (the others run the router's defaults).
+ROUTER_ARGS = {"1P1D-remote": PD_PROFILE_ROUTER_ARGS}
 STACK_ROLES = {"prefill": "prefill", "decode": "decode", "aggregated": "aggregated"}
 
 
@@ -77,12 +84,14 @@ def kv_capacity_tokens(metrics_url: str) -> int | None:
         return None
 
 
-def start_stack(replicas: dict[str, int], kv_cache_gib: int, log_dir: Path, kv_store: bool):
+def start_stack(replicas: dict[str, int], kv_cache_gib: int, log_dir: Path, kv_store: bool,
+                router_args: tuple[str, ...] = ()):
     from common.ports import free_port
     from services.stack import Stack, StackConfig
     cfg = StackConfig(prefill=replicas.get("prefill", 0), decode=replicas.get("decode", 0),
                       aggregated=replicas.get("aggregated", 0), router_port=free_port(),
                       kv_cache_gib=kv_cache_gib, max_model_len=4096, kv_store=kv_store,
+                      router_args=list(router_args),
                       state_dir=Path(tempfile.mkdtemp(prefix="tandem-planner-", dir=log_dir)))
     stack = Stack(cfg)
     t0 = time.time()
@@ -172,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--think-scale", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-profiles", help="profiles.yaml from an earlier run: go to step 3")
+    ap.add_argument("--retake", help="with --skip-profiles: roles to profile again (e.g. "
+                                     "prefill,decode); the others come from the file")
     ap.add_argument("--out", help="output directory")
     a = ap.parse_args(argv)
 
@@ -202,33 +213,45 @@ def main(argv: list[str] | None = None) -> int:
                 f"{a.think_scale:g}; {stats['requests']} requests")
     timings: dict[str, float] = {}
 
-    if a.skip_profiles:
-        profiles = profiles_from_yaml(Path(a.skip_profiles).read_text())
-    else:
+    kept = profiles_from_yaml(Path(a.skip_profiles).read_text()) if a.skip_profiles else []
+    retake = ({r for r in a.retake.split(",") if r} if a.retake is not None
+              else set() if a.skip_profiles else set(STACK_ROLES))
+    if retake - set(STACK_ROLES):
+        log(f"--retake {a.retake}: roles are {sorted(STACK_ROLES)}")
+        return 2
+    taken: dict[str, EngineProfile] = {}
+    if retake & {"prefill", "decode"}:
         t0 = time.time()
-        stack = start_stack({"prefill": 1, "decode": 1}, a.kv_cache_gib, out, not a.no_kv_store)
+        stack = start_stack({"prefill": 1, "decode": 1}, a.kv_cache_gib, out, not a.no_kv_store,
+                            PD_PROFILE_ROUTER_ARGS)
         try:
-            kv_p, kv_d = engine_kv(stack, "prefill"), engine_kv(stack, "decode")
-            prefill = asyncio.run(_profile("prefill", stack, sessions, info, tok, base, levels,
-                                           a.level_s, a.ttft_ceiling, kv_p, workload, out))
-            timings["profile_prefill_s"] = time.time() - t0
-            t1 = time.time()
-            decode = asyncio.run(_profile(
-                "decode", stack, long_out, long_info, tok, base, levels, a.level_s,
-                a.ttft_ceiling, kv_d, workload + f", outputs median {a.decode_out_median}", out))
-            timings["profile_decode_s"] = time.time() - t1
+            if "prefill" in retake:
+                taken["prefill"] = asyncio.run(_profile(
+                    "prefill", stack, sessions, info, tok, base, levels, a.level_s,
+                    a.ttft_ceiling, engine_kv(stack, "prefill"), workload, out))
+                timings["profile_prefill_s"] = time.time() - t0
+            if "decode" in retake:
+                t1 = time.time()
+                taken["decode"] = asyncio.run(_profile(
+                    "decode", stack, long_out, long_info, tok, base, levels, a.level_s,
+                    a.ttft_ceiling, engine_kv(stack, "decode"),
+                    workload + f", outputs median {a.decode_out_median}", out))
+                timings["profile_decode_s"] = time.time() - t1
         finally:
             stack.stop()
+    if "aggregated" in retake:
         t0 = time.time()
         stack = start_stack({"aggregated": 1}, a.kv_cache_gib, out, not a.no_kv_store)
         try:
-            aggregated = asyncio.run(_profile("aggregated", stack, sessions, info, tok, base,
-                                              levels, a.level_s, a.ttft_ceiling,
-                                              engine_kv(stack, "engine"), workload, out))
+            taken["aggregated"] = asyncio.run(_profile(
+                "aggregated", stack, sessions, info, tok, base, levels, a.level_s,
+                a.ttft_ceiling, engine_kv(stack, "engine"), workload, out))
         finally:
             stack.stop()
         timings["profile_aggregated_s"] = time.time() - t0
-        profiles = [prefill, decode, aggregated]
+    profiles = [taken.get(p.role, p) for p in kept]
+    profiles += [p for role, p in taken.items() if role not in {q.role for q in kept}]
+    if taken:
         (out / "profiles.yaml").write_text(manifests_yaml(
             [profile_configmap(p, f"smollm2-cpu-{p.role}") for p in profiles],
             header="Profiles of SmolLM2-135M on one CPU core per engine (bench/planner_sweep.py)"))
@@ -255,8 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         configs = {role: by_role[role].name for role in replicas}
         predicted = fixed_plan(Problem(tuple(profiles), Demand(None, **shape), slo),
                                replicas, configs)
+        peak = fixed_plan(Problem(tuple(profiles), Demand(None, **shape)), replicas, configs)
         t0 = time.time()
-        stack = start_stack(replicas, a.kv_cache_gib, out, not a.no_kv_store)
+        stack = start_stack(replicas, a.kv_cache_gib, out, not a.no_kv_store,
+                            ROUTER_ARGS.get(name, ()))
         try:
             levels_out = asyncio.run(_sweep_levels(stack, name, sessions, info, tok, base,
                                                    sweep, a.level_s))
@@ -280,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                      else 0.0,
                      "predicted_why": None if isinstance(predicted, Plan) else predicted.reason,
                      "measured_rps": measured, "levels": levels_out,
+                     "predicted_peak_rps": peak.capacity_rps if isinstance(peak, Plan) else 0.0,
+                     "measured_peak_rps": max(lv["summary"]["requests_per_s"] or 0
+                                              for lv in levels_out),
                      "efficiency": {r: sum(v) / len(v) for r, v in efficiency.items()}})
     predicted_best = best_per_core(rows, "predicted_rps")
     measured_best = best_per_core(rows, "measured_rps")
@@ -321,6 +349,14 @@ def _markdown(doc: dict[str, Any], profiles: list[EngineProfile]) -> str:
         eff = ", ".join(f"{k} {v:.2f}" for k, v in r["efficiency"].items())
         lines.append(f"| {r['deployment']} | {r['cores']} | {r['predicted_rps']:.3f} | "
                      f"{r['measured_rps']:.3f} | {ratio:.2f} | {eff} |")
+    lines += ["", "Throughput with no SLO: the solver's capacity for the deployment against "
+              "the highest request rate any level reached.", "",
+              "| deployment | predicted req/s | measured peak req/s | measured ÷ predicted |",
+              "|---|---:|---:|---:|"]
+    for r in doc["sweep"]:
+        peak = r["predicted_peak_rps"]
+        lines.append(f"| {r['deployment']} | {peak:.3f} | {r['measured_peak_rps']:.3f} | "
+                     f"{r['measured_peak_rps'] / peak if peak else float('nan'):.2f} |")
     lines += ["", (f"Predicted best per core: **{doc['predicted_best'] or NO_GOODPUT}**; "
                   f"measured best: **{doc['measured_best'] or NO_GOODPUT}**."), "", "Levels:", "",
               "| deployment | c | req/s | TTFT p50/p90 s | P90 inter. | hit | failures |",

@@ -28,6 +28,7 @@ import httpx
 
 from operators import controller, manifests, metrics
 from operators.kube import Kube
+from operators.planner.capacity import ContextDemand, KvShape, MemoryBudget, check_capacity
 from operators.planner.demand import demand_of, measurements_of
 from operators.planner.loop import (
     Condition,
@@ -42,6 +43,7 @@ from operators.planner.loop import (
 from operators.planner.persist import rfc3339, state_from_dict, state_to_dict
 from operators.planner.profiles import (
     EngineProfile,
+    Parallelism,
     PoolRole,
     ProfileError,
     profile_from_configmap,
@@ -117,15 +119,54 @@ def load_profiles(spec: Mapping[str, Any], configmaps: Mapping[str, dict | None]
     return out, problems
 
 
-def kv_refusals(profiles: Mapping[str, EngineProfile], longest_context: int | None
-                ) -> dict[str, str]:
-    """Configurations whose replica holds less KV than the longest context."""
-    if longest_context is None:
-        return {}
-    return {p.name: (f"{p.name}: one replica holds {p.config.kv_capacity_tokens} tokens of KV, "
-                     f"less than scaling.slo.longestContextTokens ({longest_context})")
-            for p in profiles.values() if p.config.kv_capacity_tokens is not None
-            and p.config.kv_capacity_tokens < longest_context}
+def capacity_problems(spec: Mapping[str, Any], profiles: Mapping[str, EngineProfile]
+                      ) -> list[str]:
+    """Pools whose configuration cannot hold `scaling.slo.longestContextTokens`,
+    each saying which term overflows and what to change: a profile whose
+    replica holds less KV than the context, and, when `scaling.capacity` gives
+    the model's KV shape and the GPUs' free memory, the capacity check
+    (operators/planner/capacity.py) under the pool's parallelism."""
+    scaling = spec.get("scaling", {})
+    longest = scaling.get("slo", {}).get("longestContextTokens")
+    if longest is None:
+        return []
+    out = [f"the {role} pool's profile {p.name}: one replica holds "
+           f"{p.config.kv_capacity_tokens:,} tokens of KV, less than "
+           f"scaling.slo.longestContextTokens ({longest:,}): lower it or profile a "
+           f"configuration with more KV per replica"
+           for role, p in profiles.items() if p.config.kv_capacity_tokens is not None
+           and p.config.kv_capacity_tokens < longest]
+    cap = scaling.get("capacity")
+    if cap is None:
+        return out
+    kind = cap["kvKind"]
+    if kind == "gqa" and not (cap.get("kvHeads") and cap.get("headDim")):
+        return [*out, "scaling.capacity.kvKind gqa needs kvHeads and headDim"]
+    if kind == "mla" and not cap.get("latentDim"):
+        return [*out, "scaling.capacity.kvKind mla needs latentDim"]
+    shape = KvShape(layers=cap["layers"], kind=kind, kv_bytes=float(cap["kvBytes"]),
+                    kv_heads=cap.get("kvHeads", 1), head_dim=cap.get("headDim", 0),
+                    latent_dim=cap.get("latentDim", 0),
+                    compute_bytes=float(cap.get("computeBytes", 2.0)))
+    memory = MemoryBudget(float(cap["gpuFreeGiB"]), cap.get("hostFreeGiB"))
+    ctx = ContextDemand(longest, sequences=cap.get("sequences", 1),
+                        transfer_buffer_gib=float(cap.get("transferBufferGiB", 0.0)),
+                        host_pool_gib=float(cap.get("hostPoolGiB", 0.0)))
+    for role in profiles:
+        par = spec[role].get("parallelism", {})
+        verdict = check_capacity(shape, Parallelism(
+            tp=par.get("tensor", 1), pp=par.get("pipeline", 1), dp=par.get("data", 1),
+            pcp=par.get("prefillContext", 1), dcp=par.get("decodeContext", 1)), memory, ctx)
+        if verdict.fits:
+            continue
+        change = (f"{verdict.suggestion}: set it in spec.{role}.parallelism (decodeContext "
+                  f"is DCP, prefillContext PCP) and profile that configuration"
+                  if verdict.suggestion else
+                  "lower scaling.slo.longestContextTokens or give each replica more GPUs "
+                  "(parallelism.tensor, prefillContext)")
+        out.append(f"the {role} pool cannot hold scaling.slo.longestContextTokens: "
+                   f"{verdict.reason}. To fix: {change}")
+    return out
 
 
 def _ready(pod: dict) -> bool:
@@ -241,13 +282,16 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
     names = {n for n in scaling.get("profiles", {}).values() if n}
     configmaps = {n: await kube.get("v1", "ConfigMap", namespace, n) for n in sorted(names)}
     profiles, problems = load_profiles(spec, configmaps)
+    reason = "ProfileUnusable"
+    if not problems:
+        problems, reason = capacity_problems(spec, profiles), "ContextDoesNotFit"
     if problems:
         message = "; ".join(problems)
         if _condition(body, "ScalingSpecValid").get("message") != message:
             emit(body, "Warning", "ScalingSpecInvalid", message)
         await _write(kube, body, previous, [
             Condition("ScalingActive", "True", mode, f"scaling mode {mode}"),
-            Condition("ScalingSpecValid", "False", "ProfileUnusable", message)], now)
+            Condition("ScalingSpecValid", "False", reason, message)], now)
         return None
 
     observed = []
@@ -299,7 +343,6 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
         demand=None if usable is None else demand_of(usable), slo=slo_of(scaling),
         budget_gpus=scaling.get("gpuBudget"), headroom=float(scaling.get("headroom", 1.2)),
         measurements=() if usable is None else measurements_of(usable, ready),
-        refused=kv_refusals(profiles, scaling.get("slo", {}).get("longestContextTokens")),
         bounds={role: (spec[role]["minReplicas"], spec[role]["maxReplicas"])
                 for role in pools(spec)}, external=external)
     state, effects = on_tick(now, state, inputs, loop_settings(scaling))

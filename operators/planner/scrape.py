@@ -5,6 +5,7 @@ HTTP API. Both yield a ``demand.Window``; the arithmetic is in ``demand.py``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -47,14 +48,16 @@ def parse_router_metrics(text: str, at: float) -> RouterSample:
 
 
 class RouterScrapeSource:
-    """Scrapes every router replica's ``/metrics``; each call returns the
-    window since the previous one. ``urls`` is read on every call (router pods
-    come and go). A replica that does not answer is left out of this round and
-    counts from its last sample when it is back."""
+    """Scrapes every router replica's ``/metrics`` at once; each call returns
+    the window since the previous one. ``urls`` is read on every call (router
+    pods come and go). A replica that does not answer within ``timeout_s`` is
+    left out of this round (the others are not kept waiting) and counts from
+    its last sample when it is back."""
 
     def __init__(self, urls: Sequence[str] | None = None, client: httpx.AsyncClient | None = None,
                  timeout_s: float = 5.0) -> None:
         self.urls = list(urls or [])
+        self.timeout_s = timeout_s
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
         self._last: dict[str, RouterSample] = {}
         # The replicas the last round could not read, with why.
@@ -65,21 +68,31 @@ class RouterScrapeSource:
         r.raise_for_status()
         return parse_router_metrics(r.text, at)
 
+    async def _sample_or_why(self, url: str, at: float) -> RouterSample | str:
+        try:
+            return await asyncio.wait_for(self.sample(url, at), self.timeout_s)
+        except TimeoutError:
+            return f"no answer within {self.timeout_s:g} s"
+        except (httpx.HTTPError, ValueError) as exc:
+            return str(exc) or type(exc).__name__
+
     async def window(self, now: float) -> Window | None:
+        urls = list(self.urls)
+        results = await asyncio.gather(*(self._sample_or_why(u, now) for u in urls))
         samples: dict[str, RouterSample] = {}
         self.failures = {}
-        for url in self.urls:
-            try:
-                samples[url] = await self.sample(url, now)
-            except (httpx.HTTPError, ValueError) as exc:
-                log.warning("router metrics at %s unreadable: %s", url, exc)
-                self.failures[url] = str(exc) or type(exc).__name__
-        result = window(self._last, samples) if self._last else None
+        for url, result in zip(urls, results, strict=True):
+            if isinstance(result, str):
+                log.warning("router metrics at %s unreadable: %s", url, result)
+                self.failures[url] = result
+            else:
+                samples[url] = result
+        result_window = window(self._last, samples) if self._last else None
         self._last = {**self._last, **samples}
         # Replicas gone from the list are forgotten (a new pod at the same
         # address starts from zero anyway).
         self._last = {u: s for u, s in self._last.items() if u in self.urls}
-        return result
+        return result_window
 
     async def aclose(self) -> None:
         await self._client.aclose()

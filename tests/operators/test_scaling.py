@@ -60,9 +60,40 @@ def test_profiles_load_from_the_configmaps_the_spec_names():
 
 
 def test_a_replica_that_cannot_hold_the_longest_context_is_refused():
-    refused = scaling.kv_refusals({"prefill": PREFILL, "decode": DECODE}, 32_000)
-    assert list(refused) == ["prefill-a"] and "16000 tokens of KV" in refused["prefill-a"]
-    assert scaling.kv_refusals({"decode": DECODE}, None) == {}
+    both = {"prefill": PREFILL, "decode": DECODE}
+    [refused] = scaling.capacity_problems(spec({"slo": {"longestContextTokens": 32_000}}), both)
+    assert "prefill pool's profile prefill-a" in refused and "16,000 tokens of KV" in refused
+    assert scaling.capacity_problems(spec(), both) == []
+
+
+# The seed's GLM-5.3 figures (tests/planner/test_capacity.py): MLA, 95 layers,
+# FP8, a 1M-token context, ~15 GiB free per GPU.
+GLM_CAPACITY = {"layers": 95, "kvKind": "mla", "kvBytes": 1, "latentDim": 576,
+                "gpuFreeGiB": 15}
+
+
+def test_the_capacity_check_names_the_overflowing_term_and_the_parallelism_that_fits():
+    pools = {"prefill": PREFILL, "decode": DECODE}
+    long = {"slo": {"longestContextTokens": 2**20}, "capacity": GLM_CAPACITY}
+    # The profiles' own KV figures are not what this checks.
+    ramp = {r: ramp_profile(p.name, r, 30.0) for r, p in pools.items()}
+    s = spec(long, **{role: {"parallelism": {"tensor": 8}, "gpusPerPod": 8} for role in pools})
+    s["model"]["maxModelLen"] = 2**20
+    found = scaling.capacity_problems(s, ramp)
+    assert [f.split(" pool")[0] for f in found] == ["the prefill", "the decode"]
+    assert "persistent KV 53.4 GiB per GPU (MLA's latent KV is replicated on every TP rank)" \
+        in found[1]
+    # DCP4: 13.4 GiB of KV plus the 1.1 GiB gather fit in 15 GiB.
+    assert "DCP4 brings persistent KV to 13.4 GiB per GPU and fits: set it in " \
+        "spec.decode.parallelism (decodeContext is DCP" in found[1]
+    # With DCP4 on decode only the prefill pool is left.
+    s["decode"]["parallelism"]["decodeContext"] = 4
+    [left] = scaling.capacity_problems(s, ramp)
+    assert left.startswith("the prefill pool")
+    # A GQA shape without its heads is a problem of its own, not a silent pass.
+    s["scaling"]["capacity"] = {**GLM_CAPACITY, "kvKind": "gqa"}
+    assert scaling.capacity_problems(s, ramp)[-1] == \
+        "scaling.capacity.kvKind gqa needs kvHeads and headDim"
 
 
 def test_pods_count_as_the_loop_needs():

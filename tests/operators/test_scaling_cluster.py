@@ -300,6 +300,34 @@ def test_a_missing_profile_is_a_condition_that_says_what_to_write(kube_api, kube
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
 
 
+def test_a_context_the_pools_cannot_hold_is_a_condition_and_an_event_saying_what_to_change(
+        kube_api, kubectl, operator, router):
+    install_cluster(kube_api, router)
+    # The seed's GLM-5.3 figures: a 1M-token context on one GPU per replica.
+    kubectl("create", "-f", "-", stdin=deployment({
+        "mode": "Auto", "upCooldownSeconds": 0, "maxStep": 10,
+        "slo": {"longestContextTokens": 2**20},
+        "capacity": {"layers": 95, "kvKind": "mla", "kvBytes": 1, "latentDim": 576,
+                     "gpuFreeGiB": 15}}))
+    wait_for(lambda: condition(kube_api, "ScalingSpecValid").get("reason") == "ContextDoesNotFit",
+             60, "ScalingSpecValid=False (ContextDoesNotFit)")
+    message = condition(kube_api, "ScalingSpecValid")["message"]
+    for role in ("prefill", "decode"):
+        assert f"the {role} pool cannot hold scaling.slo.longestContextTokens: persistent KV " \
+            f"53.4 GiB per GPU" in message
+        assert f"PCP4 (4 GPUs per replica) brings persistent KV to 13.4 GiB per GPU and fits: " \
+            f"set it in spec.{role}.parallelism" in message
+    [event] = events(kube_api, "ScalingSpecInvalid")
+    assert event["type"] == "Warning" and event["message"] == message
+    assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
+    # A context that fits: the controller plans again.
+    kubectl("patch", "td", TD, "--type", "merge", "-p",
+            '{"spec":{"scaling":{"slo":{"longestContextTokens":32768}}}}')
+    wait_for(lambda: condition(kube_api, "ScalingSpecValid").get("status") == "True", 60,
+             "ScalingSpecValid=True")
+    wait_for(lambda: pool_replicas(kube_api) == expected(), 60, f"pools at {expected()}")
+
+
 @pytest.mark.parametrize("scaling,fragment", [
     ({"slo": {"longestContextTokens": 8192}}, "longestContextTokens exceeds model.maxModelLen"),
     ({"upCooldownSeconds": 900}, "downCooldownSeconds must be at least"),

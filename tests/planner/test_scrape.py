@@ -6,10 +6,13 @@ mocks."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
 from bench.router_fakes import MODEL_NAME
 from operators.planner.demand import (
@@ -20,6 +23,7 @@ from operators.planner.demand import (
     window,
 )
 from operators.planner.scrape import RouterScrapeSource
+from services.router.metrics import RouterMetrics
 
 
 def test_window_sums_replicas_and_survives_a_restart():
@@ -86,3 +90,95 @@ async def test_scraping_a_real_router_gives_the_demand_it_served(fake_router):
     assert d.hit_rate == 0.0  # the fake engine reports no cached tokens
     m = measurements_of(w, {"aggregated": 1})[0]
     assert m.in_flight == pytest.approx(pool.busy_seconds / w.seconds)
+
+
+
+class RouterStandIns:
+    """Router ``/metrics`` over real HTTP, counted by the router's own metric
+    definitions: each answer adds 7 finished decode requests. Before answering,
+    every stand-in waits at ``barrier`` when set, and those in ``stalled``
+    until ``release`` is set."""
+
+    def __init__(self, n: int) -> None:
+        self.barrier: threading.Barrier | None = None
+        self.stalled: set[str] = set()
+        self.release = threading.Event()
+        self.servers = []
+        stand_ins = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                url = f"http://127.0.0.1:{self.server.server_address[1]}"
+                if url in stand_ins.stalled:  # answers only after the scrape gave up
+                    stand_ins.release.wait(10)
+                    self.send_error(503, "too late")
+                    return
+                try:
+                    if stand_ins.barrier is not None:
+                        stand_ins.barrier.wait()
+                except threading.BrokenBarrierError:
+                    self.send_error(500, "asked one at a time")
+                    return
+                metrics = self.server.metrics  # type: ignore[attr-defined]
+                metrics.pool_generations.labels("decode").inc(7)
+                body = generate_latest(metrics.registry)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        for _ in range(n):
+            server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            server.metrics = RouterMetrics()  # type: ignore[attr-defined]
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            self.servers.append(server)
+        self.urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in self.servers]
+
+    def stop(self) -> None:
+        self.release.set()
+        for s in self.servers:
+            s.shutdown()
+            s.server_close()
+
+
+@pytest.fixture
+def stand_ins():
+    routers = RouterStandIns(3)
+    yield routers
+    routers.stop()
+
+
+async def test_router_pods_are_scraped_at_once(stand_ins):
+    # Each answer waits until all three routers are asked: scraped one after
+    # the other, the first would break the barrier and answer 500.
+    source = RouterScrapeSource(stand_ins.urls, timeout_s=20)
+    try:
+        for _ in range(2):
+            stand_ins.barrier = threading.Barrier(3, timeout=5)
+            w = await source.window(time.monotonic())
+            assert source.failures == {}
+    finally:
+        await source.aclose()
+    assert w is not None and w.pools["decode"].generations == 3 * 7
+
+
+async def test_a_slow_router_pod_does_not_hold_up_the_others(stand_ins):
+    slow = stand_ins.urls[0]
+    source = RouterScrapeSource(stand_ins.urls, timeout_s=0.5)
+    try:
+        await source.window(time.monotonic())
+        stand_ins.stalled = {slow}
+        w = await source.window(time.monotonic())
+        assert source.failures == {slow: "no answer within 0.5 s"}
+        assert w is not None and w.pools["decode"].generations == 2 * 7  # the two that answered
+        # Back: it counts from its last sample.
+        stand_ins.stalled = set()
+        stand_ins.release.set()
+        w = await source.window(time.monotonic())
+    finally:
+        await source.aclose()
+    assert source.failures == {}
+    assert w.pools["decode"].generations == 2 * 7 + 7  # the slow one's own window spans both
