@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import request_phases
 from bench.agentx import generate, metrics, report
 from bench.agentx.content import PromptBuilder
 from bench.agentx.embedded import CONFIGS
@@ -162,9 +162,11 @@ def run_one(cfg: Config, a, sessions, info, tok, out: Path) -> dict:
     pools = {pool: SchedulerSettings(long_prefill_token_threshold=cfg.threshold or None,
                                      max_num_batched_tokens=a.max_num_batched_tokens)
              for pool in POOLS}
+    # The engines' per-request phase lines are DEBUG lines; their logs stay
+    # in the run's directory beside its results.
+    os.environ.setdefault("TANDEM_LOG_LEVEL", "DEBUG")
     config = StackConfig(router_port=free_port(), kv_cache_gib=1, max_model_len=4096,
-                         state_dir=Path(tempfile.mkdtemp(prefix=f"tandem-lp-{cfg.label}-")),
-                         kv_store=False, scheduler=pools, **MODES[cfg.mode])
+                         state_dir=out, kv_store=False, scheduler=pools, **MODES[cfg.mode])
     stack = Stack(config)
     t0 = time.monotonic()
     try:
@@ -186,6 +188,10 @@ def run_one(cfg: Config, a, sessions, info, tok, out: Path) -> dict:
         run = report.make_run(cfg.label, result.to_json(), info)
         run["load_1min"] = [round(load_before[0], 1), round(load_after[0], 1)]
         run["engine_phases"] = engine_phases(stack)
+        entries = [e for proc in stack.procs if proc.grpc
+                   for e in request_phases.parse_engine_log(Path(proc.log).read_text(), proc.name)]
+        run["request_phases"] = request_phases.join(run["records"], entries)
+        report.write_run(run, out / "run.json")
         if result.interrupted:
             raise KeyboardInterrupt
         return run
@@ -281,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a request is long when at least this many of its prompt tokens "
                          "were not cached (default 1024)")
     ap.add_argument("--timeout", type=float, default=900.0, help="per-request timeout, s")
+    ap.add_argument("--slowest", type=int, default=5,
+                    help="requests per replay in the per-phase table of slowest TTFTs "
+                         "(default 5)")
     ap.add_argument("--out", help="output directory (default bench/results/<time>-long-prefill)")
     a = ap.parse_args(argv)
 
@@ -304,11 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     order = plan(modes, thresholds, a.rounds)
     log(f"{len(order)} replays: {', '.join(c.label for c in order)}; results in {out}")
     runs: dict[Config, list[dict]] = {}
+    problems: list[str] = []
     started = time.monotonic()
     try:
         with sigterm_as_interrupt():
             for i, cfg in enumerate(order):
-                run = run_one(cfg, a, sessions, info, tok, out / f"{i:02d}-{cfg.label}")
+                try:
+                    run = run_one(cfg, a, sessions, info, tok, out / f"{i:02d}-{cfg.label}")
+                except Exception as exc:  # report the other configurations, say what failed
+                    problems.append(f"**{cfg.label}: not measured** — "
+                                    f"{type(exc).__name__}: {exc}")
+                    log(f"{cfg.label}: {type(exc).__name__}: {exc}")
+                    continue
                 runs.setdefault(cfg, []).append(run)
                 s = run["summary"]
                 log(f"{cfg.label}: {s['ok']} ok, {s['failures']} failed, TTFT p50 "
@@ -328,8 +344,16 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; configurations "
              f"interleaved in this order: {', '.join(c.label for c in order)}. Threshold "
              f"set on every pool; KV store off; concurrency {a.concurrency}, think times "
-             f"× {a.think_scale}.",
-             *tables(rows)]
+             f"× {a.think_scale}.", *problems, "",
+             *tables(rows),
+             f"The {a.slowest} slowest requests of each replay, where their time to first "
+             f"token went (seconds; engines' per-request phases, 'other' = TTFT minus the "
+             f"phases: router, gRPC, hand-off; 'queued behind' = requests that had not yet "
+             f"produced their first output on that engine when this one arrived, and their "
+             f"uncached prompt tokens):", "", *request_phases.SLOWEST_HEADER,
+             *[line for cfg, cfg_runs in runs.items() for run in cfg_runs
+               for line in request_phases.slowest_table(
+                   cfg.label, run.get("request_phases", []), a.slowest)], ""]
     all_runs = [run for cfg_runs in runs.values() for run in cfg_runs]
     md = report.write_report(all_runs, out, title="Long-prefill threshold", notes=notes)
     (out / "long_prefill.json").write_text(json.dumps(rows, indent=1))
