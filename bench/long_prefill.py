@@ -53,7 +53,7 @@ from common.scheduler import POOLS, SchedulerSettings
 from services.stack import Stack, StackConfig
 
 MODES = CONFIGS  # agg: one aggregated engine; pd: one prefill + one decode engine
-PHASES = ("queue", "prefill", "kv_pull", "first_decode_step")
+PHASES = ("admission", "queue", "prefill", "kv_pull", "first_decode_step")
 
 
 @dataclass(frozen=True)
@@ -259,8 +259,9 @@ def tables(rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
-PHASE_COLUMNS = (("both", "queue"), ("both", "prefill"), ("prefill", "queue"),
-                 ("prefill", "prefill"), ("decode", "queue"), ("decode", "prefill"),
+PHASE_COLUMNS = (("both", "admission"), ("both", "queue"), ("both", "prefill"),
+                 ("prefill", "admission"), ("prefill", "queue"), ("prefill", "prefill"),
+                 ("decode", "admission"), ("decode", "queue"), ("decode", "prefill"),
                  ("decode", "kv_pull"), ("decode", "first_decode_step"))
 
 

@@ -89,8 +89,8 @@ def join(records: list[dict[str, Any]], entries: list[dict[str, Any]]) -> list[d
     return rows
 
 
-PHASE_COLUMNS = ("prefill.queue", "prefill.prefill", "decode.kv_pull",
-                 "decode.first_decode_step")
+PHASE_COLUMNS = ("prefill.admission", "prefill.queue", "prefill.prefill", "decode.admission",
+                 "decode.kv_pull", "decode.first_decode_step")
 
 
 def slowest_table(label: str, rows: list[dict[str, Any]], n: int) -> list[str]:
@@ -114,5 +114,6 @@ def slowest_table(label: str, rows: list[dict[str, Any]], n: int) -> list[str]:
 
 SLOWEST_HEADER = [
     "| config | session/agent/turn | start (s) | TTFT (s) | prompt | prefilled on | "
-    "prefill queue | prefill | KV pull | first decode step | other | queued behind |",
-    "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    "admission | queue | prefill | decode admission | KV pull | first decode step | other | "
+    "queued behind |",
+    "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

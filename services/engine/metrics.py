@@ -13,7 +13,13 @@ out; all taken in the engine core, so they compare with each other):
 * a decode request whose KV comes from a prefill engine over NIXL: vLLM
   schedules it only once the KV is in, so ``kv_pull`` = queued → scheduled
   (the NIXL handshake and transfer, plus any wait for free KV blocks or a
-  sequence slot) and ``first_decode_step`` = scheduled → first token.
+  sequence slot) and ``first_decode_step`` = scheduled → first token;
+* every request: ``admission`` = the engine host received it → vLLM's
+  scheduler queued it. vLLM's engine core takes new requests in only between
+  steps, so a request that arrives during a long step (a whole 2K-token
+  prefill is one step) waits here, where vLLM's own queue time does not see
+  it. (The host's and the engine core's ``time.monotonic()`` are the same
+  system-wide clock.)
 """
 
 from __future__ import annotations
@@ -30,17 +36,20 @@ _PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                   40.0, 80.0, 160.0)
 
 
-def request_phases(stats: Any, remote_kv: bool) -> dict[str, float]:
+def request_phases(stats: Any, remote_kv: bool,
+                   received: float | None = None) -> dict[str, float]:
     """Seconds per phase of one request from vLLM's ``RequestStateStats`` as
-    it stands at the request's first output; empty when vLLM kept no stats
-    or the request never got scheduled."""
+    it stands at the request's first output, and from `received`, the
+    host's ``time.monotonic()`` when the request reached it; empty when vLLM
+    kept no stats or the request never got scheduled."""
     if stats is None or not (stats.queued_ts and stats.scheduled_ts and stats.first_token_ts):
         return {}
+    phases = {} if received is None else {"admission": max(0.0, stats.queued_ts - received)}
     waited = stats.scheduled_ts - stats.queued_ts
     computed = stats.first_token_ts - stats.scheduled_ts
     if remote_kv:
-        return {"kv_pull": waited, "first_decode_step": computed}
-    return {"queue": waited, "prefill": computed}
+        return {**phases, "kv_pull": waited, "first_decode_step": computed}
+    return {**phases, "queue": waited, "prefill": computed}
 
 
 class EngineMetrics:
@@ -56,6 +65,11 @@ class EngineMetrics:
         self.kv_released = Counter("tandem_engine_kv_released_total",
                                    "Prefill KV leases released early through ReleaseKv")
         self.phases = {
+            "admission": Histogram(
+                "tandem_engine_admission_seconds",
+                "Every request: from the engine host receiving it to vLLM's scheduler "
+                "queueing it (new requests wait out the engine step in progress)", ["role"],
+                buckets=_PHASE_BUCKETS),
             "queue": Histogram(
                 "tandem_engine_queue_seconds",
                 "Requests that compute their prompt here: time in vLLM's waiting queue "

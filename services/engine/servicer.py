@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -77,12 +78,13 @@ class EngineServicer(pb_grpc.EngineServicer):
         self._idle.clear()
         self._load.in_flight += 1
         self._metrics.requests.labels(kind).inc()
+        received = time.monotonic()
         first = True
         try:
             async for out in self._engine.generate(prompt, params, request_id):
                 if first:
                     first = False
-                    phases = request_phases(out.metrics, remote_kv)
+                    phases = request_phases(out.metrics, remote_kv, received)
                     self._metrics.observe_phases(phases)
                     log.debug("request %s (%s, %d prompt tokens, %s cached): %s", request_id,
                               kind, len(prompt["prompt_token_ids"]), out.num_cached_tokens,

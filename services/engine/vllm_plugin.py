@@ -1,4 +1,17 @@
-"""vLLM plugin: gives NIXL's progress thread a poll timeout instead of a spin.
+"""vLLM plugin: keeps a CPU engine's model on the cores it was bound to, and
+gives NIXL's progress thread a poll timeout instead of a spin.
+
+On CPU, vLLM's NIXL connector pins the thread that creates it to the last core
+of each NUMA node ("reserve different cores for start_load_kv() from
+model_forward()", ``NixlBaseConnectorWorker.__init__``). That thread is the
+worker's main thread, which also runs the model (OpenMP's master thread), so
+every P/D engine's model ends up on the last core whatever
+``VLLM_CPU_OMP_THREADS_BIND`` said: on this 2-core machine the prefill engine,
+bound to core 0, ran on core 1 beside the decode engine and prefilled 3-5x
+slower whenever the decode engine was busy (bench/long_prefill.py, P/D: a
+1,364-token first turn took 40 s to prefill against 10 s aggregated). The
+plugin gives the thread its affinity back once the connector is built; the
+NIXL threads the connector starts keep the reserved core.
 
 NIXL's UCX backend runs a progress thread that waits on the UCX workers'
 event file descriptors with ``poll(timeout=pthrDelay)``. nixl's Python API
@@ -22,17 +35,46 @@ from ``--nixl-progress-delay-us``; without it this plugin changes nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 NIXL_DELAY_ENV = "TANDEM_NIXL_PROGRESS_DELAY_US"
 
 
 def register() -> None:
+    _keep_model_thread_binding()
     delay_us = int(os.environ.get(NIXL_DELAY_ENV, "0"))
     if delay_us > 0:
         _set_nixl_progress_delay(delay_us)
+
+
+def keeping_thread_affinity(init: Callable[..., None]) -> Callable[..., None]:
+    """`init` made to leave the calling thread's CPU affinity as it found it."""
+    if getattr(init, "keeps_thread_affinity", False):
+        return init
+
+    @functools.wraps(init)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        cpus = os.sched_getaffinity(0)  # 0: the calling thread
+        try:
+            init(*args, **kwargs)
+        finally:
+            os.sched_setaffinity(0, cpus)
+
+    wrapper.keeps_thread_affinity = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _keep_model_thread_binding() -> None:
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+    except ImportError:  # no NIXL connector in this vLLM
+        return
+    worker = base_worker.NixlBaseConnectorWorker
+    worker.__init__ = keeping_thread_affinity(worker.__init__)  # type: ignore[method-assign]
 
 
 class BindingsWithDelay:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.request_phases import (SLOWEST_HEADER, join, parse_engine_log, queue_ahead,
-                                  slowest_table)
+from bench.request_phases import SLOWEST_HEADER, join, parse_engine_log, queue_ahead, slowest_table
 
 PREFILL_LOG = """\
 2026-12-01 18:00:00,000 INFO engine-prefill services.engine.server: engine ready
@@ -20,7 +19,8 @@ PREFILL_LOG = """\
 """
 DECODE_LOG = """\
 2026-12-01 18:00:21,000 DEBUG engine-decode services.engine.servicer: request first \
-(generate, 2540 prompt tokens, 2540 cached): kv_pull 0.300s first_decode_step 0.100s
+(generate, 2540 prompt tokens, 2540 cached): admission 0.200s kv_pull 0.300s \
+first_decode_step 0.100s
 2026-12-01 18:00:22,000 DEBUG engine-decode services.engine.servicer: request append \
 (generate, 2600 prompt tokens, 2540 cached): queue 0.050s prefill 0.400s
 """
@@ -58,9 +58,10 @@ def test_records_join_prefill_and_decode_phases_and_the_rest_is_other():
     assert [r["ttft"] for r in rows] == [11.7, 0.5, 1.0]
     first, append, lost = rows
     assert first["phases"] == {"prefill.queue": 5.0, "prefill.prefill": 6.0,
-                               "decode.kv_pull": 0.3, "decode.first_decode_step": 0.1}
+                               "decode.admission": 0.2, "decode.kv_pull": 0.3,
+                               "decode.first_decode_step": 0.1}
     assert first["prefilled_on"] == "prefill-0" and first["ahead"]["requests"] == 2
-    assert first["other"] == pytest.approx(0.3)
+    assert first["other"] == pytest.approx(0.1)
     assert append["prefilled_on"] == "decode-0" and append["phases"] == {
         "prefill.queue": 0.05, "prefill.prefill": 0.4}
     assert lost["phases"] == {} and lost["other"] is None and lost["ahead"] is None
@@ -71,5 +72,5 @@ def test_slowest_table_lists_the_slowest_first_in_the_header_columns():
     lines = slowest_table("pd-off", rows, 1)
     assert len(lines) == 1
     assert lines[0].startswith("| pd-off | s1/sa1/0 | 3.0 | 11.70 | 2540 (0 cached) | prefill-0 "
-                               "| 5.00 | 6.00 | 0.30 | 0.10 | 0.30 | 2 (2176 tok) |")
+                               "| — | 5.00 | 6.00 | 0.20 | 0.30 | 0.10 | 0.10 | 2 (2176 tok) |")
     assert lines[0].count("|") == SLOWEST_HEADER[0].count("|")

@@ -24,6 +24,13 @@ def test_a_decode_with_remote_kv_splits_into_kv_pull_and_first_step():
     assert phases == {"kv_pull": 0.5, "first_decode_step": 0.125}
 
 
+def test_the_wait_before_vllm_queues_a_request_is_its_admission():
+    phases = request_phases(_stats(100.0, 100.25, 102.0), remote_kv=False, received=96.5)
+    assert phases == {"admission": 3.5, "queue": 0.25, "prefill": 1.75}
+    remote = request_phases(_stats(100.0, 100.5, 100.625), remote_kv=True, received=100.0)
+    assert remote == {"admission": 0.0, "kv_pull": 0.5, "first_decode_step": 0.125}
+
+
 def test_no_phases_without_stats_or_before_scheduling():
     assert request_phases(None, remote_kv=False) == {}
     assert request_phases(_stats(100.0, 0.0, 0.0), remote_kv=False) == {}
