@@ -49,7 +49,7 @@ from bench.agentx.embedded import CONFIGS
 from bench.agentx.replay import ReplayConfig, Replayer, build_prompts, new_salt
 from bench.harness import RESULTS, log, served_model, sigterm_as_interrupt
 from common.ports import free_port
-from common.scheduler import POOLS, SchedulerSettings
+from common.scheduler import POOLS, SchedulerSettings, parse_per_pool
 from services.stack import Stack, StackConfig
 
 MODES = CONFIGS  # agg: one aggregated engine; pd: one prefill + one decode engine
@@ -160,7 +160,7 @@ def run_one(cfg: Config, a, sessions, info, tok, out: Path) -> dict:
     """Start the configuration's stack, replay, stop; the run with what the
     engines measured and the load average around the replay."""
     pools = {pool: SchedulerSettings(long_prefill_token_threshold=cfg.threshold or None,
-                                     max_num_batched_tokens=a.max_num_batched_tokens)
+                                     max_num_batched_tokens=a.max_num_batched_tokens.get(pool))
              for pool in POOLS}
     # The engines' per-request phase lines are DEBUG lines; their logs stay
     # in the run's directory beside its results.
@@ -265,6 +265,13 @@ PHASE_COLUMNS = (("both", "admission"), ("both", "queue"), ("both", "prefill"),
                  ("decode", "kv_pull"), ("decode", "first_decode_step"))
 
 
+def _per_pool_batched_tokens(text: str) -> dict[str, int]:
+    try:
+        return parse_per_pool("max_num_batched_tokens", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.long_prefill", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -273,8 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="long-prefill thresholds, 'off' first (default off,512,2048)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="replays per configuration, interleaved (default 1)")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
-                    help="engine step budget for every configuration (default: vLLM's, 2048)")
+    ap.add_argument("--max-num-batched-tokens", type=_per_pool_batched_tokens, default={},
+                    help="engine step budget for every configuration: N for every pool, or "
+                         "POOL=N[,POOL=N] for the pools named (prefill, decode, aggregated; "
+                         "default: vLLM's, 2048)")
     ap.add_argument("--sessions", type=int, default=6, help="sessions in the trace (default 6)")
     ap.add_argument("--turns-median", type=float, default=5, help="median turns per session")
     ap.add_argument("--first-in-median", type=int, default=2304,
@@ -342,9 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (time.monotonic() - started) / 60
     command = " ".join(["python -m bench.long_prefill",
                         *(argv if argv is not None else sys.argv[1:])])
+    budget = ", ".join(f"{pool}={n}" for pool, n in a.max_num_batched_tokens.items())
     notes = [f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; configurations "
              f"interleaved in this order: {', '.join(c.label for c in order)}. Threshold "
-             f"set on every pool; KV store off; concurrency {a.concurrency}, think times "
+             f"set on every pool; max batched tokens {budget or 'vLLM default'}; KV store "
+             f"off; concurrency {a.concurrency}, think times "
              f"× {a.think_scale}.", *problems, "",
              *tables(rows),
              f"The {a.slowest} slowest requests of each replay, where their time to first "

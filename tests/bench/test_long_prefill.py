@@ -42,3 +42,13 @@ def test_runs_pool_into_per_core_throughput_and_long_ttft():
     assert row["tpgs"] == pytest.approx((3 * 2000 + 3 * 10) / 20.0 / 2)  # two engine cores
     assert row["long_requests"] == 2
     assert row["long_ttft_p50"] == 5.0 and row["long_ttft_max"] == 6.0
+
+
+def test_the_step_budget_is_set_for_every_pool_or_the_pools_named():
+    from bench.long_prefill import _per_pool_batched_tokens
+
+    assert _per_pool_batched_tokens("8192") == {"prefill": 8192, "decode": 8192,
+                                                "aggregated": 8192}
+    assert _per_pool_batched_tokens("decode=256") == {"decode": 256}
+    with pytest.raises(Exception, match="POOL=VALUE"):
+        _per_pool_batched_tokens("router=256")
