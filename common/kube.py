@@ -11,6 +11,7 @@ from kubernetes_asyncio import client, config
 
 LABEL_DEPLOYMENT = "tandem.dev/deployment"
 LABEL_ROLE = "tandem.dev/role"
+LABEL_POOL = "tandem.dev/pool"  # the engine pool (router request classes name pools)
 LABEL_COMPONENT = "app.kubernetes.io/component"
 COMPONENT_ENGINE = "engine"
 

@@ -22,6 +22,7 @@ from common.kube import (
     COMPONENT_ENGINE,
     LABEL_COMPONENT,
     LABEL_DEPLOYMENT,
+    LABEL_POOL,
     LABEL_ROLE,
     PORT_GRPC,
     PORT_KV_EVENTS,
@@ -37,7 +38,6 @@ from operators.spec import API_VERSION, ENGINE_ROLE, Spec, pools
 
 Manifest = dict[str, Any]
 
-LABEL_POOL = "tandem.dev/pool"
 LABEL_LLMD_ROLE = "llm-d.ai/role"
 MANAGED_BY = "tandem-operator"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

@@ -34,6 +34,12 @@ class KvEventSource:
     replay_endpoint: str | None = None  # ROUTER endpoint, e.g. tcp://127.0.0.1:5702
 
 
+def split_pool(item: str) -> tuple[str, str]:
+    """``[POOL=]ADDRESS`` of --prefill, --decode and --engine: (pool, address)."""
+    pool, sep, address = item.rpartition("=")
+    return (pool.strip(), address.strip()) if sep else ("", item.strip())
+
+
 def parse_kv_event_source(text: str) -> KvEventSource:
     """``POD=PUB_ENDPOINT[,REPLAY_ENDPOINT]``."""
     pod, sep, rest = text.partition("=")
@@ -48,10 +54,14 @@ def parse_kv_event_source(text: str) -> KvEventSource:
 class RouterSettings:
     host: str = setting("127.0.0.1", "HTTP listen address")
     port: int = setting(8000, "HTTP port")
-    prefill: list[str] = setting([], "prefill pod gRPC address (repeat or comma-separate)")
-    decode: list[str] = setting([], "decode pod gRPC address (repeat or comma-separate)")
+    prefill: list[str] = setting([], "prefill pod gRPC address (repeat or comma-separate); "
+                                 "POOL=ADDR names the pod's pool (--prefill-pool-for)",
+                                 metavar="[POOL=]ADDR")
+    decode: list[str] = setting([], "decode pod gRPC address (repeat or comma-separate)",
+                                metavar="[POOL=]ADDR")
     engines: list[str] = setting([], "aggregated engine (role both) gRPC address; serves "
-                                 "whole requests without a P/D split", flag="--engine")
+                                 "whole requests without a P/D split", flag="--engine",
+                                 metavar="[POOL=]ADDR")
     kv_events: tuple[KvEventSource, ...] = setting(
         (), "subscribe to a pod's vLLM KV events (repeat per pod); pods without events get "
         "predicted index entries", parse=parse_kv_event_source, metavar="POD=PUB[,REPLAY]",
@@ -108,10 +118,11 @@ class RouterSettings:
         """The pods the flags name."""
         events = {s.pod: s for s in self.kv_events}
 
-        def spec(address: str, role: Role) -> PodSpec:
+        def spec(item: str, role: Role) -> PodSpec:
+            pool, address = split_pool(item)
             source = events.get(address)
             return PodSpec(address, role, source.endpoint if source else None,
-                           source.replay_endpoint if source else None)
+                           source.replay_endpoint if source else None, pool)
 
         return ([spec(a, Role.PREFILL) for a in self.prefill]
                 + [spec(a, Role.DECODE) for a in self.decode]
@@ -133,7 +144,7 @@ class RouterSettings:
                                "for P/D) or --engine for aggregated engines")
         if not 0 < self.port < 65536:
             raise SettingError("--port", f"{self.port}: not a TCP port")
-        pods = set(self.prefill) | set(self.decode) | set(self.engines)
+        pods = {split_pool(item)[1] for item in self.prefill + self.decode + self.engines}
         unknown = [s.pod for s in self.kv_events if s.pod not in pods]
         if unknown:
             raise SettingError("--kv-events", f"names pods that are not configured: {unknown}")
@@ -142,6 +153,12 @@ class RouterSettings:
         named = [s.pod for s in self.kv_events]
         if len(named) != len(set(named)):
             raise SettingError("--kv-events", "names a pod twice")
+        prefill_pools = {split_pool(item)[0] for item in self.prefill}
+        missing = [str(a) for a in self.routing.policy.prefill_pool_for
+                   if a.pool not in prefill_pools]
+        if missing and not self.discovery.kubernetes:
+            raise SettingError("--prefill-pool-for", f"{', '.join(missing)}: no --prefill "
+                               "pod of that pool (--prefill POOL=ADDR)")
 
 
 def build_parser() -> argparse.ArgumentParser:

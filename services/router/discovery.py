@@ -6,7 +6,8 @@ keeps the pool's pod set current (``watch``) through ``PodPool.add_pod``,
 command line (``--prefill``, ``--decode``, ``--engine``, ``--kv-events``),
 fixed for the router's lifetime. ``KubernetesPods`` follows the EndpointSlices
 of a TandemDeployment's engine pools (the operator's headless Services): an
-endpoint that becomes ready joins the pool, one that is terminating (or no
+endpoint that becomes ready joins the pool (its pool name from the slice's
+``tandem.dev/pool`` label, for request classes), one that is terminating (or no
 longer ready) drains — its streams finish, it gets no new requests — and one
 that is gone leaves the pool.
 
@@ -30,6 +31,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client import ApiException
 
 from common.kube import (
+    LABEL_POOL,
     LABEL_ROLE,
     PORT_GRPC,
     PORT_KV_EVENTS,
@@ -125,7 +127,8 @@ def slice_endpoints(endpoint_slice: Mapping[str, Any]) -> list[Endpoint]:
     """The engine endpoints of one EndpointSlice. A slice without the gRPC
     port or the role label names no engines; an endpoint's first address is
     its pod's."""
-    role_label = ((endpoint_slice.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE)
+    labels = (endpoint_slice.get("metadata") or {}).get("labels") or {}
+    role_label = labels.get(LABEL_ROLE)
     ports = {p.get("name"): p.get("port") for p in endpoint_slice.get("ports") or []
              if p.get("port")}
     if role_label not in tuple(Role) or PORT_GRPC not in ports:
@@ -145,8 +148,9 @@ def slice_endpoints(endpoint_slice: Mapping[str, Any]) -> list[Endpoint]:
                   if PORT_KV_EVENTS in ports else None)
         replay = (f"tcp://{_host_port(ip, ports[PORT_KV_REPLAY])}"
                   if events and PORT_KV_REPLAY in ports else None)
-        out.append(Endpoint(PodSpec(_host_port(ip, ports[PORT_GRPC]), role, events, replay),
-                            ready, terminating, (ep.get("targetRef") or {}).get("name", "")))
+        spec = PodSpec(_host_port(ip, ports[PORT_GRPC]), role, events, replay,
+                       labels.get(LABEL_POOL, ""))
+        out.append(Endpoint(spec, ready, terminating, (ep.get("targetRef") or {}).get("name", "")))
     return out
 
 

@@ -127,10 +127,18 @@ class RouterMetrics:
         self.prediction = Counter("tandem_routing_prediction_total",
                                   "Predicted vs reported cached tokens: exact, over or under",
                                   ["outcome"], registry=r)
+        # Request classes (routing/classes.py): long fresh prefills vs append turns.
+        self.class_ttft = Histogram("tandem_router_class_ttft_seconds",
+                                    "Time to first token as the router sees it, by request "
+                                    "class (long, append)", ["class"], registry=r)
 
     def count_decision(self, policy: str, decision: RouteDecision, seconds: float) -> None:
         self.decisions.labels(policy, decision.reason).inc()
         self.decision_seconds.observe(seconds)
+
+    def observe_ttft(self, decision: RouteDecision, seconds: float) -> None:
+        self.ttft.observe(seconds)
+        self.class_ttft.labels(decision.request_class).observe(seconds)
 
     def count_cached(self, decision: RouteDecision, cached_tokens: int) -> None:
         """The engine that computed the prompt reported its cached tokens."""
@@ -186,6 +194,10 @@ class _RoutingCollector(Collector):
                                    "one poll interval old", labels=["pod", "state"])
         ejections = CounterMetricFamily("tandem_routing_ejections",
                                         "Pods ejected by their circuit breaker", labels=["pod"])
+        classes = CounterMetricFamily("tandem_routing_class_requests",
+                                      "Routing decisions by request class (long, append) and "
+                                      "the pod that computes the prompt (a retry decides "
+                                      "again)", labels=["class", "pod"])
         for r in reports:
             in_flight.add_metric([r.name, r.role], r.in_flight)
             for s in POD_STATES:
@@ -197,7 +209,10 @@ class _RoutingCollector(Collector):
             engine.add_metric([r.name, "running"], r.engine_running)
             engine.add_metric([r.name, "waiting"], r.engine_waiting)
             ejections.add_metric([r.name], r.ejections)
-        yield from (in_flight, state, pending, cached, live, capacity, engine, ejections)
+            for request_class, count in sorted(r.class_counts.items()):
+                classes.add_metric([request_class, r.name], count)
+        yield from (in_flight, state, pending, cached, live, capacity, engine, ejections,
+                    classes)
         index = self._core.index
         yield GaugeMetricFamily("tandem_routing_index_blocks",
                                 "Distinct block hashes in the prefix index", value=len(index))

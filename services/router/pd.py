@@ -190,6 +190,9 @@ class Orchestrator:
         if reason is not None:
             if reason == "prefill_unavailable":
                 log.warning("no prefill pod can serve; the decode pod prefills locally")
+            elif reason == "class_pool_unavailable":
+                log.warning("no prefill pod of the %s pool can serve; the decode pod "
+                            "prefills locally", routing.decision.request_class)
             self._metrics.local_prefill.labels(reason).inc()
         return ""
 
@@ -224,7 +227,8 @@ class Orchestrator:
                     async for message in call:
                         if not first_byte:
                             first_byte = True
-                            self._metrics.ttft.observe(time.perf_counter() - req.arrival)
+                            self._metrics.observe_ttft(decision,
+                                                       time.perf_counter() - req.arrival)
                             if not kv_params:
                                 # The prompt is computed: it no longer queues
                                 # ahead of others there (its count comes last).

@@ -3,6 +3,7 @@ changes that bring the router's pod set in line with them."""
 
 from __future__ import annotations
 
+from common.kube import LABEL_POOL
 from common.roles import Role
 from services.router.discovery import merge_endpoints, plan_changes, slice_endpoints
 from services.router.routing import PodSpec
@@ -75,3 +76,10 @@ def test_plan_is_empty_when_the_pool_matches():
     s = endpoint_slice("d", "decode", 50061, [endpoint("10.0.0.1", "d-1")])
     assert not plan_changes({"10.0.0.1:50061": False}, merge_endpoints({"d": s}))
     assert not plan_changes({}, {})
+
+
+def test_the_pool_label_names_the_pods_pool():
+    s = endpoint_slice("demo-prefill-x", "prefill", 50061, [endpoint("10.0.0.5", "p-0")])
+    s["metadata"]["labels"][LABEL_POOL] = "demo-prefill"
+    [e] = slice_endpoints(s)
+    assert e.spec == PodSpec("10.0.0.5:50061", Role.PREFILL, pool="demo-prefill")

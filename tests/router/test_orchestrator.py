@@ -69,14 +69,15 @@ class FakeStub:
         return pb.ReleaseKvResponse()
 
 
-def _setup(specs, threshold=0, retention=None):
+def _setup(specs, threshold=0, retention=None, **policy):
+    """specs: (role, stub) or (role, stub, pool) per pod."""
     metrics = RouterMetrics()
     settings = RoutingSettings(block_size=16, policy=PolicySettings(
-        remote_prefill_threshold=threshold))
+        remote_prefill_threshold=threshold, **policy))
     core = RoutingCore(settings)
     pool = PodPool(core, poll_interval_s=60)
-    for i, (role, stub) in enumerate(specs):
-        pod = pool.add_pod(PodSpec(f"127.0.0.1:{1000 + i}", role))
+    for i, (role, stub, *pod_pool) in enumerate(specs):
+        pod = pool.add_pod(PodSpec(f"127.0.0.1:{1000 + i}", role, pool="".join(pod_pool)))
         pod.stub = stub
         core.update_pod(pod.address, time.monotonic(), healthy=True)
     state = LocalState()
@@ -228,3 +229,27 @@ async def test_retention_hint_on_generate_when_the_pod_computes_the_prompt():
     orch, _, _ = _setup([("both", a)], retention=retention)
     await _run(orch, _request(session="u:alice", source="user"))
     assert a.calls[0][1].retention.pin_ttl_ms == 30_000
+
+
+async def test_request_classes_route_to_their_prefill_pools_and_are_counted():
+    from services.router.routing.classes import ClassPool
+
+    fresh, warm, decode = FakeStub(), FakeStub(), FakeStub()
+    orch, metrics, core = _setup(
+        [("prefill", fresh, "fresh"), ("prefill", warm, "warm"), ("decode", decode)],
+        long_request_tokens=64, prefill_pool_for=(ClassPool("long", "fresh"),))
+    # A session's first turn: nothing cached anywhere, a long prefill.
+    await _run(orch, _request(n=100, session="s"))
+    # Its next turn extends it: 96 tokens predicted cached, an append turn.
+    await _run(orch, _request(n=120, session="s"))
+    assert [len(fresh.calls), len(warm.calls)] == [1, 1]
+    assert len(warm.calls[0][1].token_ids) == 120
+    text = _metrics(metrics)
+    assert metric_value(text, "tandem_routing_class_requests_total",
+                        'class="long",pod="127.0.0.1:1000"') == 1
+    assert metric_value(text, "tandem_routing_class_requests_total",
+                        'class="append",pod="127.0.0.1:1001"') == 1
+    for request_class in ("long", "append"):
+        assert metric_value(text, "tandem_router_class_ttft_seconds_count",
+                            f'class="{request_class}"') == 1
+    assert _idle(core)

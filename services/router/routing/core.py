@@ -43,6 +43,7 @@ class PodSpec:
     # index holds predicted entries for the pod.
     kv_events: str | None = None
     kv_events_replay: str | None = None
+    pool: str = ""  # the pool it belongs to (request classes: classes.py); "": unnamed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", Role(self.role))  # "decode" works, "deocde" fails
@@ -59,6 +60,8 @@ class PodStatus:
     waiting: int = 0
     kv_cache_usage: float = 0.0
     kv_capacity_blocks: int = 0  # 0: not reported
+    # Decisions that chose the pod to compute the prompt, by request class.
+    class_counts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class PodReport:
     ejections: int  # times its circuit breaker opened
     engine_running: int  # as the pod's last load poll reported (all routers' requests)
     engine_waiting: int
+    class_counts: Mapping[str, int] = field(default_factory=dict)  # decisions, by class
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,10 @@ class RouteDecision:
     session: str | None = None
     num_tokens: int = 0
     # Why a decode pod computes the prompt itself (a metric label):
-    # no_prefill_pods, prefill_unavailable or short_uncached; None otherwise.
+    # no_prefill_pods, prefill_unavailable, class_pool_unavailable (none of the
+    # request class's prefill pods can serve) or short_uncached; None otherwise.
     local_prefill: str | None = None
+    request_class: str = "append"  # long or append (classes.py)
     # The prompt's block hashes (the KV retention hint names them).
     block_hashes: list[int] = field(default_factory=list, repr=False)
     writes: StateWrites = field(default_factory=StateWrites, repr=False)
@@ -237,7 +243,8 @@ class RoutingCore:
                 live_blocks=self.live.occupied_blocks(name, None),
                 kv_capacity_blocks=st.kv_capacity_blocks,
                 ejections=self.health.breaker(name).ejections,
-                engine_running=st.running, engine_waiting=st.waiting))
+                engine_running=st.running, engine_waiting=st.waiting,
+                class_counts=dict(st.class_counts)))
         return reports
 
     # ----- the seam ---------------------------------------------------------
@@ -265,17 +272,22 @@ class RoutingCore:
                                         + remote.pending_prefill_tokens),
                 running=st.running, waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
                 cached_tokens=predicted_cached_tokens(blocks, n, bs),
-                kv_free_tokens=self._kv_free_tokens(st, req.session, hashes[:blocks])))
+                kv_free_tokens=self._kv_free_tokens(st, req.session, hashes[:blocks]),
+                pool=st.spec.pool))
         choice = self.policy.choose(RouteInput(n, views, req.session, shared.binding, now))
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("route session=%s tokens=%d -> %s prefill=%s (%s) cached=%s free=%s "
-                      "costs=%s", req.session, n, choice.pod, choice.prefill_pod, choice.reason,
+            log.debug("route session=%s tokens=%d class=%s -> %s prefill=%s (%s) cached=%s "
+                      "free=%s costs=%s", req.session, n, choice.request_class, choice.pod,
+                      choice.prefill_pod, choice.reason,
                       {v.name: v.cached_tokens for v in views},
                       {v.name: v.kv_free_tokens for v in views},
                       {k: round(v) for k, v in choice.costs.items()})
         decision = RouteDecision(choice.prefill_pod, choice.pod, choice.reason,
                                  choice.predicted_cached_tokens, choice.predicted_ttft_s,
-                                 req.session, n, choice.local_prefill, hashes)
+                                 req.session, n, choice.local_prefill, choice.request_class,
+                                 hashes)
+        counts = self._pods[decision.prefill_on].class_counts
+        counts[decision.request_class] = counts.get(decision.request_class, 0) + 1
         uncached = max(0, n - choice.predicted_cached_tokens)
         loads = {decision.prefill_on: self._hold(decision, decision.prefill_on, 1, uncached)}
         if decision.prefill_pod is not None:

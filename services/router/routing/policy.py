@@ -39,7 +39,9 @@ P/D (XpYd): the decode pod is chosen first (stickiness, load, KV pressure, the
 prefix it already holds weighted by ``transfer_weight`` since it arrives over
 NIXL rather than being computed); then, unless the part the decode pod lacks
 is below ``remote_prefill_threshold`` tokens (the decode pod prefills it
-locally), the prefill pod with the lowest prefill cost.
+locally), the prefill pod with the lowest prefill cost among those of the
+request's class (``classes.py``: a long fresh prefill or an append turn, each
+to its own pool when ``prefill_pool_for`` names one).
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ from dataclasses import dataclass, field, replace
 
 from common.roles import Role
 from common.settings import SettingError, flag_of, setting
+from services.router.routing.classes import (
+    ClassPool,
+    classify,
+    parse_class_pool,
+    pods_for_class,
+)
 from services.router.routing.hashring import bounded_load_choice
 
 POLICIES = ("cost", "round-robin", "least-load", "prefix", "session")
@@ -68,6 +76,7 @@ class PodView:
     # KV tokens the pod can fill for this request without evicting blocks live
     # sessions need; None: unknown (capacity not reported), nothing priced.
     kv_free_tokens: int | None = None
+    pool: str = ""  # the pod's pool (classes.py); "" when none is named
 
 
 @dataclass(frozen=True)
@@ -95,10 +104,12 @@ class Choice:
     predicted_ttft_s: float
     costs: dict[str, float] = field(default_factory=dict)
     # Why a decode pod computes the prompt itself: no_prefill_pods (none
-    # configured), prefill_unavailable (none can serve) or short_uncached (it
-    # lacks too little to be worth a transfer); None when a prefill pod does,
+    # configured), prefill_unavailable (none can serve), class_pool_unavailable
+    # (none of the request class's pool can) or short_uncached (it lacks too
+    # little to be worth a transfer); None when a prefill pod does,
     # or the pod is aggregated.
     local_prefill: str | None = None
+    request_class: str = "append"  # classes.REQUEST_CLASSES
 
 
 @dataclass(frozen=True)
@@ -129,6 +140,16 @@ class PolicySettings:
     eviction_cost_factor: float = setting(1.0, "cost policy: weight of live sessions' cached "
                                           "tokens a placement would evict (recomputed on "
                                           "their next turn); 0 ignores KV capacity")
+    long_request_tokens: int = setting(1024, "request classes: a request whose prompt part "
+                                       "no pod holds (the prefix index's prediction) is at "
+                                       "least this many tokens is class long (a fresh or long "
+                                       "prefill), else append (a turn that reuses its context); "
+                                       "shown in metrics and logs", metavar="TOKENS")
+    prefill_pool_for: tuple[ClassPool, ...] = setting(
+        (), "P/D: prefill requests of CLASS (long or append) only on the prefill pods of POOL "
+        "(--prefill POOL=ADDR, or the pods' tandem.dev/pool label); a class without a pool "
+        "uses pods of pools no class reserved; when its pods cannot serve, the decode pod "
+        "prefills it (repeat per class)", parse=parse_class_pool, metavar="CLASS=POOL")
 
     def validate(self) -> None:
         def bad(name: str, message: str) -> SettingError:
@@ -148,6 +169,11 @@ class PolicySettings:
             raise bad("move_cost_factor", "must be >= 0")
         if self.load_bound_factor < 1:
             raise bad("load_bound_factor", "must be >= 1")
+        if self.long_request_tokens <= 0:
+            raise bad("long_request_tokens", "must be positive")
+        classes = [a.request_class for a in self.prefill_pool_for]
+        if len(classes) != len(set(classes)):
+            raise bad("prefill_pool_for", "names a class twice")
 
 
 class NoPodAvailable(RuntimeError):
@@ -216,6 +242,12 @@ class Policy:
 
     def choose(self, req: RouteInput) -> Choice:
         s = self.settings
+        request_class = classify(req.num_tokens, (p.cached_tokens for p in req.pods),
+                                 s.long_request_tokens)
+        return replace(self._choose(req, request_class), request_class=request_class)
+
+    def _choose(self, req: RouteInput, request_class: str) -> Choice:
+        s = self.settings
         prefill = [p for p in req.pods if p.available and p.role == Role.PREFILL]
         decode = [p for p in req.pods if p.available and p.role != Role.PREFILL]
         if not decode:
@@ -230,12 +262,14 @@ class Policy:
         chosen = self._choose_one(req, decode, weight=s.transfer_weight)
         d = next(p for p in decode if p.name == chosen.pod)
         missing = req.num_tokens - d.cached_tokens
-        if missing < s.remote_prefill_threshold or not prefill:
-            why = "prefill_unavailable" if not prefill else "short_uncached"
+        candidates = pods_for_class(prefill, request_class, s.prefill_pool_for)
+        if missing < s.remote_prefill_threshold or not candidates:
+            why = ("short_uncached" if missing < s.remote_prefill_threshold and prefill
+                   else "prefill_unavailable" if not prefill else "class_pool_unavailable")
             cost = prefill_cost(d, req.num_tokens, s)
             return Choice(d.name, None, f"{chosen.reason}+local-prefill:{why.replace('_', '-')}",
                           d.cached_tokens, ttft_s(cost, s), chosen.costs, why)
-        p, reason = self._choose_prefill(req, prefill)
+        p, reason = self._choose_prefill(req, candidates)
         cost = prefill_cost(p, req.num_tokens, s)
         return Choice(d.name, p.name, f"{chosen.reason}+{reason}", p.cached_tokens,
                       ttft_s(cost, s), chosen.costs)
