@@ -1,0 +1,200 @@
+"""Request classes on vs off: two prefill pods and one decode pod, the same
+engines, one router after the other.
+
+"off": the router chooses among both prefill pods by cost, as by default.
+"on": the first prefill pod is the pool ``fresh``, reserved for long fresh
+prefills (``--prefill fresh=ADDR --prefill-pool-for long=fresh``); append
+turns with a remainder too long for the decode pod go to the other one.
+The trace mixes long fresh first turns (about 1.8K new tokens) with append
+turns and sub-agent forks (the same as ``bench.long_prefill``'s). Every replay
+has a fresh content salt, so no run inherits another's cache; with
+``--rounds 2`` the order is off, on, on, off.
+
+Reported per configuration: TTFT p50/p90/p99, P90 interactivity, the TTFT of
+long requests (at least ``--long-request-tokens`` uncached) and of the others,
+the router's decisions by class and pod, and ratios on/off.
+
+    python -m bench.request_classes [--rounds 1] [--sessions 4] [-c 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.agentx import generate, metrics, report
+from bench.agentx.content import PromptBuilder
+from bench.agentx.replay import ReplayConfig, Replayer, build_prompts, new_salt
+from bench.harness import RESULTS, log, served_model, sigterm_as_interrupt
+from bench.long_prefill import long_requests
+from common.ports import free_port
+from common.procs import Processes, wait_http_ok
+from services.stack import Stack, StackConfig
+
+CONFIGS = ("off", "on")
+FRESH_POOL = "fresh"
+
+
+def router_argv(stack: Stack, port: int, config: str, long_tokens: int) -> list[str]:
+    """The stack's router command line; "on" puts the first prefill pod in
+    the pool of long requests."""
+    argv = stack.router_argv(port, ["--long-request-tokens", str(long_tokens)])
+    if config == "on":
+        i = argv.index("--prefill")
+        argv[i + 1] = f"{FRESH_POOL}={argv[i + 1]}"
+        argv += ["--prefill-pool-for", f"long={FRESH_POOL}"]
+    return argv
+
+
+def class_counts(router_url: str) -> dict[str, float]:
+    """The router's decisions by class and pod, "class@pod": count."""
+    found = {}
+    text = httpx.get(f"{router_url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tandem_routing_class_requests_total":
+                found[f"{sample.labels['class']}@{sample.labels['pod']}"] = sample.value
+    return found
+
+
+def summarize(label: str, runs: list[dict], long_tokens: int) -> dict:
+    records = [r for run in runs for r in run["records"]]
+    s = metrics.summarize(records, sum(run["summary"]["duration_s"] for run in runs))
+    longs = long_requests(records, long_tokens)
+    others = [r for r in records if r.get("ok") and r not in longs]
+    return {
+        "label": label, "requests": s["requests"], "failures": s["failures"],
+        "interactivity_p90": s["interactivity_p90"],
+        "ttft_p50": s["ttft_p50"], "ttft_p90": s["ttft_p90"], "ttft_p99": s["ttft_p99"],
+        "long_requests": len(longs),
+        "long_ttft_p50": metrics.percentile([r["ttft"] for r in longs], 50),
+        "other_ttft_p90": metrics.percentile([r["ttft"] for r in others], 90),
+        "hit_rate": s["hit_rate"], "duration_s": s["duration_s"],
+        "classes": [run["classes"] for run in runs],
+    }
+
+
+def _f(value, fmt: str = "{:.2f}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+KEYS = ("ttft_p50", "ttft_p90", "ttft_p99", "interactivity_p90", "long_ttft_p50",
+        "other_ttft_p90")
+
+
+def tables(rows: list[dict]) -> list[str]:
+    lines = ["| config | requests | TTFT p50 | p90 | p99 (s) | P90 interactivity (tok/s/user) "
+             "| long requests | long TTFT p50 | other TTFT p90 (s) | hit rate |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['requests']} ({r['failures']} failed) | {_f(r['ttft_p50'])} | "
+            f"{_f(r['ttft_p90'])} | {_f(r['ttft_p99'])} | {_f(r['interactivity_p90'])} | "
+            f"{r['long_requests']} | {_f(r['long_ttft_p50'])} | {_f(r['other_ttft_p90'])} | "
+            f"{_f(r['hit_rate'] and 100 * r['hit_rate'], '{:.1f}%')} |")
+    by = {r["label"]: r for r in rows}
+    if "on" in by and "off" in by:
+        ratio = {k: metrics.ratio(by["on"][k], by["off"][k]) for k in KEYS}
+        lines += ["", "on / off: " + ", ".join(f"{k} {_f(ratio[k], '{:.2f}×')}" for k in KEYS)]
+    lines += ["", "Router decisions by class@pod (the pod that computes the prompt), per run:"]
+    lines += [f"* {r['label']}: {r['classes']}" for r in rows]
+    return lines + [""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.request_classes", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=1, help="replays per configuration")
+    ap.add_argument("--sessions", type=int, default=4, help="sessions in the trace (default 4)")
+    ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
+    ap.add_argument("--first-in-median", type=int, default=2304,
+                    help="median first-turn input, tokens (default 2304: ~1.8K fresh)")
+    ap.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
+    ap.add_argument("-c", "--concurrency", type=int, default=3, help="session lanes")
+    ap.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
+    ap.add_argument("--long-request-tokens", type=int, default=1024,
+                    help="the router's class threshold, also the report's (default 1024)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="per-request timeout, s")
+    ap.add_argument("--out", help="output directory (default bench/results/<time>-classes)")
+    a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error("--rounds >= 1")
+
+    from transformers import AutoTokenizer
+
+    from common.model import resolve_model
+
+    out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-classes")
+    sessions, info = generate.generated_trace(
+        "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed,
+        first_in_median=a.first_in_median, max_context=3584)
+    tok = AutoTokenizer.from_pretrained(str(resolve_model(None)))
+    order = [c for r in range(a.rounds) for c in (CONFIGS if r % 2 == 0 else CONFIGS[::-1])]
+    state = Path(tempfile.mkdtemp(prefix="tandem-classes-"))
+    stack = Stack(StackConfig(prefill=2, decode=1, kv_store=False, router=False,
+                              kv_cache_gib=1, max_model_len=4096, state_dir=state))
+    procs = Processes(state)
+    runs: dict[str, list[dict]] = {}
+    started = time.monotonic()
+    try:
+        with sigterm_as_interrupt():
+            stack.start()
+            log(f"engines up in {time.monotonic() - started:.0f}s; replays: {order}")
+            for i, config in enumerate(order):
+                port = free_port()
+                url = f"http://{stack.config.host}:{port}"
+                proc, _ = procs.launch(f"router-{config}-{i}",
+                                       router_argv(stack, port, config, a.long_request_tokens))
+                try:
+                    wait_http_ok(f"{url}/health", proc, time.monotonic() + 120)
+                    builder = PromptBuilder(tok, salt=new_salt())
+                    replay_cfg = ReplayConfig(url=url, model=served_model(url),
+                                              concurrency=a.concurrency,
+                                              think_scale=a.think_scale, timeout_s=a.timeout,
+                                              progress=sys.stderr.isatty())
+                    result = asyncio.run(Replayer(replay_cfg, sessions,
+                                                  build_prompts(sessions, builder),
+                                                  salt=builder.salt).run())
+                    run = report.make_run(config, result.to_json(), info)
+                    run["classes"] = class_counts(url)
+                    report.write_run(run, out / f"{i:02d}-{config}" / "run.json")
+                finally:
+                    procs.stop(proc)
+                runs.setdefault(config, []).append(run)
+                s = run["summary"]
+                log(f"{config}: {s['ok']} ok, {s['failures']} failed, TTFT p99 "
+                    f"{_f(s['ttft_p99'])} s ({(time.monotonic() - started) / 60:.1f} min)")
+                if result.interrupted:
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        log("interrupted: reporting what was measured")
+    finally:
+        procs.stop_all()
+        stack.stop()
+    rows = [summarize(c, runs[c], a.long_request_tokens) for c in CONFIGS if c in runs]
+    minutes = (time.monotonic() - started) / 60
+    command = " ".join(["python -m bench.request_classes",
+                        *(argv if argv is not None else sys.argv[1:])])
+    notes = [f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; 2 prefill + 1 decode "
+             f"vLLM CPU engines, KV store off; replay order {', '.join(order)}; concurrency "
+             f"{a.concurrency}, think times × {a.think_scale}.", *tables(rows)]
+    all_runs = [run for config_runs in runs.values() for run in config_runs]
+    if all_runs:
+        report.write_report(all_runs, out, title="Request classes on vs off", notes=notes)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "request_classes.json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(notes))
+    return 0 if len(all_runs) == len(order) and not any(r["failures"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
