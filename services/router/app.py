@@ -38,6 +38,7 @@ from services.router.metrics import RouterMetrics
 from services.router.openai_responses import ResponsesRequest
 from services.router.pd import Orchestrator
 from services.router.pods import PodPool
+from services.router.prefetch import SessionPrefetcher
 from services.router.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -149,7 +150,11 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
             pool.add_pod(spec)
         metrics.watch(core, pool, state)
         retention = SessionRetention(settings.retention, routing.block_size)
-        orchestrator = Orchestrator(pool, Replica(core, state), metrics, retention)
+        replica = Replica(core, state)
+        prefetcher = (SessionPrefetcher(routing.prefetch, pool, replica, metrics,
+                                        settings.poll_interval_s)
+                      if routing.prefetch.session_prefetch else None)
+        orchestrator = Orchestrator(pool, replica, metrics, retention, prefetcher)
         template = Path(settings.chat_template).read_text() if settings.chat_template else None
         tokenizer = await asyncio.to_thread(ChatTokenizer, Path(settings.model or info.model_path),
                                             template)
@@ -162,6 +167,8 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         await state.start()
         await pool.poll_once()
         pool.start()
+        if prefetcher is not None:
+            prefetcher.start()
         watch = asyncio.create_task(source.watch(pool), name="pod-source")
         parts["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
                                          settings.request_timeout_s, routing.session_header,
@@ -180,6 +187,8 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
             yield
         finally:
             await cancel_and_wait(watch)
+            if prefetcher is not None:
+                await prefetcher.close()
             await orchestrator.drain_background()
             await pool.close()
             await state.close()

@@ -96,6 +96,14 @@ class RouterMetrics:
         self.retention_sessions = Gauge("tandem_router_kv_retention_sessions",
                                         "Sessions whose KV the router currently keeps pinned",
                                         registry=r)
+        # Session KV prefetch (services/router/prefetch.py).
+        self.prefetches = Counter("tandem_router_prefetches_total",
+                                  "Session KV prefetches (load-only requests between turns) by "
+                                  "outcome: started, completed, cancelled (the session's turn "
+                                  "came first), failed", ["outcome"], registry=r)
+        self.prefetch_tokens = Counter("tandem_router_prefetch_tokens_total",
+                                       "Prompt tokens completed prefetches warmed (missing on "
+                                       "the pod when decided)", registry=r)
         # Pod discovery from Kubernetes EndpointSlices (services/router/discovery.py).
         self.discovery_changes = Counter("tandem_router_discovery_changes_total",
                                          "Pod set changes from EndpointSlices (added, "

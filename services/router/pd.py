@@ -32,6 +32,7 @@ from common.roles import Role
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pods import EnginePod, PodPool
+from services.router.prefetch import SessionPrefetcher
 from services.router.retention import SessionRetention
 from services.router.routing import NoPodAvailable, RouteDecision, RouteRequest
 from services.router.routing.replica import Replica
@@ -82,8 +83,10 @@ class _Routing:
 
 class Orchestrator:
     def __init__(self, pool: PodPool, replica: Replica, metrics: RouterMetrics,
-                 retention: SessionRetention | None = None) -> None:
+                 retention: SessionRetention | None = None,
+                 prefetcher: SessionPrefetcher | None = None) -> None:
         self._pool = pool
+        self._prefetcher = prefetcher
         self._replica = replica
         self._core = replica.core
         self._metrics = metrics
@@ -127,6 +130,9 @@ class Orchestrator:
         routing = _Routing(RouteRequest(req.token_ids, session=req.session,
                                         cache_salt=req.cache_salt,
                                         session_end=req.session_end))
+        prefetcher = self._prefetcher if req.session else None
+        if prefetcher is not None and req.session:
+            prefetcher.turn_started(req.session)
         try:
             # Decode first: without a decode pod, a prefill would only strand KV.
             decision = await self._route(routing)
@@ -137,6 +143,9 @@ class Orchestrator:
         finally:
             for decision in routing.decisions:
                 await self._replica.release(decision, time.monotonic())
+            if prefetcher is not None and req.session:
+                prefetcher.turn_ended(req.session, req.token_ids, req.cache_salt,
+                                      last=req.session_end)
 
     def _retention_hint(self, req: EngineRequest,
                         decision: RouteDecision) -> pb.RetentionHint | None:

@@ -14,6 +14,7 @@ See README.md in this folder for the call sequence.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,13 @@ from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
 from services.router.routing.index import PrefixIndex, predicted_cached_tokens
 from services.router.routing.live import LiveSessions
-from services.router.routing.policy import Binding, PodView, Policy, RouteInput
+from services.router.routing.policy import (
+    Binding,
+    NoPodAvailable,
+    PodView,
+    Policy,
+    RouteInput,
+)
 from services.router.routing.settings import RoutingSettings
 
 log = logging.getLogger(__name__)
@@ -258,22 +265,7 @@ class RoutingCore:
         hashes = self.hasher.event_hashes(req.token_ids, req.cache_salt, req.lora)
         self.index.expire_predictions(now)
         self.live.expire(now)
-        matched = self.index.match(hashes, now)
-        bs = self.settings.block_size
-        views = []
-        for name, st in self._pods.items():
-            local, remote = self.local_load(name), shared.loads.get(name, PodLoad())
-            blocks = matched.get(name, 0)
-            views.append(PodView(
-                name=name, role=st.spec.role,
-                available=self.available(name, now) and name not in req.exclude,
-                in_flight=local.in_flight + remote.in_flight,
-                pending_prefill_tokens=(local.pending_prefill_tokens
-                                        + remote.pending_prefill_tokens),
-                running=st.running, waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
-                cached_tokens=predicted_cached_tokens(blocks, n, bs),
-                kv_free_tokens=self._kv_free_tokens(st, req.session, hashes[:blocks]),
-                pool=st.spec.pool))
+        views = self._views(n, hashes, req.session, shared, req.exclude, now)
         choice = self.policy.choose(RouteInput(n, views, req.session, shared.binding, now))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route session=%s tokens=%d class=%s -> %s prefill=%s (%s) cached=%s "
@@ -305,6 +297,37 @@ class RoutingCore:
             binding = (req.session, Binding(decision.decode_pod, decision.prefill_pod))
         decision.writes = StateWrites(loads, binding)
         return decision
+
+    def next_turn(self, token_ids: Sequence[int], session: str, binding: Binding | None,
+                  now: float, cache_salt: str | None = None,
+                  lora: tuple[str, str] | None = None) -> tuple[str, int] | None:
+        """Where a turn of ``session`` with this prompt would go now, and how
+        many of its tokens the index predicts there: (decode or aggregated
+        pod, cached tokens). The policy is asked as ``route`` asks it, with
+        nothing held, predicted or counted. None: no pod could take it."""
+        hashes = self.hasher.event_hashes(token_ids, cache_salt, lora)
+        self.index.expire_predictions(now)
+        views = self._views(len(token_ids), hashes, session, SharedView(binding), frozenset(),
+                            now)
+        try:
+            choice = copy.copy(self.policy).choose(
+                RouteInput(len(token_ids), views, session, binding, now))
+        except NoPodAvailable:
+            return None
+        cached = next(v.cached_tokens for v in views if v.name == choice.pod)
+        return choice.pod, cached
+
+    def note_warmed(self, pod: str, token_ids: Sequence[int], now: float,
+                    cache_salt: str | None = None,
+                    lora: tuple[str, str] | None = None) -> None:
+        """A prefetch put this prompt's KV on ``pod``: the index predicts it
+        there until the pod's events (or the prediction's TTL) say otherwise."""
+        st = self._pods.get(pod)
+        if st is None:
+            return
+        ttl = (self.settings.predicted_ttl_with_events_s if st.spec.kv_events
+               else self.settings.predicted_ttl_s)
+        self.index.predict(pod, self.hasher.event_hashes(token_ids, cache_salt, lora), now, ttl)
 
     def report_prefill(self, decision: RouteDecision, now: float,
                        pod: str | None = None) -> StateWrites:
@@ -352,6 +375,26 @@ class RoutingCore:
         if st is None:
             raise KeyError(f"unknown pod {name}")
         return st
+
+    def _views(self, n: int, hashes: list[int], session: str | None, shared: SharedView,
+               exclude: frozenset[str], now: float) -> list[PodView]:
+        matched = self.index.match(hashes, now)
+        bs = self.settings.block_size
+        views = []
+        for name, st in self._pods.items():
+            local, remote = self.local_load(name), shared.loads.get(name, PodLoad())
+            blocks = matched.get(name, 0)
+            views.append(PodView(
+                name=name, role=st.spec.role,
+                available=self.available(name, now) and name not in exclude,
+                in_flight=local.in_flight + remote.in_flight,
+                pending_prefill_tokens=(local.pending_prefill_tokens
+                                        + remote.pending_prefill_tokens),
+                running=st.running, waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
+                cached_tokens=predicted_cached_tokens(blocks, n, bs),
+                kv_free_tokens=self._kv_free_tokens(st, session, hashes[:blocks]),
+                pool=st.spec.pool))
+        return views
 
     def _hold(self, decision: RouteDecision, pod: str, requests: int, tokens: int) -> PodLoad:
         held = decision._held.setdefault(pod, [0, 0])

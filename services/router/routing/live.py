@@ -76,6 +76,9 @@ class LiveSessions:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def __contains__(self, session: object) -> bool:
+        return session in self._sessions
+
     def _drop(self, session: str) -> None:
         entry = self._sessions.pop(session, None)
         if entry is None:

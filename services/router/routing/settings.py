@@ -9,12 +9,14 @@ from common.settings import SettingError, flag_of, group, setting
 from services.router.routing.hashing import SUPPORTED_ALGOS
 from services.router.routing.health import BreakerSettings
 from services.router.routing.policy import PolicySettings
+from services.router.routing.prefetch import PrefetchSettings
 
 
 @dataclass(frozen=True)
 class RoutingSettings:
     policy: PolicySettings = group(PolicySettings)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    prefetch: PrefetchSettings = group(PrefetchSettings)
     block_size: int = setting(128, "engines' KV block size (must match the engines' "
                               "--block-size; the engines' own wins if they differ)")
     hash_algo: str = setting("sha256", "engines' --prefix-caching-hash-algo",
@@ -52,3 +54,4 @@ class RoutingSettings:
         if self.redis_timeout_s <= 0:
             raise bad("redis_timeout_s", f"{self.redis_timeout_s:g}: must be positive")
         self.policy.validate()
+        self.prefetch.validate()
