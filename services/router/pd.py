@@ -130,9 +130,9 @@ class Orchestrator:
         routing = _Routing(RouteRequest(req.token_ids, session=req.session,
                                         cache_salt=req.cache_salt,
                                         session_end=req.session_end))
-        prefetcher = self._prefetcher if req.session else None
-        if prefetcher is not None and req.session:
-            prefetcher.turn_started(req.session)
+        prefetcher, session = self._prefetcher, req.session
+        if prefetcher is not None and session:
+            prefetcher.turn_started(session)
         try:
             # Decode first: without a decode pod, a prefill would only strand KV.
             decision = await self._route(routing)
@@ -143,8 +143,8 @@ class Orchestrator:
         finally:
             for decision in routing.decisions:
                 await self._replica.release(decision, time.monotonic())
-            if prefetcher is not None and req.session:
-                prefetcher.turn_ended(req.session, req.token_ids, req.cache_salt,
+            if prefetcher is not None and session:
+                prefetcher.turn_ended(session, req.token_ids, req.cache_salt,
                                       last=req.session_end)
 
     def _retention_hint(self, req: EngineRequest,
