@@ -105,9 +105,10 @@ class SessionPrefetcher:
                                           turn.cache_salt)
             if target is None:
                 continue
-            pod, cached = target
-            candidates.append(Candidate(session, len(turn.token_ids), pod, cached,
-                                        moves=binding is not None and binding.pod != pod))
+            candidates.append(Candidate(session, len(turn.token_ids), target.name,
+                                        target.cached_tokens,
+                                        binding is not None and binding.pod != target.name,
+                                        target.kv_free_tokens))
         if not candidates:
             return []
         prefetching: dict[str, int] = {}

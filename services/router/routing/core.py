@@ -300,11 +300,12 @@ class RoutingCore:
 
     def next_turn(self, token_ids: Sequence[int], session: str, binding: Binding | None,
                   now: float, cache_salt: str | None = None,
-                  lora: tuple[str, str] | None = None) -> tuple[str, int] | None:
-        """Where a turn of ``session`` with this prompt would go now, and how
-        many of its tokens the index predicts there: (decode or aggregated
-        pod, cached tokens). The policy is asked as ``route`` asks it, with
-        nothing held, predicted or counted. None: no pod could take it."""
+                  lora: tuple[str, str] | None = None) -> PodView | None:
+        """The pod a turn of ``session`` with this prompt would go to now (the
+        decode or aggregated pod), as the policy saw it: the tokens the index
+        predicts there, the KV room it has without evicting live sessions.
+        The policy is asked as ``route`` asks it, with nothing held, predicted
+        or counted. None: no pod could take it."""
         hashes = self.hasher.event_hashes(token_ids, cache_salt, lora)
         self.index.expire_predictions(now)
         views = self._views(len(token_ids), hashes, session, SharedView(binding), frozenset(),
@@ -314,8 +315,7 @@ class RoutingCore:
                 RouteInput(len(token_ids), views, session, binding, now))
         except NoPodAvailable:
             return None
-        cached = next(v.cached_tokens for v in views if v.name == choice.pod)
-        return choice.pod, cached
+        return next(v for v in views if v.name == choice.pod)
 
     def note_warmed(self, pod: str, token_ids: Sequence[int], now: float,
                     cache_salt: str | None = None,

@@ -14,7 +14,9 @@ This module decides; ``services/router/prefetch.py`` runs the requests. A
 candidate is an idle live session with the pod its next turn would go to
 (``RoutingCore.next_turn``, the policy asked without holding anything) and
 the prefix the index predicts there. It is warmed when at least
-``prefetch_min_tokens`` of its prompt are missing there, on a pod that is
+``prefetch_min_tokens`` of its prompt are missing there and the pod has room
+for them without evicting what other live sessions need there (``live.py``:
+warming one session must not push out another's KV), on a pod that is
 available, has no real request queued (engine ``waiting`` and this router's
 pending prefill tokens both zero) and fewer than ``prefetch_max_in_flight``
 prefetches running. Sessions missing most go first. The runner cancels a
@@ -60,6 +62,9 @@ class Candidate:
     target: str  # the decode or aggregated pod its next turn would go to
     cached_tokens: int  # of that prompt, predicted on ``target``
     moves: bool  # ``target`` is not the pod its last turn went to
+    # KV tokens ``target`` can fill without evicting what live sessions need
+    # there (live.py); None: unknown (capacity not reported).
+    room_tokens: int | None = None
 
     @property
     def missing_tokens(self) -> int:
@@ -90,7 +95,8 @@ def plan(candidates: Iterable[Candidate], pods: Mapping[str, PodGate],
     for c in sorted(candidates, key=lambda c: (-c.missing_tokens, c.session)):
         gate = pods.get(c.target)
         if (c.missing_tokens < settings.prefetch_min_tokens or gate is None
-                or not gate.available or gate.queued > 0):
+                or not gate.available or gate.queued > 0
+                or (c.room_tokens is not None and c.missing_tokens > c.room_tokens)):
             continue
         running = gate.prefetching + started.get(c.target, 0)
         if running >= settings.prefetch_max_in_flight:

@@ -21,6 +21,13 @@ def test_warms_what_is_missing_on_the_next_turns_pod():
         ("moved", "b", 2000, "moves"), ("evicted", "c", 1000, "evicted")]
 
 
+def test_never_evicts_other_live_sessions_kv():
+    c = [Candidate("s", 2000, "a", 0, moves=True, room_tokens=1999)]
+    assert plan(c, {"a": IDLE}, S) == []
+    c = [Candidate("s", 2000, "a", 0, moves=True, room_tokens=2000)]
+    assert [p.session for p in plan(c, {"a": IDLE}, S)] == ["s"]
+
+
 def test_never_on_a_pod_with_queued_requests_or_unavailable():
     c = [Candidate("s", 2000, "a", 0, moves=True)]
     assert plan(c, {"a": PodGate(True, queued=1, prefetching=0)}, S) == []
@@ -61,19 +68,23 @@ def test_next_turn_asks_the_policy_without_holding_anything():
     core.release(d)
     held = {p: core.local_load(p) for p in core.pods}
     counts = {p: dict(st.class_counts) for p, st in core.pods.items()}
-    assert core.next_turn(tokens, "s", Binding(d.decode_pod), 1.0) == (d.decode_pod, 396)
+    def next_turn(now):
+        view = core.next_turn(tokens, "s", Binding(d.decode_pod), now)
+        return view.name, view.cached_tokens
+
+    assert next_turn(1.0) == (d.decode_pod, 396)
     assert {p: core.local_load(p) for p in core.pods} == held
     assert {p: dict(st.class_counts) for p, st in core.pods.items()} == counts
     # The pod's engine evicted the session's KV (its events say so).
     core.index.removed(d.decode_pod, core.hasher.event_hashes(tokens))
     core.index.expire_predictions(10_000.0)
-    assert core.next_turn(tokens, "s", Binding(d.decode_pod), 10_000.0)[1] == 0
+    assert next_turn(10_000.0) == (d.decode_pod, 0)
     # The pod is going away: the next turn moves, to a pod that lacks the prefix.
     core.set_draining(d.decode_pod)
     other = "b" if d.decode_pod == "a" else "a"
-    assert core.next_turn(tokens, "s", Binding(d.decode_pod), 10_000.0) == (other, 0)
+    assert next_turn(10_000.0) == (other, 0)
     core.note_warmed(other, tokens, 10_000.0)
-    assert core.next_turn(tokens, "s", Binding(d.decode_pod), 10_000.0) == (other, 396)
+    assert next_turn(10_000.0) == (other, 396)
 
 
 def test_next_turn_is_none_without_a_pod():
