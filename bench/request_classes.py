@@ -8,7 +8,7 @@ turns with a remainder too long for the decode pod go to the other one.
 The trace mixes long fresh first turns (about 1.8K new tokens) with append
 turns and sub-agent forks (the same as ``bench.long_prefill``'s). Every replay
 has a fresh content salt, so no run inherits another's cache; with
-``--rounds 2`` the order is off, on, on, off.
+``--rounds 2`` the order is off, on, on, off (``--first on``: on, off, ...).
 
 Reported per configuration: TTFT p50/p90/p99, P90 interactivity, the TTFT of
 long requests (at least ``--long-request-tokens`` uncached) and of the others,
@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.request_classes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=1, help="replays per configuration")
+    ap.add_argument("--first", choices=CONFIGS, default="off",
+                    help="the configuration replayed first (then alternating; default off)")
     ap.add_argument("--sessions", type=int, default=4, help="sessions in the trace (default 4)")
     ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
     ap.add_argument("--first-in-median", type=int, default=2304,
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed,
         first_in_median=a.first_in_median, max_context=3584)
     tok = AutoTokenizer.from_pretrained(str(resolve_model(None)))
-    order = [c for r in range(a.rounds) for c in (CONFIGS if r % 2 == 0 else CONFIGS[::-1])]
+    pair = CONFIGS if a.first == "off" else CONFIGS[::-1]
+    order = [c for r in range(a.rounds) for c in (pair if r % 2 == 0 else pair[::-1])]
     state = Path(tempfile.mkdtemp(prefix="tandem-classes-"))
     stack = Stack(StackConfig(prefill=2, decode=1, kv_store=False, router=False,
                               kv_cache_gib=1, max_model_len=4096, state_dir=state))
