@@ -74,7 +74,6 @@ class TickInputs:
     headroom: float = 1.2
     min_replicas: int = 1
     measurements: tuple[PoolMeasurement, ...] = ()
-    refused: Mapping[str, str] = field(default_factory=dict)  # capacity check
     # Each pool's (minReplicas, maxReplicas): the solver's target is held inside.
     bounds: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     # Pools whose count another writer owns (an autoscaler), with why: decided, not written.
@@ -209,7 +208,7 @@ def on_tick(now: float, state: LoopState, inputs: TickInputs,
     problem = Problem(profiles=tuple(p for p in inputs.profiles if p.name in deployed),
                       demand=inputs.demand, slo=inputs.slo, budget_gpus=inputs.budget_gpus,
                       headroom=inputs.headroom, min_replicas=inputs.min_replicas,
-                      efficiency=efficiency, refused=inputs.refused)
+                      efficiency=efficiency)
     decision = solve(problem)
     if decision.plan is None:
         reason = {"slo": "SloUnattainable", "budget": "BudgetBelowMinimum",
