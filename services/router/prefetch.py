@@ -41,6 +41,9 @@ class _Turn:
     token_ids: Sequence[int]
     cache_salt: str | None
     warmed: bool = False  # a prefetch ran (or runs) for this gap
+    # Its block hashes, computed at the first sweep that considers it (a
+    # long prompt takes milliseconds to hash; sweeps run every poll interval).
+    hashes: list[int] | None = None
 
 
 class SessionPrefetcher:
@@ -101,8 +104,8 @@ class SessionPrefetcher:
             if turn.warmed:
                 continue
             binding = (await self._replica.state.read(session, now)).binding
-            target = self._core.next_turn(turn.token_ids, session, binding, now,
-                                          turn.cache_salt)
+            target = self._core.next_turn(self._hashes(turn), len(turn.token_ids), session,
+                                          binding, now)
             if target is None:
                 continue
             candidates.append(Candidate(session, len(turn.token_ids), target.name,
@@ -123,6 +126,11 @@ class SessionPrefetcher:
         for p in chosen:
             self._start(p, self._idle[p.session])
         return chosen
+
+    def _hashes(self, turn: _Turn) -> list[int]:
+        if turn.hashes is None:
+            turn.hashes = self._core.hasher.event_hashes(turn.token_ids, turn.cache_salt)
+        return turn.hashes
 
     def _start(self, p: Prefetch, turn: _Turn) -> None:
         turn.warmed = True
@@ -147,7 +155,7 @@ class SessionPrefetcher:
                     pass
             finally:
                 call.cancel()  # aborts the request when cancelled; no-op when done
-            self._core.note_warmed(p.pod, turn.token_ids, time.monotonic(), turn.cache_salt)
+            self._core.note_warmed(p.pod, self._hashes(turn), time.monotonic())
             self._metrics.prefetches.labels("completed").inc()
             self._metrics.prefetch_tokens.inc(p.tokens)
         except asyncio.CancelledError:

@@ -92,7 +92,8 @@ async def test_a_session_that_will_move_is_warmed_on_its_next_pod(router):
     assert metric_value(generate_latest(r.metrics.registry).decode(),
                         "tandem_router_prefetch_tokens_total") == len(TOKENS)
     now = time.monotonic()
-    view = r.core.next_turn(TOKENS, "s", binding, now)
+    view = r.core.next_turn(r.core.hasher.event_hashes(TOKENS), len(TOKENS), "s", binding,
+                            now)
     assert (view.name, view.cached_tokens) == (p.pod, 192)  # warm there now
     assert await r.prefetcher.sweep() == []  # once per gap
     await r.turn("s")  # the next turn goes there

@@ -298,36 +298,33 @@ class RoutingCore:
         decision.writes = StateWrites(loads, binding)
         return decision
 
-    def next_turn(self, token_ids: Sequence[int], session: str, binding: Binding | None,
-                  now: float, cache_salt: str | None = None,
-                  lora: tuple[str, str] | None = None) -> PodView | None:
-        """The pod a turn of ``session`` with this prompt would go to now (the
-        decode or aggregated pod), as the policy saw it: the tokens the index
-        predicts there, the KV room it has without evicting live sessions.
+    def next_turn(self, hashes: list[int], num_tokens: int, session: str,
+                  binding: Binding | None, now: float) -> PodView | None:
+        """The pod a turn of ``session`` with this prompt (``num_tokens`` long,
+        its block ``hashes`` as ``hasher.event_hashes`` gives them) would go to
+        now (the decode or aggregated pod), as the policy saw it: the tokens the
+        index predicts there, the KV room it has without evicting live sessions.
         The policy is asked as ``route`` asks it, with nothing held, predicted
         or counted. None: no pod could take it."""
-        hashes = self.hasher.event_hashes(token_ids, cache_salt, lora)
         self.index.expire_predictions(now)
-        views = self._views(len(token_ids), hashes, session, SharedView(binding), frozenset(),
-                            now)
+        views = self._views(num_tokens, hashes, session, SharedView(binding), frozenset(), now)
         try:
             choice = copy.copy(self.policy).choose(
-                RouteInput(len(token_ids), views, session, binding, now))
+                RouteInput(num_tokens, views, session, binding, now))
         except NoPodAvailable:
             return None
         return next(v for v in views if v.name == choice.pod)
 
-    def note_warmed(self, pod: str, token_ids: Sequence[int], now: float,
-                    cache_salt: str | None = None,
-                    lora: tuple[str, str] | None = None) -> None:
-        """A prefetch put this prompt's KV on ``pod``: the index predicts it
-        there until the pod's events (or the prediction's TTL) say otherwise."""
+    def note_warmed(self, pod: str, hashes: Sequence[int], now: float) -> None:
+        """A prefetch put the KV of the prompt with these block hashes on
+        ``pod``: the index predicts it there until the pod's events (or the
+        prediction's TTL) say otherwise."""
         st = self._pods.get(pod)
         if st is None:
             return
         ttl = (self.settings.predicted_ttl_with_events_s if st.spec.kv_events
                else self.settings.predicted_ttl_s)
-        self.index.predict(pod, self.hasher.event_hashes(token_ids, cache_salt, lora), now, ttl)
+        self.index.predict(pod, hashes, now, ttl)
 
     def report_prefill(self, decision: RouteDecision, now: float,
                        pod: str | None = None) -> StateWrites:

@@ -69,7 +69,8 @@ def test_next_turn_asks_the_policy_without_holding_anything():
     held = {p: core.local_load(p) for p in core.pods}
     counts = {p: dict(st.class_counts) for p, st in core.pods.items()}
     def next_turn(now):
-        view = core.next_turn(tokens, "s", Binding(d.decode_pod), now)
+        view = core.next_turn(core.hasher.event_hashes(tokens), len(tokens), "s",
+                               Binding(d.decode_pod), now)
         return view.name, view.cached_tokens
 
     assert next_turn(1.0) == (d.decode_pod, 396)
@@ -83,7 +84,7 @@ def test_next_turn_asks_the_policy_without_holding_anything():
     core.set_draining(d.decode_pod)
     other = "b" if d.decode_pod == "a" else "a"
     assert next_turn(10_000.0) == (other, 0)
-    core.note_warmed(other, tokens, 10_000.0)
+    core.note_warmed(other, core.hasher.event_hashes(tokens), 10_000.0)
     assert next_turn(10_000.0) == (other, 396)
 
 
@@ -91,4 +92,5 @@ def test_next_turn_is_none_without_a_pod():
     core = _core()
     for p in ("a", "b"):
         core.set_draining(p)
-    assert core.next_turn(list(range(40)), "s", None, 0.0) is None
+    tokens = list(range(40))
+    assert core.next_turn(core.hasher.event_hashes(tokens), len(tokens), "s", None, 0.0) is None
