@@ -9,6 +9,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.tandem-installed
 APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 .PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
 
@@ -70,12 +71,17 @@ run: setup
 down:
 	$(VENV)/bin/tandem down
 
-# aiperf too: one test cross-checks the replay client against it.
+# aiperf too: one test cross-checks the replay client against it. The tests
+# that start no engines run on TEST_WORKERS processes (pytest-xdist); then the
+# engine tests, one at a time: each starts vLLM engines that want every core.
+# pytest exiting 5 (no tests collected) fails the target like any failure.
 test: setup aiperf kubectl
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not stack" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m stack --durations=20 $(PYTEST_ARGS)
 
-test-unit: setup
-	$(PY) -m pytest -m "not stack" $(PYTEST_ARGS)
+# Only the tests that start no engines (a few minutes).
+test-unit: setup kubectl
+	$(PY) -m pytest -m "not stack" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Static checks, configured in pyproject.toml (seconds; CI runs them first).
 lint: $(STAMP) proto

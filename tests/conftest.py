@@ -49,10 +49,11 @@ def stack(model_dir, tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(model_dir, tmp_path_factory):
     """vLLM's own OpenAI server with the same model and dtype, aggregated (no
-    P/D, no connector): the ground truth for token-identical output."""
+    P/D, no connector): the ground truth for token-identical output. Started
+    once: it takes a minute, and two test files compare against it."""
     port = free_port()
     log = tmp_path_factory.mktemp("reference") / "vllm.log"
     same_engine = StackConfig(kv_cache_gib=1, max_model_len=4096)

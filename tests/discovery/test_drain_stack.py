@@ -334,6 +334,7 @@ def test_prefill_waits_for_its_kv_leases_on_sigterm(engines):
         log = f.read()
     # Exactly one: none was left behind by the scale-down test before.
     assert "waiting for 1 KV lease(s)" in log
+    asked = time.monotonic()
     with grpc.insecure_channel(decode.grpc) as channel:
         out = list(pb_grpc.EngineStub(channel).Generate(pb.GenerateRequest(
             request_id="lease-1", token_ids=tokens, sampling_params=sampling,
@@ -342,9 +343,15 @@ def test_prefill_waits_for_its_kv_leases_on_sigterm(engines):
     pulled = time.monotonic()
     wait_for(lambda: not _alive(prefill.pid), 30, "prefill exit")
     exited = time.monotonic()
-    print(f"\nprefill SIGTERM -> exit {exited - sigterm:.1f}s; KV pulled -> exit "
-          f"{exited - pulled:.1f}s (lease {KV_LEASE_S}s)")
-    assert exited - sigterm < KV_LEASE_S  # it left because of the pull, not the expiry
+    print(f"\nprefill SIGTERM -> exit {exited - sigterm:.1f}s; decode pull + 4 tokens "
+          f"{pulled - asked:.1f}s; KV pulled -> exit {exited - pulled:.1f}s")
+    with open(prefill.log) as f:
+        log = f.read()
+    # The waiting decode's heartbeats renew the lease, so a slow pull (a
+    # loaded machine) does not expire it: the prefill must leave because the
+    # KV was pulled, and right after.
+    assert "Releasing expired KV blocks" not in log
+    assert exited - pulled < 20
     stop_process_group(prefill, 5)
 
 
