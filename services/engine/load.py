@@ -27,10 +27,10 @@ class LoadSnapshot:
 
 
 class LoadTracker:
-    def __init__(self, now: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.latest = LoadSnapshot()
         self.in_flight = 0
-        self.last_progress = now
+        self.last_progress = 0.0  # read only while requests are in flight
 
     def request_started(self, now: float) -> None:
         if self.in_flight == 0:

@@ -70,7 +70,7 @@ def _build_engine(settings: EngineSettings, load: LoadTracker):
 
 async def serve(settings: EngineSettings) -> int:
     """Serve until SIGTERM/SIGINT (0) or until the engine fails (1)."""
-    load = LoadTracker(time.monotonic())
+    load = LoadTracker()
     metrics = EngineMetrics(settings.role)
     start_http_server(settings.metrics_port, addr=settings.host)
     log.info("loading engine %s", describe(settings))

@@ -34,13 +34,13 @@ TIMEOUT_S = 60.0
 # ----- the rule -------------------------------------------------------------
 
 def test_an_idle_engine_never_stalls():
-    load = LoadTracker(now=0.0)
+    load = LoadTracker()
     assert load.seconds_without_progress(1e6) == 0.0
     assert not load.stalled(1e6, TIMEOUT_S)
 
 
 def test_the_clock_starts_when_work_reaches_an_idle_engine():
-    load = LoadTracker(now=0.0)
+    load = LoadTracker()
     load.request_started(1000.0)  # idle for 1000 s before: no stall
     assert load.seconds_without_progress(1030.0) == 30.0
     assert not load.stalled(1059.9, TIMEOUT_S)
@@ -49,7 +49,7 @@ def test_the_clock_starts_when_work_reaches_an_idle_engine():
 
 def test_more_requests_at_a_stuck_engine_do_not_restart_the_clock():
     # The incident: the router kept sending to an engine hung inside a step.
-    load = LoadTracker(now=0.0)
+    load = LoadTracker()
     load.request_started(100.0)
     for t in range(110, 170, 10):
         load.request_started(float(t))
@@ -58,7 +58,7 @@ def test_more_requests_at_a_stuck_engine_do_not_restart_the_clock():
 
 
 def test_an_engine_step_is_progress():
-    load = LoadTracker(now=0.0)
+    load = LoadTracker()
     load.request_started(100.0)
     load.engine_stepped(150.0)
     assert not load.stalled(200.0, TIMEOUT_S)
@@ -66,7 +66,7 @@ def test_an_engine_step_is_progress():
 
 
 def test_an_engine_that_goes_idle_is_not_stalled_and_starts_afresh():
-    load = LoadTracker(now=0.0)
+    load = LoadTracker()
     load.request_started(100.0)
     load.request_ended()
     assert not load.stalled(500.0, TIMEOUT_S)
@@ -75,7 +75,7 @@ def test_an_engine_that_goes_idle_is_not_stalled_and_starts_afresh():
 
 
 def test_timeout_zero_turns_the_rule_off():
-    load = LoadTracker(now=0.0)
+    load = LoadTracker()
     load.request_started(0.0)
     assert load.seconds_without_progress(1e6) == 1e6
     assert not load.stalled(1e6, 0.0)
@@ -84,7 +84,7 @@ def test_timeout_zero_turns_the_rule_off():
 def test_every_call_of_vllms_stat_logger_is_progress():
     # vLLM calls it once per engine-core step, also for steps without outputs
     # (scheduler_stats only) and with stats off (None).
-    load = LoadTracker(now=0.0)
+    load = LoadTracker()
     load.request_started(0.0)
     logger = load.stat_logger_factory()(vllm_config=None)
     logger.record(scheduler_stats=None, iteration_stats=None)
@@ -123,7 +123,7 @@ class _Engine:
 
 
 async def test_watch_reports_a_stall_with_requests_in_flight():
-    load = LoadTracker(now=0.0)
+    load = LoadTracker()
     load.request_started(time.monotonic())
     reason, message = await asyncio.wait_for(
         watch_engine(_Engine(), load, stall_timeout_s=0.2, period_s=0.02), TIMEOUT_S)
