@@ -107,7 +107,7 @@ async def serve(settings: EngineSettings) -> int:
     async def fail() -> None:
         """The engine failed: stop at once, failing what is in flight (also mid-drain)."""
         reason, message = await watch_engine(engine, load, settings.stall_timeout_s)
-        log.error("%s: failing %d request(s) in flight and stopping", message, load.in_flight)
+        log.error("failing %d request(s) in flight and stopping: %s", load.in_flight, message)
         await set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         servicer.fail_all(reason, message)
         stop.set()
