@@ -46,6 +46,13 @@ class EngineSettings:
         "MooncakeStoreConnector next to NIXL (default: no store)")
     shutdown_grace_s: float = setting(30.0, "on SIGTERM, how long in-flight requests may "
                                       "finish before they are aborted")
+    stall_timeout_s: float = setting(
+        120.0, "an engine with requests in flight that takes no engine step for this long "
+        "is stuck (e.g. a worker hung inside a model step): the host then reports "
+        "NOT_SERVING, fails those requests with UNAVAILABLE (the router retries them "
+        "elsewhere) and exits with status 1 for its supervisor to restart it. Long enough "
+        "for the slowest legitimate step (a 2K-token prefill chunk on a loaded CPU takes "
+        "tens of seconds); lower it on GPUs. 0 = never")
     engine_args: Any = None  # vllm.engine.arg_utils.AsyncEngineArgs
 
     def plugin_env(self, device: str) -> dict[str, str]:
@@ -125,6 +132,8 @@ def parse_settings(argv: list[str] | None = None, default_role: Role | None = No
     engine_args = AsyncEngineArgs.from_cli_args(args)
     if engine_args.served_model_name is None:
         engine_args.served_model_name = [os.path.basename(os.path.normpath(engine_args.model))]
+    if args.stall_timeout_s < 0:
+        parser.error(f"--stall-timeout-s {args.stall_timeout_s:g}: must be positive, or 0 (off)")
     role = Role(args.role)
     if role != Role.BOTH and engine_args.kv_transfer_config is not None:
         # An explicit --kv-transfer-config wins; it must still fit the role.

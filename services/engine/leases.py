@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -45,17 +44,32 @@ async def held_kv_leases(engine: Any) -> int:
     return sum(await engine.collective_rpc(_METHOD, timeout=10))
 
 
-async def wait_kv_leases(engine: Any, timeout_s: float, poll_s: float = 0.2) -> int:
+async def wait_kv_leases(engine: Any, timeout_s: float, poll_s: float = 0.2) -> int | None:
     """Wait until the engine holds no KV lease, at most ``timeout_s``; returns
-    how many are still held (0: all pulled, released or expired)."""
-    deadline = time.monotonic() + timeout_s
-    held = await held_kv_leases(engine)
-    if held:
-        log.info("waiting for %d KV lease(s) to be pulled or released (up to %.0fs)",
-                 held, timeout_s)
-    while held and time.monotonic() < deadline:
-        await asyncio.sleep(poll_s)
-        held = await held_kv_leases(engine)
-    if held:
-        log.warning("grace period over with %d KV lease(s) held: their KV is dropped", held)
+    how many are still held (0: all pulled, released or expired), None when
+    the engine did not answer in time or died (its KV is gone with it)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    held = None
+    try:
+        # The bound covers the calls too: an engine stuck inside a step never answers them.
+        async with asyncio.timeout(timeout_s):
+            held = await held_kv_leases(engine)
+            if held:
+                log.info("waiting for %d KV lease(s) to be pulled or released (up to %.0fs)",
+                         held, timeout_s)
+            while held:
+                await asyncio.sleep(poll_s)
+                held = await held_kv_leases(engine)
+    except TimeoutError:
+        if held is None:
+            log.warning("the engine did not say which KV leases it holds within %.1fs",
+                        timeout_s)
+        else:
+            log.warning("grace period over with %d KV lease(s) held: their KV is dropped",
+                        held)
+        return held
+    except EngineDeadError:
+        log.warning("the engine died: the KV leases it held are gone")
+        return None
     return held

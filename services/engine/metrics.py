@@ -24,9 +24,10 @@ out; all taken in the engine core, so they compare with each other):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Histogram, Info
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from common.scheduler import SETTINGS
 
@@ -53,42 +54,60 @@ def request_phases(stats: Any, remote_kv: bool,
 
 
 class EngineMetrics:
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, registry: CollectorRegistry = REGISTRY) -> None:
         self.role = role
         self.requests = Counter("tandem_engine_requests_total",
-                                "Requests received, by kind (prefill or generate)", ["kind"])
+                                "Requests received, by kind (prefill or generate)", ["kind"],
+                                registry=registry)
         self.cancelled = Counter("tandem_engine_requests_cancelled_total",
-                                 "Requests whose caller went away (aborted in vLLM)", ["kind"])
+                                 "Requests whose caller went away (aborted in vLLM)", ["kind"],
+                                 registry=registry)
         self.errors = Counter("tandem_engine_request_errors_total",
                               "Requests that ended in an error, by kind and reason",
-                              ["kind", "reason"])
+                              ["kind", "reason"], registry=registry)
         self.kv_released = Counter("tandem_engine_kv_released_total",
-                                   "Prefill KV leases released early through ReleaseKv")
+                                   "Prefill KV leases released early through ReleaseKv",
+                                   registry=registry)
         self.phases = {
             "admission": Histogram(
                 "tandem_engine_admission_seconds",
                 "Every request: from the engine host receiving it to vLLM's scheduler "
                 "queueing it (new requests wait out the engine step in progress)", ["role"],
-                buckets=_PHASE_BUCKETS),
+                buckets=_PHASE_BUCKETS, registry=registry),
             "queue": Histogram(
                 "tandem_engine_queue_seconds",
                 "Requests that compute their prompt here: time in vLLM's waiting queue "
-                "before first scheduled", ["role"], buckets=_PHASE_BUCKETS),
+                "before first scheduled", ["role"], buckets=_PHASE_BUCKETS,
+                registry=registry),
             "prefill": Histogram(
                 "tandem_engine_prefill_seconds",
                 "Requests that compute their prompt here: first scheduled to first token "
-                "(every chunk of the uncached part)", ["role"], buckets=_PHASE_BUCKETS),
+                "(every chunk of the uncached part)", ["role"], buckets=_PHASE_BUCKETS,
+                registry=registry),
             "kv_pull": Histogram(
                 "tandem_engine_kv_pull_seconds",
                 "Decode requests with a prefill engine's KV: queued until the KV is pulled "
-                "over NIXL and the request scheduled", ["role"], buckets=_PHASE_BUCKETS),
+                "over NIXL and the request scheduled", ["role"], buckets=_PHASE_BUCKETS,
+                registry=registry),
             "first_decode_step": Histogram(
                 "tandem_engine_first_decode_step_seconds",
                 "Decode requests with a prefill engine's KV: scheduled to first token",
-                ["role"], buckets=_PHASE_BUCKETS),
+                ["role"], buckets=_PHASE_BUCKETS, registry=registry),
         }
         self.scheduler = Info("tandem_engine_scheduler",
-                              "The vLLM scheduler settings this engine runs with")
+                              "The vLLM scheduler settings this engine runs with",
+                              registry=registry)
+        # A gauge rather than a count of stalls: the host exits right after
+        # one, before a scrape would see the count (Kubernetes counts restarts).
+        self.without_progress = Gauge(
+            "tandem_engine_seconds_without_progress",
+            "Seconds the engine has had requests in flight without taking an engine step "
+            "(0 when idle or stepping); at --stall-timeout-s the host fails them and exits",
+            ["role"], registry=registry)
+
+    def watch_progress(self, seconds_without_progress: Callable[[], float]) -> None:
+        """Read the gauge from ``seconds_without_progress`` at each scrape."""
+        self.without_progress.labels(self.role).set_function(seconds_without_progress)
 
     def observe_phases(self, phases: dict[str, float]) -> None:
         for phase, seconds in phases.items():

@@ -4,6 +4,9 @@ Prefill and decode are the same code: the KV connector configured for the
 engine's role decides whether KV is produced for a remote decode or pulled
 from a remote prefill. Every request ends in a final message or a gRPC error;
 a cancelled call (client gone) aborts the request in vLLM, freeing its KV.
+Once the engine cannot serve any more (dead, or stalled inside a step),
+``fail_all`` ends every request in flight with UNAVAILABLE at once, which the
+router retries on another pod.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ class EngineServicer(pb_grpc.EngineServicer):
         self._load = load
         self._metrics = metrics
         self._sampling_defaults = engine.model_config.get_diff_sampling_param()
-        self._active: set[str] = set()
+        self._active: dict[str, asyncio.Task[Any]] = {}  # request id -> its RPC's task
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
+        self._failure: tuple[str, str] | None = None  # (metric reason, message for callers)
 
     # -- lifecycle ---------------------------------------------------------
     async def wait_idle(self, timeout: float) -> bool:
@@ -61,6 +65,20 @@ class EngineServicer(pb_grpc.EngineServicer):
         if self._active:
             await self._engine.abort(list(self._active))
 
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    def fail_all(self, reason: str, message: str) -> None:
+        """The engine cannot finish anything any more: end every request in
+        flight now, and every new one, with UNAVAILABLE (``message`` says
+        why; ``reason`` labels the error metric), so callers retry elsewhere
+        instead of waiting on this engine."""
+        self._failure = (reason, message)
+        self.draining = True
+        for task in self._active.values():
+            task.cancel()
+
     async def _run(self, request_id: str, prompt: dict, params, context,
                    kind: str, remote_kv: bool = False) -> AsyncIterator[Any]:
         """Run one request in vLLM, keeping the in-flight count, timing its
@@ -69,16 +87,20 @@ class EngineServicer(pb_grpc.EngineServicer):
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        if self._failure is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self._failure[1])
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
         if request_id in self._active:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS,
                                 f"request {request_id} is already running")
-        self._active.add(request_id)
+        task = asyncio.current_task()
+        assert task is not None  # gRPC runs every call in a task
+        self._active[request_id] = task
         self._idle.clear()
-        self._load.in_flight += 1
-        self._metrics.requests.labels(kind).inc()
         received = time.monotonic()
+        self._load.request_started(received)
+        self._metrics.requests.labels(kind).inc()
         first = True
         try:
             async for out in self._engine.generate(prompt, params, request_id):
@@ -91,9 +113,14 @@ class EngineServicer(pb_grpc.EngineServicer):
                               " ".join(f"{k} {v:.3f}s" for k, v in phases.items()))
                 yield out
         except asyncio.CancelledError:
-            # The caller went away; vLLM's generator already aborted the request.
-            self._metrics.cancelled.labels(kind).inc()
-            raise
+            # vLLM's generator already aborted the request.
+            if self._failure is None:  # the caller went away
+                self._metrics.cancelled.labels(kind).inc()
+                raise
+            # fail_all cancelled it: tell the caller, who is still waiting.
+            task.uncancel()
+            self._metrics.errors.labels(kind, self._failure[0]).inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self._failure[1])
         except EngineDeadError as exc:
             self._metrics.errors.labels(kind, "engine_dead").inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine dead: {exc}")
@@ -101,8 +128,8 @@ class EngineServicer(pb_grpc.EngineServicer):
             self._metrics.errors.labels(kind, "invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
-            self._active.discard(request_id)
-            self._load.in_flight -= 1
+            self._active.pop(request_id, None)
+            self._load.request_ended()
             if not self._active:
                 self._idle.set()
 

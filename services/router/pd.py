@@ -9,6 +9,8 @@ Failure rules, in one place:
 * A pod that fails before the first byte is marked unhealthy, counts against
   its circuit breaker, and the request is routed again without it; so is a
   pod removed between the decision and the call, without counting against it.
+  An engine that dies or stalls fails its calls this way (UNAVAILABLE): a
+  call to a hung engine ends once its host's ``--stall-timeout-s`` passes.
 * No prefill pod can serve → the decode pod computes the prompt itself.
 * No decode pod can serve after a prefill succeeded, or the client leaves
   between prefill and decode → the prefill's leased KV is released at once

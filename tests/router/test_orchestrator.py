@@ -4,6 +4,7 @@ counted when pods fail before the first byte. Fast; no engines."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -253,3 +254,41 @@ async def test_request_classes_route_to_their_prefill_pools_and_are_counted():
         assert metric_value(text, "tandem_router_class_ttft_seconds_count",
                             f'class="{request_class}"') == 1
     assert _idle(core)
+
+
+class StalledStub(FakeStub):
+    """A prefill engine stuck inside a step: its Prefill waits until the
+    engine host gives up on it and fails the call with UNAVAILABLE."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.give_up = asyncio.Event()
+
+    async def Prefill(self, req, **_):
+        self.calls.append(("Prefill", req))
+        await self.give_up.wait()
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                   grpc.aio.Metadata(), details="engine stalled")
+
+
+async def test_a_prefill_failed_by_a_stalled_engine_is_retried_on_another_prefill_pod():
+    stalled, good, decode = StalledStub(), FakeStub(), FakeStub()
+    # Equal costs: the core tries the lower address, the stalled pod, first.
+    orch, metrics, core = _setup([("prefill", stalled), ("prefill", good), ("decode", decode)])
+    run = asyncio.ensure_future(_run(orch, _request()))
+    while not stalled.calls:
+        await asyncio.sleep(0.01)
+    stalled.give_up.set()
+    out = await run
+    assert out[-1].finish_reason == "stop"
+    assert [c[0] for c in good.calls] == ["Prefill"]
+    assert [c[0] for c in decode.calls] == ["Generate"]  # once, with the good pod's KV
+    assert decode.calls[0][1].kv_transfer_params_json == '{"remote": 1}'
+    text = _metrics(metrics)
+    assert metric_value(text, "tandem_router_retries_total", 'stage="prefill"') == 1
+    assert metric_value(text, "tandem_router_pod_state",
+                        'pod="127.0.0.1:1000",role="prefill",state="unhealthy"') == 1
+    assert _idle(core)
+    # The next request does not go near it until a poll finds it healthy.
+    await _run(orch, _request())
+    assert len(stalled.calls) == 1 and len(good.calls) == 2
