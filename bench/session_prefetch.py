@@ -11,17 +11,21 @@ order is off, on, on, off (``--first on``: on, off, ...).
 
 The scenario prefetch is for: an agent thinks for a long time between turns
 (tool calls), and while it does the engine's LRU evicts its blocks to make
-room for other sessions, though it keeps blocks of sessions that already
-ended (vLLM does not know which sessions are live; the router does). So:
+room for other sessions (vLLM does not know which sessions are live; the
+router does). So:
 
-* think times of ~10 s median (lognormal, up to ``--think-max``), so many turns
-  follow a gap long enough to lose their prefix and to warm it again;
+* think times with a long tail (lognormal, median ``--think-median`` 6 s,
+  spread 1.3, up to ``--think-max`` 60 s): the longer an agent is idle, the
+  more other sessions' work passes it in the engine's LRU order;
 * the replay sends ``x-session-end: 1`` on each agent's last request
   (sub-agents too): those sessions stop being live in the router, their
-  blocks are dead KV the engine may keep while it evicts a live one;
-* a KV cache per engine (``--kv-blocks``) a little larger than the live
-  sessions' contexts, so that the router's prefetch has room without
-  evicting other live sessions' needs (it never warms a session otherwise).
+  blocks are dead KV the prefetch may replace;
+* a KV cache per engine (``--kv-blocks``, 36 blocks of 128 tokens) about the
+  size of the live sessions' contexts at ``-c 3``. With more, LRU finds dead
+  blocks older than any idle session's and evicts those first, so live
+  sessions keep their prefix and prefetch has nothing to do; the router
+  warms a session only where the pod has room for it without evicting other
+  live sessions' blocks.
 
 Reported per configuration: the TTFT of turns that follow a gap of at least
 ``--gap-s`` (the idle time since the same agent's previous response, as the
@@ -31,7 +35,7 @@ engines' work from their vLLM counters: prompt tokens computed, read from
 their own cache and loaded from the KV store, and the store's get/put bytes
 (prefetches included: that is their cost). Ratios on/off.
 
-    python -m bench.session_prefetch [--rounds 1] [--sessions 6] [-c 3] [--kv-blocks 72]
+    python -m bench.session_prefetch [--rounds 1] [--sessions 8] [-c 3] [--kv-blocks 36]
 """
 
 from __future__ import annotations
@@ -217,17 +221,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=1, help="replays per configuration")
     ap.add_argument("--first", choices=CONFIGS, default="off",
                     help="the configuration replayed first (then alternating; default off)")
-    ap.add_argument("--sessions", type=int, default=6, help="sessions in the trace (default 6)")
+    ap.add_argument("--sessions", type=int, default=8, help="sessions in the trace (default 8)")
     ap.add_argument("--turns-median", type=float, default=5, help="median turns per session")
-    ap.add_argument("--think-median", type=float, default=10.0,
-                    help="median think time between an agent's turns, s (default 10)")
-    ap.add_argument("--think-max", type=float, default=40.0, help="longest think time, s")
+    ap.add_argument("--think-median", type=float, default=6.0,
+                    help="median think time between an agent's turns, s (default 6)")
+    ap.add_argument("--think-sigma", type=float, default=1.3,
+                    help="lognormal spread of think times (default 1.3: a long tail)")
+    ap.add_argument("--think-max", type=float, default=60.0, help="longest think time, s")
     ap.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
     ap.add_argument("-c", "--concurrency", type=int, default=3, help="session lanes")
     ap.add_argument("--engines", type=int, default=1, help="aggregated engines (default 1)")
-    ap.add_argument("--kv-blocks", type=int, default=72,
+    ap.add_argument("--kv-blocks", type=int, default=36,
                     help="KV blocks of 128 tokens per engine (--num-gpu-blocks-override; "
-                         "default 72: about the live sessions' contexts plus a little)")
+                         "default 36: about the live sessions' contexts at -c 3)")
     ap.add_argument("--kv-store", choices=("on", "off"), default="on",
                     help="the shared KV store (default on: an evicted prefix is loaded from "
                          "it; off: recomputed)")
@@ -251,13 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-prefetch")
     sessions, info = generate.generated_trace(
         "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed,
-        think_median=a.think_median, think_max=a.think_max)
+        think_median=a.think_median, think_sigma=a.think_sigma, think_max=a.think_max)
     tok = AutoTokenizer.from_pretrained(str(resolve_model(None)))
     order = replay_order(a.first, a.rounds)
     state = out / "logs"  # engine, store and router logs, beside the results
     stack = Stack(StackConfig(
         prefill=0, decode=0, aggregated=a.engines, kv_store=a.kv_store == "on", router=False,
-        kv_cache_gib=1, max_model_len=4096, state_dir=state,
+        kv_cache_gib=1, max_model_len=4096, state_dir=state, kv_store_pool="4GB",
         engine_args=["--num-gpu-blocks-override", str(a.kv_blocks)]))
     procs = Processes(state)
     runs: dict[str, list[dict]] = {}
