@@ -316,14 +316,14 @@ def main(argv: list[str] | None = None) -> int:
              f"{a.kv_store}; replay order {', '.join(order)}; concurrency {a.concurrency}; "
              f"trace: {stats['sessions']} sessions, {stats['requests']} requests, input p50 "
              f"{stats['in_p50']:.0f} tokens, think p50 {stats['think_p50']:.1f} s; "
-             f"`{SESSION_END_HEADER}: 1` on each agent's last request.", "",
-             *tables(rows, a.gap_s)]
+             f"`{SESSION_END_HEADER}: 1` on each agent's last request.",
+             "\n".join(tables(rows, a.gap_s))]  # one note: a paragraph of tables
     all_runs = [run for config_runs in runs.values() for run in config_runs]
     if all_runs:
         report.write_report(all_runs, out, title="Session KV prefetch on vs off", notes=notes)
     out.mkdir(parents=True, exist_ok=True)
     (out / "session_prefetch.json").write_text(json.dumps(rows, indent=1))
-    print("\n".join(notes))
+    print("\n\n".join(notes))
     return 0 if len(all_runs) == len(order) and not any(r["failures"] for r in rows) else 1
 
 
