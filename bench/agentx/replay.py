@@ -55,6 +55,10 @@ class ReplayConfig:
     timeout_s: float = 600.0
     duration_s: float | None = None  # stop starting new requests after this
     session_header: str = "X-Session-ID"
+    # Sent (value 1) on each agent's last request, sub-agents' too, so a
+    # router knows the agent's KV is not needed any more (Tandem's router:
+    # x-session-end). None: the replay never says a session ended.
+    session_end_header: str | None = None
     api_key: str | None = None
     progress: bool = True
 
@@ -137,13 +141,15 @@ class Replayer:
 
     # -- one HTTP call
     async def _call(self, client: httpx.AsyncClient, rec: RequestRecord,
-                    prompt: BuiltPrompt, session_key: str) -> None:
+                    prompt: BuiltPrompt, session_key: str, last: bool = False) -> None:
         body = {"model": self.cfg.model, "messages": prompt.messages,
                 "max_tokens": rec.max_tokens, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}}
         if self.cfg.ignore_eos:
             body["ignore_eos"] = True
         headers = {self.cfg.session_header: session_key} if self.cfg.session_header else {}
+        if last and self.cfg.session_end_header:
+            headers[self.cfg.session_end_header] = "1"
         if self.cfg.api_key:
             headers["Authorization"] = f"Bearer {self.cfg.api_key}"
         t_start = time.perf_counter()
@@ -213,6 +219,7 @@ class Replayer:
                      lane: int) -> None:
         turn = 0
         i = 0
+        last = max((j for j, e in enumerate(entries) if isinstance(e, Request)), default=-1)
         while i < len(entries):
             if self.stopping.is_set():
                 raise _Stop()
@@ -231,7 +238,7 @@ class Replayer:
                         raise r
                 continue
             await self._think(e)
-            await self._request(client, s, e, path, turn, lane)
+            await self._request(client, s, e, path, turn, lane, last=i == last)
             turn += 1
             i += 1
 
@@ -247,7 +254,7 @@ class Replayer:
                 pass
 
     async def _request(self, client, s: Session, r: Request, path: str, turn: int,
-                       lane: int) -> None:
+                       lane: int, last: bool = False) -> None:
         prompt = self.prompts[id(r)]
         max_tokens = max(1, r.out_tokens)
         if self.cfg.max_tokens_cap:
@@ -259,7 +266,7 @@ class Replayer:
         self.records.append(rec)
         key = f"{self.salt}:{s.id}:{path}" if path else f"{self.salt}:{s.id}"
         try:
-            await self._call(client, rec, prompt, key)
+            await self._call(client, rec, prompt, key, last)
         finally:
             if not rec.ok:
                 self.failures += 1
