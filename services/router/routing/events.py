@@ -81,10 +81,20 @@ def _as_int(h: int | bytes) -> int:
     return h
 
 
+# The engine's own KV cache: vLLM labels it ``GPU`` even on CPU (None from
+# publishers that predate the field).
+_DEVICE_MEDIA = (None, "GPU")
+
+
 def apply_batch(index: PrefixIndex, pod: str, batch: KVEventBatch) -> None:
-    """Apply one batch of events to the pod's entries in the index (every
-    medium counts as held: vLLM labels its device cache ``GPU`` even on CPU)."""
+    """Apply one batch of events to the pod's entries in the index. Only the
+    engine's own cache counts as held: the KV store connector publishes each
+    block it writes to the shared store (medium ``cpu``) on the writing
+    engine's stream and never its removal, and a block there is no more this
+    pod's than any other's."""
     for event in batch.events:
+        if isinstance(event, (BlockStored, BlockRemoved)) and event.medium not in _DEVICE_MEDIA:
+            continue
         if isinstance(event, BlockStored):
             index.stored(pod, [_as_int(h) for h in event.block_hashes])
         elif isinstance(event, BlockRemoved):

@@ -40,6 +40,22 @@ def test_decodes_what_vllm_encodes():
     assert idx.held_blocks("p") == 0
 
 
+def test_blocks_written_to_the_kv_store_are_not_held_on_the_pod():
+    """vLLM's Mooncake store connector publishes its writes on the engine's
+    stream with medium "cpu" and never removes them."""
+    idx = PrefixIndex()
+    to_store = BlockStored(block_hashes=[21, 22], parent_block_hash=None,
+                           token_ids=list(range(4)), block_size=2, lora_id=None,
+                           medium="cpu", lora_name=None)
+    apply_batch(idx, "p", decode_batch(msgspec.msgpack.encode(
+        KVEventBatch(ts=0, events=[stored([11]), to_store]))))
+    assert idx.held_blocks("p") == 1
+    assert idx.match([21, 22], 0).get("p", 0) == 0
+    apply_batch(idx, "p", decode_batch(msgspec.msgpack.encode(
+        KVEventBatch(ts=0, events=[BlockRemoved(block_hashes=[11], medium="cpu")]))))
+    assert idx.held_blocks("p") == 1
+
+
 async def wait_for(cond, timeout=10.0):
     deadline = asyncio.get_running_loop().time() + timeout
     while not cond():
