@@ -20,8 +20,6 @@ the router's decisions by class and pod, and ratios on/off.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -31,16 +29,19 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.agentx import generate, metrics, report
-from bench.agentx.content import PromptBuilder
-from bench.agentx.replay import ReplayConfig, Replayer, build_prompts, new_salt
-from bench.harness import RESULTS, log, served_model, sigterm_as_interrupt
+from bench.agentx import generate, metrics
+from bench.harness import RESULTS
 from bench.long_prefill import long_requests
-from common.ports import free_port
-from common.procs import Processes, wait_http_ok
+from bench.router_ab import (
+    CONFIGS,
+    replay_each,
+    replay_order,
+    replay_through,
+    write_results,
+)
+from common.procs import Processes
 from services.stack import Stack, StackConfig
 
-CONFIGS = ("off", "on")
 FRESH_POOL = "fresh"
 
 
@@ -140,49 +141,20 @@ def main(argv: list[str] | None = None) -> int:
         "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed,
         first_in_median=a.first_in_median, max_context=3584)
     tok = AutoTokenizer.from_pretrained(str(resolve_model(None)))
-    pair = CONFIGS if a.first == "off" else CONFIGS[::-1]
-    order = [c for r in range(a.rounds) for c in (pair if r % 2 == 0 else pair[::-1])]
+    order = replay_order(a.first, a.rounds)
     state = Path(tempfile.mkdtemp(prefix="tandem-classes-"))
     stack = Stack(StackConfig(prefill=2, decode=1, kv_store=False, router=False,
                               kv_cache_gib=1, max_model_len=4096, state_dir=state))
-    procs = Processes(state)
-    runs: dict[str, list[dict]] = {}
     started = time.monotonic()
-    try:
-        with sigterm_as_interrupt():
-            stack.start()
-            log(f"engines up in {time.monotonic() - started:.0f}s; replays: {order}")
-            for i, config in enumerate(order):
-                port = free_port()
-                url = f"http://{stack.config.host}:{port}"
-                proc, _ = procs.launch(f"router-{config}-{i}",
-                                       router_argv(stack, port, config, a.long_request_tokens))
-                try:
-                    wait_http_ok(f"{url}/health", proc, time.monotonic() + 120)
-                    builder = PromptBuilder(tok, salt=new_salt())
-                    replay_cfg = ReplayConfig(url=url, model=served_model(url),
-                                              concurrency=a.concurrency,
-                                              think_scale=a.think_scale, timeout_s=a.timeout,
-                                              progress=sys.stderr.isatty())
-                    result = asyncio.run(Replayer(replay_cfg, sessions,
-                                                  build_prompts(sessions, builder),
-                                                  salt=builder.salt).run())
-                    run = report.make_run(config, result.to_json(), info)
-                    run["classes"] = class_counts(url)
-                    report.write_run(run, out / f"{i:02d}-{config}" / "run.json")
-                finally:
-                    procs.stop(proc)
-                runs.setdefault(config, []).append(run)
-                s = run["summary"]
-                log(f"{config}: {s['ok']} ok, {s['failures']} failed, TTFT p99 "
-                    f"{_f(s['ttft_p99'])} s ({(time.monotonic() - started) / 60:.1f} min)")
-                if result.interrupted:
-                    raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        log("interrupted: reporting what was measured")
-    finally:
-        procs.stop_all()
-        stack.stop()
+
+    def replay(url: str):
+        result = replay_through(url, sessions, tok, concurrency=a.concurrency,
+                                think_scale=a.think_scale, timeout_s=a.timeout)
+        return result, {"classes": class_counts(url)}
+
+    runs = replay_each(stack, Processes(state), order, out, info,
+                       lambda port, config: router_argv(stack, port, config,
+                                                        a.long_request_tokens), replay)
     rows = [summarize(c, runs[c], a.long_request_tokens) for c in CONFIGS if c in runs]
     minutes = (time.monotonic() - started) / 60
     command = " ".join(["python -m bench.request_classes",
@@ -190,12 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; 2 prefill + 1 decode "
              f"vLLM CPU engines, KV store off; replay order {', '.join(order)}; concurrency "
              f"{a.concurrency}, think times × {a.think_scale}.", *tables(rows)]
-    all_runs = [run for config_runs in runs.values() for run in config_runs]
-    if all_runs:
-        report.write_report(all_runs, out, title="Request classes on vs off", notes=notes)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "request_classes.json").write_text(json.dumps(rows, indent=1))
-    print("\n".join(notes))
+    all_runs = write_results(out, "Request classes on vs off", runs, rows, notes,
+                             "request_classes.json")
     return 0 if len(all_runs) == len(order) and not any(r["failures"] for r in rows) else 1
 
 

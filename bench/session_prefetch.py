@@ -41,8 +41,6 @@ their own cache and loaded from the KV store, and the store's get/put bytes
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import sys
 import time
@@ -51,15 +49,18 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.agentx import generate, metrics, report
-from bench.agentx.content import PromptBuilder
-from bench.agentx.replay import ReplayConfig, Replayer, build_prompts, new_salt
-from bench.harness import RESULTS, log, served_model, sigterm_as_interrupt
-from common.ports import free_port
-from common.procs import Processes, wait_http_ok
+from bench.agentx import generate, metrics
+from bench.harness import RESULTS
+from bench.router_ab import (
+    CONFIGS,
+    replay_each,
+    replay_order,
+    replay_through,
+    write_results,
+)
+from common.procs import Processes
 from services.stack import Stack, StackConfig
 
-CONFIGS = ("off", "on")
 SESSION_END_HEADER = "x-session-end"  # the router's default --session-end-header
 
 # The engines' work: vLLM counters summed over engines, by (sample name,
@@ -209,12 +210,6 @@ def tables(rows: list[dict], gap_s: float) -> list[str]:
     return lines + [""]
 
 
-def replay_order(first: str, rounds: int) -> list[str]:
-    """Configurations alternating, each round reversed: off, on, on, off, ..."""
-    pair = CONFIGS if first == "off" else CONFIGS[::-1]
-    return [c for r in range(rounds) for c in (pair if r % 2 == 0 else pair[::-1])]
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.session_prefetch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -265,47 +260,19 @@ def main(argv: list[str] | None = None) -> int:
         prefill=0, decode=0, aggregated=a.engines, kv_store=a.kv_store == "on", router=False,
         kv_cache_gib=1, max_model_len=4096, state_dir=state, kv_store_pool="4GB",
         engine_args=["--num-gpu-blocks-override", str(a.kv_blocks)]))
-    procs = Processes(state)
-    runs: dict[str, list[dict]] = {}
     started = time.monotonic()
-    try:
-        with sigterm_as_interrupt():
-            stack.start()
-            log(f"engines up in {time.monotonic() - started:.0f}s; replays: {order}")
-            for i, config in enumerate(order):
-                port = free_port()
-                url = f"http://{stack.config.host}:{port}"
-                proc, _ = procs.launch(f"router-{config}-{i}", router_argv(stack, port, config))
-                before = engine_counters(stack)
-                try:
-                    wait_http_ok(f"{url}/health", proc, time.monotonic() + 120)
-                    builder = PromptBuilder(tok, salt=new_salt())
-                    replay_cfg = ReplayConfig(url=url, model=served_model(url),
-                                              concurrency=a.concurrency, timeout_s=a.timeout,
-                                              session_end_header=SESSION_END_HEADER,
-                                              progress=sys.stderr.isatty())
-                    result = asyncio.run(Replayer(replay_cfg, sessions,
-                                                  build_prompts(sessions, builder),
-                                                  salt=builder.salt).run())
-                    run = report.make_run(config, result.to_json(), info)
-                    run["prefetch"] = prefetch_counts(httpx.get(f"{url}/metrics", timeout=10).text)
-                finally:
-                    procs.stop(proc)  # a prefetch still running is cancelled with it
-                after = engine_counters(stack)
-                run["engines"] = {k: after[k] - before[k] for k in ENGINE_COUNTERS}
-                report.write_run(run, out / f"{i:02d}-{config}" / "run.json")
-                runs.setdefault(config, []).append(run)
-                s, p = run["summary"], run["prefetch"]
-                log(f"{config}: {s['ok']} ok, {s['failures']} failed, TTFT p50 "
-                    f"{_f(s['ttft_p50'])} s, prefetches {p['started']:.0f} started "
-                    f"{p['completed']:.0f} completed ({(time.monotonic() - started) / 60:.1f} min)")
-                if result.interrupted:
-                    raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        log("interrupted: reporting what was measured")
-    finally:
-        procs.stop_all()
-        stack.stop()
+
+    def replay(url: str):
+        before = engine_counters(stack)
+        result = replay_through(url, sessions, tok, concurrency=a.concurrency,
+                                timeout_s=a.timeout, session_end_header=SESSION_END_HEADER)
+        prefetch = prefetch_counts(httpx.get(f"{url}/metrics", timeout=10).text)
+        after = engine_counters(stack)
+        return result, {"prefetch": prefetch,
+                        "engines": {k: after[k] - before[k] for k in ENGINE_COUNTERS}}
+
+    runs = replay_each(stack, Processes(state), order, out, info,
+                       lambda port, config: router_argv(stack, port, config), replay)
     rows = [summarize(c, runs[c], a.gap_s) for c in CONFIGS if c in runs]
     minutes = (time.monotonic() - started) / 60
     command = " ".join(["python -m bench.session_prefetch",
@@ -318,12 +285,8 @@ def main(argv: list[str] | None = None) -> int:
              f"{stats['in_p50']:.0f} tokens, think p50 {stats['think_p50']:.1f} s; "
              f"`{SESSION_END_HEADER}: 1` on each agent's last request.",
              "\n".join(tables(rows, a.gap_s))]  # one note: a paragraph of tables
-    all_runs = [run for config_runs in runs.values() for run in config_runs]
-    if all_runs:
-        report.write_report(all_runs, out, title="Session KV prefetch on vs off", notes=notes)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "session_prefetch.json").write_text(json.dumps(rows, indent=1))
-    print("\n\n".join(notes))
+    all_runs = write_results(out, "Session KV prefetch on vs off", runs, rows, notes,
+                             "session_prefetch.json")
     return 0 if len(all_runs) == len(order) and not any(r["failures"] for r in rows) else 1
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from bench.router_ab import replay_order
 from bench.session_prefetch import (
     counters,
     prefetch_counts,
-    replay_order,
     summarize,
     tables,
     with_gaps,
