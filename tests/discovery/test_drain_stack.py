@@ -46,7 +46,12 @@ TD = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
       "metadata": {"name": "demo", "namespace": "default"},
       "spec": {"model": {"path": "/models/smollm2"}, "prefill": {"replicas": 1},
                "decode": {"replicas": 2}, "kvStore": {"enabled": False}}}
-KV_LEASE_S = 60  # a stranded lease would show for a minute; drained ones go at once
+# A stranded lease would show for minutes; drained ones go at once. Longer
+# than the slowest KV pull seen on a loaded 2-core machine: a decode worker
+# stalled about 60 s per step while pulling (README, "Known problems"), and
+# the waiting decode's heartbeats, sent from those steps, stall with it.
+# These tests are about who ends a lease, not how fast a pull is.
+KV_LEASE_S = 300
 # Long enough to outlast the scale-down (a few seconds); short enough to end
 # well inside the grace period on a loaded 2-core machine (~1-2 tokens/s each).
 STREAM_TOKENS = 96
@@ -338,7 +343,7 @@ def test_prefill_waits_for_its_kv_leases_on_sigterm(engines):
     with grpc.insecure_channel(decode.grpc) as channel:
         out = list(pb_grpc.EngineStub(channel).Generate(pb.GenerateRequest(
             request_id="lease-1", token_ids=tokens, sampling_params=sampling,
-            kv_transfer_params_json=reply.kv_transfer_params_json), timeout=120))
+            kv_transfer_params_json=reply.kv_transfer_params_json), timeout=KV_LEASE_S))
     assert out[-1].finish_reason == "length"
     pulled = time.monotonic()
     wait_for(lambda: not _alive(prefill.pid), 30, "prefill exit")
