@@ -46,6 +46,7 @@ from bench import request_phases
 from bench.agentx import generate, metrics, report
 from bench.agentx.content import PromptBuilder
 from bench.agentx.embedded import CONFIGS
+from bench.agentx.metrics import cell
 from bench.agentx.replay import ReplayConfig, Replayer, build_prompts, new_salt
 from bench.harness import RESULTS, log, served_model, sigterm_as_interrupt
 from common.ports import free_port
@@ -212,10 +213,6 @@ def mean_phases(runs: list[dict]) -> dict[str, dict[str, float]]:
     return found
 
 
-def _f(value, fmt: str = "{:.2f}") -> str:
-    return "—" if value is None else fmt.format(value)
-
-
 def tables(rows: list[dict]) -> list[str]:
     lines = ["| config | requests | TPGS (tok/s/core) | P90 interactivity (tok/s/user) | "
              "TTFT p50 | p90 | p99 (s) | long requests | long TTFT p50 | max (s) | hit rate | "
@@ -223,10 +220,11 @@ def tables(rows: list[dict]) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['label']} | {r['requests']} ({r['failures']} failed) | {_f(r['tpgs'], '{:.0f}')}"
-            f" | {_f(r['interactivity_p90'])} | {_f(r['ttft_p50'])} | {_f(r['ttft_p90'])} | "
-            f"{_f(r['ttft_p99'])} | {r['long_requests']} | {_f(r['long_ttft_p50'])} | "
-            f"{_f(r['long_ttft_max'])} | {_f(r['hit_rate'] and 100 * r['hit_rate'], '{:.1f}%')}"
+            f"| {r['label']} | {r['requests']} ({r['failures']} failed) | "
+            f"{cell(r['tpgs'], '{:.0f}')} | {cell(r['interactivity_p90'])} | "
+            f"{cell(r['ttft_p50'])} | {cell(r['ttft_p90'])} | "
+            f"{cell(r['ttft_p99'])} | {r['long_requests']} | {cell(r['long_ttft_p50'])} | "
+            f"{cell(r['long_ttft_max'])} | {cell(r['hit_rate'] and 100 * r['hit_rate'], '{:.1f}%')}"
             f" | {', '.join(f'{lo:.1f}→{hi:.1f}' for lo, hi in r['load'])} |")
     lines += ["", "Ratios against the same mode with the threshold off (TTFT below 1 and "
               "TPGS / interactivity above 1 favour the threshold):", "",
@@ -246,7 +244,7 @@ def tables(rows: list[dict]) -> list[str]:
                    f"does not (interactivity {'up' if inter > 1 else 'down'}, long TTFT "
                    f"{'up' if long_ttft > 1 else 'down'})")
         lines.append(f"| {r['label']} | " + " | ".join(
-            _f(ratio[k], "{:.2f}×") for k in ("tpgs", "interactivity_p90", "ttft_p50",
+            cell(ratio[k], "{:.2f}×") for k in ("tpgs", "interactivity_p90", "ttft_p50",
                                                "ttft_p90", "ttft_p99", "long_ttft_p50"))
             + f" | {verdict} |")
     lines += ["", "Engines' mean phase times (s; services/engine/metrics.py):", "",
@@ -254,7 +252,7 @@ def tables(rows: list[dict]) -> list[str]:
               + " |", "|---|" + "---:|" * len(PHASE_COLUMNS)]
     for r in rows:
         lines.append(f"| {r['label']} | " + " | ".join(
-            _f(r["phases"].get(role, {}).get(phase), "{:.3f}") for role, phase in PHASE_COLUMNS)
+            cell(r["phases"].get(role, {}).get(phase), "{:.3f}") for role, phase in PHASE_COLUMNS)
             + " |")
     return lines + [""]
 
@@ -338,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault(cfg, []).append(run)
                 s = run["summary"]
                 log(f"{cfg.label}: {s['ok']} ok, {s['failures']} failed, TTFT p50 "
-                    f"{_f(s['ttft_p50'])} s, load {run['load_1min']} "
+                    f"{cell(s['ttft_p50'])} s, load {run['load_1min']} "
                     f"({(time.monotonic() - started) / 60:.1f} min so far)")
     except KeyboardInterrupt:
         log("interrupted: reporting what was measured")

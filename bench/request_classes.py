@@ -30,10 +30,12 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.agentx import generate, metrics
+from bench.agentx.metrics import cell
 from bench.harness import RESULTS
 from bench.long_prefill import long_requests
 from bench.router_ab import (
     CONFIGS,
+    add_order_arguments,
     replay_each,
     replay_order,
     replay_through,
@@ -84,10 +86,6 @@ def summarize(label: str, runs: list[dict], long_tokens: int) -> dict:
     }
 
 
-def _f(value, fmt: str = "{:.2f}") -> str:
-    return "—" if value is None else fmt.format(value)
-
-
 KEYS = ("ttft_p50", "ttft_p90", "ttft_p99", "interactivity_p90", "long_ttft_p50",
         "other_ttft_p90")
 
@@ -98,14 +96,14 @@ def tables(rows: list[dict]) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['label']} | {r['requests']} ({r['failures']} failed) | {_f(r['ttft_p50'])} | "
-            f"{_f(r['ttft_p90'])} | {_f(r['ttft_p99'])} | {_f(r['interactivity_p90'])} | "
-            f"{r['long_requests']} | {_f(r['long_ttft_p50'])} | {_f(r['other_ttft_p90'])} | "
-            f"{_f(r['hit_rate'] and 100 * r['hit_rate'], '{:.1f}%')} |")
+            f"| {r['label']} | {r['requests']} ({r['failures']} failed) | {cell(r['ttft_p50'])} | "
+            f"{cell(r['ttft_p90'])} | {cell(r['ttft_p99'])} | {cell(r['interactivity_p90'])} | "
+            f"{r['long_requests']} | {cell(r['long_ttft_p50'])} | {cell(r['other_ttft_p90'])} | "
+            f"{cell(r['hit_rate'] and 100 * r['hit_rate'], '{:.1f}%')} |")
     by = {r["label"]: r for r in rows}
     if "on" in by and "off" in by:
         ratio = {k: metrics.ratio(by["on"][k], by["off"][k]) for k in KEYS}
-        lines += ["", "on / off: " + ", ".join(f"{k} {_f(ratio[k], '{:.2f}×')}" for k in KEYS)]
+        lines += ["", "on / off: " + ", ".join(f"{k} {cell(ratio[k], '{:.2f}×')}" for k in KEYS)]
     lines += ["", "Router decisions by class@pod (the pod that computes the prompt), per run:"]
     lines += [f"* {r['label']}: {r['classes']}" for r in rows]
     return lines + [""]
@@ -114,9 +112,7 @@ def tables(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.request_classes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=1, help="replays per configuration")
-    ap.add_argument("--first", choices=CONFIGS, default="off",
-                    help="the configuration replayed first (then alternating; default off)")
+    add_order_arguments(ap)
     ap.add_argument("--sessions", type=int, default=4, help="sessions in the trace (default 4)")
     ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
     ap.add_argument("--first-in-median", type=int, default=2304,

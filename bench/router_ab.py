@@ -7,6 +7,7 @@ alternating round by round so that a drift in the machine spreads over both.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -25,6 +26,13 @@ from common.procs import Processes, wait_http_ok
 from services.stack import Stack
 
 CONFIGS = ("off", "on")
+
+
+def add_order_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--rounds`` and ``--first``, which ``replay_order`` takes."""
+    ap.add_argument("--rounds", type=int, default=1, help="replays per configuration")
+    ap.add_argument("--first", choices=CONFIGS, default="off",
+                    help="the configuration replayed first (then alternating; default off)")
 
 
 def replay_order(first: str, rounds: int) -> list[str]:

@@ -50,9 +50,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.agentx import generate, metrics
+from bench.agentx.metrics import cell
 from bench.harness import RESULTS
 from bench.router_ab import (
     CONFIGS,
+    add_order_arguments,
     replay_each,
     replay_order,
     replay_through,
@@ -164,12 +166,8 @@ def summarize(label: str, runs: list[dict], gap_s: float) -> dict:
     }
 
 
-def _f(value, fmt: str = "{:.2f}") -> str:
-    return "—" if value is None else fmt.format(value)
-
-
 def _pct(value) -> str:
-    return _f(value and 100 * value, "{:.1f}%")
+    return cell(value and 100 * value, "{:.1f}%")
 
 
 RATIO_KEYS = ("gap_ttft_p50", "gap_ttft_p90", "gap_ttft_mean", "gap_cached_share",
@@ -185,8 +183,8 @@ def tables(rows: list[dict], gap_s: float) -> list[str]:
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['requests']} ({r['failures']} failed) | {r['gap_turns']} "
-            f"| {_f(r['gap_ttft_p50'])} | {_f(r['gap_ttft_p90'])} | {_f(r['gap_ttft_mean'])} "
-            f"| {_pct(r['gap_cached_share'])} | {_f(r['ttft_p50'])} | {_f(r['ttft_p90'])} "
+            f"| {cell(r['gap_ttft_p50'])} | {cell(r['gap_ttft_p90'])} | {cell(r['gap_ttft_mean'])} "
+            f"| {_pct(r['gap_cached_share'])} | {cell(r['ttft_p50'])} | {cell(r['ttft_p90'])} "
             f"| {_pct(r['hit_rate'])} |")
     lines += ["", "| config | prefetches started | completed | cancelled | failed "
               "| tokens warmed | engine requests | prompt tokens | computed | own cache "
@@ -203,8 +201,9 @@ def tables(rows: list[dict], gap_s: float) -> list[str]:
     by = {r["label"]: r for r in rows}
     if "on" in by and "off" in by:
         on, off = by["on"], by["off"]
-        ratios = [f"{k} {_f(metrics.ratio(on[k], off[k]), '{:.2f}×')}" for k in RATIO_KEYS]
-        ratios += [f"engine {k} {_f(metrics.ratio(on['engines'][k], off['engines'][k]), '{:.2f}×')}"
+        ratios = [f"{k} {cell(metrics.ratio(on[k], off[k]), '{:.2f}×')}" for k in RATIO_KEYS]
+        ratios += [f"engine {k} "
+                   f"{cell(metrics.ratio(on['engines'][k], off['engines'][k]), '{:.2f}×')}"
                    for k in ENGINE_RATIO_KEYS]
         lines += ["", "on / off: " + ", ".join(ratios)]
     return lines + [""]
@@ -213,9 +212,7 @@ def tables(rows: list[dict], gap_s: float) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.session_prefetch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=1, help="replays per configuration")
-    ap.add_argument("--first", choices=CONFIGS, default="off",
-                    help="the configuration replayed first (then alternating; default off)")
+    add_order_arguments(ap)
     ap.add_argument("--sessions", type=int, default=8, help="sessions in the trace (default 8)")
     ap.add_argument("--turns-median", type=float, default=5, help="median turns per session")
     ap.add_argument("--think-median", type=float, default=6.0,

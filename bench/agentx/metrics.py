@@ -113,3 +113,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def cell(value: float | None, fmt: str = "{:.2f}") -> str:
+    """A table cell: ``value`` formatted, or a dash when it was not measured."""
+    return "—" if value is None else fmt.format(value)
