@@ -243,7 +243,7 @@ class PolicyBench:
     def http_runs(self, regime: Regime, contenders: list[Contender]) -> None:
         from common.ports import free_port
         from common.procs import wait_http_ok
-        from services.stack import engine_env, kv_events_flags, vllm_flags
+        from services.stack import engine_cores, engine_env, kv_events_flags, vllm_flags
 
         state = Path(tempfile.mkdtemp(prefix=f"vllm-policies-{regime.name}-"))
         cfg = self.stack_config(regime, state)
@@ -251,7 +251,7 @@ class PolicyBench:
         try:
             engines = []
             t0 = time.time()
-            for i, cpu in enumerate(_cpus_for(self.a.engines)):
+            for i, core in enumerate(engine_cores(self.a.engines)):
                 port = free_port()
                 events, endpoints = kv_events_flags(HOST, free_port(), free_port())
                 argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -260,7 +260,7 @@ class PolicyBench:
                         *events, "--host", HOST, "--port", str(port),
                         "--enable-prompt-tokens-details"]
                 proc, _ = procs.launch(f"vllm-{i}", argv, set(os.sched_getaffinity(0)),
-                                       env=engine_env(cfg, cpu))
+                                       env=engine_env(cfg, core))
                 engines.append(HttpEngine(f"http://{HOST}:{port}", endpoints, proc))
             for e in engines:
                 wait_http_ok(f"{e.url}/health", e.proc, time.monotonic() + cfg.startup_timeout_s)
@@ -277,11 +277,6 @@ class PolicyBench:
 
 def run_dir(out: Path, regime: str, rep: int, repeats: int) -> Path:
     return out / regime if repeats == 1 else out / regime / f"run{rep + 1}"
-
-
-def _cpus_for(n: int) -> list[int]:
-    cpus = sorted(os.sched_getaffinity(0))
-    return [cpus[i % len(cpus)] for i in range(n)]
 
 
 def summary_table(runs: list[dict], bound: float | None) -> str:

@@ -32,8 +32,17 @@ from services.kvstore.api import store_launch
 POOL_OF_ROLE = {"prefill": "prefill", "decode": "decode", "engine": "aggregated"}
 
 
-def _cpus() -> list[int]:
-    return sorted(os.sched_getaffinity(0))
+def engine_cores(engines: int) -> list[int | None]:
+    """The core each of `engines` engines is bound to: one each while there
+    are enough, else None for all, leaving them to the kernel's scheduler.
+    Two engines bound to one core while another core idles starve each other:
+    a busy vLLM worker spins on its queue from the engine core, and the NIXL
+    threads that serve a decode's KV pull inherit the worker's core, so a pull
+    from a prefill sharing a core with a busy decode took minutes."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if engines > len(cpus):
+        return [None] * engines
+    return cpus[:engines]
 
 
 @dataclass
@@ -116,7 +125,7 @@ class Stack:
                     url=launch.health_url.removesuffix("/health"))
         return proc, launch
 
-    def _engine(self, role: str, index: int, cpu: int, store_flags: list[str],
+    def _engine(self, role: str, index: int, core: int | None, store_flags: list[str],
                 ) -> tuple[Proc, dict[str, str]]:
         c = self.config
         grpc_port, metrics_port, nixl_port = self._port(), self._port(), self._port()
@@ -132,7 +141,7 @@ class Stack:
         proc = Proc(name=name, argv=argv, log=str(self.config.state_dir / f"{name}.log"),
                     grpc=f"{c.host}:{grpc_port}", url=f"http://{c.host}:{metrics_port}/metrics",
                     kv_events=kv_events)
-        return proc, engine_env(c, cpu)
+        return proc, engine_env(c, core)
 
     def _launch(self, proc: Proc, env: dict[str, str]) -> None:
         started, popen = launch(proc.name, proc.argv, Path(proc.log), env, append=True)
@@ -147,7 +156,6 @@ class Stack:
         c.state_dir.mkdir(parents=True, exist_ok=True)
         resolve_model(c.model)  # convert the default model once, before engines race to
 
-        cpus = _cpus()
         deadline = time.monotonic() + c.startup_timeout_s
         try:
             store_flags = []
@@ -159,12 +167,11 @@ class Stack:
                 self.write_state()
                 wait_http_ok(f"{store.url}/health", store, deadline)
                 store_flags = launch.engine_flags
-            engines = []
-            for role, count in (("prefill", c.prefill), ("decode", c.decode),
-                                ("engine", c.aggregated)):
-                for i in range(count):
-                    engines.append(self._engine(role, i, cpus[len(engines) % len(cpus)],
-                                                store_flags))
+            roles = [(role, i) for role, count in (("prefill", c.prefill), ("decode", c.decode),
+                                                   ("engine", c.aggregated))
+                     for i in range(count)]
+            engines = [self._engine(role, i, core, store_flags)
+                       for (role, i), core in zip(roles, engine_cores(len(roles)), strict=True)]
             for proc, env in engines:
                 self._launch(proc, env)
             self.write_state()
@@ -243,10 +250,15 @@ def kv_events_flags(host: str, pub_port: int, replay_port: int) -> tuple[list[st
             f"tcp://{host}:{pub_port},tcp://{host}:{replay_port}")
 
 
-def engine_env(c: StackConfig, cpu: int) -> dict[str, str]:
+def engine_env(c: StackConfig, core: int | None) -> dict[str, str]:
     """vLLM CPU settings of one engine: its KV cache size and the core its
-    OpenMP threads run on (engines on different cores do not contend)."""
-    return {"VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
+    OpenMP threads run on (engines on different cores do not contend), or,
+    with `core` None, one unbound OpenMP thread (engine_cores)."""
+    if core is None:
+        bind = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+    else:
+        bind = {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
+    return {"VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib), **bind}
 
 
 def stop_order(name: str) -> int:
