@@ -97,7 +97,9 @@ def store_gbps(launch, object_size: int, count: int) -> tuple[float, float]:
 
 def start_engine(procs: Processes, role: str, cpu: int, name: str, store_flags: list[str]):
     grpc_port, metrics_port, nixl_port = free_ports(3)
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
+    from services.stack import engine_env
+
+    env = engine_env(1, cpu)
     proc, popen = procs.launch(name, [
         sys.executable, "-m", "services.engine", "--role", role, "--grpc-port", str(grpc_port),
         "--metrics-port", str(metrics_port), "--nixl-port", str(nixl_port), "--dtype",

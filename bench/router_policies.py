@@ -260,7 +260,7 @@ class PolicyBench:
                         *events, "--host", HOST, "--port", str(port),
                         "--enable-prompt-tokens-details"]
                 proc, _ = procs.launch(f"vllm-{i}", argv, set(os.sched_getaffinity(0)),
-                                       env=engine_env(cfg, core))
+                                       env=engine_env(cfg.kv_cache_gib, core))
                 engines.append(HttpEngine(f"http://{HOST}:{port}", endpoints, proc))
             for e in engines:
                 wait_http_ok(f"{e.url}/health", e.proc, time.monotonic() + cfg.startup_timeout_s)

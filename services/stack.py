@@ -141,7 +141,7 @@ class Stack:
         proc = Proc(name=name, argv=argv, log=str(self.config.state_dir / f"{name}.log"),
                     grpc=f"{c.host}:{grpc_port}", url=f"http://{c.host}:{metrics_port}/metrics",
                     kv_events=kv_events)
-        return proc, engine_env(c, core)
+        return proc, engine_env(c.kv_cache_gib, core)
 
     def _launch(self, proc: Proc, env: dict[str, str]) -> None:
         started, popen = launch(proc.name, proc.argv, Path(proc.log), env, append=True)
@@ -250,7 +250,7 @@ def kv_events_flags(host: str, pub_port: int, replay_port: int) -> tuple[list[st
             f"tcp://{host}:{pub_port},tcp://{host}:{replay_port}")
 
 
-def engine_env(c: StackConfig, core: int | None) -> dict[str, str]:
+def engine_env(kv_cache_gib: int, core: int | None) -> dict[str, str]:
     """vLLM CPU settings of one engine: its KV cache size and the core its
     OpenMP threads run on (engines on different cores do not contend), or,
     with `core` None, one unbound OpenMP thread (engine_cores)."""
@@ -258,7 +258,7 @@ def engine_env(c: StackConfig, core: int | None) -> dict[str, str]:
         bind = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     else:
         bind = {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
-    return {"VLLM_CPU_KVCACHE_SPACE": str(c.kv_cache_gib), **bind}
+    return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), **bind}
 
 
 def stop_order(name: str) -> int:

@@ -8,7 +8,6 @@ fixture raises with the reason, it never skips.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from common.model import resolve_model
 from common.ports import free_port
 from common.procs import launch, stop_process_group, wait_http_ok
-from services.stack import Stack, StackConfig, engine_env, vllm_flags
+from services.stack import Stack, StackConfig, engine_cores, engine_env, vllm_flags
 from tests.helpers import MODEL_NAME, TOOLS_TEMPLATE
 
 # Long enough that a prefill engine that never hands its KV over keeps it for
@@ -61,7 +60,7 @@ def reference(model_dir, tmp_path_factory):
             *vllm_flags(same_engine, model=str(model_dir)), "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details"]
     proc, popen = launch("reference", argv, log,
-                         env=engine_env(same_engine, sorted(os.sched_getaffinity(0))[0]))
+                         env=engine_env(same_engine.kv_cache_gib, engine_cores(1)[0]))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(f"{url}/health", proc, time.monotonic() + 1200)

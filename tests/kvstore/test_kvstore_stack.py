@@ -22,6 +22,7 @@ import pytest
 
 from bench.engine_client import EngineClient, long_prompt
 from common.ports import free_ports
+from services.stack import engine_env
 from tests.helpers import StoreClient
 
 pytestmark = pytest.mark.stack
@@ -113,8 +114,7 @@ class Engine:
         self.start()
 
     def start(self) -> None:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
-               "VLLM_CPU_OMP_THREADS_BIND": str(self.cpu)}
+        env = {**os.environ, **engine_env(1, self.cpu)}
         with open(self.tmp / f"{self.name}.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [PY, "-m", self.module, "--grpc-port", str(self.grpc), "--metrics-port",

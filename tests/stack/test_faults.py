@@ -27,6 +27,7 @@ from services.router.pd import EngineRequest, Orchestrator
 from services.router.pods import PodPool
 from services.router.routing import PodSpec, Replica, RoutingCore, RoutingSettings
 from services.router.routing.shared_state import LocalState
+from services.stack import engine_env
 from tests.helpers import (
     LONG_CONTEXT,
     MODEL_NAME,
@@ -197,8 +198,7 @@ def test_decode_pod_dying_mid_stream_ends_with_error_event(stack, tmp_path):
     argv = [sys.executable, "-m", "services.decode", "--grpc-port", str(grpc_port),
             "--metrics-port", str(free_port()), "--nixl-port", str(nixl_port),
             "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
-    doomed, popen = launch("doomed", argv, log, env={"VLLM_CPU_KVCACHE_SPACE": "1",
-                                                     "VLLM_CPU_OMP_THREADS_BIND": "0"})
+    doomed, popen = launch("doomed", argv, log, env=engine_env(1, None))
     doomed.grpc = f"127.0.0.1:{grpc_port}"
     try:
         with router_process(tmp_path, "--prefill", prefill, "--decode", doomed.grpc) as url:

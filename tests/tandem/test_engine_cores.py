@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from services.stack import StackConfig, engine_cores, engine_env
+from services.stack import engine_cores, engine_env
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def two_cores(monkeypatch):
 def test_one_core_per_engine_while_there_are_enough(two_cores):
     assert engine_cores(1) == [4]
     assert engine_cores(2) == [4, 7]
-    env = engine_env(StackConfig(kv_cache_gib=3), 7)
+    env = engine_env(3, 7)
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "7"}
 
 
@@ -26,7 +26,7 @@ def test_more_engines_than_cores_are_left_unbound(two_cores):
     # Bound round-robin, a 1P2D stack put the prefill and one decode on one
     # core; with the other decode gone, that core ran both while the second idled.
     assert engine_cores(3) == [None, None, None]
-    env = engine_env(StackConfig(kv_cache_gib=1), None)
+    env = engine_env(1, None)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     # One model thread each, as when bound: more would spin against each other.
     assert env["OMP_NUM_THREADS"] == "1"
