@@ -47,9 +47,9 @@ TD = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
       "spec": {"model": {"path": "/models/smollm2"}, "prefill": {"replicas": 1},
                "decode": {"replicas": 2}, "kvStore": {"enabled": False}}}
 # A stranded lease would show for minutes; drained ones go at once. Longer
-# than the slowest KV pull seen on a loaded 2-core machine: a decode worker
-# stalled about 60 s per step while pulling (README, "Known problems"), and
-# the waiting decode's heartbeats, sent from those steps, stall with it.
+# than the slowest KV pull seen on a loaded 2-core machine (~3 min, with two
+# engines bound to one core: README, "Known problems"), during which the
+# waiting decode's heartbeats, sent from its stalled steps, stall too.
 # These tests are about who ends a lease, not how fast a pull is.
 KV_LEASE_S = 300
 # Long enough to outlast the scale-down (a few seconds); short enough to end
