@@ -95,7 +95,8 @@ def store_gbps(launch, object_size: int, count: int) -> tuple[float, float]:
 
 # -- 2. multi-turn replay -------------------------------------------------------
 
-def start_engine(procs: Processes, role: str, cpu: int, name: str, store_flags: list[str]):
+def start_engine(procs: Processes, role: str, cpu: int | None, name: str,
+                 store_flags: list[str]):
     grpc_port, metrics_port, nixl_port = free_ports(3)
     from services.stack import engine_env
 
@@ -141,12 +142,13 @@ def run_replay(args, procs: Processes, store_flags: list[str], label: str) -> di
     from transformers import AutoTokenizer
 
     from common.model import resolve_model
+    from services.stack import engine_cores
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None)))
     engines = []
     try:
-        for i in range(2):
-            engines.append(start_engine(procs, "both", i, f"{label}-{i}", store_flags))
+        for i, core in enumerate(engine_cores(2)):
+            engines.append(start_engine(procs, "both", core, f"{label}-{i}", store_flags))
         return replay([c for _, c in engines], tokenizer, args.sessions, args.turns,
                       args.first_tokens, args.turn_tokens)
     finally:

@@ -22,7 +22,7 @@ import pytest
 
 from bench.engine_client import EngineClient, long_prompt
 from common.ports import free_ports
-from services.stack import engine_env
+from services.stack import engine_cores, engine_env
 from tests.helpers import StoreClient
 
 pytestmark = pytest.mark.stack
@@ -106,7 +106,8 @@ class Store:
 
 
 class Engine:
-    def __init__(self, module: str, tmp: Path, store: Store, cpu: int, name: str) -> None:
+    def __init__(self, module: str, tmp: Path, store: Store, cpu: int | None,
+                 name: str) -> None:
         self.grpc, self.metrics_port = free_ports(2)
         self.nixl = free_ports(1)[0]
         self.module, self.tmp, self.store, self.cpu, self.name = module, tmp, store, cpu, name
@@ -176,8 +177,9 @@ def store(tmp):
 
 @pytest.fixture(scope="module")
 def engines(tmp, store):
-    prefill = Engine("services.prefill", tmp, store, cpu=0, name="prefill")
-    decode = Engine("services.decode", tmp, store, cpu=1, name="decode")
+    prefill_core, decode_core = engine_cores(2)
+    prefill = Engine("services.prefill", tmp, store, cpu=prefill_core, name="prefill")
+    decode = Engine("services.decode", tmp, store, cpu=decode_core, name="decode")
     try:
         prefill.wait_ready()
         decode.wait_ready()
