@@ -132,19 +132,19 @@ async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
 async def _ensure_pool(kube: Kube, desired: dict, template_replicas: int) -> dict:
     """Create the EnginePool, or update it without taking its replica count from the
     template unless the template's count itself changed (see the module docstring)."""
-    meta = desired["metadata"]
-    current = await kube.get(API_VERSION, "EnginePool", meta["namespace"], meta["name"])
-    annotations = meta.setdefault("annotations", {})
-    annotations[TEMPLATE_REPLICAS] = str(template_replicas)
-    if current is not None:
+    desired["metadata"].setdefault("annotations", {})[TEMPLATE_REPLICAS] = str(template_replicas)
+
+    def count_from_scale(want: dict, current: dict | None) -> None:
+        if current is None:
+            return
         seeded = current["metadata"].get("annotations", {}).get(TEMPLATE_REPLICAS)
         if seeded == str(template_replicas):
-            desired["spec"]["replicas"] = current["spec"]["replicas"]
+            want["spec"]["replicas"] = current["spec"]["replicas"]
         # Keep the count within the bounds even when it was set by /scale.
-        desired["spec"]["replicas"] = max(desired["spec"]["minReplicas"],
-                                          min(desired["spec"]["maxReplicas"],
-                                              desired["spec"]["replicas"]))
-    return (await reconcile.apply(kube, desired)).obj
+        want["spec"]["replicas"] = max(want["spec"]["minReplicas"],
+                                       min(want["spec"]["maxReplicas"], want["spec"]["replicas"]))
+
+    return (await reconcile.apply(kube, desired, adjust=count_from_scale)).obj
 
 
 async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role: str,

@@ -11,7 +11,9 @@ adds defaults the operator never wrote). When they differ:
 
 Updates are PUTs carrying the resourceVersion read: a concurrent write gets
 409 and the object is read and compared again (`Conflict` retries), never
-overwritten blind.
+overwritten blind. A desired field that depends on the current object (a
+count `kubectl scale` owns) is set by `adjust` from each read, so a write
+landing between the read and the PUT is never undone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import copy
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,17 +123,21 @@ def _set_path(obj: dict, path: str, value: Any) -> None:
         obj[last] = value
 
 
-async def apply(kube: Kube, desired: dict, keep: tuple[str, ...] = ()) -> Applied:
+async def apply(kube: Kube, rendered: dict, keep: tuple[str, ...] = (),
+                adjust: Callable[[dict, dict | None], None] | None = None) -> Applied:
     """Create or update one object; see the module docstring. Fields at the dotted
-    paths in `keep` are someone else's: whatever the object holds there stays."""
-    desired = copy.deepcopy(desired)
-    for path in keep:
-        _set_path(desired, path, None)
-    desired = _with_hash(desired)
-    meta = desired["metadata"]
+    paths in `keep` are someone else's: whatever the object holds there stays.
+    `adjust(desired, current)` edits the desired object in place after each read."""
+    meta = rendered["metadata"]
     for _ in range(CONFLICT_RETRIES):
-        current = await kube.get(desired["apiVersion"], desired["kind"], meta.get("namespace"),
-                                 meta["name"])
+        current = await kube.get(rendered["apiVersion"], rendered["kind"],
+                                 meta.get("namespace"), meta["name"])
+        desired = copy.deepcopy(rendered)
+        if adjust is not None:
+            adjust(desired, current)
+        for path in keep:
+            _set_path(desired, path, None)
+        desired = _with_hash(desired)
         for path in keep:
             _set_path(desired, path, _get_path(current or {}, path))
         if current is None:
@@ -142,9 +149,10 @@ async def apply(kube: Kube, desired: dict, keep: tuple[str, ...] = ()) -> Applie
                 raise
         diff = owned_differences(desired, current)
         ours = current["metadata"].get("annotations", {}).get(RENDERED_HASH)
-        if not diff and ours == meta["annotations"][RENDERED_HASH]:
+        same_render = ours == desired["metadata"]["annotations"][RENDERED_HASH]
+        if not diff and same_render:
             return Applied(current, "unchanged")
-        action = "reverted" if ours == meta["annotations"][RENDERED_HASH] else "updated"
+        action = "reverted" if same_render else "updated"
         try:
             obj = await kube.replace(merged(desired, current))
         except ApiException as exc:
@@ -154,5 +162,5 @@ async def apply(kube: Kube, desired: dict, keep: tuple[str, ...] = ()) -> Applie
                 continue
             raise
         return Applied(obj, action, tuple(diff))
-    raise RuntimeError(f"{desired['kind']}/{meta['name']}: still conflicting after "
+    raise RuntimeError(f"{rendered['kind']}/{meta['name']}: still conflicting after "
                        f"{CONFLICT_RETRIES} tries")

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 
-from operators import reconcile
+from operators import controller, reconcile
 from operators.kube import Kube
+from operators.spec import API_VERSION
 
 
 class RacingKube(Kube):
-    """Kube whose first replace is preceded by someone else's write to the object."""
+    """Kube whose first replace is preceded by someone else's write to the object
+    (`race_patch`, to `race_subresource` when set)."""
 
     racer: Kube
+    race_patch: dict = {"metadata": {"labels": {"team": "search"}}}
+    race_subresource: str | None = None
     raced = 0
 
     async def replace(self, obj: dict, subresource: str | None = None) -> dict:
@@ -20,7 +24,8 @@ class RacingKube(Kube):
             self.raced += 1
             meta = obj["metadata"]
             await self.racer.patch(obj["apiVersion"], obj["kind"], meta["namespace"],
-                                   meta["name"], {"metadata": {"labels": {"team": "search"}}})
+                                   meta["name"], self.race_patch,
+                                   subresource=self.race_subresource)
         return await super().replace(obj, subresource)
 
 
@@ -63,3 +68,35 @@ def test_an_unchanged_object_is_not_written(kube_api):
             await kube.close()
 
     assert asyncio.run(run()) == ["created", "unchanged", "unchanged"]
+
+
+def engine_pool(max_replicas: int) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "EnginePool",
+            "metadata": {"name": "demo-decode", "namespace": "default",
+                         "labels": {"app.kubernetes.io/managed-by": "tandem-operator"}},
+            "spec": {"deployment": "demo", "role": "decode", "replicas": 2,
+                     "minReplicas": 1, "maxReplicas": max_replicas}}
+
+
+def test_kubectl_scale_racing_a_pool_update_is_kept(kube_api):
+    """`kubectl scale` landing between the operator's read of a pool and its write
+    (here: the template's maxReplicas changed) keeps its count."""
+    async def run() -> tuple[list[str], int]:
+        racer = await Kube.connect(str(kube_api.kubeconfig))
+        kube = await Kube.connect(str(kube_api.kubeconfig))
+        racing = RacingKube(kube.api)
+        racing.racer = racer
+        racing.race_patch = {"spec": {"replicas": 3}}
+        racing.race_subresource = "scale"
+        try:
+            created = await controller._ensure_pool(racing, engine_pool(4), 2)
+            updated = await controller._ensure_pool(racing, engine_pool(5), 2)
+            return [created["spec"]["replicas"], updated["spec"]["maxReplicas"]], racing.raced
+        finally:
+            await racer.close()
+            await kube.close()
+
+    (created, max_replicas), raced = asyncio.run(run())
+    assert created == 2 and max_replicas == 5 and raced == 1
+    stored = kube_api.get("tandem.dev", "v1alpha1", "enginepools", "default", "demo-decode")
+    assert stored["spec"]["replicas"] == 3  # the scale's count, not the template's 2
