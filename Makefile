@@ -148,11 +148,13 @@ bench-planner: setup
 # vLLM's long-prefill threshold off vs 512 vs 2048 tokens, aggregated and P/D,
 # on an agentic replay of long fresh first turns and append turns (about 40
 # minutes on 2 cores), then the router's session KV prefetch on vs off (about
-# 15 minutes). BENCH_SCHEDULER_ARGS passes flags to the first (see --help).
+# 15 minutes) and its remote-prefill scope request vs pod (about 15 minutes).
+# BENCH_SCHEDULER_ARGS passes flags to the first (see --help).
 BENCH_SCHEDULER_ARGS ?=
 bench-scheduler: setup
 	$(PY) -m bench.long_prefill $(BENCH_SCHEDULER_ARGS)
 	$(PY) -m bench.session_prefetch
+	$(PY) -m bench.remote_prefill_scope
 
 # The two images helm/tandem runs, tagged as its values.yaml names them (the
 # chart's appVersion is the project's version). Needs a container engine.

@@ -39,9 +39,12 @@ P/D (XpYd): the decode pod is chosen first (stickiness, load, KV pressure, the
 prefix it already holds weighted by ``transfer_weight`` since it arrives over
 NIXL rather than being computed); then, unless the part the decode pod lacks
 is below ``remote_prefill_threshold`` tokens (the decode pod prefills it
-locally), the prefill pod with the lowest prefill cost among those of the
-request's class (``classes.py``: a long fresh prefill or an append turn, each
-to its own pool when ``prefill_pool_for`` names one).
+locally; with ``remote_prefill_scope`` "pod" the uncached tokens it is already
+prefilling count too, so a burst of sub-agent forks routed within
+milliseconds does not pile into one long decode step), the prefill pod with
+the lowest prefill cost among those of the request's class (``classes.py``: a
+long fresh prefill or an append turn, each to its own pool when
+``prefill_pool_for`` names one).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from services.router.routing.classes import (
 from services.router.routing.hashring import bounded_load_choice
 
 POLICIES = ("cost", "round-robin", "least-load", "prefix", "session")
+REMOTE_PREFILL_SCOPES = ("request", "pod")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,11 @@ class PolicySettings:
     load_bound_factor: float = 1.25
     remote_prefill_threshold: int = setting(256, "P/D: below this many uncached tokens the "
                                             "decode pod prefills locally")
+    remote_prefill_scope: str = setting(
+        "request", "P/D: what --remote-prefill-threshold bounds: request (this request's "
+        "uncached remainder) or pod (that plus the uncached tokens the decode pod is already "
+        "prefilling, so a burst of sub-agent forks goes to the prefill pool instead of one "
+        "long decode step)", choices=REMOTE_PREFILL_SCOPES)
     transfer_weight: float = 0.1
     eviction_cost_factor: float = setting(1.0, "cost policy: weight of live sessions' cached "
                                           "tokens a placement would evict (recomputed on "
@@ -169,6 +178,9 @@ class PolicySettings:
             raise bad("move_cost_factor", "must be >= 0")
         if self.load_bound_factor < 1:
             raise bad("load_bound_factor", "must be >= 1")
+        if self.remote_prefill_scope not in REMOTE_PREFILL_SCOPES:
+            raise bad("remote_prefill_scope",
+                      f"{self.remote_prefill_scope!r}: choose one of {REMOTE_PREFILL_SCOPES}")
         if self.long_request_tokens <= 0:
             raise bad("long_request_tokens", "must be positive")
         classes = [a.request_class for a in self.prefill_pool_for]
@@ -261,10 +273,12 @@ class Policy:
         # P/D: decode first. Its missing prefix arrives by transfer, so it weighs less.
         chosen = self._choose_one(req, decode, weight=s.transfer_weight)
         d = next(p for p in decode if p.name == chosen.pod)
-        missing = req.num_tokens - d.cached_tokens
+        local_work = req.num_tokens - d.cached_tokens
+        if s.remote_prefill_scope == "pod":
+            local_work += d.pending_prefill_tokens
         candidates = pods_for_class(prefill, request_class, s.prefill_pool_for)
-        if missing < s.remote_prefill_threshold or not candidates:
-            why = ("short_uncached" if missing < s.remote_prefill_threshold and prefill
+        if local_work < s.remote_prefill_threshold or not candidates:
+            why = ("short_uncached" if local_work < s.remote_prefill_threshold and prefill
                    else "prefill_unavailable" if not prefill else "class_pool_unavailable")
             cost = prefill_cost(d, req.num_tokens, s)
             return Choice(d.name, None, f"{chosen.reason}+local-prefill:{why.replace('_', '-')}",

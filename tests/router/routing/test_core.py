@@ -120,6 +120,25 @@ async def test_load_accounting_is_released_once():
     assert core.local_load("d") == PodLoad()
 
 
+@pytest.mark.parametrize("scope, local", [("request", 7), ("pod", 1)])
+async def test_a_burst_of_forks_and_the_remote_prefill_scope(scope, local):
+    """Seven forks of one cached context, routed before any has prefilled:
+    each lacks 20 tokens of the decode pod's KV. Scope "request" prefills all
+    seven there (140 tokens in one step); "pod" only while the pod's pending
+    prefill plus the fork's stays under the threshold (32)."""
+    core = make_core(pods=("p", "d"), roles={"p": "prefill", "d": "decode"},
+                     policy=PolicySettings(remote_prefill_threshold=32,
+                                           remote_prefill_scope=scope))
+    r = replica(core)
+    context = list(range(80))
+    core.index.stored("d", core.hasher.event_hashes(context))
+    forks = [await r.route(RouteRequest(context + [1000 + i] * 20, session=f"fork{i}"), now=0.0)
+             for i in range(7)]
+    assert {d.decode_pod for d in forks} == {"d"}
+    assert sum(d.prefill_pod is None for d in forks) == local
+    assert core.local_load("d").pending_prefill_tokens == 20 * local
+
+
 async def test_failures_eject_and_polls_recover():
     core = make_core(breaker=BreakerSettings(failure_threshold=2, open_s=5))
     r = replica(core)

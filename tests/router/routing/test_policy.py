@@ -208,6 +208,18 @@ def test_xpyd_skips_remote_prefill_when_uncached_part_is_short():
     assert c.prefill_pod == "p1"
 
 
+def test_xpyd_pod_scope_counts_the_decode_pods_pending_prefill():
+    views = pods(dict(name="p1", role="prefill"),
+                 dict(name="d1", role="decode", cached_tokens=3800, pending_prefill_tokens=100))
+    route = RouteInput(4000, views, "s", Binding("d1"))
+    c = pol(remote_prefill_threshold=256).choose(route)
+    assert c.prefill_pod is None and c.local_prefill == "short_uncached"  # 200 < 256
+    c = pol(remote_prefill_threshold=256, remote_prefill_scope="pod").choose(route)
+    assert c.prefill_pod == "p1" and c.local_prefill is None  # 200 + 100 queued >= 256
+    with pytest.raises(ValueError, match="--remote-prefill-scope: 'node'"):
+        PolicySettings(remote_prefill_scope="node").validate()
+
+
 def test_xpyd_prefill_pool_down_falls_back_to_local_prefill():
     views = pods(dict(name="p1", role="prefill", available=False), dict(name="d1", role="decode"))
     c = pol().choose(RouteInput(4000, views))
