@@ -47,10 +47,12 @@ from services.stack import Stack, StackConfig
 FRESH_POOL = "fresh"
 
 
-def router_argv(stack: Stack, port: int, config: str, long_tokens: int) -> list[str]:
+def router_argv(stack: Stack, port: int, config: str, long_tokens: int,
+                remote_prefill_threshold: int) -> list[str]:
     """The stack's router command line; "on" puts the first prefill pod in
     the pool of long requests."""
-    argv = stack.router_argv(port, ["--long-request-tokens", str(long_tokens)])
+    argv = stack.router_argv(port, ["--long-request-tokens", str(long_tokens),
+                                    "--remote-prefill-threshold", str(remote_prefill_threshold)])
     if config == "on":
         i = argv.index("--prefill")
         argv[i + 1] = f"{FRESH_POOL}={argv[i + 1]}"
@@ -122,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
     ap.add_argument("--long-request-tokens", type=int, default=1024,
                     help="the router's class threshold, also the report's (default 1024)")
+    ap.add_argument("--remote-prefill-threshold", type=int, default=256,
+                    help="the router's: shorter uncached remainders are prefilled on the "
+                         "decode pod, whatever the class (default 256; lower sends more "
+                         "append turns to the append pool)")
     ap.add_argument("--timeout", type=float, default=900.0, help="per-request timeout, s")
     ap.add_argument("--out", help="output directory (default bench/results/<time>-classes)")
     a = ap.parse_args(argv)
@@ -150,14 +156,16 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = replay_each(stack, Processes(state), order, out, info,
                        lambda port, config: router_argv(stack, port, config,
-                                                        a.long_request_tokens), replay)
+                                                        a.long_request_tokens,
+                                                        a.remote_prefill_threshold), replay)
     rows = [summarize(c, runs[c], a.long_request_tokens) for c in CONFIGS if c in runs]
     minutes = (time.monotonic() - started) / 60
     command = " ".join(["python -m bench.request_classes",
                         *(argv if argv is not None else sys.argv[1:])])
     notes = [f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; 2 prefill + 1 decode "
              f"vLLM CPU engines, KV store off; replay order {', '.join(order)}; concurrency "
-             f"{a.concurrency}, think times × {a.think_scale}.", *tables(rows)]
+             f"{a.concurrency}, think times × {a.think_scale}; remote-prefill threshold "
+             f"{a.remote_prefill_threshold}.", *tables(rows)]
     all_runs = write_results(out, "Request classes on vs off", runs, rows, notes,
                              "request_classes.json")
     return 0 if len(all_runs) == len(order) and not any(r["failures"] for r in rows) else 1
