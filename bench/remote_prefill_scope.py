@@ -32,18 +32,17 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.agentx import generate, metrics
+from bench.agentx import metrics
 from bench.agentx.metrics import cell
 from bench.harness import RESULTS
 from bench.router_ab import (
     CONFIGS,
     add_order_arguments,
-    replay_each,
-    replay_order,
-    replay_through,
+    add_trace_arguments,
+    on_off_ratios,
+    replay_small_trace,
     write_results,
 )
-from common.procs import Processes
 from services.stack import Stack, StackConfig
 
 SCOPE = {"off": "request", "on": "pod"}
@@ -97,10 +96,7 @@ def tables(rows: list[dict]) -> list[str]:
             f"| {cell(r['fork_ttft_p50'])} | {cell(r['fork_ttft_p90'])} "
             f"| {cell(r['main_ttft_p90'])} | {cell(r['main_ttft_p99'])} "
             f"| {cell(r['hit_rate'] and 100 * r['hit_rate'], '{:.1f}%')} |")
-    by = {r["label"]: r for r in rows}
-    if "on" in by and "off" in by:
-        ratio = {k: metrics.ratio(by["on"][k], by["off"][k]) for k in KEYS}
-        lines += ["", "on / off: " + ", ".join(f"{k} {cell(ratio[k], '{:.2f}×')}" for k in KEYS)]
+    lines += on_off_ratios(rows, KEYS)
     lines += ["", "Requests prefilled on the decode pod, by reason, per run:"]
     lines += [f"* {r['label']}: {r['local_prefills']}" for r in rows]
     return lines + [""]
@@ -110,31 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.remote_prefill_scope", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_order_arguments(ap)
-    ap.add_argument("--sessions", type=int, default=4, help="sessions in the trace (default 4)")
-    ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
-    ap.add_argument("--first-in-median", type=int, default=1536,
-                    help="median first-turn input, tokens (default 1536)")
-    ap.add_argument("--seed", type=int, default=0, help="trace seed (default 0: 7 forks)")
-    ap.add_argument("-c", "--concurrency", type=int, default=2, help="session lanes")
-    ap.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
+    add_trace_arguments(ap, sessions=4, first_in_median=1536, seed=0, concurrency=2)
     ap.add_argument("--remote-prefill-threshold", type=int, default=256,
                     help="the router's threshold, both configurations (default 256)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="per-request timeout, s")
     ap.add_argument("--out", help="output directory (default bench/results/<time>-scope)")
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error("--rounds >= 1")
 
-    from transformers import AutoTokenizer
-
-    from common.model import resolve_model
-
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-scope")
-    sessions, info = generate.generated_trace(
-        "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed,
-        first_in_median=a.first_in_median, max_context=3584)
-    tok = AutoTokenizer.from_pretrained(str(resolve_model(None)))
-    order = replay_order(a.first, a.rounds)
     state = Path(tempfile.mkdtemp(prefix="tandem-scope-"))
     stack = Stack(StackConfig(prefill=1, decode=1, kv_store=False, router=False,
                               kv_cache_gib=1, max_model_len=4096, state_dir=state))
@@ -145,13 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             "--remote-prefill-threshold", str(a.remote_prefill_threshold),
             "--remote-prefill-scope", SCOPE[config]])
 
-    def replay(url: str):
-        result = replay_through(url, sessions, tok, concurrency=a.concurrency,
-                                think_scale=a.think_scale, timeout_s=a.timeout)
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-        return result, {"local_prefills": local_prefills(text)}
+    def figures(url: str) -> dict:
+        return {"local_prefills": local_prefills(httpx.get(f"{url}/metrics", timeout=10).text)}
 
-    runs = replay_each(stack, Processes(state), order, out, info, router_argv, replay)
+    runs, order = replay_small_trace(a, stack, out, router_argv, figures)
     rows = [summarize(c, runs[c]) for c in CONFIGS if c in runs]
     minutes = (time.monotonic() - started) / 60
     command = " ".join(["python -m bench.remote_prefill_scope",

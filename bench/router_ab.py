@@ -1,8 +1,9 @@
 """What the router on/off benchmarks share (``bench.request_classes``,
-``bench.session_prefetch``): one stack of engines started once, one router
-process per replay with the configuration's flags, a fresh content salt per
-replay so that no run inherits another's cache, and the configurations
-alternating round by round so that a drift in the machine spreads over both.
+``bench.session_prefetch``, ``bench.remote_prefill_scope``): one stack of
+engines started once, one router process per replay with the configuration's
+flags, a fresh content salt per replay so that no run inherits another's
+cache, and the configurations alternating round by round so that a drift in
+the machine spreads over both.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.agentx import report
+from bench.agentx import generate, metrics, report
 from bench.agentx.content import PromptBuilder
+from bench.agentx.metrics import cell
 from bench.agentx.replay import ReplayConfig, Replayer, ReplayResult, build_prompts, new_salt
 from bench.agentx.trace import Session
 from bench.harness import log, served_model, sigterm_as_interrupt
@@ -33,6 +35,63 @@ def add_order_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=1, help="replays per configuration")
     ap.add_argument("--first", choices=CONFIGS, default="off",
                     help="the configuration replayed first (then alternating; default off)")
+
+
+def add_trace_arguments(ap: argparse.ArgumentParser, *, sessions: int, first_in_median: int,
+                        seed: int, concurrency: int) -> None:
+    """The flags of the small generated agentic trace and its replay
+    (``small_trace`` reads them), with this benchmark's defaults."""
+    ap.add_argument("--sessions", type=int, default=sessions,
+                    help=f"sessions in the trace (default {sessions})")
+    ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
+    ap.add_argument("--first-in-median", type=int, default=first_in_median,
+                    help=f"median first-turn input, tokens (default {first_in_median})")
+    ap.add_argument("--seed", type=int, default=seed, help=f"trace seed (default {seed})")
+    ap.add_argument("-c", "--concurrency", type=int, default=concurrency,
+                    help=f"session lanes (default {concurrency})")
+    ap.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
+    ap.add_argument("--timeout", type=float, default=900.0, help="per-request timeout, s")
+
+
+def small_trace(a: argparse.Namespace) -> tuple[list[Session], dict, Any]:
+    """The trace ``add_trace_arguments``' flags describe, its info, and the
+    served model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from common.model import resolve_model
+
+    sessions, info = generate.generated_trace(
+        "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed,
+        first_in_median=a.first_in_median, max_context=3584)
+    return sessions, info, AutoTokenizer.from_pretrained(str(resolve_model(None)))
+
+
+def replay_small_trace(a: argparse.Namespace, stack: Stack, out: Path,
+                       router_argv: Callable[[int, str], list[str]],
+                       figures: Callable[[str], dict]) -> tuple[dict[str, list[dict]], list[str]]:
+    """``replay_each`` over the trace of ``add_trace_arguments``' flags, in
+    the order of ``add_order_arguments``'; ``figures(url)`` is read from each
+    router after its replay. Returns the runs by configuration and the order."""
+    sessions, info, tok = small_trace(a)
+    order = replay_order(a.first, a.rounds)
+
+    def replay(url: str) -> tuple[ReplayResult, dict]:
+        result = replay_through(url, sessions, tok, concurrency=a.concurrency,
+                                think_scale=a.think_scale, timeout_s=a.timeout)
+        return result, figures(url)
+
+    runs = replay_each(stack, Processes(stack.config.state_dir), order, out, info,
+                       router_argv, replay)
+    return runs, order
+
+
+def on_off_ratios(rows: list[dict], keys: tuple[str, ...]) -> list[str]:
+    """The line of ratios "on" / "off" of ``keys`` (none when either is missing)."""
+    by = {r["label"]: r for r in rows}
+    if "on" not in by or "off" not in by:
+        return []
+    return ["", "on / off: " + ", ".join(
+        f"{k} {cell(metrics.ratio(by['on'][k], by['off'][k]), '{:.2f}×')}" for k in keys)]
 
 
 def replay_order(first: str, rounds: int) -> list[str]:
