@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the router's: shorter uncached remainders are prefilled on the "
                          "decode pod, whatever the class (default 256; lower sends more "
                          "append turns to the append pool)")
+    ap.add_argument("--kv-store", choices=("on", "off"), default="off",
+                    help="the shared KV store (default off; on: a prefill pod loads a "
+                         "prefix another pod computed from it instead of recomputing it)")
     ap.add_argument("--out", help="output directory (default bench/results/<time>-classes)")
     a = ap.parse_args(argv)
     if a.rounds < 1:
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-classes")
     state = Path(tempfile.mkdtemp(prefix="tandem-classes-"))
-    stack = Stack(StackConfig(prefill=2, decode=1, kv_store=False, router=False,
+    stack = Stack(StackConfig(prefill=2, decode=1, kv_store=a.kv_store == "on", router=False,
                               kv_cache_gib=1, max_model_len=4096, state_dir=state))
     started = time.monotonic()
 
@@ -139,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m bench.request_classes",
                         *(argv if argv is not None else sys.argv[1:])])
     notes = [f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; 2 prefill + 1 decode "
-             f"vLLM CPU engines, KV store off; replay order {', '.join(order)}; concurrency "
-             f"{a.concurrency}, think times × {a.think_scale}; remote-prefill threshold "
-             f"{a.remote_prefill_threshold}.", *tables(rows)]
+             f"vLLM CPU engines, KV store {a.kv_store}; replay order {', '.join(order)}; "
+             f"concurrency {a.concurrency}, think times × {a.think_scale}; remote-prefill "
+             f"threshold {a.remote_prefill_threshold}.", *tables(rows)]
     all_runs = write_results(out, "Request classes on vs off", runs, rows, notes,
                              "request_classes.json")
     return 0 if len(all_runs) == len(order) and not any(r["failures"] for r in rows) else 1
