@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,19 +96,27 @@ def stop_process_group(proc: Proc, grace_s: float) -> None:
     Only the main process gets SIGTERM, as in a Kubernetes pod: it drains and
     shuts its vLLM engine down in order. (SIGTERM to the whole group would make
     vLLM's engine core abort in-flight requests at once.)"""
-    if proc.pid is None:
-        return
-    try:
-        os.kill(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    stop_process_groups([proc], grace_s)
+
+
+def stop_process_groups(procs: Iterable[Proc], grace_s: float) -> None:
+    """`stop_process_group` for several services at once: all get SIGTERM
+    together and share one grace period, so peers (a stack's engines) shut
+    down side by side rather than one after another."""
+    pids = [p.pid for p in procs if p.pid is not None]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and group_alive(proc.pid):
+    while time.monotonic() < deadline and any(group_alive(pid) for pid in pids):
         time.sleep(0.2)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def group_stats(pgid: int) -> Iterator[list[str]]:

@@ -19,12 +19,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from common.model import resolve_model
 from common.ports import free_port
-from common.procs import Proc, launch, stop_process_group, wait_grpc_serving, wait_http_ok
+from common.procs import Proc, launch, stop_process_groups, wait_grpc_serving, wait_http_ok
 from common.scheduler import POOLS, SchedulerSettings, scheduler_flag
 from services.kvstore.api import store_launch
 
@@ -213,11 +214,12 @@ class Stack:
         wait_http_ok(f"{proc.url}/health", proc, deadline)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        for proc in sorted(self.procs, key=lambda p: stop_order(p.name)):
-            stop_process_group(proc, grace_s)
-            popen = self._popen.pop(proc.name, None)
-            if popen is not None:
-                popen.wait(timeout=5)
+        for tier in stop_tiers(self.procs):
+            stop_process_groups(tier, grace_s)
+            for proc in tier:
+                popen = self._popen.pop(proc.name, None)
+                if popen is not None:
+                    popen.wait(timeout=5)
         self.procs.clear()
         state = self.config.state_dir / "stack.json"
         state.unlink(missing_ok=True)
@@ -261,10 +263,14 @@ def engine_env(kv_cache_gib: int, core: int | None) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), **bind}
 
 
-def stop_order(name: str) -> int:
-    """Router first, so nothing new reaches engines that are going away; the
+def stop_tiers(procs: Iterable[Proc]) -> list[list[Proc]]:
+    """`procs` in the order they stop, grouped: the router first, so nothing
+    new reaches engines that are going away; then the engines, together; the
     store last, so engines shut down with their store still there."""
-    return {"router": 0, "kvstore": 2}.get(name, 1)
+    tiers: dict[int, list[Proc]] = {}
+    for proc in procs:
+        tiers.setdefault({"router": 0, "kvstore": 2}.get(proc.name, 1), []).append(proc)
+    return [tiers[order] for order in sorted(tiers)]
 
 
 def read_state(state_dir: Path) -> dict | None:

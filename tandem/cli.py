@@ -22,9 +22,9 @@ from pathlib import Path
 
 from common import scheduler
 from common.model import DEFAULT_MODEL_NAME
-from common.procs import Proc, ProcessError, stop_process_group
+from common.procs import Proc, ProcessError, stop_process_groups
 from services.router.chat_templates import CHATML_TOOLS
-from services.stack import Stack, StackConfig, read_state, stop_order
+from services.stack import Stack, StackConfig, read_state, stop_tiers
 
 _DEFAULT_STATE = Path.home() / ".cache" / "tandem" / "run"
 # The bundled SmolLM2's own chat template ignores `tools`: the router renders
@@ -120,8 +120,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         while supervisor.alive() and time.monotonic() < deadline:
             time.sleep(0.3)
     # Whatever the supervisor did not stop (it was killed, say) goes now.
-    for raw in sorted(state["procs"], key=lambda p: stop_order(p["name"])):
-        stop_process_group(Proc(**raw), grace_s=10)
+    for tier in stop_tiers(Proc(**raw) for raw in state["procs"]):
+        stop_process_groups(tier, grace_s=10)
     (args.state_dir / "stack.json").unlink(missing_ok=True)
     print("stopped.")
     return 0
