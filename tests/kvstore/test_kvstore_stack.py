@@ -153,14 +153,20 @@ class Engine:
         return b"Failed to bind to address" in tail or b"Address already in use" in tail
 
     def stop(self) -> None:
+        self.terminate()
+        self.wait_stopped()
+
+    def terminate(self) -> None:
         self.client.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+
+    def wait_stopped(self) -> None:
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -184,9 +190,11 @@ def engines(tmp, store):
         prefill.wait_ready()
         decode.wait_ready()
         yield prefill, decode
-    finally:
-        prefill.stop()
-        decode.stop()
+    finally:  # side by side: each takes seconds to shut down
+        for engine in (prefill, decode):
+            engine.terminate()
+        for engine in (prefill, decode):
+            engine.wait_stopped()
 
 
 @pytest.fixture(scope="module")
