@@ -14,12 +14,12 @@ See README.md in this folder for the call sequence.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.roles import Role
+from services.router.routing.cost import PodView
 from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
 from services.router.routing.index import PrefixIndex, predicted_cached_tokens
@@ -27,7 +27,6 @@ from services.router.routing.live import LiveSessions
 from services.router.routing.policy import (
     Binding,
     NoPodAvailable,
-    PodView,
     Policy,
     RouteInput,
 )
@@ -309,8 +308,7 @@ class RoutingCore:
         self.index.expire_predictions(now)
         views = self._views(num_tokens, hashes, session, SharedView(binding), frozenset(), now)
         try:
-            choice = copy.copy(self.policy).choose(
-                RouteInput(num_tokens, views, session, binding, now))
+            choice = self.policy.peek(RouteInput(num_tokens, views, session, binding, now))
         except NoPodAvailable:
             return None
         return next(v for v in views if v.name == choice.pod)

@@ -5,35 +5,9 @@ tokens the prefix index predicts it has cached), the request's size and
 session binding. Output: a ``Choice`` with the decode pod (or the one
 aggregated pod), an optional prefill pod, and a reason for metrics and logs.
 
-Cost model (the default policy, ``cost``), in *token-equivalents* so cache
-hits and queues compare directly; ``prefill_tokens_per_s`` turns it into a
-predicted TTFT:
-
-    cost(pod) = uncached prompt tokens on pod
-              + pending prefill tokens already routed to pod (all replicas)
-              + request_cost_tokens x max(router in-flight, engine running + waiting)
-              + kv_pressure_tokens x how far KV usage is above the high watermark
-                x the share of the request's KV the pod lacks
-              + eviction_cost_factor x live sessions' cached tokens the
-                uncached part would evict (KV capacity less what live
-                sessions hold there: ``live.py``)
-
-The eviction term is what makes stickiness right when KV is smaller than the
-working set: a session moved, or a fork placed, on a pod whose KV is full of
-other live sessions recomputes its context there *and* costs those sessions
-theirs. With ample KV it is zero and load decides as before.
-
-Stickiness: a session's bound pod keeps it unless its cost exceeds the best
-other pod's cost plus the cost of moving the session, ``stickiness_margin_tokens``
-plus ``move_cost_factor`` x the session prefix the bound pod holds and the
-other does not (KV that would be rebuilt and duplicated). A bound pod that
-lost the session's blocks (evicted under KV pressure) has little to lose, so
-the session moves where load is lower: affinity never outweighs capacity.
-
-New sessions with nothing cached anywhere go to their consistent-hash home
-with bounded loads (the cheapest pod instead when the request would evict live
-KV somewhere); a fork of a cached context goes where its prefix is, held
-there by the same move cost as a bound session.
+What a pod costs is ``cost.py``; which pod each policy picks is its strategy
+class in ``strategies.py`` (``--routing-policy``, ``cost`` by default).
+``Policy`` runs the chosen strategy over the pools:
 
 P/D (XpYd): the decode pod is chosen first (stickiness, load, KV pressure, the
 prefix it already holds weighted by ``transfer_weight`` since it arrives over
@@ -41,15 +15,15 @@ NIXL rather than being computed); then, unless the part the decode pod lacks
 is below ``remote_prefill_threshold`` tokens (the decode pod prefills it
 locally; with ``remote_prefill_scope`` "pod" the uncached tokens it is already
 prefilling count too, so a burst of sub-agent forks routed within
-milliseconds does not pile into one long decode step), the prefill pod with
-the lowest prefill cost among those of the request's class (``classes.py``: a
-long fresh prefill or an append turn, each to its own pool when
-``prefill_pool_for`` names one).
+milliseconds does not pile into one long decode step), the strategy's prefill
+pod among those of the request's class (``classes.py``: a long fresh prefill
+or an append turn, each to its own pool when ``prefill_pool_for`` names one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from common.roles import Role
@@ -60,27 +34,16 @@ from services.router.routing.classes import (
     parse_class_pool,
     pods_for_class,
 )
-from services.router.routing.hashring import bounded_load_choice
+from services.router.routing.cost import PodView, placement_cost, prefill_cost, ttft_s
+from services.router.routing.strategies import (
+    POLICIES,
+    REGISTRY,
+    Candidates,
+    Strategy,
+    policies_help,
+)
 
-POLICIES = ("cost", "round-robin", "least-load", "prefix", "session")
 REMOTE_PREFILL_SCOPES = ("request", "pod")
-
-
-@dataclass(frozen=True)
-class PodView:
-    name: str
-    role: Role = Role.BOTH
-    available: bool = True  # healthy, not draining, circuit closed
-    in_flight: int = 0  # requests routed there and not finished (all replicas)
-    pending_prefill_tokens: int = 0  # uncached tokens routed there, prefill not done
-    running: int = 0  # engine-reported
-    waiting: int = 0
-    kv_cache_usage: float = 0.0
-    cached_tokens: int = 0  # predicted prefix hit for this request
-    # KV tokens the pod can fill for this request without evicting blocks live
-    # sessions need; None: unknown (capacity not reported), nothing priced.
-    kv_free_tokens: int | None = None
-    pool: str = ""  # the pod's pool (classes.py); "" when none is named
 
 
 @dataclass(frozen=True)
@@ -118,10 +81,8 @@ class Choice:
 
 @dataclass(frozen=True)
 class PolicySettings:
-    policy: str = setting("cost", "how pods are chosen: cost (prefix hits vs load, sticky "
-                          "sessions), round-robin, least-load, prefix (most cached), session "
-                          "(always sticky)", flag="--routing-policy", aliases=("--policy",),
-                          choices=POLICIES)
+    policy: str = setting("cost", f"how pods are chosen: {policies_help()}",
+                          flag="--routing-policy", aliases=("--policy",), choices=POLICIES)
     prefill_tokens_per_s: float = setting(2_000.0, "a pod's prefill speed, to turn costs "
                                           "into predicted TTFT")
     request_cost_tokens: float = 64.0
@@ -131,7 +92,7 @@ class PolicySettings:
                                         "watermark, and by the share of the request the pod "
                                         "must allocate)")
     stickiness_margin_tokens: float = 256.0
-    # Per token of prefix the other pod lacks (see _move_cost); the value is
+    # Per token of prefix the other pod lacks (strategies.move_cost); the value is
     # measured (routing/README.md, "Measured").
     move_cost_factor: float = setting(0.5, "cost policy: how strongly a session (or a "
                                       "sub-agent fork) stays with the pod holding its "
@@ -192,71 +153,27 @@ class NoPodAvailable(RuntimeError):
     pass
 
 
-def load_tokens(pod: PodView, s: PolicySettings, new_kv_share: float = 1.0) -> float:
-    """Work queued on the pod ahead of a new request, in token-equivalents.
-
-    KV pressure counts in proportion to ``new_kv_share``, the part of the
-    request's KV the pod would have to allocate (its uncached share): a pod
-    whose KV is full waits for running requests to free blocks only for the
-    blocks it lacks. A session turn that finds nearly all of its prefix cached
-    is not pushed off its pod because KV is busy; moving it would recompute
-    the whole context elsewhere and evict other sessions there (the trap of
-    KV-smaller-than-working-set measured in bench/router_policies.py).
-    """
-    queued = max(pod.in_flight, pod.running + pod.waiting)
-    cost = pod.pending_prefill_tokens + s.request_cost_tokens * queued
-    if pod.kv_cache_usage > s.kv_high_watermark:
-        over = (pod.kv_cache_usage - s.kv_high_watermark) / max(1e-9, 1 - s.kv_high_watermark)
-        cost += s.kv_pressure_tokens * min(1.0, over) * new_kv_share
-    return cost
-
-
-def uncached_tokens(pod: PodView, num_tokens: int) -> int:
-    return max(0, num_tokens - pod.cached_tokens)
-
-
-def uncached_share(pod: PodView, num_tokens: int) -> float:
-    return uncached_tokens(pod, num_tokens) / num_tokens if num_tokens > 0 else 1.0
-
-
-def evicted_tokens(pod: PodView, num_tokens: int) -> int:
-    """Live sessions' cached tokens the request's uncached KV would push out."""
-    if pod.kv_free_tokens is None:
-        return 0
-    return max(0, uncached_tokens(pod, num_tokens) - pod.kv_free_tokens)
-
-
-def prefill_cost(pod: PodView, num_tokens: int, s: PolicySettings) -> float:
-    """The work ahead of the request's first token on ``pod`` (predicted TTFT)."""
-    return uncached_tokens(pod, num_tokens) + load_tokens(pod, s, uncached_share(pod, num_tokens))
-
-
-def placement_cost(pod: PodView, num_tokens: int, s: PolicySettings,
-                   weight: float = 1.0) -> float:
-    """What choosing ``pod`` costs: ``weight`` x its uncached tokens, its load,
-    and the later recompute of the live KV it evicts."""
-    return (weight * uncached_tokens(pod, num_tokens)
-            + load_tokens(pod, s, uncached_share(pod, num_tokens))
-            + s.eviction_cost_factor * evicted_tokens(pod, num_tokens))
-
-
-def ttft_s(cost: float, s: PolicySettings) -> float:
-    return cost / s.prefill_tokens_per_s
-
-
 class Policy:
-    """The selectable policies behind one call. Holds only a round-robin cursor."""
+    """The policy ``settings.policy`` names, over the pools: decode (or
+    aggregated) first, then, in P/D, the prefill pod."""
 
     def __init__(self, settings: PolicySettings) -> None:
         settings.validate()
         self.settings = settings
-        self._cursor = 0
+        self.strategy: Strategy = REGISTRY[settings.policy]()
 
     def choose(self, req: RouteInput) -> Choice:
         s = self.settings
         request_class = classify(req.num_tokens, (p.cached_tokens for p in req.pods),
                                  s.long_request_tokens)
         return replace(self._choose(req, request_class), request_class=request_class)
+
+    def peek(self, req: RouteInput) -> Choice:
+        """What ``choose`` would answer now, leaving the strategy's state (the
+        round-robin cursor) as it is."""
+        twin = copy.copy(self)
+        twin.strategy = copy.copy(self.strategy)
+        return twin.choose(req)
 
     def _choose(self, req: RouteInput, request_class: str) -> Choice:
         s = self.settings
@@ -283,102 +200,21 @@ class Policy:
             cost = prefill_cost(d, req.num_tokens, s)
             return Choice(d.name, None, f"{chosen.reason}+local-prefill:{why.replace('_', '-')}",
                           d.cached_tokens, ttft_s(cost, s), chosen.costs, why)
-        p, reason = self._choose_prefill(req, candidates)
+        name, reason = self.strategy.choose_prefill(self._candidates(req, candidates, 1.0))
+        p = next(p for p in candidates if p.name == name)
         cost = prefill_cost(p, req.num_tokens, s)
         return Choice(d.name, p.name, f"{chosen.reason}+{reason}", p.cached_tokens,
                       ttft_s(cost, s), chosen.costs)
 
-    # ----- one pool ----------------------------------------------------------
     def _choose_one(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Choice:
+        """The decode (or aggregated) pod among ``pods``."""
         s = self.settings
-        costs = {p.name: placement_cost(p, req.num_tokens, s, weight) for p in pods}
-        by_name = {p.name: p for p in pods}
+        c = self._candidates(req, pods, weight)
+        name, reason = self.strategy.choose(c)
+        pod = c.pod(name)
+        cost = prefill_cost(pod, req.num_tokens, s)
+        return Choice(name, None, reason, pod.cached_tokens, ttft_s(cost, s), dict(c.costs))
 
-        def done(name: str, reason: str) -> Choice:
-            pod = by_name[name]
-            cost = prefill_cost(pod, req.num_tokens, s)
-            return Choice(name, None, reason, pod.cached_tokens, ttft_s(cost, s), costs)
-
-        least = min(pods, key=lambda p: (costs[p.name] if s.policy == "cost"
-                                         else load_tokens(p, s), p.name))
-        if s.policy == "round-robin":
-            ordered = sorted(pods, key=lambda p: p.name)
-            pod = ordered[self._cursor % len(ordered)]
-            self._cursor += 1
-            return done(pod.name, "round-robin")
-        if s.policy == "least-load":
-            return done(least.name, "least-load")
-        if s.policy == "prefix":
-            best = max(pods, key=lambda p: (p.cached_tokens, -load_tokens(p, s), p.name))
-            return done(best.name, "prefix-hit" if best.cached_tokens else "prefix-miss")
-
-        bound = req.binding.pod if req.binding else None
-        if bound is not None and bound not in by_name:
-            bound_reason = "rebind-unavailable"
-            bound = None
-        else:
-            bound_reason = None
-
-        if s.policy == "session":
-            if bound is not None:
-                return done(bound, "sticky")
-            return self._new_session(req, pods, costs, done, bound_reason, use_cost=False)
-
-        # cost (default)
-        if bound is not None:
-            others = [p for p in pods if p.name != bound]
-            if not others:
-                return done(bound, "sticky")
-            anchor = by_name[bound]
-            best = min(others, key=lambda p: (costs[p.name], p.name))
-            if costs[bound] <= costs[best.name] + self._move_cost(anchor, best):
-                return done(bound, "sticky")
-            return done(best.name, "sticky-yielded")
-        return self._new_session(req, pods, costs, done, bound_reason, use_cost=True)
-
-    def _move_cost(self, anchor: PodView, other: PodView) -> float:
-        """Leaving the pod that holds a context: a margin against flapping, plus
-        the share of the prefix ``other`` lacks (rebuilt there, then held twice)."""
-        s = self.settings
-        return (s.stickiness_margin_tokens
-                + s.move_cost_factor * max(0, anchor.cached_tokens - other.cached_tokens))
-
-    def _new_session(self, req: RouteInput, pods: Sequence[PodView], costs: dict[str, float],
-                     done: Callable[[str, str], Choice], bound_reason: str | None,
-                     use_cost: bool) -> Choice:
-        s = self.settings
-        prefix = bound_reason or "new"
-        cached = max(pods, key=lambda p: (p.cached_tokens, -costs[p.name], p.name))
-        # A fork goes where its prefix is; when KV is tight, a new session goes
-        # where it evicts least. Otherwise its hash home: every replica agrees.
-        tight = s.eviction_cost_factor > 0 and any(evicted_tokens(p, req.num_tokens)
-                                                   for p in pods)
-        if use_cost and (cached.cached_tokens > 0 or tight):
-            best = min(pods, key=lambda p: (costs[p.name], p.name))
-            # A fork sticks to its parent's context as a session to its pod.
-            if (cached.cached_tokens > 0 and best is not cached
-                    and costs[cached.name] <= costs[best.name] + self._move_cost(cached, best)):
-                best = cached
-            return done(best.name, f"{prefix}-prefix" if best.cached_tokens else f"{prefix}-cost")
-        if req.session is None:
-            best = min(pods, key=lambda p: (costs[p.name] if use_cost else load_tokens(p, s),
-                                            p.name))
-            return done(best.name, f"{prefix}-least-cost")
-        loads = {p.name: float(max(p.in_flight, p.running + p.waiting)) for p in pods}
-        name, spilled = bounded_load_choice(req.session, [p.name for p in pods], loads,
-                                            s.load_bound_factor)
-        return done(name, f"{prefix}-hash-spill" if spilled else f"{prefix}-hash")
-
-    def _choose_prefill(self, req: RouteInput, pods: Sequence[PodView]) -> tuple[PodView, str]:
-        s = self.settings
-        if s.policy == "round-robin":
-            ordered = sorted(pods, key=lambda p: p.name)
-            pod = ordered[self._cursor % len(ordered)]
-            return pod, "prefill-round-robin"
-        if s.policy == "least-load":
-            return min(pods, key=lambda p: (load_tokens(p, s), p.name)), "prefill-least-load"
-        if (s.policy == "session" and req.binding and req.binding.prefill_pod
-                and any(p.name == req.binding.prefill_pod for p in pods)):
-            return next(p for p in pods if p.name == req.binding.prefill_pod), "prefill-sticky"
-        best = min(pods, key=lambda p: (placement_cost(p, req.num_tokens, s), p.name))
-        return best, "prefill-overlap" if best.cached_tokens else "prefill-load"
+    def _candidates(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Candidates:
+        costs = {p.name: placement_cost(p, req.num_tokens, self.settings, weight) for p in pods}
+        return Candidates(req, pods, costs, self.settings)
