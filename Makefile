@@ -11,13 +11,14 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
 	@echo "make test   set up everything and run the whole test suite"
 	@echo "make bench  small agentic replay, aggregated vs P/D (about 10 min); bench-all: every benchmark"
-	@echo "make lint   ruff, mypy --strict on the pure cores, and the import-direction test"
+	@echo "make lint   ruff, mypy --strict on the pure cores, the import-direction test, the docs"
+	@echo "make docs   build the docs site (docs/, MkDocs) into site/, failing on a broken link"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 	@echo "make images build the container images the Helm chart runs (needs docker or podman)"
 
@@ -88,6 +89,12 @@ lint: $(STAMP) proto
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py
+	$(MAKE) docs
+
+# The docs site (mkdocs.yml): --strict makes a link to a missing page or
+# heading between the pages of docs/ an error. Output in site/, git-ignored.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
 
 # Formats the whole tree (ruff format, then import order); run it on its own
 # commit, not mixed with changes.

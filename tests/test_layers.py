@@ -1,4 +1,4 @@
-"""Imports point down only (DESIGN.md, "Layers"), read from every module's
+"""Imports point down only (docs/design.md, "Layers"), read from every module's
 source with `ast`; nothing is imported or run.
 
 Rules, each checked over every first-party module (lazy imports inside

@@ -3,7 +3,7 @@ lines it runs (kv_aware gets every engine's KV events, each router every
 engine), the summary table's ratios against Tandem's default in the same
 regime, and argument errors caught before any engine starts. The benchmark
 itself (`python -m bench.router_policies`) starts four vLLM engines per regime:
-its figures are in the README, not asserted here."""
+its figures are in docs/benchmarks.md, not asserted here."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ TD = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
                "decode": {"replicas": 2}, "kvStore": {"enabled": False}}}
 # A stranded lease would show for minutes; drained ones go at once. Longer
 # than the slowest KV pull seen on a loaded 2-core machine (~3 min, with two
-# engines bound to one core: README, "Known problems"), during which the
+# engines bound to one core: docs/known-problems.md), during which the
 # waiting decode's heartbeats, sent from its stalled steps, stall too.
 # These tests are about who ends a lease, not how fast a pull is.
 KV_LEASE_S = 300
