@@ -11,11 +11,11 @@ import signal
 
 from transformers import AutoTokenizer
 
-from bench.agentx import metrics
-from bench.agentx.content import PromptBuilder
-from bench.agentx.generate import generate, params_for
-from bench.agentx.replay import ReplayConfig, Replayer, build_prompts
 from common.model import resolve_model
+from tandem.workload import metrics
+from tandem.workload.content import PromptBuilder
+from tandem.workload.generate import generate, params_for
+from tandem.workload.replay import ReplayConfig, Replayer, build_prompts
 
 
 async def test_sigint_returns_partial_results():

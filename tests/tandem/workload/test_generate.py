@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from bench.agentx.generate import generate, params_for, trace_stats
-from bench.agentx.trace import Request, Subagent
+from tandem.workload.generate import generate, params_for, trace_stats
+from tandem.workload.trace import Request, Subagent
 
 # Contexts large enough that a 96% per-turn reuse is feasible (the previous
 # output and the partial last block are small against the input).

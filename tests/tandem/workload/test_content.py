@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from bench.agentx.content import PromptBuilder, scope_key
-from bench.agentx.generate import generate, params_for
 from common.model import resolve_model
+from tandem.workload.content import PromptBuilder, scope_key
+from tandem.workload.generate import generate, params_for
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,21 @@ Percentiles are linear-interpolated (numpy's default), as aiperf reports them.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from bench.harness import percentile
-
 INTERRUPTED = "interrupted"
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between the
+    closest ranks (numpy's default); None when there are no values."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None
+    return float(np.percentile(np.asarray(xs, dtype=float), q))
 
 
 def run_duration(records: list[dict]) -> float:

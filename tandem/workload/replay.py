@@ -35,9 +35,8 @@ from typing import Any
 
 import httpx
 
-from bench.harness import is_done, output_deltas, sse_data, urls
-
 from .content import BuiltPrompt, PromptBuilder, scope_key
+from .endpoint import is_done, output_deltas, sse_data, urls
 from .trace import Entry, Request, Session, Subagent
 
 

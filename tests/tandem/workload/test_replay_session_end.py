@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from bench.agentx.content import BuiltPrompt
-from bench.agentx.replay import ReplayConfig, Replayer
-from bench.agentx.trace import Request, Session, Subagent
+from tandem.workload.content import BuiltPrompt
+from tandem.workload.replay import ReplayConfig, Replayer
+from tandem.workload.trace import Request, Session, Subagent
 
 _CHUNK = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
 _BODY = f"data: {json.dumps(_CHUNK)}\n\ndata: [DONE]\n\n".encode()

@@ -1,4 +1,4 @@
-"""What a prefill or decode profile measures (bench/profile.py): every prompt
+"""What a prefill or decode profile measures (operators/planner/profiling.py): every prompt
 through the prefill pool, or the level is refused. Pure: the router's
 counters as a window, the router's own settings parser and policy."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.profile import PD_PROFILE_ROUTER_ARGS, foreign_prompts, point_from_level
 from operators.planner.demand import PoolCounters, Window
+from operators.planner.profiling import PD_PROFILE_ROUTER_ARGS, foreign_prompts, point_from_level
 from services.router.config import parse_settings
 from services.router.routing.policy import Binding, PodView, Policy, RouteInput
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.agentx.replay import Spread
-from bench.harness import urls
+from tandem.workload.endpoint import urls
+from tandem.workload.replay import Spread
 
 
 async def test_requests_alternate_over_the_replicas():

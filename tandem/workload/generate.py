@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import percentile
-
+from .metrics import percentile
 from .trace import Request, Session, Subagent
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from bench.agentx import trace
-from bench.agentx.generate import generate, params_for
-from bench.agentx.trace import TraceError
+from tandem.workload import trace
+from tandem.workload.generate import generate, params_for
+from tandem.workload.trace import TraceError
 
 
 def _session(**over):

@@ -34,98 +34,47 @@ in which the decode pool computed prompts is refused (``foreign_prompts``).
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from bench.agentx import report
-from bench.agentx.content import PromptBuilder
-from bench.agentx.replay import ReplayConfig, Replayer, build_prompts, new_salt
-from bench.agentx.trace import Session
+from common.model import cache_dir
 from operators.planner.demand import Window
 from operators.planner.profiles import (
     EngineConfig,
     EngineProfile,
     Parallelism,
     PoolRole,
-    ProfilePoint,
+    manifests_yaml,
+    profile_configmap,
     validate,
 )
+from operators.planner.profiling import (
+    MIN_GAIN,
+    PREFILL_OUTPUT_TOKENS,
+    Level,
+    engine_config,
+    foreign_prompts,
+    point_from_level,
+    pool_work,
+)
 from operators.planner.scrape import RouterScrapeSource
-
-# Throughput counts as still growing while each level adds this much.
-MIN_GAIN = 0.05
-# A prefill profile's requests stop after a few tokens: one token can be a
-# fragment of a character whose text comes out empty, and the replay times the
-# first token by its text.
-PREFILL_OUTPUT_TOKENS = 4
-# Router flags under which each P/D pool does only its own work (see above).
-PD_PROFILE_ROUTER_ARGS = ("--remote-prefill-threshold", "0")
+from tandem.workload.args import add_replay_args, load_sessions, load_tokenizer, replay_config
+from tandem.workload.content import PromptBuilder
+from tandem.workload.endpoint import served_model
+from tandem.workload.replay import ReplayConfig, Replayer, build_prompts, new_salt
+from tandem.workload.runs import make_run, write_run
+from tandem.workload.trace import Session, TraceError
 
 
-@dataclass(frozen=True)
-class Level:
-    concurrency: int
-    run: dict[str, Any]  # report.make_run of the replay
-    window: Window | None  # the router's counters over the level, when it has them
-    point: ProfilePoint
-
-
-def _pool_work(role: PoolRole, p: ProfilePoint) -> float:
-    if role == "prefill":
-        return p.uncached_tokens_per_s
-    if role == "decode":
-        return p.output_tokens_per_s
-    return p.request_rate
-
-
-def foreign_prompts(role: PoolRole, w: Window | None) -> str | None:
-    """Why a level of a prefill or decode profile does not measure that pool
-    alone (the decode pool computed prompts itself), or None."""
-    decode = None if w is None or role == "aggregated" else w.pools.get("decode")
-    if w is None or decode is None or decode.prompts <= 0:
-        return None
-    prompts = sum(p.prompts for p in w.pools.values())
-    return (f"the decode pool computed {decode.prompts:.0f} of the {prompts:.0f} prompts itself "
-            f"(the router's --remote-prefill-threshold), so the prefill pool saw only the "
-            f"least-cached ones and the decode pool did prompt work: profile P/D pools behind "
-            f"a router run with {' '.join(PD_PROFILE_ROUTER_ARGS)}")
-
-
-def point_from_level(role: PoolRole, replicas: int, concurrency: int, run: dict[str, Any],
-                     w: Window | None) -> ProfilePoint:
-    """One profile point from a replay run and, when present, the pool's
-    counters over the same time."""
-    s = run["summary"]
-    ok = [r for r in run["records"] if r.get("ok")]
-    pool = None if w is None else w.pools.get(role)
-    if pool is not None and w is not None and (pool.prompts or pool.generations):
-        seconds = w.seconds * replicas
-        finished = pool.prompts if role == "prefill" else pool.generations
-        everything = list(w.pools.values())
-        prompt_tokens = sum(p.prompt_tokens for p in everything)
-        cached_tokens = sum(p.cached_tokens for p in everything)
-        own = role != "decode"  # decode pods compute no prompt (foreign_prompts)
-        input_tokens = pool.prompt_tokens if own else prompt_tokens
-        hit = (pool.cached_tokens / pool.prompt_tokens if own and pool.prompt_tokens
-               else cached_tokens / prompt_tokens if prompt_tokens else 0.0)
-        output = s["output_tokens"] if role == "prefill" else pool.output_tokens
-        rate, in_flight = finished / seconds, pool.busy_seconds / seconds
-        input_rate, output_rate = input_tokens / seconds, output / seconds
-    else:
-        seconds = s["duration_s"] * replicas
-        busy = sum(r["ttft"] if role == "prefill" else
-                   r["e2e"] - r["ttft"] if role == "decode" else r["e2e"] for r in ok)
-        rate, in_flight = len(ok) / seconds, busy / seconds
-        input_rate = s["prompt_tokens"] / seconds
-        output_rate = s["output_tokens"] / seconds
-        hit = s["hit_rate"] or 0.0
-    return ProfilePoint(concurrency=float(concurrency), request_rate=rate,
-                        input_tokens_per_s=input_rate, output_tokens_per_s=output_rate,
-                        ttft_p50_s=s["ttft_p50"], ttft_p90_s=s["ttft_p90"],
-                        hit_rate=min(hit, 0.999), in_flight=in_flight, itl_s=s["itl_p50"],
-                        interactivity_p90=s["interactivity_p90"])
+def log(msg: str) -> None:
+    """A progress line on stderr (stdout stays free for what a command prints)."""
+    print(msg, file=sys.stderr, flush=True)
 
 
 async def measure_level(source: RouterScrapeSource, label: str, sessions: list[Session],
@@ -140,7 +89,7 @@ async def measure_level(source: RouterScrapeSource, label: str, sessions: list[S
     w = await source.window(time.monotonic())
     if result.interrupted:
         raise KeyboardInterrupt
-    return report.make_run(label, result.to_json(), trace_info), w
+    return make_run(label, result.to_json(), trace_info), w
 
 
 async def profile_pool(role: PoolRole, url: str, sessions: list[Session],
@@ -172,7 +121,7 @@ async def profile_pool(role: PoolRole, url: str, sessions: list[Session],
                 raise RuntimeError(f"profile {role} c={c}: {why}")
             point = point_from_level(role, replicas, c, run, w)
             levels.append(Level(c, run, w, point))
-            work = _pool_work(role, point)
+            work = pool_work(role, point)
             log(f"profile {role} c={c}: {point.request_rate:.3f} req/s per replica, "
                 f"{work:.1f} work/s, TTFT p90 {point.ttft_p90_s or 0:.2f} s, "
                 f"in flight {point.in_flight or 0:.2f}, hit {point.hit_rate:.1%}")
@@ -196,10 +145,98 @@ async def profile_pool(role: PoolRole, url: str, sessions: list[Session],
     return validate(profile), levels
 
 
-def engine_config(role: PoolRole, name: str, model: str, gpus_per_replica: int, hardware: str,
-                  parallelism: Parallelism, scheduler_flags: list[str],
-                  kv_capacity_tokens: int | None) -> EngineConfig:
-    return EngineConfig(name=name, role=role, model=model, gpus_per_replica=gpus_per_replica,
-                        hardware=hardware, parallelism=parallelism,
-                        scheduler_flags=tuple(scheduler_flags),
-                        kv_capacity_tokens=kv_capacity_tokens)
+# -- the command ------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tandem profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_replay_args(p, "~/.cache/tandem/profiles/<time>-<role>", lanes=False)
+    p.add_argument("--role", required=True, choices=["prefill", "decode", "aggregated"],
+                   help="the pool behind --url being profiled")
+    p.add_argument("--concurrencies", default="1,2,4,8,16,32",
+                   help="rising concurrencies, until throughput stops growing (default "
+                        "1,2,4,8,16,32)")
+    p.add_argument("--level-s", type=float, default=60.0,
+                   help="seconds of replay per concurrency (default 60)")
+    p.add_argument("--ttft-ceiling", type=float, default=60.0,
+                   help="stop once TTFT p90 passes this many seconds (default 60)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="replicas in the profiled pool; rates are written per replica")
+    g = p.add_argument_group("the configuration profiled (written into the profile)")
+    g.add_argument("--name", help="configuration name (default <model>-<role>)")
+    g.add_argument("--hardware", default="", help="e.g. H100-80GB, cpu-core")
+    g.add_argument("--gpus-per-replica", type=int, default=1,
+                   help="GPUs of one replica (on CPU: the cores it is pinned to)")
+    for flag in ("tp", "pp", "dp", "pcp", "dcp"):
+        g.add_argument(f"--{flag}", type=int, default=1, help=f"{flag.upper()} size")
+    g.add_argument("--scheduler-flag", action="append", default=[], metavar="FLAG",
+                   help="a vLLM scheduler flag the replicas run with (repeat)")
+    g.add_argument("--kv-capacity-tokens", type=int,
+                   help="KV capacity of one replica, tokens (vLLM: num_gpu_blocks x block "
+                        "size)")
+    g.add_argument("--namespace", help="namespace of the ConfigMap written")
+    p.add_argument("-o", "--output",
+                   help="profile ConfigMap to write (default <out>/profile.yaml)")
+
+    return p
+
+
+def runs_dir(a: argparse.Namespace) -> Path:
+    """Where the levels' runs go: --out, else a new folder under the cache."""
+    if a.out:
+        return Path(a.out)
+    return cache_dir() / "profiles" / f"{time.strftime('%Y%m%d-%H%M%S')}-{a.role}"
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    try:
+        concs = sorted({int(c) for c in a.concurrencies.split(",") if c.strip()})
+    except ValueError:
+        raise ValueError(f"--concurrencies {a.concurrencies!r}: expected e.g. 1,2,4") from None
+    if not concs or concs[0] < 1 or a.replicas < 1 or a.level_s <= 0:
+        raise ValueError("--concurrencies, --replicas and --level-s must be positive")
+    sessions, info = load_sessions(a)
+    tok, _ = load_tokenizer(a)
+    model = a.model or served_model(a.url)
+    name = a.name or f"{model}-{a.role}".lower()
+    config = engine_config(a.role, name, model, a.gpus_per_replica, a.hardware,
+                           Parallelism(a.tp, a.pp, a.dp, a.pcp, a.dcp), a.scheduler_flag,
+                           a.kv_capacity_tokens)
+    st = info["stats"]
+    workload = (f"{info['path']}: {st['sessions']} sessions, {st['requests']} requests, think "
+                f"x{a.think_scale:g}")
+    out = runs_dir(a)
+    log(f"profiling the {a.role} pool behind {a.url} ({a.replicas} replica(s)) at "
+        f"concurrencies {concs}, {a.level_s:g} s each")
+    profile, levels = asyncio.run(profile_pool(
+        a.role, a.url.rstrip("/"), sessions, info, tok, replay_config(a, a.url, model), config,
+        a.replicas, concs, a.level_s, a.ttft_ceiling, workload, log=log))
+    for level in levels:
+        write_run(level.run, out / f"c{level.concurrency}" / "run.json")
+    path = Path(a.output) if a.output else out / "profile.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(manifests_yaml([profile_configmap(profile, name, a.namespace)],
+                                   header=f"{profile.note}; {workload}"))
+    log(f"profile: {path} ({len(profile.points)} points; runs in {out})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``tandem profile``. Exit status: 0 success, 1 the run failed, 2 bad
+    input, 130 interrupted."""
+    a = build_parser().parse_args(argv)
+    try:
+        return cmd_profile(a)
+    except (TraceError, ValueError, FileNotFoundError) as e:
+        log(f"tandem profile: error: {e}")
+        return 2
+    except RuntimeError as e:
+        log(f"tandem profile: error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        log("tandem profile: interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
