@@ -30,6 +30,7 @@ from tandem.workload.args import (
     load_sessions,
     load_tokenizer,
     replay_config,
+    run_command,
 )
 from tandem.workload.endpoint import served_model
 
@@ -236,23 +237,12 @@ COMMANDS = {"embedded": cmd_embedded, "generate": cmd_generate, "stats": cmd_sta
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tandem.workload.trace import TraceError
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["embedded"]:          # its own parser, options passed through
         from bench.agentx.embedded import main as embedded_main
         return embedded_main(argv[1:])
     a = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[a.command](a)
-    except (TraceError, ValueError, FileNotFoundError) as e:
-        log(f"python -m bench {a.command}: error: {e}")
-        return 2
-    except RuntimeError as e:
-        log(f"python -m bench {a.command}: error: {e}")
-        return 1
-    except KeyboardInterrupt:
-        log(f"python -m bench {a.command}: interrupted")
-        return 130
+    return run_command(f"python -m bench {a.command}", lambda: COMMANDS[a.command](a))
 
 
 if __name__ == "__main__":

@@ -64,12 +64,18 @@ from operators.planner.profiling import (
     pool_work,
 )
 from operators.planner.scrape import RouterScrapeSource
-from tandem.workload.args import add_replay_args, load_sessions, load_tokenizer, replay_config
+from tandem.workload.args import (
+    add_replay_args,
+    load_sessions,
+    load_tokenizer,
+    replay_config,
+    run_command,
+)
 from tandem.workload.content import PromptBuilder
 from tandem.workload.endpoint import served_model
 from tandem.workload.replay import ReplayConfig, Replayer, build_prompts, new_salt
 from tandem.workload.runs import make_run, write_run
-from tandem.workload.trace import Session, TraceError
+from tandem.workload.trace import Session
 
 
 def log(msg: str) -> None:
@@ -177,7 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--namespace", help="namespace of the ConfigMap written")
     p.add_argument("-o", "--output",
                    help="profile ConfigMap to write (default <out>/profile.yaml)")
-
     return p
 
 
@@ -225,17 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     """``tandem profile``. Exit status: 0 success, 1 the run failed, 2 bad
     input, 130 interrupted."""
     a = build_parser().parse_args(argv)
-    try:
-        return cmd_profile(a)
-    except (TraceError, ValueError, FileNotFoundError) as e:
-        log(f"tandem profile: error: {e}")
-        return 2
-    except RuntimeError as e:
-        log(f"tandem profile: error: {e}")
-        return 1
-    except KeyboardInterrupt:
-        log("tandem profile: interrupted")
-        return 130
+    return run_command("tandem profile", lambda: cmd_profile(a))
 
 
 if __name__ == "__main__":

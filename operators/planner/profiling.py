@@ -1,24 +1,15 @@
 """Phase 1 of the rate-matching controller, the part without I/O: what one
-load level of a profile run measures, whether it measured the pool alone, and
-when throughput stopped growing. ``tandem profile`` (``tandem/profile.py``)
-drives the load and reads the router's counters; this turns what it saw into
-``ProfilePoint``s of an ``EngineProfile`` (``profiles.py``).
+load level of a profile run measured, whether it measured the pool alone, and
+how much work saturates a pool of each role. ``tandem profile``
+(``tandem/profile.py``) drives the load and reads the router's counters; this
+turns a level's replay run and counter ``Window`` into a ``ProfilePoint`` of
+an ``EngineProfile`` (``profiles.py``), preferring the pool's own counters to
+the client's records where the router has them.
 
-Where the URL is a Tandem router, the pool's own figures come from its
-counters (``tandem_router_pool_*``, a ``Window`` over the level): what that
-pool computed, its hit rate and its busy time. Elsewhere they come from the
-client's records (busy time = the sum of TTFT for prefill, of E2E − TTFT for
-decode, of E2E for an aggregated pool).
-
-A P/D router lets the decode pod prefill a prompt itself when the part it
-lacks is short (``--remote-prefill-threshold``, 256 tokens). Profiled that
-way, the prefill pool sees only the least-cached prompts (on the agentic
-trace 2 prompts in 21, hit rate 18% against the trace's 85%), never
-saturates, and the decode pool's figures include prompt work: the profile
-describes the routing, not the pool. So a prefill or decode profile needs the
-router to send every prompt to the prefill pool (``PD_PROFILE_ROUTER_ARGS``),
-and a level in which the decode pool computed prompts is refused
-(``foreign_prompts``).
+A prefill or decode profile holds only levels in which every prompt went
+through the prefill pool (``foreign_prompts``): when the decode pool prefills
+short prompts itself, the figures describe the routing, not the pool
+(``tandem profile --help`` tells the whole story).
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ MIN_GAIN = 0.05
 # fragment of a character whose text comes out empty, and the replay times the
 # first token by its text.
 PREFILL_OUTPUT_TOKENS = 4
-# Router flags under which each P/D pool does only its own work (see the top).
+# Router flags under which each P/D pool does only its own work.
 PD_PROFILE_ROUTER_ARGS = ("--remote-prefill-threshold", "0")
 
 

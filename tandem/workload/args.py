@@ -6,6 +6,8 @@ tokenizer, a ``ReplayConfig``)."""
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -117,3 +119,21 @@ def replay_config(a: argparse.Namespace, url: str = "", model: str = ""):
                         max_tokens_cap=a.max_tokens_cap, ignore_eos=not a.no_ignore_eos,
                         timeout_s=a.timeout, duration_s=getattr(a, "duration", None),
                         session_header=a.session_header, progress=not a.no_progress)
+
+
+def run_command(name: str, command: Callable[[], int]) -> int:
+    """A replay command's exit status: its own, 2 for bad input (a trace, a
+    value, a missing file), 1 for a run that failed (RuntimeError), 130 when
+    interrupted; each error said on stderr after ``name``."""
+    from tandem.workload.trace import TraceError
+    try:
+        return command()
+    except (TraceError, ValueError, FileNotFoundError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except RuntimeError as e:
+        print(f"{name}: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        return 130
