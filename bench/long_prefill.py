@@ -43,15 +43,18 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import request_phases
-from bench.agentx import generate, metrics, report
-from bench.agentx.content import PromptBuilder
+from bench.agentx import report
 from bench.agentx.embedded import CONFIGS
-from bench.agentx.metrics import cell
-from bench.agentx.replay import ReplayConfig, Replayer, build_prompts, new_salt
-from bench.harness import RESULTS, log, served_model, sigterm_as_interrupt
+from bench.harness import RESULTS, log, sigterm_as_interrupt
 from common.ports import free_port
 from common.scheduler import POOLS, SchedulerSettings, parse_per_pool
 from services.stack import Stack, StackConfig
+from tandem.workload import generate, metrics
+from tandem.workload.content import PromptBuilder
+from tandem.workload.endpoint import served_model
+from tandem.workload.metrics import cell
+from tandem.workload.replay import ReplayConfig, Replayer, build_prompts, new_salt
+from tandem.workload.runs import make_run, write_run
 
 MODES = CONFIGS  # agg: one aggregated engine; pd: one prefill + one decode engine
 PHASES = ("admission", "queue", "prefill", "kv_pull", "first_decode_step")
@@ -186,13 +189,13 @@ def run_one(cfg: Config, a, sessions, info, tok, out: Path) -> dict:
         load_before = os.getloadavg()
         result = asyncio.run(Replayer(replay_cfg, sessions, prompts, salt=builder.salt).run())
         load_after = os.getloadavg()
-        run = report.make_run(cfg.label, result.to_json(), info)
+        run = make_run(cfg.label, result.to_json(), info)
         run["load_1min"] = [round(load_before[0], 1), round(load_after[0], 1)]
         run["engine_phases"] = engine_phases(stack)
         entries = [e for proc in stack.procs if proc.grpc
                    for e in request_phases.parse_engine_log(Path(proc.log).read_text(), proc.name)]
         run["request_phases"] = request_phases.join(run["records"], entries)
-        report.write_run(run, out / "run.json")
+        write_run(run, out / "run.json")
         if result.interrupted:
             raise KeyboardInterrupt
         return run

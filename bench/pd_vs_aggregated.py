@@ -25,10 +25,11 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import is_done, output_deltas, percentile, sse_data
 from common.model import DEFAULT_MODEL_NAME
 from common.ports import free_port
 from services.stack import Stack, StackConfig
+from tandem.workload.endpoint import is_done, output_deltas, sse_data
+from tandem.workload.metrics import percentile
 
 MODEL = DEFAULT_MODEL_NAME
 

@@ -10,7 +10,7 @@ deployments two cores can run, measured best against predicted.
 Steps, one stack at a time (this machine holds two engines, one per core):
 
 1. ``1P1D`` stack, its router sending every prompt to the prefill pool
-   (``bench.profile.PD_PROFILE_ROUTER_ARGS``): ``profile --role prefill``
+   (``operators.planner.profiling.PD_PROFILE_ROUTER_ARGS``): ``profile --role prefill``
    (outputs capped at a few tokens), then ``--role decode`` (the trace with
    longer outputs, so decode is the bottleneck); each engine's KV capacity is
    read from its metrics. ``--retake`` with ``--skip-profiles`` profiles only
@@ -44,10 +44,7 @@ from typing import Any
 
 import httpx
 
-from bench.agentx import generate
-from bench.agentx.replay import ReplayConfig
 from bench.harness import RESULTS, log
-from bench.profile import PD_PROFILE_ROUTER_ARGS, engine_config, measure_level, profile_pool
 from operators.planner.demand import measurements_of
 from operators.planner.efficiency import measure_efficiency
 from operators.planner.profiles import (
@@ -57,8 +54,12 @@ from operators.planner.profiles import (
     manifests_yaml,
     profile_configmap,
 )
+from operators.planner.profiling import PD_PROFILE_ROUTER_ARGS, engine_config
 from operators.planner.scrape import RouterScrapeSource
 from operators.planner.solver import Demand, Plan, Problem, Slo, fixed_plan, solve
+from tandem.profile import measure_level, profile_pool
+from tandem.workload import generate
+from tandem.workload.replay import ReplayConfig
 
 MODEL = "SmolLM2-135M-Instruct"
 HARDWARE = "cpu-core"  # one engine pinned to one core: the unit of the budget here

@@ -32,8 +32,6 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.agentx import metrics
-from bench.agentx.metrics import cell
 from bench.harness import RESULTS
 from bench.router_ab import (
     CONFIGS,
@@ -44,6 +42,8 @@ from bench.router_ab import (
     write_results,
 )
 from services.stack import Stack, StackConfig
+from tandem.workload import metrics
+from tandem.workload.metrics import cell
 
 SCOPE = {"off": "request", "on": "pod"}
 

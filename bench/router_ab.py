@@ -17,15 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.agentx import generate, metrics, report
-from bench.agentx.content import PromptBuilder
-from bench.agentx.metrics import cell
-from bench.agentx.replay import ReplayConfig, Replayer, ReplayResult, build_prompts, new_salt
-from bench.agentx.trace import Session
-from bench.harness import log, served_model, sigterm_as_interrupt
+from bench.agentx import report
+from bench.harness import log, sigterm_as_interrupt
 from common.ports import free_port
 from common.procs import Processes, wait_http_ok
 from services.stack import Stack
+from tandem.workload import generate, metrics
+from tandem.workload.content import PromptBuilder
+from tandem.workload.endpoint import served_model
+from tandem.workload.metrics import cell
+from tandem.workload.replay import ReplayConfig, Replayer, ReplayResult, build_prompts, new_salt
+from tandem.workload.runs import make_run, write_run
+from tandem.workload.trace import Session
 
 CONFIGS = ("off", "on")
 
@@ -147,8 +150,8 @@ def replay_each(stack: Stack, procs: Processes, order: list[str], out: Path, inf
                     result, figures = replay(url)
                 finally:
                     procs.stop(proc)
-                run = report.make_run(config, result.to_json(), info) | figures
-                report.write_run(run, out / f"{i:02d}-{config}" / "run.json")
+                run = make_run(config, result.to_json(), info) | figures
+                write_run(run, out / f"{i:02d}-{config}" / "run.json")
                 runs.setdefault(config, []).append(run)
                 s = run["summary"]
                 log(f"{config}: {s['ok']} ok, {s['failures']} failed, TTFT p50 "

@@ -49,14 +49,7 @@ from typing import Any
 
 from orjson import loads as _loads
 
-from bench.harness import (
-    cpu_busy_seconds,
-    is_done,
-    output_deltas,
-    percentile,
-    sigterm_as_interrupt,
-    sse_data,
-)
+from bench.harness import cpu_busy_seconds, sigterm_as_interrupt
 from bench.router_fakes import MODEL_NAME
 from bench.routers import HOST, ROUTERS, RouterSpec, find_binary, http_router_argv
 from common.ports import free_port
@@ -69,6 +62,8 @@ from common.procs import (
     wait_grpc_serving,
     wait_http_ok,
 )
+from tandem.workload.endpoint import is_done, output_deltas, sse_data
+from tandem.workload.metrics import percentile
 
 PROMPT = "Say hello in one short sentence."
 DIRECT_HTTP = "direct-http"

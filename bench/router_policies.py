@@ -33,12 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.agentx import generate, metrics, report
-from bench.agentx.replay import ReplayConfig
+from bench.agentx import report
 from bench.agentx.sweep import Endpoint, run_sweep
-from bench.harness import RESULTS, RedisServer, log, served_model, sigterm_as_interrupt
+from bench.harness import RESULTS, RedisServer, log, sigterm_as_interrupt
 from bench.routers import HOST, ROUTERS, find_binary, http_router_argv
 from common.procs import Processes
+from tandem.workload import generate, metrics
+from tandem.workload.endpoint import served_model
+from tandem.workload.replay import ReplayConfig
 
 BASELINE = "tandem:cost"
 

@@ -49,8 +49,6 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.agentx import generate, metrics
-from bench.agentx.metrics import cell
 from bench.harness import RESULTS
 from bench.router_ab import (
     CONFIGS,
@@ -62,6 +60,8 @@ from bench.router_ab import (
 )
 from common.procs import Processes
 from services.stack import Stack, StackConfig
+from tandem.workload import generate, metrics
+from tandem.workload.metrics import cell
 
 SESSION_END_HEADER = "x-session-end"  # the router's default --session-end-header
 

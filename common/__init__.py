@@ -9,6 +9,7 @@
   ready, stop with the whole group;
 * ``common.roles`` — the roles an engine serves.
 
-Layers (imports point down only): ``tandem/`` (the launcher) → ``bench/`` →
-``services/``, ``operators/``, ``kernels/`` → ``common/``.
+Layers (imports point down only): ``bench/`` (benchmarks, not shipped) →
+``tandem/`` (the launcher) → ``services/``, ``operators/``, ``kernels/`` →
+``common/``.
 """

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-PACKAGES = ("tandem", "bench", "services", "operators", "kernels", "common")
+PACKAGES = ("tandem", "services", "operators", "kernels", "common")
 
 
 def setup_logging(service: str) -> None:

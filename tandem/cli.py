@@ -5,9 +5,10 @@
     tandem down      stop a stack started by `tandem up` (from another shell)
     tandem status    what runs, and whether it is healthy
     tandem model     prepare the bundled model and print its folder
-    tandem bench     agentic workload benchmark (see `tandem bench --help`)
     tandem profile   profile one pool to saturation for the rate-matching controller
                      (`tandem profile --role prefill|decode|aggregated --url URL`)
+
+The benchmarks are not part of the product: in a checkout, `python -m bench`.
 """
 
 from __future__ import annotations
@@ -167,14 +168,20 @@ def cmd_model(args: argparse.Namespace) -> int:
     return model_main(args.rest)
 
 
+# Whoever types `tandem bench` learns where the benchmarks are.
+BENCH_MOVED = ("tandem bench: the benchmarks are not part of the installed product; in a "
+               "checkout of the repository run `python -m bench` (dependencies: "
+               "pip install -e '.[bench]'). Profiling a pool is `tandem profile`.")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from bench.cli import main as bench_main
-    return bench_main(args.rest)
+    print(BENCH_MOVED, file=sys.stderr)
+    return 2
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from bench.cli import main as bench_main
-    return bench_main(["profile", *args.rest])
+    from tandem.profile import main as profile_main
+    return profile_main(args.rest)
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -231,12 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="prepare the bundled model and print its folder")
     model.add_argument("rest", nargs=argparse.REMAINDER)
     model.set_defaults(func=cmd_model)
-    bench = sub.add_parser("bench", help="agentic workload benchmark (bench/cli.py)",
+    bench = sub.add_parser("bench", help="moved: `python -m bench` in a checkout",
                            add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     profile = sub.add_parser("profile", help="profile one pool for the rate-matching "
-                             "controller (tandem bench profile)", add_help=False)
+                             "controller (tandem/profile.py)", add_help=False)
     profile.add_argument("rest", nargs=argparse.REMAINDER)
     profile.set_defaults(func=cmd_profile)
     operator = sub.add_parser("operator", help="run the Kubernetes operator (operators/)",
@@ -248,9 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # everything after `bench` is bench's, --help included
+    if argv[:1] == ["bench"]:  # whatever follows, --help included, gets the same answer
         return cmd_bench(argparse.Namespace(rest=argv[1:]))
-    if argv[:1] == ["profile"]:  # likewise
+    if argv[:1] == ["profile"]:  # everything after `profile` is its own, --help included
         return cmd_profile(argparse.Namespace(rest=argv[1:]))
     if argv[:1] == ["operator"]:  # likewise the operator's flags
         return cmd_operator(argparse.Namespace(rest=argv[1:]))

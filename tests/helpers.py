@@ -15,7 +15,6 @@ import grpc
 import httpx
 from hypothesis import strategies as st
 
-from bench.harness import sse_data
 from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc
 from common.proto import engine_pb2 as pb
@@ -23,6 +22,7 @@ from common.proto import engine_pb2_grpc as pb_grpc
 from operators.spec import crd_schema, problems
 from services.router.chat_templates import CHATML_TOOLS
 from services.router.routing.hashing import BlockHasher
+from tandem.workload.endpoint import sse_data
 from tests.kube import schema as crd
 
 MODEL_NAME = DEFAULT_MODEL_NAME  # the name the stack serves the bundled model under

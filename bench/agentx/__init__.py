@@ -1,13 +1,11 @@
 """Agentic workload benchmark in the AgentX / kv-cache-tester trace format.
 
-Modules, from data to report:
+The trace format, the synthetic generator, the prompt builder, the replay
+client and the metrics live in ``tandem.workload`` (``tandem profile`` replays
+the same traces); what only the benchmarks need is here:
 
-* ``trace``    -- the trace format: read, validate, write.
-* ``generate`` -- seeded synthetic traces with agentic statistics.
-* ``content``  -- prompts whose tokens reproduce a trace's block-hash structure.
-* ``replay``   -- the asyncio replay client (lanes, think time, sub-agents).
-* ``metrics``  -- summary statistics from per-request records (pure functions).
-* ``report``   -- JSON results, Markdown report and plots.
-* ``sweep``    -- several concurrencies x several endpoints, ratios vs a baseline.
+* ``report``     -- Markdown report and plots from run files.
+* ``sweep``      -- several concurrencies x several endpoints, ratios vs a baseline.
 * ``crosscheck`` -- the same requests replayed by aiperf, compared with ours.
+* ``embedded``   -- the embedded stack as aggregated and as P/D, replayed and compared.
 """

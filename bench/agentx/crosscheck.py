@@ -33,9 +33,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .content import PromptBuilder, scope_key
-from .replay import ReplayConfig, Replayer, build_prompts, new_salt
-from .trace import Request, Session, Subagent
+from tandem.workload.content import PromptBuilder, scope_key
+from tandem.workload.replay import ReplayConfig, Replayer, build_prompts, new_salt
+from tandem.workload.trace import Request, Session, Subagent
 
 AIPERF_VERSION = "0.13.0"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -251,7 +251,7 @@ def crosscheck(sessions: list[Session], cfg: ReplayConfig, tokenizer, tokenizer_
                side_by_side: bool = True, log=print) -> dict[str, Any]:
     import asyncio
 
-    from . import metrics
+    from tandem.workload import metrics
 
     aiperf_bin = find_aiperf(aiperf)
     flat = flatten_agents(sessions)

@@ -1,4 +1,4 @@
-"""``tandem bench embedded``: the embedded stack with P/D (one prefill + one
+"""``python -m bench embedded``: the embedded stack with P/D (one prefill + one
 decode engine) against the same router in front of one aggregated engine, on a
 small agentic trace at a few concurrencies; one report with ratios vs the first
 configuration (aggregated by default). Starts and stops the stacks itself.
@@ -8,7 +8,7 @@ time, not three); within each, the concurrencies run back to back on the same
 trace with a fresh content salt per run. Absolute times drift on a shared
 machine: read the ratios, and rerun to see the spread.
 
-    tandem bench embedded [--concurrencies 1,2] [--sessions 4] [--out DIR]
+    python -m bench embedded [--concurrencies 1,2] [--sessions 4] [--out DIR]
     python -m bench.agentx.embedded ...
 """
 
@@ -21,17 +21,19 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.agentx import generate, report
-from bench.agentx.replay import ReplayConfig
+from bench.agentx import report
 from bench.agentx.sweep import Endpoint, run_sweep
-from bench.harness import RESULTS, log, served_model
+from bench.harness import RESULTS, log
+from tandem.workload import generate
+from tandem.workload.endpoint import served_model
+from tandem.workload.replay import ReplayConfig
 
 CONFIGS = {"agg": dict(prefill=0, decode=0, aggregated=1),
            "pd": dict(prefill=1, decode=1, aggregated=0)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tandem bench embedded", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench embedded", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrencies", default="1,2", help="comma-separated (default 1,2)")
     ap.add_argument("--configs", default="agg,pd",

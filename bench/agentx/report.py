@@ -1,8 +1,7 @@
-"""Results files and the Markdown report with plots.
+"""The Markdown report with plots, from run files.
 
-A *run* is one replay of one trace against one endpoint at one concurrency,
-stored as JSON (``run.json``) with its configuration, the trace statistics,
-every request record, the summary and the per-turn table. A report takes one
+A *run* is one replay of one trace against one endpoint at one concurrency
+(``run.json``, written by ``tandem.workload.runs``). A report takes one
 or more runs (a sweep: several endpoints x concurrencies) and writes
 ``report.md`` next to ``ttft_cdf.png``, ``pareto.png`` and ``hit_rate_by_turn.png``;
 with a baseline it adds ratios measured side by side in the same run.
@@ -15,35 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import metrics
-
-RESULT_KIND = "tandem-agentx-run"
-
-
-def make_run(label: str, replay_json: dict[str, Any], trace_info: dict[str, Any]) -> dict:
-    records = replay_json["records"]
-    return {
-        "kind": RESULT_KIND,
-        "version": 1,
-        "label": label,
-        "concurrency": replay_json["config"]["concurrency"],
-        "endpoint": replay_json["config"]["url"],
-        "model": replay_json["config"]["model"],
-        "trace": trace_info,
-        "replay": {k: v for k, v in replay_json.items() if k != "records"},
-        "summary": metrics.summarize(records, replay_json["duration_s"] or None),
-        "per_turn": metrics.per_turn(records),
-        "records": records,
-    }
-
-
-def write_run(run: dict, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(run, indent=1))
-    tmp.replace(path)
-    return path
+from tandem.workload import metrics
+from tandem.workload.runs import RESULT_KIND
 
 
 def load_runs(paths: list[str | Path]) -> list[dict]:
@@ -158,7 +130,7 @@ def _ratio(v: float | None) -> str:
 def markdown(runs: list[dict], baseline: str | None = None, images: list[str] = (),
              title: str = "Agentic replay report", notes: list[str] = ()) -> str:
     lines = [f"# {title}", "",
-             f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `tandem bench`.", ""]
+             f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `python -m bench`.", ""]
     traces = {json.dumps(r["trace"].get("path")): r["trace"] for r in runs}
     for tr in traces.values():
         st = tr.get("stats", {})

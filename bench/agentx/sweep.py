@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import report
-from .content import PromptBuilder
-from .replay import ReplayConfig, Replayer, build_prompts, new_salt
-from .trace import Session
+from tandem.workload.content import PromptBuilder
+from tandem.workload.replay import ReplayConfig, Replayer, build_prompts, new_salt
+from tandem.workload.runs import make_run, write_run
+from tandem.workload.trace import Session
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def run_sweep(sessions: list[Session], trace_info: dict, endpoints: list[Endpoin
             cfg = replace(base_cfg, url=ep.url, model=model, concurrency=c)
             log(f"sweep: {ep.name} ({ep.url}) concurrency {c}")
             result = asyncio.run(Replayer(cfg, sessions, prompts, salt=builder.salt).run())
-            run = report.make_run(ep.name, result.to_json(), trace_info)
-            report.write_run(run, out_dir / f"{ep.name}-c{c}" / "run.json")
+            run = make_run(ep.name, result.to_json(), trace_info)
+            write_run(run, out_dir / f"{ep.name}-c{c}" / "run.json")
             runs.append(run)
             s = run["summary"]
             log(f"  ok {s['ok']} fail {s['failures']} ttft p50 {s['ttft_p50']} "

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from bench.agentx import metrics, report
+from bench.agentx import report
+from tandem.workload import metrics
+from tandem.workload.runs import make_run, write_run
 
 
 def rec(start, ttft, e2e, out, prompt, cached, turn=0, ok=True, error=None):
@@ -74,13 +77,13 @@ def _run(label, conc, scale):
     replay = {"config": {"concurrency": conc, "url": "http://x", "model": "m"},
               "duration_s": 10.0, "interrupted": False, "salt": "s", "sessions_done": 1,
               "started_at": 0.0, "records": rs}
-    return report.make_run(label, replay, {"path": "t.jsonl", "stats": {"sessions": 1}})
+    return make_run(label, replay, {"path": "t.jsonl", "stats": {"sessions": 1}})
 
 
 def test_report_with_baseline_ratios(tmp_path):
     runs = [_run("agg", 1, 1.0), _run("pd", 1, 0.5), _run("agg", 2, 1.0), _run("pd", 2, 2.0)]
     for r in runs:
-        report.write_run(r, tmp_path / "runs" / f"{r['label']}-{r['concurrency']}" / "run.json")
+        write_run(r, tmp_path / "runs" / f"{r['label']}-{r['concurrency']}" / "run.json")
     loaded = report.load_runs([tmp_path / "runs"])
     assert len(loaded) == 4
     md_path = report.write_report(loaded, tmp_path / "rep", baseline="agg")
@@ -100,3 +103,11 @@ def test_load_runs_rejects_other_files(tmp_path):
     p.write_text(json.dumps({"kind": "something else"}))
     with pytest.raises(ValueError, match="not a replay run file"):
         report.load_runs([p])
+
+
+def test_percentile_interpolates_linearly_and_skips_missing():
+    values = [0.3, 0.1, None, 0.4, 0.2]
+    assert metrics.percentile(values, 50) == pytest.approx(0.25)
+    expected = float(np.percentile([.1, .2, .3, .4], 90))
+    assert metrics.percentile(values, 90) == pytest.approx(expected)
+    assert metrics.percentile([], 50) is None and metrics.percentile([None], 99) is None

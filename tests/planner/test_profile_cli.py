@@ -1,4 +1,4 @@
-"""`tandem profile` (bench/profile.py) against a real router process over a
+"""`tandem profile` (tandem/profile.py) against a real router process over a
 fake gRPC engine of fixed latency (tests/planner/conftest.py): the replay at
 rising concurrency, the router's counters read around each level, the
 profile written as a ConfigMap the planner reads back. No mocks; the engine is
@@ -10,7 +10,6 @@ import json
 
 import pytest
 
-from bench.cli import main as bench_main
 from operators.planner.profiles import profiles_from_yaml
 from tandem.cli import main as tandem_main
 from tests.planner.synthetic import FIRST_TOKEN_MS, TOKEN_DELAY_MS
@@ -51,5 +50,5 @@ def test_profile_writes_a_measured_profile(fake_router, tmp_path):
 
 
 def test_profile_refuses_bad_arguments(fake_router, tmp_path):
-    assert bench_main(["profile", "--role", "prefill", "--url", fake_router,
-                       "--concurrencies", "0,2", "--out", str(tmp_path)]) == 2
+    assert tandem_main(["profile", "--role", "prefill", "--url", fake_router,
+                        "--concurrencies", "0,2", "--out", str(tmp_path)]) == 2

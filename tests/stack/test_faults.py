@@ -17,7 +17,6 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from bench.harness import sse_data
 from common.ports import free_port
 from common.procs import launch, stop_process_group
 from common.proto import engine_pb2 as pb
@@ -28,6 +27,7 @@ from services.router.pods import PodPool
 from services.router.routing import PodSpec, Replica, RoutingCore, RoutingSettings
 from services.router.routing.shared_state import LocalState
 from services.stack import engine_env
+from tandem.workload.endpoint import sse_data
 from tests.helpers import (
     LONG_CONTEXT,
     MODEL_NAME,
