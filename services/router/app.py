@@ -32,7 +32,9 @@ from common.proto import engine_pb2_grpc as pb_grpc
 from services.router.admission import AdmissionMiddleware, Limiter
 from services.router.api import operations
 from services.router.api.chat import api_router as chat
+from services.router.api.chat.reasoning import ReasoningParsers
 from services.router.api.chat.serving import ChatServing
+from services.router.api.chat.tools import AutoParser
 from services.router.api.completions import api_router as completions
 from services.router.api.completions.serving import CompletionsServing
 from services.router.api.engine_request import EngineRequests, ModelCard
@@ -53,14 +55,12 @@ from services.router.metrics import RouterMetrics
 from services.router.pd import Orchestrator
 from services.router.pods import PodPool
 from services.router.prefetch import SessionPrefetcher
-from services.router.reasoning import ReasoningParsers
 from services.router.retention import SessionRetention
 from services.router.routing import RoutingCore, RoutingSettings
 from services.router.routing.replica import Replica
 from services.router.routing.shared_state import LocalState, RedisState
 from services.router.routing.tasks import cancel_and_wait
 from services.router.tokenizer import ChatTokenizer
-from services.router.tools import AutoParser
 
 log = logging.getLogger(__name__)
 _STARTUP_WAIT_S = 600.0

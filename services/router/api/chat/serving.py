@@ -11,16 +11,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.router.api.chat.protocol import ChatCompletionRequest
-from services.router.api.choices import respond_choices
-from services.router.api.engine_request import EngineRequests, ModelCard
-from services.router.api.protocol import named_bad_request
-from services.router.api.streaming import Responder, Shape
-from services.router.errors import bad_request
-from services.router.pd import EngineRequest
-from services.router.reasoning import ReasoningParsers, ReasoningSplit
-from services.router.structured import from_response_format, from_structured_outputs
-from services.router.tokenizer import ChatTokenizer
-from services.router.tools import (
+from services.router.api.chat.reasoning import ReasoningParsers, ReasoningSplit
+from services.router.api.chat.structured import from_response_format, from_structured_outputs
+from services.router.api.chat.tools import (
     AutoParser,
     ForcedCalls,
     check_history,
@@ -28,6 +21,13 @@ from services.router.tools import (
     forced_constraint,
     resolve_choice,
 )
+from services.router.api.choices import respond_choices
+from services.router.api.engine_request import EngineRequests, ModelCard
+from services.router.api.protocol import named_bad_request
+from services.router.api.streaming import Responder, Shape
+from services.router.errors import bad_request
+from services.router.pd import EngineRequest
+from services.router.tokenizer import ChatTokenizer
 
 
 def _token_bytes(token: str) -> list[int]:

@@ -10,12 +10,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.router.api.chat.serving import ChatServing, ChatShape
+from services.router.api.chat.tools import check_tools
 from services.router.api.messages import translate
 from services.router.api.messages.protocol import MessagesRequest
 from services.router.api.protocol import named_bad_request
 from services.router.api.streaming import Shape, named_event
 from services.router.errors import bad_request
-from services.router.tools import check_tools
 
 
 class MessagesShape(Shape):

@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 from services.router.api.chat.protocol import ChatCompletionRequest
+from services.router.api.chat.structured import check_schema
 from services.router.api.messages.protocol import MessagesRequest
 from services.router.api.translation import ChatStreamTranslator, chat_request, text_of
-from services.router.structured import check_schema
 
 # Chat finish reasons → Anthropic stop reasons. ("abort" only reaches a
 # client when the engine gave up on the request.)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from services.router.api.chat.protocol import ChatCompletionRequest
+from services.router.api.chat.structured import check_schema
 from services.router.api.responses.protocol import ResponsesRequest
 from services.router.api.translation import ChatStreamTranslator, chat_request, text_of
-from services.router.structured import check_schema
 
 # What a content list of the Responses API may hold.
 TEXT_PARTS = ("input_text", "output_text", "text")

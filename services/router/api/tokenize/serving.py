@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from services.router.api.chat.tools import check_tools
 from services.router.api.engine_request import EngineRequests
 from services.router.api.protocol import named_bad_request
 from services.router.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from services.router.errors import bad_request
 from services.router.tokenizer import ChatTokenizer
-from services.router.tools import check_tools
 
 
 class TokenizeServing:

@@ -9,9 +9,9 @@ from transformers import AutoTokenizer
 
 from common.model import resolve_model
 from common.proto import engine_pb2 as pb
+from services.router.api.chat.reasoning import ReasoningParsers
 from services.router.api.chat.serving import ChatShape
 from services.router.api.engine_request import ModelCard
-from services.router.reasoning import ReasoningParsers
 
 CARD = ModelCard(name="m", max_model_len=1024, created=0)
 OUTPUT = "<think>Two and two make four.</think>The answer is 4."
