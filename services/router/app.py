@@ -1,6 +1,7 @@
 """Composition root of the router: builds every part once, hands the routes
-what they serve with (`api.parts.RouterParts` on ``app.state``), includes
-each API family's routes, installs middleware and error handlers.
+what they serve with on ``app.state`` (the metrics, and `api.parts.RouterParts`
+built at startup), includes each API family's routes (`api/`), installs
+middleware and error handlers.
 
 A request passes, in order: `auth.ApiKeyAuth` and `admission.AdmissionMiddleware`
 (API keys, concurrency and queueing) → its family's route in `api/<family>/`
