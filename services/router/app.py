@@ -1,12 +1,18 @@
-"""Composition root of the router: builds every part once and wires them.
+"""Composition root of the router: builds every part once, hands the routes
+what they serve with on ``app.state`` (the metrics, and `api.parts.RouterParts`
+built at startup), includes each API family's routes (`api/`), installs
+middleware and error handlers.
 
 A request passes, in order: `auth.ApiKeyAuth` and `admission.AdmissionMiddleware`
-(API keys, concurrency and queueing) → `serving.OpenAIServing` (validate,
-session, tokenize, shape responses) → `pd.Orchestrator` (reads the shared
-state, asks `routing.RoutingCore` for pods, runs Prefill then Generate over
-gRPC, with retries and KV release). Beside the request path, `pods.PodPool`
-polls the engines and applies their KV events to the routing core;
-`discovery.py` says which pods there are.
+(API keys, concurrency and queueing) → its family's route in `api/<family>/`
+(`api_router.py`) → that family's serving (`serving.py`: validate, translate
+Messages and Responses onto chat, tokenize, build the one engine request in
+`api/engine_request.py`) → `api/streaming.py`'s `Responder` (the whole
+response or its event stream, in the family's shape) → `pd.Orchestrator`
+(reads the shared state, asks `routing.RoutingCore` for pods, runs Prefill
+then Generate over gRPC, with retries and KV release). Beside the request
+path, `pods.PodPool` polls the engines and applies their KV events to the
+routing core; `discovery.py` says which pods there are.
 """
 
 from __future__ import annotations
@@ -18,42 +24,44 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import grpc
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import FastAPI
 
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
-from common.roles import Role
 from services.router.admission import AdmissionMiddleware, Limiter
-from services.router.anthropic_messages import CountTokensRequest, MessagesRequest
+from services.router.api import operations
+from services.router.api.chat import api_router as chat
+from services.router.api.chat.reasoning import ReasoningParsers
+from services.router.api.chat.serving import ChatServing
+from services.router.api.chat.tools import AutoParser
+from services.router.api.completions import api_router as completions
+from services.router.api.completions.serving import CompletionsServing
+from services.router.api.engine_request import EngineRequests, ModelCard
+from services.router.api.messages import api_router as messages
+from services.router.api.messages.serving import MessagesServing
+from services.router.api.models import api_router as models
+from services.router.api.parts import RouterParts
+from services.router.api.responses import api_router as responses
+from services.router.api.responses.serving import ResponsesServing
+from services.router.api.streaming import Responder
+from services.router.api.tokenize import api_router as tokenize
+from services.router.api.tokenize.serving import TokenizeServing
 from services.router.auth import ApiKeyAuth
 from services.router.config import RouterSettings
 from services.router.discovery import PodSource, pod_source
-from services.router.errors import ANTHROPIC_MESSAGES_PATH, OpenAIError, install_error_handlers
+from services.router.errors import OpenAIError, install_error_handlers
 from services.router.metrics import RouterMetrics
-from services.router.openai_responses import ResponsesRequest
 from services.router.pd import Orchestrator
 from services.router.pods import PodPool
 from services.router.prefetch import SessionPrefetcher
-from services.router.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
-from services.router.reasoning import ReasoningParsers
 from services.router.retention import SessionRetention
 from services.router.routing import RoutingCore, RoutingSettings
 from services.router.routing.replica import Replica
 from services.router.routing.shared_state import LocalState, RedisState
 from services.router.routing.tasks import cancel_and_wait
-from services.router.serving import ModelCard, OpenAIServing
 from services.router.tokenizer import ChatTokenizer
-from services.router.tools import AutoParser
 
 log = logging.getLogger(__name__)
 _STARTUP_WAIT_S = 600.0
@@ -133,7 +141,6 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
     """The router app; its pods come from ``source`` (default: the flags' static list)."""
     metrics = RouterMetrics()
     source = source or pod_source(settings.discovery, settings.pods(), metrics)
-    parts: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -143,7 +150,7 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         card = ModelCard(name=settings.served_model_name or info.served_model_name,
                          max_model_len=info.max_model_len, created=int(time.time()))
         routing = _routing_settings(settings.routing, info.block_size)
-        core = parts["core"] = RoutingCore(routing)
+        core = RoutingCore(routing)
         state = shared_state(routing)
         pool = PodPool(core, settings.poll_interval_s, remove_grace_s=settings.shutdown_grace_s)
         for spec in specs:
@@ -170,10 +177,14 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         if prefetcher is not None:
             prefetcher.start()
         watch = asyncio.create_task(source.watch(pool), name="pod-source")
-        parts["serving"] = OpenAIServing(card, tokenizer, orchestrator, metrics,
-                                         settings.request_timeout_s, routing.session_header,
-                                         settings.retention.end_header, tool_parser,
-                                         reasoning)
+        requests = EngineRequests(card, routing.session_header, settings.retention.end_header)
+        responder = Responder(orchestrator, metrics, settings.request_timeout_s)
+        chat_serving = ChatServing(requests, responder, tokenizer, tool_parser, reasoning)
+        app.state.parts = RouterParts(
+            card=card, core=core, chat=chat_serving,
+            completions=CompletionsServing(requests, responder, tokenizer),
+            messages=MessagesServing(chat_serving), responses=ResponsesServing(chat_serving),
+            tokenize=TokenizeServing(requests, tokenizer))
         log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
                  "policy %s, KV events from %d pods; KV retention %s, pins %gs; "
                  "admission %s running, %d queued; API keys %s)", settings.host,
@@ -194,63 +205,11 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
             await state.close()
 
     app = FastAPI(title="Tandem router", lifespan=lifespan)
+    app.state.metrics = metrics
     install_middleware(app, settings, metrics)
     install_error_handlers(app)
-
-    def serving() -> OpenAIServing:
-        return parts["serving"]
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, body: ChatCompletionRequest):
-        return await serving().chat(request, body)
-
-    @app.post(ANTHROPIC_MESSAGES_PATH)
-    async def messages(request: Request, body: MessagesRequest):
-        return await serving().messages(request, body)
-
-    @app.post(ANTHROPIC_MESSAGES_PATH + "/count_tokens")
-    async def count_message_tokens(body: CountTokensRequest):
-        return await serving().count_message_tokens(body)
-
-    @app.post("/v1/responses")
-    async def responses(request: Request, body: ResponsesRequest):
-        return await serving().responses(request, body)
-
-    @app.get("/v1/responses/{response_id}")
-    async def stored_response(response_id: str):
-        return serving().stored_response(response_id)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request, body: CompletionRequest):
-        return await serving().completions(request, body)
-
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
-        return await serving().tokenize(body)
-
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
-        return await serving().detokenize(body)
-
-    @app.get("/v1/models")
-    async def models():
-        return serving().models()
-
-    @app.get("/health")
-    async def health():
-        core: RoutingCore = parts["core"]
-        pods = core.report(time.monotonic())
-        can_serve = any(p.state == "available" and p.role != Role.PREFILL for p in pods)
-        body = {"status": "ok" if can_serve else "unavailable", "pods": {
-            p.name: {"role": p.role, "state": p.state, "healthy": p.healthy,
-                     "draining": p.draining, "in_flight": p.in_flight}
-            for p in pods}}
-        return JSONResponse(body, status_code=200 if can_serve else 503)
-
-    @app.get("/metrics")
-    async def prometheus_metrics():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
+    for family in (chat, messages, responses, completions, tokenize, models, operations):
+        app.include_router(family.router)
     return app
 
 

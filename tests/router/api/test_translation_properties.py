@@ -11,7 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from services.router import anthropic_messages, openai_responses
+from services.router.api.messages import translate as messages
+from services.router.api.messages.protocol import MessagesRequest
+from services.router.api.responses import translate as responses
+from services.router.api.responses.protocol import ResponsesRequest
 from tests.helpers import ANY_JSON as JSON
 from tests.helpers import JSON_SCALARS as SCALARS
 
@@ -36,8 +39,7 @@ MESSAGES_BODY = st.fixed_dictionaries({"model": st.just("m"), "max_tokens": SCAL
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(MESSAGES_BODY)
 def test_any_messages_body_is_translated_or_refused(body: dict[str, Any]):
-    _refused_or_translated(lambda: anthropic_messages.to_chat(
-        anthropic_messages.MessagesRequest.model_validate(body)))
+    _refused_or_translated(lambda: messages.to_chat(MessagesRequest.model_validate(body)))
 
 
 RESPONSES_BODY = st.fixed_dictionaries({"model": st.just("m"), "input": JSON}, optional={
@@ -52,6 +54,6 @@ RESPONSES_BODY = st.fixed_dictionaries({"model": st.just("m"), "input": JSON}, o
          "function": {"name": "f", "arguments": "{}"}}])}), max_size=1))
 def test_any_responses_body_is_translated_or_refused(body: dict[str, Any], previous):
     def translate():
-        request = openai_responses.ResponsesRequest.model_validate(body)
-        openai_responses.to_chat(request, openai_responses.conversation(request, previous))
+        request = ResponsesRequest.model_validate(body)
+        responses.to_chat(request, responses.conversation(request, previous))
     _refused_or_translated(translate)

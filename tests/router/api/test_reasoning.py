@@ -9,8 +9,9 @@ from transformers import AutoTokenizer
 
 from common.model import resolve_model
 from common.proto import engine_pb2 as pb
-from services.router.reasoning import ReasoningParsers
-from services.router.serving import ModelCard, _ChatShape
+from services.router.api.chat.reasoning import ReasoningParsers
+from services.router.api.chat.serving import ChatShape
+from services.router.api.engine_request import ModelCard
 
 CARD = ModelCard(name="m", max_model_len=1024, created=0)
 OUTPUT = "<think>Two and two make four.</think>The answer is 4."
@@ -27,14 +28,14 @@ def parsers(tokenizer):
 
 
 def test_whole_output_is_split(parsers):
-    reply = _ChatShape(CARD, reasoning=parsers.start()).whole("id", OUTPUT, "stop", {}, [])
+    reply = ChatShape(CARD, reasoning=parsers.start()).whole("id", OUTPUT, "stop", {}, [])
     message = reply["choices"][0]["message"]
     assert message["reasoning_content"] == "Two and two make four."
     assert message["content"] == "The answer is 4."
 
 
 def test_streamed_output_is_split_the_same(parsers, tokenizer):
-    shape = _ChatShape(CARD, reasoning=parsers.start())
+    shape = ChatShape(CARD, reasoning=parsers.start())
     ids = tokenizer(OUTPUT, add_special_tokens=False)["input_ids"]
     reasoning, content = "", ""
     for i, token in enumerate(ids):

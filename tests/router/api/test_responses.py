@@ -1,4 +1,4 @@
-"""The Responses API translation (`openai_responses`), pure: input items and
+"""The Responses API translation (`api/responses/translate.py`), pure: input items and
 stored conversations onto chat, chat responses and stream chunks back,
 checked against the official `openai` SDK's own types. No engines."""
 
@@ -10,11 +10,11 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
 
-from services.router.openai_responses import (
+from services.router.api.responses.protocol import ResponsesRequest
+from services.router.api.responses.serving import ResponseStore
+from services.router.api.responses.translate import (
     ResponseBuilder,
-    ResponsesRequest,
     ResponsesStream,
-    ResponseStore,
     conversation,
     stored_conversation,
     to_chat,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.proto import engine_pb2 as pb
-from services.router.structured import check_schema
+from services.router.api.chat.structured import check_schema
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 

@@ -1,5 +1,4 @@
-"""Anthropic's Messages API (``POST /v1/messages``) as a translation onto chat
-completions.
+"""Anthropic's Messages API as a translation onto chat completions.
 
 A Messages request becomes a `ChatCompletionRequest`, so it takes the one
 path every chat request takes (validation, template, tokenization, session,
@@ -11,89 +10,17 @@ runs it). Field names in errors are the Messages API's own.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from services.router.protocol import (
-    INT32_MAX,
-    UINT32_MAX,
-    ChatCompletionRequest,
-    ChatStreamTranslator,
-    chat_request,
-)
-from services.router.structured import check_schema
+from services.router.api.chat.protocol import ChatCompletionRequest
+from services.router.api.chat.structured import check_schema
+from services.router.api.messages.protocol import MessagesRequest
+from services.router.api.translation import ChatStreamTranslator, chat_request, text_of
 
 # Chat finish reasons → Anthropic stop reasons. ("abort" only reaches a
 # client when the engine gave up on the request.)
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                 "abort": "end_turn"}
-
-
-class InputMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
-
-
-class MessagesRequest(BaseModel):
-    """What Tandem serves of a Messages request; anything else it cannot honour
-    is a 400 naming the field."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    max_tokens: int = Field(ge=1, le=UINT32_MAX)
-    messages: list[InputMessage] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    stop_sequences: list[str] | None = Field(default=None, max_length=16)
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    stream: bool = False
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
-    # Structured output: {"format": {"type": "json_schema", "schema": ...}};
-    # `effort` is a hint for models that reason, and has no effect here.
-    output_config: dict[str, Any] | None = None
-
-    # Thinking is the model's own: with a reasoning parser its reasoning comes
-    # back in thinking blocks (`budget_tokens` is not enforced); without one,
-    # enabling it is a 400 (serving.py).
-    thinking: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _unsupported(self) -> MessagesRequest:
-        for name in ("container", "mcp_servers"):
-            if (self.model_extra or {}).get(name):
-                raise ValueError(f"'{name}' is not supported by this server")
-        return self
-
-    def wants_thinking(self) -> bool:
-        return self.thinking is not None and self.thinking.get("type") in ("enabled", "adaptive")
-
-
-class CountTokensRequest(MessagesRequest):
-    """`/v1/messages/count_tokens`: a Messages request without `max_tokens`."""
-
-    max_tokens: int = Field(default=1, ge=1, le=UINT32_MAX)
-
-
-def _text_of(content: Any, where: str) -> str:
-    """The text of a string or a list of text blocks."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ValueError(f"{where}: a string or a list of text blocks")  # noqa: TRY004 (a 400)
-    parts = []
-    for i, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text" \
-                or not isinstance(block.get("text"), str):
-            raise ValueError(f"{where}[{i}]: only text blocks are supported here")
-        parts.append(block["text"])
-    return "".join(parts)
 
 
 def _user_messages(content: list[dict[str, Any]], where: str,
@@ -105,7 +32,7 @@ def _user_messages(content: list[dict[str, Any]], where: str,
         at = f"{where}[{j}]"
         kind = block.get("type")
         if kind == "text":
-            text = _text_of([block], at)
+            text = text_of([block], at)
             if out and out[-1]["role"] == "user":
                 out[-1]["content"] += text
             else:
@@ -117,7 +44,7 @@ def _user_messages(content: list[dict[str, Any]], where: str,
             if call_id not in called:
                 raise ValueError(f"{at}.tool_use_id: {call_id!r} answers no tool_use "
                                  "block earlier in the conversation")
-            result = _text_of(block.get("content", ""), f"{at}.content")
+            result = text_of(block.get("content", ""), f"{at}.content")
             if block.get("is_error"):
                 result = f"Error: {result}"
             out.append({"role": "tool", "tool_call_id": call_id, "content": result})
@@ -135,7 +62,7 @@ def _assistant_message(content: list[dict[str, Any]], where: str,
         at = f"{where}[{j}]"
         kind = block.get("type")
         if kind == "text":
-            texts.append(_text_of([block], at))
+            texts.append(text_of([block], at))
         elif kind == "tool_use":
             call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
             if not isinstance(call_id, str) or not call_id:
@@ -162,7 +89,7 @@ def _assistant_message(content: list[dict[str, Any]], where: str,
 def _chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if body.system:
-        messages.append({"role": "system", "content": _text_of(body.system, "system")})
+        messages.append({"role": "system", "content": text_of(body.system, "system")})
     called: set[str] = set()
     for i, message in enumerate(body.messages):
         where = f"messages[{i}].content"

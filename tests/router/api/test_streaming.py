@@ -1,5 +1,6 @@
-"""The streaming response: `serving.EventStream` over `OpenAIServing._sse`,
-with a stand-in for the orchestrator's stream. Fast; no engines."""
+"""The streaming response: `streaming.EventStream` over `Responder.sse` (one
+choice) and `choices.sse_choices` (n), with a stand-in for the orchestrator's
+stream. Fast; no engines."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ import pytest
 from prometheus_client import generate_latest
 
 from common.proto import engine_pb2 as pb
+from services.router.api.chat.serving import ChatShape
+from services.router.api.choices import sse_choices
+from services.router.api.engine_request import ModelCard
+from services.router.api.streaming import EventStream, Responder
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.pd import EngineRequest
-from services.router.serving import EventStream, ModelCard, OpenAIServing, _ChatShape
 from tests.helpers import metric_value
 
 CARD = ModelCard(name="m", max_model_len=1024, created=0)
 
 
-def _serving(metrics: RouterMetrics) -> OpenAIServing:
-    return OpenAIServing(CARD, tokenizer=None, orchestrator=None, metrics=metrics,
-                         request_timeout_s=30)
+def _responder(metrics: RouterMetrics) -> Responder:
+    return Responder(orchestrator=None, metrics=metrics, timeout_s=30)
 
 
 def _ereq() -> EngineRequest:
@@ -82,9 +85,9 @@ def _events(sent: list[dict]) -> list[bytes]:
 
 
 async def test_stream_events_and_writes():
-    serving = _serving(RouterMetrics())
+    responder = _responder(RouterMetrics())
     first, *rest = _messages(3)
-    sent = await _run(EventStream(serving._sse(_ereq(), _ChatShape(CARD), first,
+    sent = await _run(EventStream(responder.sse(_ereq(), ChatShape(CARD), first,
                                                _Rest(rest), include_usage=True)))
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     assert (b"content-type", b"text/event-stream; charset=utf-8") in sent[0]["headers"]
@@ -103,10 +106,10 @@ async def test_stream_events_and_writes():
 
 
 async def test_error_after_the_first_byte_is_an_event_then_done():
-    serving = _serving(RouterMetrics())
+    responder = _responder(RouterMetrics())
     first, *rest = _messages(3)
     stream = _Rest(rest[:1], error=OpenAIError(502, "decode pod failed"))
-    sent = await _run(EventStream(serving._sse(_ereq(), _ChatShape(CARD), first, stream,
+    sent = await _run(EventStream(responder.sse(_ereq(), ChatShape(CARD), first, stream,
                                                include_usage=False)))
     events = _events(sent)
     assert json.loads(events[-2][6:])["error"]["message"] == "decode pod failed"
@@ -115,12 +118,12 @@ async def test_error_after_the_first_byte_is_an_event_then_done():
 
 async def test_client_disconnect_stops_the_stream_quietly():
     metrics = RouterMetrics()
-    serving = _serving(metrics)
+    responder = _responder(metrics)
     first, *rest = _messages(3)
     stream = _Rest(rest, hang=True)
     # start + 3 chunks, then the client leaves while the engine is silent:
     # the response ends without raising, and without [DONE].
-    sent = await _run(EventStream(serving._sse(_ereq(), _ChatShape(CARD), first, stream,
+    sent = await _run(EventStream(responder.sse(_ereq(), ChatShape(CARD), first, stream,
                                                include_usage=False)), disconnect_after=3)
     assert stream.closed
     assert all(m.get("more_body", True) for m in sent)
@@ -130,10 +133,10 @@ async def test_client_disconnect_stops_the_stream_quietly():
 
 
 async def test_someone_elses_cancellation_goes_on():
-    serving = _serving(RouterMetrics())
+    responder = _responder(RouterMetrics())
     first, *rest = _messages(3)
-    task = asyncio.ensure_future(_run(EventStream(serving._sse(
-        _ereq(), _ChatShape(CARD), first, _Rest(rest, hang=True), include_usage=False))))
+    task = asyncio.ensure_future(_run(EventStream(responder.sse(
+        _ereq(), ChatShape(CARD), first, _Rest(rest, hang=True), include_usage=False))))
     await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -141,11 +144,11 @@ async def test_someone_elses_cancellation_goes_on():
 
 
 async def test_choices_stream_interleaved_numbered_with_one_usage():
-    serving = _serving(RouterMetrics())
+    responder = _responder(RouterMetrics())
     (first_a, *rest_a), (first_b, *rest_b) = _messages(3), _messages(2)
     streams = [_Rest(rest_a), _Rest(rest_b)]
-    sent = await _run(EventStream(serving._sse_choices(
-        [_ereq(), _ereq()], [_ChatShape(CARD), _ChatShape(CARD)], [first_a, first_b],
+    sent = await _run(EventStream(sse_choices(
+        responder, [_ereq(), _ereq()], [ChatShape(CARD), ChatShape(CARD)], [first_a, first_b],
         streams, include_usage=True)))
     events = _events(sent)
     assert events[-1] == b"data: [DONE]" and all(s.closed for s in streams)
@@ -160,11 +163,11 @@ async def test_choices_stream_interleaved_numbered_with_one_usage():
 
 
 async def test_a_failing_choice_ends_the_stream_with_an_error():
-    serving = _serving(RouterMetrics())
+    responder = _responder(RouterMetrics())
     (first_a, *rest_a), (first_b, *rest_b) = _messages(3), _messages(3)
     streams = [_Rest(rest_a, hang=True), _Rest(rest_b[:1], error=OpenAIError(502, "gone"))]
-    sent = await _run(EventStream(serving._sse_choices(
-        [_ereq(), _ereq()], [_ChatShape(CARD), _ChatShape(CARD)], [first_a, first_b],
+    sent = await _run(EventStream(sse_choices(
+        responder, [_ereq(), _ereq()], [ChatShape(CARD), ChatShape(CARD)], [first_a, first_b],
         streams, include_usage=True)))
     events = _events(sent)
     assert json.loads(events[-2][6:])["error"]["message"] == "gone"

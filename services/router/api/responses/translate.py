@@ -1,99 +1,30 @@
-"""OpenAI's Responses API (``POST /v1/responses``) as a translation onto chat
-completions.
+"""OpenAI's Responses API as a translation onto chat completions.
 
 A Responses request — its input items on top of the conversation a
 `previous_response_id` names — becomes a `ChatCompletionRequest`, so it takes
 the one path every chat request takes (template, tokenization, session,
 routing, tool parsing); the chat response, or the chat stream's chunks, come
 back as a Response object or the Responses stream events. Pure: no I/O; the
-conversations behind response ids are kept by `ResponseStore`, which serving.py
-owns. Field names in errors are the Responses API's own.
+conversations behind response ids are kept by serving.py's `ResponseStore`.
+Field names in errors are the Responses API's own.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from services.router.api.chat.protocol import ChatCompletionRequest
+from services.router.api.chat.structured import check_schema
+from services.router.api.responses.protocol import ResponsesRequest
+from services.router.api.translation import ChatStreamTranslator, chat_request, text_of
 
-from services.router.protocol import (
-    UINT32_MAX,
-    ChatCompletionRequest,
-    ChatStreamTranslator,
-    chat_request,
-)
-from services.router.structured import check_schema
-
-
-class ResponsesRequest(BaseModel):
-    """What Tandem serves of a Responses request; options it cannot honour
-    are a 400 naming the field."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
-    max_output_tokens: int | None = Field(default=None, ge=1, le=UINT32_MAX)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    stream: bool = False
-    previous_response_id: str | None = None
-    store: bool = True
-    text: dict[str, Any] | None = None
-    user: str | None = None
-    metadata: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _unsupported(self) -> ResponsesRequest:
-        extra = self.model_extra or {}
-        for name in ("background", "conversation", "prompt", "top_logprobs"):
-            if extra.get(name):
-                raise ValueError(f"'{name}' is not supported by this server")
-        return self
-
-
-class ResponseStore:
-    """Stored responses and the chat conversation each one ends, newest
-    kept: what `previous_response_id` continues. Bounded; the oldest go first."""
-
-    def __init__(self, max_entries: int = 10_000) -> None:
-        self._entries: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = \
-            OrderedDict()
-        self._max = max_entries
-
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        self._entries[response["id"]] = (response, conversation)
-        self._entries.move_to_end(response["id"])
-        while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
-
-    def response(self, response_id: str) -> dict[str, Any] | None:
-        entry = self._entries.get(response_id)
-        return entry[0] if entry else None
-
-    def conversation(self, response_id: str) -> list[dict[str, Any]] | None:
-        entry = self._entries.get(response_id)
-        return entry[1] if entry else None
+# What a content list of the Responses API may hold.
+TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 def _text(content: Any, where: str) -> str:
     """A string, or the text of a list of text parts."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ValueError(f"{where}: a string or a list of text parts")  # noqa: TRY004 (a 400)
-    parts = []
-    for i, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in (
-                "input_text", "output_text", "text") or not isinstance(part.get("text"), str):
-            raise ValueError(f"{where}[{i}]: only text parts are supported")
-        parts.append(part["text"])
-    return "".join(parts)
+    return text_of(content, where, unit="parts", kinds=TEXT_PARTS)
 
 
 def _string(item: dict[str, Any], field: str, where: str, empty: bool) -> str:

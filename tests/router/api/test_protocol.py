@@ -1,13 +1,15 @@
-"""Request validation and settings of the router, without any engine."""
+"""Request validation of the router's APIs and the sampling options they
+put on the wire, without any engine."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from services.router.config import parse_settings
-from services.router.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
-from services.router.serving import sampling_params
+from services.router.api.chat.protocol import ChatCompletionRequest
+from services.router.api.completions.protocol import CompletionRequest
+from services.router.api.engine_request import sampling_params
+from services.router.api.tokenize.protocol import TokenizeRequest
 
 
 def chat(**fields):
@@ -78,20 +80,3 @@ def test_completion_prompt_shapes(prompt, ok):
     else:
         with pytest.raises(ValidationError):
             CompletionRequest(model="m", prompt=prompt)
-
-
-def test_settings_accept_repeated_and_comma_separated_pods():
-    s = parse_settings(["--prefill", "a:1,b:2", "--decode", "c:3", "--decode", "d:4"])
-    assert s.prefill == ["a:1", "b:2"] and s.decode == ["c:3", "d:4"]
-
-
-def test_settings_without_pods_name_the_flag(capsys):
-    with pytest.raises(SystemExit):
-        parse_settings([])
-    assert "--decode" in capsys.readouterr().err
-
-
-def test_prefill_without_decode_is_refused(capsys):
-    with pytest.raises(SystemExit):
-        parse_settings(["--prefill", "a:1"])
-    assert "--prefill: needs at least one --decode" in capsys.readouterr().err

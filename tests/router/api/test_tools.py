@@ -10,8 +10,8 @@ import re
 import jsonschema
 import pytest
 
-from services.router.structured import from_response_format, from_structured_outputs
-from services.router.tools import (
+from services.router.api.chat.structured import from_response_format, from_structured_outputs
+from services.router.api.chat.tools import (
     ForcedCalls,
     ToolChoice,
     check_history,

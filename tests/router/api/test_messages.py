@@ -1,4 +1,4 @@
-"""The Messages API translation (`anthropic_messages`), pure: requests onto
+"""The Messages API translation (`api/messages/translate.py`), pure: requests onto
 chat, chat responses and stream chunks back, checked against the official
 `anthropic` SDK's own types. No engines."""
 
@@ -10,12 +10,8 @@ import anthropic.types as at
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from services.router.anthropic_messages import (
-    MessagesRequest,
-    MessagesStream,
-    message_from_chat,
-    to_chat,
-)
+from services.router.api.messages.protocol import MessagesRequest
+from services.router.api.messages.translate import MessagesStream, message_from_chat, to_chat
 from tests.helpers import chat_completion
 
 TOOL = {"name": "add", "description": "Add", "input_schema": {

@@ -1,0 +1,15 @@
+"""The chat completions route."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from services.router.api.chat.protocol import ChatCompletionRequest
+from services.router.api.parts import parts_of
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest):
+    return await parts_of(request).chat.chat(request, body)

@@ -1,0 +1,32 @@
+"""The routes operators and Kubernetes probe: ``/health`` (can this router
+serve: some decode-capable pod available) and ``/metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from common.roles import Role
+from services.router.api.parts import metrics_of, parts_of
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request):
+    pods = parts_of(request).core.report(time.monotonic())
+    can_serve = any(p.state == "available" and p.role != Role.PREFILL for p in pods)
+    body = {"status": "ok" if can_serve else "unavailable", "pods": {
+        p.name: {"role": p.role, "state": p.state, "healthy": p.healthy,
+                 "draining": p.draining, "in_flight": p.in_flight}
+        for p in pods}}
+    return JSONResponse(body, status_code=200 if can_serve else 503)
+
+
+@router.get("/metrics")
+async def prometheus_metrics(request: Request):
+    registry = metrics_of(request).registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
