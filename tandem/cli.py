@@ -29,7 +29,7 @@ from services.stack import Stack, StackConfig, read_state, stop_tiers
 
 _DEFAULT_STATE = Path.home() / ".cache" / "tandem" / "run"
 # The bundled SmolLM2's own chat template ignores `tools`: the router renders
-# them with its shipped ChatML template and parses the calls (README, "Tools").
+# them with its shipped ChatML template and parses the calls (docs/api.md, "Tool calling").
 BUNDLED_MODEL_ROUTER_ARGS = ["--chat-template", str(CHATML_TOOLS), "--tool-call-parser", "hermes"]
 
 

@@ -8,7 +8,7 @@ it to the worker that writes the request's KV blocks. Pure data and
 conversions, no vLLM or Mooncake import, so the router, the engine host and
 the tests share it.
 
-Why these semantics (Mooncake 0.3.13, measured, see README "Router hints"):
+Why these semantics (Mooncake 0.3.13, measured, see services/kvstore/README.md, "Router hints"):
 a soft pin is set when an object is written and lasts its TTL; reads do not
 renew it, and writing an existing key again leaves it as it was. So a hint
 can pin what a request *writes*, and a session's end can only be acted on by

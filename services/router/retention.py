@@ -21,7 +21,8 @@ with it):
 Sharing is computed from the latest prompt of every session this router
 replica saw within the TTL: block i of a session is shared when another
 active session's latest prompt has the same block-hash chain up to i.
-Several router replicas each see only their own sessions (see README).
+Several router replicas each see only their own sessions (docs/operate.md,
+"Several router replicas and Redis").
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ class ChatServing:
         rendered = tools
         if rendered and not self.tokenizer.renders_tools:
             raise bad_request("this model's chat template does not render tools; start the "
-                              "router with --chat-template (see README, 'Tool calling')",
+                              "router with --chat-template (see docs/api.md, 'Tool calling')",
                               param="tools")
         session = self.requests.session(request, body, messages=messages)
         token_ids = await self.tokenizer.chat_async(
