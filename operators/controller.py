@@ -151,11 +151,10 @@ async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role:
                           pool: dict, hpas: list[dict], mode: str, apply, emit: Emit
                           ) -> PoolState:
     pool_owner = manifests.Owner("EnginePool", pool["metadata"]["name"], pool["metadata"]["uid"])
-    multi_node = spec[role]["nodesPerReplica"] > 1
-    kind = "LeaderWorkerSet" if multi_node else "Deployment"
-    api = "leaderworkerset.x-k8s.io/v1" if multi_node else "apps/v1"
+    workload = manifests.workload_kind(spec[role])
+    kind = workload.kind
     name = manifests.pool_name(td, role)
-    current = await kube.get(api, kind, namespace, name)
+    current = await kube.get(workload.api_version, kind, namespace, name)
     current_replicas = (current or {}).get("spec", {}).get("replicas")
     desired = pool["spec"]["replicas"]
     conflict = foreign_autoscaler(hpas, td, role, kind, mode)
@@ -168,9 +167,9 @@ async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role:
     for obj in manifests.pool_workload(td, namespace, spec, role, desired, pool_owner):
         # In a conflict the count is the autoscaler's, whatever it is when written.
         keep = ("spec.replicas",) if conflict and obj["kind"] == kind else ()
-        workload = await apply(obj, keep)
+        written = await apply(obj, keep)
         if obj["kind"] == kind:
-            current = workload
+            current = written
     pods = await kube.list("v1", "Pod", namespace, label_selector)
     draining = tuple(sorted(p["metadata"]["name"] for p in pods
                             if p["metadata"].get("deletionTimestamp")))

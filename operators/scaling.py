@@ -334,9 +334,7 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
     hpas = await kube.list("autoscaling/v2", "HorizontalPodAutoscaler", namespace)
     external = {role: "an autoscaler scales it" for role in pools(spec)
                 if controller.foreign_autoscaler(
-                    hpas, td, role,
-                    "LeaderWorkerSet" if spec[role]["nodesPerReplica"] > 1 else "Deployment",
-                    mode)}
+                    hpas, td, role, manifests.workload_kind(spec[role]).kind, mode)}
     inputs = TickInputs(
         mode=mode, pools=tuple(status for _, status in observed),
         profiles=tuple(profiles.values()),

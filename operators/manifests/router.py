@@ -1,0 +1,110 @@
+"""The router: its Deployment, Service, PodDisruptionBudget, ServiceAccount
+and RoleBinding (it watches EndpointSlices), and an optional Ingress (pure)."""
+
+from __future__ import annotations
+
+from operators.manifests.meta import (
+    PRESTOP_SECONDS,
+    ROUTER_PORT,
+    Manifest,
+    Owner,
+    labels,
+    meta,
+    selector,
+    with_requests,
+)
+from operators.manifests.redis import redis_url
+from operators.spec import Spec
+
+# Requests when the spec gives none: the scheduler places no pod blind, and a
+# busy node does not starve the router.
+ROUTER_REQUESTS = {"cpu": "1", "memory": "1Gi"}
+
+
+def router_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest]:
+    router = spec["router"]
+    lbls = labels(td, "router")
+    args = ["--host=0.0.0.0", f"--port={ROUTER_PORT}", "--discovery=kubernetes",
+            f"--discovery-namespace={namespace}", f"--discovery-deployment={td}",
+            f"--model={spec['model']['path']}", f"--policy={router['policy']}"]
+    if spec["model"].get("servedName"):
+        args.append(f"--served-model-name={spec['model']['servedName']}")
+    url = redis_url(td, spec)
+    if url:
+        args.append(f"--redis-url={url}")
+    env: list[dict] = []
+    if router.get("apiKeySecretRef"):
+        ref = router["apiKeySecretRef"]
+        env.append({"name": "TANDEM_ROUTER_API_KEYS", "valueFrom": {
+            "secretKeyRef": {"name": ref["name"], "key": ref.get("key", "api-keys")}}})
+    container = {
+        "name": "router",
+        "image": spec["images"]["router"],
+        "imagePullPolicy": spec["images"]["pullPolicy"],
+        "command": ["python", "-m", "services.router"],
+        "args": args + list(router.get("args", [])),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                           "periodSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                          "periodSeconds": 10, "failureThreshold": 6},
+        # Keep answering while the Service stops sending here, then drain.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "resources": with_requests(router.get("resources"), ROUTER_REQUESTS),
+    }
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+        "spec": {
+            "replicas": router["replicas"],
+            "selector": {"matchLabels": selector(lbls)},
+            "template": {
+                "metadata": {"labels": lbls},
+                "spec": {"serviceAccountName": f"{td}-router", "containers": [container],
+                         "terminationGracePeriodSeconds": 60},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+        "spec": {"selector": selector(lbls),
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }
+    pdb = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(lbls)}},
+    }
+    account = {
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "tandem-router"},
+        "subjects": [{"kind": "ServiceAccount", "name": f"{td}-router",
+                      "namespace": namespace}],
+    }
+    out = [account, binding, deployment, service, pdb]
+    ingress = router.get("ingress", {})
+    if ingress.get("enabled"):
+        rule: dict = {"http": {"paths": [{
+            "path": "/", "pathType": "Prefix",
+            "backend": {"service": {"name": f"{td}-router", "port": {"name": "http"}}}}]}}
+        if ingress.get("host"):
+            rule["host"] = ingress["host"]
+        ing_spec: dict = {"rules": [rule]}
+        if ingress.get("className"):
+            ing_spec["ingressClassName"] = ingress["className"]
+        if ingress.get("tlsSecretName"):
+            ing_spec["tls"] = [{"hosts": [ingress["host"]],
+                                "secretName": ingress["tlsSecretName"]}]
+        out.append({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                    "metadata": meta(f"{td}-router", namespace, owner, lbls),
+                    "spec": ing_spec})
+    return out
+
