@@ -5,11 +5,11 @@ executor (`workload_kind` decides, once, for every caller)."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from common.engine import EngineCommand, EngineHostSettings, VllmSettings, kv_events_config
 from common.kube import (
     COMPONENT_ENGINE,
     LABEL_COMPONENT,
@@ -19,6 +19,7 @@ from common.kube import (
     PORT_KV_EVENTS,
     PORT_KV_REPLAY,
 )
+from common.roles import Role
 from operators.manifests.meta import (
     GRPC_PORT,
     KV_EVENTS_PORT,
@@ -78,36 +79,39 @@ def engine_pools(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Mani
     return out
 
 
-def engine_argv(td: str, spec: Spec, role: str, ray: bool = False) -> list[str]:
-    """The engine host's command line for one pool (`$(POD_IP)` expanded by the kubelet)."""
+# What an engine pod always says, even at the engine's defaults.
+ENGINE_ALWAYS = ("shutdown_grace_s", "model", "served_model_name", "dtype",
+                 "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                 "prefill_context_parallel_size", "decode_context_parallel_size")
+
+
+def engine_command(td: str, spec: Spec, role: str, ray: bool = False) -> EngineCommand:
+    """The engine host's command for one pool (`$(POD_IP)` expanded by the kubelet)."""
     pool = spec[role]
     model = spec["model"]
     par = pool["parallelism"]
-    argv = ["python", "-m", "services.engine", f"--role={ENGINE_ROLE[role]}",
-            "--host=$(POD_IP)", f"--grpc-port={GRPC_PORT}", f"--metrics-port={METRICS_PORT}",
-            f"--nixl-port={NIXL_PORT}", f"--model={model['path']}",
-            f"--served-model-name={model.get('servedName') or model['path']}",
-            f"--dtype={model['dtype']}",
-            f"--tensor-parallel-size={par['tensor']}",
-            f"--pipeline-parallel-size={par['pipeline']}",
-            f"--data-parallel-size={par['data']}",
-            f"--prefill-context-parallel-size={par['prefillContext']}",
-            f"--decode-context-parallel-size={par['decodeContext']}",
-            # Drain within the pod's grace period, leaving time to exit.
-            f"--shutdown-grace-s={max(1, pool['terminationGracePeriodSeconds'] - 10)}",
-            "--kv-events-config=" + json.dumps({
-                "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
-                "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
-                "replay_endpoint": f"tcp://*:{KV_REPLAY_PORT}"}, separators=(",", ":"))]
-    if model.get("maxModelLen"):
-        argv.append(f"--max-model-len={model['maxModelLen']}")
-    if par["expert"]:
-        argv.append("--enable-expert-parallel")
-    if spec["kvStore"]["enabled"]:
-        argv.append(f"--kv-store-config={KVSTORE_CONFIG_DIR}/mooncake-engine.json")
-    if ray:
-        argv.append("--distributed-executor-backend=ray")
-    return argv + list(pool.get("engineArgs", []))
+    host = EngineHostSettings(
+        role=Role(ENGINE_ROLE[role]), host="$(POD_IP)", grpc_port=GRPC_PORT,
+        metrics_port=METRICS_PORT, nixl_port=NIXL_PORT,
+        kv_store_config=(f"{KVSTORE_CONFIG_DIR}/mooncake-engine.json"
+                         if spec["kvStore"]["enabled"] else None),
+        # Drain within the pod's grace period, leaving time to exit.
+        shutdown_grace_s=max(1, pool["terminationGracePeriodSeconds"] - 10))
+    vllm = VllmSettings(
+        model=model["path"], served_model_name=model.get("servedName") or model["path"],
+        dtype=model["dtype"], tensor_parallel_size=par["tensor"],
+        pipeline_parallel_size=par["pipeline"], data_parallel_size=par["data"],
+        prefill_context_parallel_size=par["prefillContext"],
+        decode_context_parallel_size=par["decodeContext"],
+        kv_events_config=kv_events_config(KV_EVENTS_PORT, KV_REPLAY_PORT),
+        max_model_len=model.get("maxModelLen") or None,
+        enable_expert_parallel=par["expert"],
+        distributed_executor_backend="ray" if ray else None)
+    return EngineCommand(host, vllm, tuple(pool.get("engineArgs", [])))
+
+
+def engine_argv(td: str, spec: Spec, role: str, ray: bool = False) -> list[str]:
+    return engine_command(td, spec, role, ray).argv(joined=True, always=ENGINE_ALWAYS)
 
 
 def ray_leader_script(engine: list[str], port: int = RAY_PORT) -> str:

@@ -3,6 +3,7 @@ and RoleBinding (it watches EndpointSlices), and an optional Ingress (pure)."""
 
 from __future__ import annotations
 
+from common.router import DiscoverySettings, RouterCommand, RouterLaunchSettings
 from operators.manifests.meta import (
     PRESTOP_SECONDS,
     ROUTER_PORT,
@@ -24,14 +25,16 @@ ROUTER_REQUESTS = {"cpu": "1", "memory": "1Gi"}
 def router_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest]:
     router = spec["router"]
     lbls = labels(td, "router")
-    args = ["--host=0.0.0.0", f"--port={ROUTER_PORT}", "--discovery=kubernetes",
-            f"--discovery-namespace={namespace}", f"--discovery-deployment={td}",
-            f"--model={spec['model']['path']}", f"--policy={router['policy']}"]
-    if spec["model"].get("servedName"):
-        args.append(f"--served-model-name={spec['model']['servedName']}")
     url = redis_url(td, spec)
-    if url:
-        args.append(f"--redis-url={url}")
+    command = RouterCommand(
+        RouterLaunchSettings(host="0.0.0.0", port=ROUTER_PORT, model=spec["model"]["path"],
+                             served_model_name=spec["model"].get("servedName") or None),
+        DiscoverySettings(discovery="kubernetes", discovery_namespace=namespace,
+                          discovery_deployment=td),
+        # The routing settings sit beside the policies (services/router/routing),
+        # which the operator may not import: the router's parser checks these
+        # (tests/operators/test_commands.py).
+        (f"--policy={router['policy']}", *([f"--redis-url={url}"] if url else [])))
     env: list[dict] = []
     if router.get("apiKeySecretRef"):
         ref = router["apiKeySecretRef"]
@@ -41,8 +44,8 @@ def router_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Ma
         "name": "router",
         "image": spec["images"]["router"],
         "imagePullPolicy": spec["images"]["pullPolicy"],
-        "command": ["python", "-m", "services.router"],
-        "args": args + list(router.get("args", [])),
+        "command": command.argv()[:3],
+        "args": command.argv(joined=True)[3:] + list(router.get("args", [])),
         "env": env,
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
