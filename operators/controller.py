@@ -24,7 +24,7 @@ from kubernetes_asyncio.client import ApiException
 
 from operators import drain, manifests, metrics, reconcile
 from operators.kube import Kube
-from operators.spec import API_VERSION, ENGINE_ROLE, pools, problems
+from operators.spec import API_VERSION, TandemSpec, parse, parse_pool, problems
 from operators.status import (
     PoolState,
     deployment_conditions,
@@ -86,7 +86,7 @@ def foreign_autoscaler(hpas: list[dict], td: str, role: str, pool_kind: str,
 async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
     started = time.monotonic()
     meta = body["metadata"]
-    td, namespace, spec = meta["name"], meta["namespace"], body["spec"]
+    td, namespace, spec = meta["name"], meta["namespace"], parse(body["spec"])
     owner = manifests.Owner("TandemDeployment", td, meta["uid"])
     out = Outcome(problems=problems(spec))
     if out.problems:
@@ -111,10 +111,10 @@ async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
         for obj in manifests.shared_objects(td, namespace, spec, owner):
             await apply(obj)
         hpas = await kube.list("autoscaling/v2", "HorizontalPodAutoscaler", namespace)
-        mode = spec.get("scaling", {}).get("mode", "Off")
-        for pool_obj in manifests.engine_pools(td, namespace, spec, owner):
-            role = next(r for r in pools(spec) if ENGINE_ROLE[r] == pool_obj["spec"]["role"])
-            pool = await _ensure_pool(kube, pool_obj, spec[role]["replicas"])
+        mode = spec.scaling.mode
+        for role, pool_obj in zip(spec.roles, manifests.engine_pools(td, namespace, spec, owner),
+                                  strict=True):
+            pool = await _ensure_pool(kube, pool_obj, spec.pool(role).replicas)
             out.pools.append(await _reconcile_pool(kube, td, namespace, spec, role, pool,
                                                    hpas, mode, apply, emit))
     except ApiException as exc:
@@ -122,7 +122,7 @@ async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
         log.warning("reconcile of %s/%s failed: %s", namespace, td, exc)
     router = await kube.get("apps/v1", "Deployment", namespace, f"{td}-router")
     router_ready = bool(router) and (router.get("status", {}).get("readyReplicas", 0)
-                                     >= spec["router"]["replicas"])
+                                     >= spec.router.replicas)
     await _write_status(kube, body, out, router_ready)
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     metrics.RECONCILES.labels("error" if out.errors else "ok").inc()
@@ -147,16 +147,16 @@ async def _ensure_pool(kube: Kube, desired: dict, template_replicas: int) -> dic
     return (await reconcile.apply(kube, desired, adjust=count_from_scale)).obj
 
 
-async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role: str,
+async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: TandemSpec, role: str,
                           pool: dict, hpas: list[dict], mode: str, apply, emit: Emit
                           ) -> PoolState:
     pool_owner = manifests.Owner("EnginePool", pool["metadata"]["name"], pool["metadata"]["uid"])
-    workload = manifests.workload_kind(spec[role])
+    workload = manifests.workload_kind(spec.pool(role))
     kind = workload.kind
     name = manifests.pool_name(td, role)
     current = await kube.get(workload.api_version, kind, namespace, name)
     current_replicas = (current or {}).get("spec", {}).get("replicas")
-    desired = pool["spec"]["replicas"]
+    desired = parse_pool(pool["spec"]).replicas
     conflict = foreign_autoscaler(hpas, td, role, kind, mode)
     if conflict and current_replicas is not None:
         desired = current_replicas  # leave the count to the autoscaler, report it

@@ -50,7 +50,7 @@ from operators.planner.profiles import (
 )
 from operators.planner.scrape import MetricsSource, PrometheusSource, RouterScrapeSource
 from operators.planner.solver import Decision, Slo
-from operators.spec import API_VERSION, pools
+from operators.spec import API_VERSION, ROLES, ScalingSpec, TandemSpec, parse, parse_pool
 from operators.status import merge_conditions
 
 log = logging.getLogger(__name__)
@@ -60,35 +60,34 @@ Emit = Callable[[dict, str, str, str], None]  # (object, type, reason, message)
 
 # -- pure: the spec and the objects as the loop's inputs ---------------------------
 
-def loop_settings(scaling: Mapping[str, Any]) -> LoopSettings:
+def loop_settings(scaling: ScalingSpec) -> LoopSettings:
     """The smoothing the spec asks for (its defaults are the CRD's)."""
-    return LoopSettings(up_cooldown_s=float(scaling.get("upCooldownSeconds", 60)),
-                        down_cooldown_s=float(scaling.get("downCooldownSeconds", 600)),
-                        down_window_s=float(scaling.get("downWindowSeconds", 300)),
-                        max_step=int(scaling.get("maxStep", 2)),
-                        history=int(scaling.get("historyLimit", 10)))
+    return LoopSettings(up_cooldown_s=float(scaling.up_cooldown_seconds),
+                        down_cooldown_s=float(scaling.down_cooldown_seconds),
+                        down_window_s=float(scaling.down_window_seconds),
+                        max_step=scaling.max_step, history=scaling.history_limit)
 
 
-def slo_of(scaling: Mapping[str, Any]) -> Slo:
-    slo = scaling.get("slo", {})
-    interactivity = slo.get("interactivityP90")
-    if interactivity is None and slo.get("itlP90Ms"):
-        interactivity = 1000.0 / slo["itlP90Ms"]
-    ttft = slo.get("ttftP90Ms")
+def slo_of(scaling: ScalingSpec) -> Slo:
+    slo = scaling.slo
+    interactivity = slo.interactivity_p90
+    if interactivity is None and slo.itl_p90_ms:
+        interactivity = 1000.0 / slo.itl_p90_ms
+    ttft = slo.ttft_p90_ms
     return Slo(ttft_p90_s=None if ttft is None else ttft / 1000.0,
                interactivity_p90=None if interactivity is None else float(interactivity))
 
 
-def load_profiles(spec: Mapping[str, Any], configmaps: Mapping[str, dict | None]
+def load_profiles(spec: TandemSpec, configmaps: Mapping[str, dict[str, Any] | None]
                   ) -> tuple[dict[str, EngineProfile], list[str]]:
     """Each pool's profile (role → profile) from the ConfigMaps `scaling.profiles`
     names (name → object, None when absent), and what is wrong, each saying
     what to change."""
-    names = spec.get("scaling", {}).get("profiles", {})
+    names = spec.scaling.profiles
     out: dict[str, EngineProfile] = {}
     problems: list[str] = []
-    for role in pools(spec):
-        name = names.get(role)
+    for role in spec.roles:
+        name: str | None = getattr(names, role)
         if not name:
             problems.append(f"scaling.profiles.{role} is not set: name the ConfigMap holding "
                             f"the {role} pool's engine profile")
@@ -108,7 +107,7 @@ def load_profiles(spec: Mapping[str, Any], configmaps: Mapping[str, dict | None]
             problems.append(f"ConfigMap {name} holds a {profile.role} profile, named for the "
                             f"{role} pool: name a {role} profile in scaling.profiles.{role}")
             continue
-        gpus = spec[role]["gpusPerPod"] * spec[role]["nodesPerReplica"]
+        gpus = spec.pool(role).gpus(1)
         if gpus and gpus != profile.config.gpus_per_replica:
             problems.append(f"profile {profile.name} was taken with "
                             f"{profile.config.gpus_per_replica} GPU(s) per replica, the {role} "
@@ -119,15 +118,15 @@ def load_profiles(spec: Mapping[str, Any], configmaps: Mapping[str, dict | None]
     return out, problems
 
 
-def capacity_problems(spec: Mapping[str, Any], profiles: Mapping[str, EngineProfile]
+def capacity_problems(spec: TandemSpec, profiles: Mapping[str, EngineProfile]
                       ) -> list[str]:
     """Pools whose configuration cannot hold `scaling.slo.longestContextTokens`,
     each saying which term overflows and what to change: a profile whose
     replica holds less KV than the context, and, when `scaling.capacity` gives
     the model's KV shape and the GPUs' free memory, the capacity check
     (operators/planner/capacity.py) under the pool's parallelism."""
-    scaling = spec.get("scaling", {})
-    longest = scaling.get("slo", {}).get("longestContextTokens")
+    scaling = spec.scaling
+    longest = scaling.slo.longest_context_tokens
     if longest is None:
         return []
     out = [f"the {role} pool's profile {p.name}: one replica holds "
@@ -136,27 +135,27 @@ def capacity_problems(spec: Mapping[str, Any], profiles: Mapping[str, EngineProf
            f"configuration with more KV per replica"
            for role, p in profiles.items() if p.config.kv_capacity_tokens is not None
            and p.config.kv_capacity_tokens < longest]
-    cap = scaling.get("capacity")
+    cap = scaling.capacity
     if cap is None:
         return out
-    kind = cap["kvKind"]
-    if kind == "gqa" and not (cap.get("kvHeads") and cap.get("headDim")):
+    kind = cap.kv_kind
+    if kind == "gqa" and not (cap.kv_heads and cap.head_dim):
         return [*out, "scaling.capacity.kvKind gqa needs kvHeads and headDim"]
-    if kind == "mla" and not cap.get("latentDim"):
+    if kind == "mla" and not cap.latent_dim:
         return [*out, "scaling.capacity.kvKind mla needs latentDim"]
-    shape = KvShape(layers=cap["layers"], kind=kind, kv_bytes=float(cap["kvBytes"]),
-                    kv_heads=cap.get("kvHeads", 1), head_dim=cap.get("headDim", 0),
-                    latent_dim=cap.get("latentDim", 0),
-                    compute_bytes=float(cap.get("computeBytes", 2.0)))
-    memory = MemoryBudget(float(cap["gpuFreeGiB"]), cap.get("hostFreeGiB"))
-    ctx = ContextDemand(longest, sequences=cap.get("sequences", 1),
-                        transfer_buffer_gib=float(cap.get("transferBufferGiB", 0.0)),
-                        host_pool_gib=float(cap.get("hostPoolGiB", 0.0)))
+    shape = KvShape(layers=cap.layers, kind=kind, kv_bytes=float(cap.kv_bytes),
+                    kv_heads=1 if cap.kv_heads is None else cap.kv_heads,
+                    head_dim=cap.head_dim or 0, latent_dim=cap.latent_dim or 0,
+                    compute_bytes=float(cap.compute_bytes))
+    memory = MemoryBudget(float(cap.gpu_free_gib), cap.host_free_gib)
+    ctx = ContextDemand(longest, sequences=cap.sequences,
+                        transfer_buffer_gib=float(cap.transfer_buffer_gib),
+                        host_pool_gib=float(cap.host_pool_gib))
     for role in profiles:
-        par = spec[role].get("parallelism", {})
+        par = spec.pool(role).parallelism
         verdict = check_capacity(shape, Parallelism(
-            tp=par.get("tensor", 1), pp=par.get("pipeline", 1), dp=par.get("data", 1),
-            pcp=par.get("prefillContext", 1), dcp=par.get("decodeContext", 1)), memory, ctx)
+            tp=par.tensor, pp=par.pipeline, dp=par.data, pcp=par.prefill_context,
+            dcp=par.decode_context), memory, ctx)
         if verdict.fits:
             continue
         change = (f"{verdict.suggestion}: set it in spec.{role}.parallelism (decodeContext "
@@ -174,13 +173,13 @@ def _ready(pod: dict) -> bool:
                for c in pod.get("status", {}).get("conditions", []))
 
 
-def pool_status(role: PoolRole, pool: dict, pods: list[dict], profile: EngineProfile
-                ) -> PoolStatus:
+def pool_status(role: PoolRole, pool: dict[str, Any], pods: list[dict[str, Any]],
+                profile: EngineProfile) -> PoolStatus:
     """One EnginePool and its pods as the loop sees them (terminating pods hold
     their GPUs until they are gone)."""
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     return PoolStatus(role=role, config=profile.name,
-                      spec_replicas=pool["spec"]["replicas"], pods=len(pods),
+                      spec_replicas=parse_pool(pool["spec"]).replicas, pods=len(pods),
                       ready=sum(1 for p in live if _ready(p)),
                       pending=sum(1 for p in live
                                   if p.get("status", {}).get("phase", "Pending") == "Pending"),
@@ -233,22 +232,23 @@ class Sources:
     def __init__(self) -> None:
         self.by_deployment: dict[tuple[str, str], MetricsSource] = {}
 
-    async def for_deployment(self, namespace: str, name: str, scaling: Mapping[str, Any]
+    async def for_deployment(self, namespace: str, name: str, scaling: ScalingSpec
                              ) -> MetricsSource:
         key = (namespace, name)
-        prom = scaling.get("prometheus")
+        prom = scaling.prometheus
         current = self.by_deployment.get(key)
-        wanted_prom = prom is not None
-        if current is not None and isinstance(current, PrometheusSource) == wanted_prom and (
-                not wanted_prom or (current.url == prom["url"].rstrip("/")
-                                    and current.selector == prom.get("selector", "")
-                                    and current.window_s == prom.get("windowSeconds", 60))):
+        if current is not None and (
+                (prom is None and not isinstance(current, PrometheusSource))
+                or (prom is not None and isinstance(current, PrometheusSource)
+                    and current.url == prom.url.rstrip("/")
+                    and current.selector == prom.selector
+                    and current.window_s == prom.window_seconds)):
             return current
         if current is not None:
             await current.aclose()
         source: MetricsSource = (
-            PrometheusSource(prom["url"], prom.get("selector", ""), prom.get("windowSeconds", 60))
-            if wanted_prom else RouterScrapeSource())
+            PrometheusSource(prom.url, prom.selector, prom.window_seconds)
+            if prom is not None else RouterScrapeSource())
         self.by_deployment[key] = source
         return source
 
@@ -264,22 +264,22 @@ class Sources:
 
 async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float) -> Effects | None:
     """One decision for one TandemDeployment; None when its mode is Off."""
-    meta, spec = body["metadata"], body["spec"]
+    meta, spec = body["metadata"], parse(body["spec"])
     td, namespace = meta["name"], meta["namespace"]
-    scaling = spec.get("scaling", {})
-    mode = scaling.get("mode", "Off")
+    scaling = spec.scaling
+    mode = scaling.mode
     previous = body.get("status", {}).get("scaling")
     state = state_from_dict(previous)
     if mode == "Off":
         await sources.forget(namespace, td)
-        metrics.forget_scaling(namespace, td, pools(spec))
+        metrics.forget_scaling(namespace, td, spec.roles)
         if not _condition(body, "ScalingActive"):
             return None  # never scaled: nothing to say
         await _write(kube, body, previous, [Condition(
             "ScalingActive", "False", "Off", "scaling mode Off: pools keep the replicas set")], now)
         return None
 
-    names = {n for n in scaling.get("profiles", {}).values() if n}
+    names = {getattr(scaling.profiles, role) for role in ROLES} - {None}
     configmaps = {n: await kube.get("v1", "ConfigMap", namespace, n) for n in sorted(names)}
     profiles, problems = load_profiles(spec, configmaps)
     reason = "ProfileUnusable"
@@ -295,7 +295,7 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
         return None
 
     observed = []
-    for role in pools(spec):
+    for role in spec.roles:
         pool = await kube.get(API_VERSION, "EnginePool", namespace, manifests.pool_name(td, role))
         if pool is None:  # the reconcile has not created it yet
             return None
@@ -332,17 +332,17 @@ async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float)
     # A pool an autoscaler owns is sized but not written (the reconcile reports the
     # conflict as ScalingConflict); two writers would fight.
     hpas = await kube.list("autoscaling/v2", "HorizontalPodAutoscaler", namespace)
-    external = {role: "an autoscaler scales it" for role in pools(spec)
+    external = {role: "an autoscaler scales it" for role in spec.roles
                 if controller.foreign_autoscaler(
-                    hpas, td, role, manifests.workload_kind(spec[role]).kind, mode)}
+                    hpas, td, role, manifests.workload_kind(spec.pool(role)).kind, mode)}
     inputs = TickInputs(
         mode=mode, pools=tuple(status for _, status in observed),
         profiles=tuple(profiles.values()),
         demand=None if usable is None else demand_of(usable), slo=slo_of(scaling),
-        budget_gpus=scaling.get("gpuBudget"), headroom=float(scaling.get("headroom", 1.2)),
+        budget_gpus=scaling.gpu_budget, headroom=float(scaling.headroom),
         measurements=() if usable is None else measurements_of(usable, ready),
-        bounds={role: (spec[role]["minReplicas"], spec[role]["maxReplicas"])
-                for role in pools(spec)}, external=external)
+        bounds={role: (spec.pool(role).min_replicas, spec.pool(role).max_replicas)
+                for role in spec.roles}, external=external)
     state, effects = on_tick(now, state, inputs, loop_settings(scaling))
 
     for s in effects.scale:

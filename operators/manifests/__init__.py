@@ -1,4 +1,4 @@
-"""TandemDeployment → Kubernetes objects (pure: dicts in, dicts out, no I/O).
+"""TandemDeployment → Kubernetes objects (pure: a TandemSpec in, dicts out, no I/O).
 
 One module per component: `router`, `redis`, `kvstore` (the Mooncake master,
 the per-node store clients and their config) and `engine` (one EnginePool
@@ -44,7 +44,7 @@ from operators.manifests.meta import (
 )
 from operators.manifests.redis import redis_objects, redis_url
 from operators.manifests.router import router_objects
-from operators.spec import Spec
+from operators.spec import TandemSpec
 
 __all__ = [
     "DELETION_COST", "DEPLOYMENT", "GRPC_PORT", "KV_EVENTS_PORT", "KV_REPLAY_PORT",
@@ -56,12 +56,12 @@ __all__ = [
 ]
 
 
-def shared_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest]:
+def shared_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> list[Manifest]:
     """What the deployment needs once: the router, managed Redis when the
     routers share state, the KV store when it is enabled."""
     out = router_objects(td, namespace, spec, owner)
-    if spec["redis"]["managed"] and redis_url(td, spec):
+    if spec.redis.managed and redis_url(td, spec):
         out += redis_objects(td, namespace, spec, owner)
-    if spec["kvStore"]["enabled"]:
+    if spec.kv_store.enabled:
         out += kvstore_objects(td, namespace, spec, owner)
     return out

@@ -39,7 +39,7 @@ from operators.manifests.meta import (
     pool_selector,
     with_requests,
 )
-from operators.spec import API_VERSION, ENGINE_ROLE, Spec, pools
+from operators.spec import API_VERSION, ENGINE_ROLE, PoolSpec, TandemSpec
 
 # Ray's per-node dashboard agent: its /api/local_raylet_healthz says whether
 # that node's raylet is up (ray[default]), the worker pods' probe.
@@ -59,22 +59,22 @@ DEPLOYMENT = WorkloadKind("apps/v1", "Deployment")
 LEADER_WORKER_SET = WorkloadKind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 
 
-def workload_kind(pool: dict[str, Any]) -> WorkloadKind:
+def workload_kind(pool: PoolSpec) -> WorkloadKind:
     """A Deployment when a replica is one pod, a LeaderWorkerSet when it spans nodes."""
-    return LEADER_WORKER_SET if pool["nodesPerReplica"] > 1 else DEPLOYMENT
+    return LEADER_WORKER_SET if pool.nodes_per_replica > 1 else DEPLOYMENT
 
 
-def engine_pools(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest]:
+def engine_pools(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> list[Manifest]:
     """One EnginePool per role; `spec.replicas` seeds it (see reconcile for who owns it)."""
     out = []
-    for role in pools(spec):
-        pool = spec[role]
+    for role in spec.roles:
+        pool = spec.pool(role)
         out.append({
             "apiVersion": API_VERSION, "kind": "EnginePool",
             "metadata": meta(pool_name(td, role), namespace, owner,
                               labels(td, "engine-pool", **{LABEL_ROLE: ENGINE_ROLE[role]})),
-            "spec": {"deployment": td, "role": ENGINE_ROLE[role], "replicas": pool["replicas"],
-                     "minReplicas": pool["minReplicas"], "maxReplicas": pool["maxReplicas"]},
+            "spec": {"deployment": td, "role": ENGINE_ROLE[role], "replicas": pool.replicas,
+                     "minReplicas": pool.min_replicas, "maxReplicas": pool.max_replicas},
         })
     return out
 
@@ -85,32 +85,32 @@ ENGINE_ALWAYS = ("shutdown_grace_s", "model", "served_model_name", "dtype",
                  "prefill_context_parallel_size", "decode_context_parallel_size")
 
 
-def engine_command(td: str, spec: Spec, role: str, ray: bool = False) -> EngineCommand:
+def engine_command(td: str, spec: TandemSpec, role: str, ray: bool = False) -> EngineCommand:
     """The engine host's command for one pool (`$(POD_IP)` expanded by the kubelet)."""
-    pool = spec[role]
-    model = spec["model"]
-    par = pool["parallelism"]
+    pool = spec.pool(role)
+    model = spec.model
+    par = pool.parallelism
     host = EngineHostSettings(
         role=Role(ENGINE_ROLE[role]), host="$(POD_IP)", grpc_port=GRPC_PORT,
         metrics_port=METRICS_PORT, nixl_port=NIXL_PORT,
         kv_store_config=(f"{KVSTORE_CONFIG_DIR}/mooncake-engine.json"
-                         if spec["kvStore"]["enabled"] else None),
+                         if spec.kv_store.enabled else None),
         # Drain within the pod's grace period, leaving time to exit.
-        shutdown_grace_s=max(1, pool["terminationGracePeriodSeconds"] - 10))
+        shutdown_grace_s=max(1, pool.termination_grace_period_seconds - 10))
     vllm = VllmSettings(
-        model=model["path"], served_model_name=model.get("servedName") or model["path"],
-        dtype=model["dtype"], tensor_parallel_size=par["tensor"],
-        pipeline_parallel_size=par["pipeline"], data_parallel_size=par["data"],
-        prefill_context_parallel_size=par["prefillContext"],
-        decode_context_parallel_size=par["decodeContext"],
+        model=model.path, served_model_name=model.served_name or model.path,
+        dtype=model.dtype, tensor_parallel_size=par.tensor,
+        pipeline_parallel_size=par.pipeline, data_parallel_size=par.data,
+        prefill_context_parallel_size=par.prefill_context,
+        decode_context_parallel_size=par.decode_context,
         kv_events_config=kv_events_config(KV_EVENTS_PORT, KV_REPLAY_PORT),
-        max_model_len=model.get("maxModelLen") or None,
-        enable_expert_parallel=par["expert"],
+        max_model_len=model.max_model_len or None,
+        enable_expert_parallel=par.expert,
         distributed_executor_backend="ray" if ray else None)
-    return EngineCommand(host, vllm, tuple(pool.get("engineArgs", [])))
+    return EngineCommand(host, vllm, tuple(pool.engine_args or ()))
 
 
-def engine_argv(td: str, spec: Spec, role: str, ray: bool = False) -> list[str]:
+def engine_argv(td: str, spec: TandemSpec, role: str, ray: bool = False) -> list[str]:
     return engine_command(td, spec, role, ray).argv(joined=True, always=ENGINE_ALWAYS)
 
 
@@ -133,14 +133,14 @@ def ray_worker_script(port: int = RAY_PORT) -> str:
             f"--node-ip-address=$(POD_IP) --disable-usage-stats --block; do sleep 2; done")
 
 
-def _engine_container(td: str, spec: Spec, role: str, argv: list[str] | None,
-                      script: str | None) -> dict:
-    pool = spec[role]
-    container: dict = {
+def _engine_container(td: str, spec: TandemSpec, role: str, argv: list[str] | None,
+                      script: str | None) -> dict[str, Any]:
+    pool = spec.pool(role)
+    container: dict[str, Any] = {
         "name": "engine",
-        "image": spec["images"]["engine"],
-        "imagePullPolicy": spec["images"]["pullPolicy"],
-        "env": env_pod_ip() + list(pool.get("env", [])),
+        "image": spec.images.engine,
+        "imagePullPolicy": spec.images.pull_policy,
+        "env": env_pod_ip() + list(pool.env or ()),
         "ports": [{"name": PORT_GRPC, "containerPort": GRPC_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT},
                   {"name": "nixl", "containerPort": NIXL_PORT},
@@ -154,7 +154,7 @@ def _engine_container(td: str, spec: Spec, role: str, argv: list[str] | None,
         # /dev/shm; a container's default 64 MiB is far too small.
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
     }
-    if pool["rdma"]:
+    if pool.rdma:
         # RDMA (UCX under NIXL) pins the KV buffers it registers with the NIC.
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if argv is not None:
@@ -168,16 +168,16 @@ def _engine_container(td: str, spec: Spec, role: str, argv: list[str] | None,
     # to join Ray) may take long; liveness waits for it.
     container["startupProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5,
                                  "failureThreshold": 360}
-    if spec["kvStore"]["enabled"]:
+    if spec.kv_store.enabled:
         container["volumeMounts"].append({"name": "kvstore", "mountPath": KVSTORE_CONFIG_DIR,
                                           "readOnly": True})
-    if spec["model"].get("volume"):
+    if spec.model.volume is not None:
         container["volumeMounts"].append(
             {"name": "model", "mountPath": "/models", "readOnly": True})
     return container
 
 
-def _ray_worker_container(td: str, spec: Spec, role: str) -> dict:
+def _ray_worker_container(td: str, spec: TandemSpec, role: str) -> dict[str, Any]:
     """A group's non-leader pod: a Ray node holding its GPUs for the leader's engine."""
     container = _engine_container(td, spec, role, None, ray_worker_script())
     container["name"] = "ray-worker"
@@ -191,42 +191,43 @@ def _ray_worker_container(td: str, spec: Spec, role: str) -> dict:
     return container
 
 
-def _resources(pool: dict) -> dict:
-    resources = with_requests(pool.get("resources"), ENGINE_REQUESTS)
-    if pool["gpusPerPod"]:
+def _resources(pool: PoolSpec) -> dict[str, Any]:
+    resources = with_requests(pool.resources, ENGINE_REQUESTS)
+    if pool.gpus_per_pod:
         for key in ("limits", "requests"):
-            resources.setdefault(key, {})["nvidia.com/gpu"] = str(pool["gpusPerPod"])
+            resources.setdefault(key, {})["nvidia.com/gpu"] = str(pool.gpus_per_pod)
     return resources
 
 
-def _pod_spec(td: str, spec: Spec, role: str, containers: list[dict]) -> dict:
-    pool = spec[role]
+def _pod_spec(td: str, spec: TandemSpec, role: str,
+              containers: list[dict[str, Any]]) -> dict[str, Any]:
+    pool = spec.pool(role)
     # Memory-backed: it counts against the container's memory limit.
-    volumes: list[dict] = [{"name": "shm", "emptyDir": {"medium": "Memory",
-                                                        "sizeLimit": pool["shmSize"]}}]
-    if spec["kvStore"]["enabled"]:
+    volumes: list[dict[str, Any]] = [{"name": "shm", "emptyDir": {"medium": "Memory",
+                                                                  "sizeLimit": pool.shm_size}}]
+    if spec.kv_store.enabled:
         volumes.append({"name": "kvstore", "configMap": {"name": f"{td}-kvstore"}})
-    vol = spec["model"].get("volume") or {}
-    if vol.get("persistentVolumeClaim"):
+    vol = spec.model.volume
+    if vol is not None and vol.persistent_volume_claim:
         volumes.append({"name": "model", "persistentVolumeClaim": {
-            "claimName": vol["persistentVolumeClaim"], "readOnly": True}})
-    elif vol.get("hostPath"):
-        volumes.append({"name": "model", "hostPath": {"path": vol["hostPath"]}})
-    pod: dict = {"containers": containers,
-                 "terminationGracePeriodSeconds": pool["terminationGracePeriodSeconds"],
-                 "volumes": volumes}
-    if pool.get("nodeSelector"):
-        pod["nodeSelector"] = pool["nodeSelector"]
-    if pool.get("tolerations"):
-        pod["tolerations"] = pool["tolerations"]
+            "claimName": vol.persistent_volume_claim, "readOnly": True}})
+    elif vol is not None and vol.host_path:
+        volumes.append({"name": "model", "hostPath": {"path": vol.host_path}})
+    pod: dict[str, Any] = {"containers": containers,
+                           "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
+                           "volumes": volumes}
+    if pool.node_selector:
+        pod["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        pod["tolerations"] = [dict(t) for t in pool.tolerations]
     return pod
 
 
 def pool_workload(
-    td: str, namespace: str, spec: Spec, role: str, replicas: int, owner: Owner
+    td: str, namespace: str, spec: TandemSpec, role: str, replicas: int, owner: Owner
 ) -> list[Manifest]:
     """One pool's engines (Deployment or LeaderWorkerSet) and its headless Service."""
-    pool = spec[role]
+    pool = spec.pool(role)
     engine_role = ENGINE_ROLE[role]
     lbls = labels(td, COMPONENT_ENGINE, **{LABEL_ROLE: engine_role, LABEL_LLMD_ROLE: engine_role,
                                    LABEL_POOL: pool_name(td, role)})
@@ -272,7 +273,7 @@ def pool_workload(
         # engine serves; workers start as soon as the leader pod exists.
         "startupPolicy": "LeaderCreated",
         "leaderWorkerTemplate": {
-            "size": pool["nodesPerReplica"],
+            "size": pool.nodes_per_replica,
             "restartPolicy": "RecreateGroupOnPodRestart",
             "leaderTemplate": {"metadata": {"labels": lbls},
                                "spec": _pod_spec(td, spec, role, [leader])},

@@ -4,6 +4,8 @@ per engine node (DaemonSet) and the engines' store config (ConfigMap) (pure)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from common.mooncake import (
     KvStoreSettings,
@@ -20,19 +22,17 @@ from operators.manifests.meta import (
     selector,
     with_requests,
 )
-from operators.spec import Spec, pools
+from operators.spec import TandemSpec
 
 KVSTORE_MASTER_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
 KVSTORE_CLIENT_CPU = "1"
 
 
-def kvstore_settings(td: str, spec: Spec, host: str) -> KvStoreSettings:
-    store = spec["kvStore"]
-    disk_size = store["disk"]["size"]
-    return KvStoreSettings(host=host, pool_size=store["ramPool"], disk_size=disk_size,
-                           enable_disk=not disk_size.startswith("0"),
-                           disk_path=store["disk"]["hostPath"])
-
+def kvstore_settings(td: str, spec: TandemSpec, host: str) -> KvStoreSettings:
+    store = spec.kv_store
+    return KvStoreSettings(host=host, pool_size=store.ram_pool, disk_size=store.disk.size,
+                           enable_disk=not store.disk.size.startswith("0"),
+                           disk_path=store.disk.host_path)
 
 
 def _mebibytes(size: str) -> int:
@@ -45,11 +45,10 @@ def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return [f"{flag}={value}" if a.startswith(flag + "=") else a for a in argv]
 
 
-
-def kvstore_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest]:
+def kvstore_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> list[Manifest]:
     master_host = f"{td}-kvstore-master"
-    image = spec["images"]["kvStore"]
-    pull = spec["images"]["pullPolicy"]
+    image = spec.images.kv_store
+    pull = spec.images.pull_policy
     master = master_command(kvstore_settings(td, spec, "0.0.0.0"))
     m_lbls = labels(td, "kvstore-master")
     s = kvstore_settings(td, spec, master_host)
@@ -68,7 +67,7 @@ def kvstore_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[M
                       "readinessProbe": {"tcpSocket": {"port": "rpc"}, "periodSeconds": 2},
                       "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
                                         "periodSeconds": 10, "failureThreshold": 6},
-                      "resources": with_requests(spec["kvStore"].get("masterResources"),
+                      "resources": with_requests(spec.kv_store.master_resources,
                                                  KVSTORE_MASTER_REQUESTS),
                   }]}}}},
         {"apiVersion": "v1", "kind": "Service",
@@ -87,7 +86,7 @@ def kvstore_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[M
     # ask for both up front so the node is not overcommitted under it.
     staging = _mebibytes(s.disk_staging_size) if s.enable_disk else 0
     pool_mi = _mebibytes(s.pool_size) + staging + 1024
-    client_resources = with_requests(spec["kvStore"].get("clientResources"),
+    client_resources = with_requests(spec.kv_store.client_resources,
                                      {"cpu": KVSTORE_CLIENT_CPU, "memory": f"{pool_mi}Mi"})
     client_resources.setdefault("limits", {}).setdefault(
         "memory", client_resources["requests"]["memory"])
@@ -112,7 +111,7 @@ def kvstore_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[M
                          "volumeMounts": [{"name": "disk", "mountPath": s.disk_path}],
                      }],
                      "volumes": [{"name": "disk", "hostPath": {
-                         "path": spec["kvStore"]["disk"]["hostPath"],
+                         "path": spec.kv_store.disk.host_path,
                          "type": "DirectoryOrCreate"}}],
                  }}},
     })
@@ -125,27 +124,27 @@ def kvstore_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[M
     return out
 
 
-def store_client_placement(spec: Spec) -> dict:
+def store_client_placement(spec: TandemSpec) -> dict[str, Any]:
     """Where the store clients run: on every node any engine pool may use. The
     pools' node selectors are alternatives (one required node-affinity term
     each, which the scheduler ORs), inside the store's own nodeSelector; a pool
     without a selector may run anywhere, and so do the clients then."""
-    out: dict = {}
-    if spec["kvStore"].get("nodeSelector"):
-        out["nodeSelector"] = dict(spec["kvStore"]["nodeSelector"])
-    selectors = [spec[role].get("nodeSelector") or {} for role in pools(spec)]
+    out: dict[str, Any] = {}
+    if spec.kv_store.node_selector:
+        out["nodeSelector"] = dict(spec.kv_store.node_selector)
+    selectors = [spec.pool(role).node_selector or {} for role in spec.roles]
     if selectors and all(selectors):
-        terms: list[dict] = []
-        for selector in selectors:
+        terms: list[dict[str, Any]] = []
+        for node_selector in selectors:
             term = {"matchExpressions": [{"key": k, "operator": "In", "values": [v]}
-                                         for k, v in sorted(selector.items())]}
+                                         for k, v in sorted(node_selector.items())]}
             if term not in terms:
                 terms.append(term)
         out["affinity"] = {"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
-    tolerations: list[dict] = []
-    for role in pools(spec):
-        tolerations += [t for t in spec[role].get("tolerations", []) if t not in tolerations]
+    tolerations: list[Mapping[str, Any]] = []
+    for role in spec.roles:
+        tolerations += [t for t in spec.pool(role).tolerations or () if t not in tolerations]
     if tolerations:
         out["tolerations"] = tolerations
     return out

@@ -3,6 +3,8 @@ and RoleBinding (it watches EndpointSlices), and an optional Ingress (pure)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from common.router import DiscoverySettings, RouterCommand, RouterLaunchSettings
 from operators.manifests.meta import (
     PRESTOP_SECONDS,
@@ -15,37 +17,37 @@ from operators.manifests.meta import (
     with_requests,
 )
 from operators.manifests.redis import redis_url
-from operators.spec import Spec
+from operators.spec import TandemSpec
 
 # Requests when the spec gives none: the scheduler places no pod blind, and a
 # busy node does not starve the router.
 ROUTER_REQUESTS = {"cpu": "1", "memory": "1Gi"}
 
 
-def router_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Manifest]:
-    router = spec["router"]
+def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> list[Manifest]:
+    router = spec.router
     lbls = labels(td, "router")
     url = redis_url(td, spec)
     command = RouterCommand(
-        RouterLaunchSettings(host="0.0.0.0", port=ROUTER_PORT, model=spec["model"]["path"],
-                             served_model_name=spec["model"].get("servedName") or None),
+        RouterLaunchSettings(host="0.0.0.0", port=ROUTER_PORT, model=spec.model.path,
+                             served_model_name=spec.model.served_name or None),
         DiscoverySettings(discovery="kubernetes", discovery_namespace=namespace,
                           discovery_deployment=td),
         # The routing settings sit beside the policies (services/router/routing),
         # which the operator may not import: the router's parser checks these
-        # (tests/operators/test_commands.py).
-        (f"--policy={router['policy']}", *([f"--redis-url={url}"] if url else [])))
-    env: list[dict] = []
-    if router.get("apiKeySecretRef"):
-        ref = router["apiKeySecretRef"]
+        # (tests/operators/test_service_commands.py).
+        (f"--policy={router.policy}", *([f"--redis-url={url}"] if url else [])))
+    env: list[dict[str, Any]] = []
+    ref = router.api_key_secret_ref
+    if ref is not None:
         env.append({"name": "TANDEM_ROUTER_API_KEYS", "valueFrom": {
-            "secretKeyRef": {"name": ref["name"], "key": ref.get("key", "api-keys")}}})
+            "secretKeyRef": {"name": ref.name, "key": ref.key}}})
     container = {
         "name": "router",
-        "image": spec["images"]["router"],
-        "imagePullPolicy": spec["images"]["pullPolicy"],
+        "image": spec.images.router,
+        "imagePullPolicy": spec.images.pull_policy,
         "command": command.argv()[:3],
-        "args": command.argv(joined=True)[3:] + list(router.get("args", [])),
+        "args": command.argv(joined=True)[3:] + list(router.args or ()),
         "env": env,
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
@@ -54,13 +56,13 @@ def router_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Ma
                           "periodSeconds": 10, "failureThreshold": 6},
         # Keep answering while the Service stops sending here, then drain.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
-        "resources": with_requests(router.get("resources"), ROUTER_REQUESTS),
+        "resources": with_requests(router.resources, ROUTER_REQUESTS),
     }
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": meta(f"{td}-router", namespace, owner, lbls),
         "spec": {
-            "replicas": router["replicas"],
+            "replicas": router.replicas,
             "selector": {"matchLabels": selector(lbls)},
             "template": {
                 "metadata": {"labels": lbls},
@@ -93,19 +95,18 @@ def router_objects(td: str, namespace: str, spec: Spec, owner: Owner) -> list[Ma
                       "namespace": namespace}],
     }
     out = [account, binding, deployment, service, pdb]
-    ingress = router.get("ingress", {})
-    if ingress.get("enabled"):
-        rule: dict = {"http": {"paths": [{
+    ingress = router.ingress
+    if ingress.enabled:
+        rule: dict[str, Any] = {"http": {"paths": [{
             "path": "/", "pathType": "Prefix",
             "backend": {"service": {"name": f"{td}-router", "port": {"name": "http"}}}}]}}
-        if ingress.get("host"):
-            rule["host"] = ingress["host"]
-        ing_spec: dict = {"rules": [rule]}
-        if ingress.get("className"):
-            ing_spec["ingressClassName"] = ingress["className"]
-        if ingress.get("tlsSecretName"):
-            ing_spec["tls"] = [{"hosts": [ingress["host"]],
-                                "secretName": ingress["tlsSecretName"]}]
+        if ingress.host:
+            rule["host"] = ingress.host
+        ing_spec: dict[str, Any] = {"rules": [rule]}
+        if ingress.class_name:
+            ing_spec["ingressClassName"] = ingress.class_name
+        if ingress.tls_secret_name:
+            ing_spec["tls"] = [{"hosts": [ingress.host], "secretName": ingress.tls_secret_name}]
         out.append({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
                     "metadata": meta(f"{td}-router", namespace, owner, lbls),
                     "spec": ing_spec})

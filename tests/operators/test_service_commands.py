@@ -19,7 +19,7 @@ from common.mooncake import find_binary
 from common.procs import Proc
 from common.roles import Role
 from operators import manifests
-from operators.spec import ENGINE_ROLE, pools, with_defaults
+from operators.spec import ENGINE_ROLE, parse, with_defaults
 from services.stack import Stack, StackConfig
 
 OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")
@@ -67,9 +67,9 @@ def containers(obj: dict) -> list[dict]:
 
 def rendered(name: str) -> tuple[dict, list[dict]]:
     spec = with_defaults(SPECS[name])
-    objs = manifests.shared_objects("demo", "prod", spec, OWNER)
-    for role in pools(spec):
-        objs += manifests.pool_workload("demo", "prod", spec, role, 1, OWNER)
+    objs = manifests.shared_objects("demo", "prod", parse(spec), OWNER)
+    for role in parse(spec).roles:
+        objs += manifests.pool_workload("demo", "prod", parse(spec), role, 1, OWNER)
     return spec, objs
 
 
@@ -88,7 +88,7 @@ def test_the_operators_router_command_parses(name):
 def test_every_engine_command_the_operator_renders_parses(name):
     spec, objs = rendered(name)
     seen = set()
-    for role in pools(spec):
+    for role in parse(spec).roles:
         [workload] = [o for o in objs if o["metadata"]["name"] == f"demo-{role}"
                       and o["kind"] in ("Deployment", "LeaderWorkerSet")]
         engine = containers(workload)[0]
@@ -103,7 +103,7 @@ def test_every_engine_command_the_operator_renders_parses(name):
         assert args.distributed_executor_backend == ("ray" if argv != engine["command"]
                                                      + engine["args"] else None)
         seen.add(role)
-    assert seen >= set(pools(spec))
+    assert seen >= set(parse(spec).roles)
 
 
 def mooncake_flags(binary: str) -> set[str]:
