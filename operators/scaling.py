@@ -1,46 +1,36 @@
-"""The rate-matching controller inside the operator: one tick per
-TandemDeployment, run by a kopf timer (handlers.scaling_tick).
+"""The rate-matching controller's view of a TandemDeployment (pure: the
+spec and the objects in, the loop's inputs and status documents out).
 
-A tick reads (the profiles' ConfigMaps that `scaling.profiles` names, the
-EnginePools and their pods, the routers' counters from each router pod's
-/metrics or from a Prometheus), hands them to the pure loop
-(operators/planner/loop.py `on_tick`), and writes what it decided:
-
-* `Auto`: each pool's replica count through `controller.scale_pool` (the
-  EnginePool's /scale; the reconcile then drains and resizes the workload);
-* `Recommend` and `Auto`: the decision with its reasons in the
-  TandemDeployment's `status.scaling` (with the last decisions and the loop's
-  state, so cooldowns survive a restart), each EnginePool's
-  `status.recommendedReplicas`, the conditions `ScalingActive`,
-  `ScalingSpecValid`, `DemandMet` and `MetricsAvailable`, Events and gauges;
-* `Off`: nothing, but `ScalingActive=False` once it was on.
-
-The functions above `tick` are pure (objects in, inputs or documents out).
+operators/live.py runs the loop around it: it observes the pools, reads the
+routers' counters, calls the pure core (operators/planner/loop.py
+`on_tick`) with what these functions build, and applies what it decided.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
-import httpx
-
-from operators import controller, manifests, metrics
-from operators.kube import Kube
-from operators.planner.capacity import ContextDemand, KvShape, MemoryBudget, check_capacity
-from operators.planner.demand import demand_of, measurements_of
+from operators.planner.capacity import (
+    ContextDemand,
+    KvKind,
+    KvShape,
+    MemoryBudget,
+    check_capacity,
+)
+from operators.planner.demand import Window, demand_of, measurements_of
 from operators.planner.loop import (
+    MODES,
     Condition,
     Effects,
     LoopSettings,
     LoopState,
+    Mode,
     PoolStatus,
     TickInputs,
-    on_tick,
     plan_ratio,
 )
-from operators.planner.persist import rfc3339, state_from_dict, state_to_dict
+from operators.planner.persist import rfc3339, state_to_dict
 from operators.planner.profiles import (
     EngineProfile,
     Parallelism,
@@ -48,15 +38,8 @@ from operators.planner.profiles import (
     ProfileError,
     profile_from_configmap,
 )
-from operators.planner.scrape import MetricsSource, PrometheusSource, RouterScrapeSource
 from operators.planner.solver import Decision, Slo
-from operators.spec import API_VERSION, ROLES, ScalingSpec, TandemSpec, parse, parse_pool
-from operators.status import merge_conditions
-
-log = logging.getLogger(__name__)
-
-Emit = Callable[[dict, str, str, str], None]  # (object, type, reason, message)
-
+from operators.spec import ScalingSpec, TandemSpec, parse_pool
 
 # -- pure: the spec and the objects as the loop's inputs ---------------------------
 
@@ -143,7 +126,7 @@ def capacity_problems(spec: TandemSpec, profiles: Mapping[str, EngineProfile]
         return [*out, "scaling.capacity.kvKind gqa needs kvHeads and headDim"]
     if kind == "mla" and not cap.latent_dim:
         return [*out, "scaling.capacity.kvKind mla needs latentDim"]
-    shape = KvShape(layers=cap.layers, kind=kind, kv_bytes=float(cap.kv_bytes),
+    shape = KvShape(layers=cap.layers, kind=cast(KvKind, kind), kv_bytes=float(cap.kv_bytes),
                     kv_heads=1 if cap.kv_heads is None else cap.kv_heads,
                     head_dim=cap.head_dim or 0, latent_dim=cap.latent_dim or 0,
                     compute_bytes=float(cap.compute_bytes))
@@ -168,7 +151,7 @@ def capacity_problems(spec: TandemSpec, profiles: Mapping[str, EngineProfile]
     return out
 
 
-def _ready(pod: dict) -> bool:
+def _ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in pod.get("status", {}).get("conditions", []))
 
@@ -223,175 +206,25 @@ def metrics_condition(failures: Mapping[str, str], sources: int) -> Condition:
                      f"{sources} metrics source(s) read")
 
 
-# -- I/O -------------------------------------------------------------------------
-
-class Sources:
-    """Each deployment's metrics source; a router scrape keeps its last samples
-    between ticks (a window needs two)."""
-
-    def __init__(self) -> None:
-        self.by_deployment: dict[tuple[str, str], MetricsSource] = {}
-
-    async def for_deployment(self, namespace: str, name: str, scaling: ScalingSpec
-                             ) -> MetricsSource:
-        key = (namespace, name)
-        prom = scaling.prometheus
-        current = self.by_deployment.get(key)
-        if current is not None and (
-                (prom is None and not isinstance(current, PrometheusSource))
-                or (prom is not None and isinstance(current, PrometheusSource)
-                    and current.url == prom.url.rstrip("/")
-                    and current.selector == prom.selector
-                    and current.window_s == prom.window_seconds)):
-            return current
-        if current is not None:
-            await current.aclose()
-        source: MetricsSource = (
-            PrometheusSource(prom.url, prom.selector, prom.window_seconds)
-            if prom is not None else RouterScrapeSource())
-        self.by_deployment[key] = source
-        return source
-
-    async def forget(self, namespace: str, name: str) -> None:
-        source = self.by_deployment.pop((namespace, name), None)
-        if source is not None:
-            await source.aclose()
-
-    async def close(self) -> None:
-        for key in list(self.by_deployment):
-            await self.forget(*key)
-
-
-async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float) -> Effects | None:
-    """One decision for one TandemDeployment; None when its mode is Off."""
-    meta, spec = body["metadata"], parse(body["spec"])
-    td, namespace = meta["name"], meta["namespace"]
+def tick_inputs(spec: TandemSpec, pools: tuple[PoolStatus, ...],
+                profiles: Mapping[str, EngineProfile], window: Window | None,
+                external: Mapping[str, str]) -> TickInputs:
+    """What the loop decides from: the spec, the pools as observed, the
+    measured window (None: nothing usable measured) and the pools another
+    writer owns."""
     scaling = spec.scaling
-    mode = scaling.mode
-    previous = body.get("status", {}).get("scaling")
-    state = state_from_dict(previous)
-    if mode == "Off":
-        await sources.forget(namespace, td)
-        metrics.forget_scaling(namespace, td, spec.roles)
-        if not _condition(body, "ScalingActive"):
-            return None  # never scaled: nothing to say
-        await _write(kube, body, previous, [Condition(
-            "ScalingActive", "False", "Off", "scaling mode Off: pools keep the replicas set")], now)
-        return None
-
-    names = {getattr(scaling.profiles, role) for role in ROLES} - {None}
-    configmaps = {n: await kube.get("v1", "ConfigMap", namespace, n) for n in sorted(names)}
-    profiles, problems = load_profiles(spec, configmaps)
-    reason = "ProfileUnusable"
-    if not problems:
-        problems, reason = capacity_problems(spec, profiles), "ContextDoesNotFit"
-    if problems:
-        message = "; ".join(problems)
-        if _condition(body, "ScalingSpecValid").get("message") != message:
-            emit(body, "Warning", "ScalingSpecInvalid", message)
-        await _write(kube, body, previous, [
-            Condition("ScalingActive", "True", mode, f"scaling mode {mode}"),
-            Condition("ScalingSpecValid", "False", reason, message)], now)
-        return None
-
-    observed = []
-    for role in spec.roles:
-        pool = await kube.get(API_VERSION, "EnginePool", namespace, manifests.pool_name(td, role))
-        if pool is None:  # the reconcile has not created it yet
-            return None
-        selector = ",".join(f"{k}={v}" for k, v in
-                            sorted(manifests.pool_selector(td, role).items()))
-        pods = await kube.list("v1", "Pod", namespace, selector)
-        observed.append((pool, pool_status(role, pool, pods, profiles[role])))
-
-    source = await sources.for_deployment(namespace, td, scaling)
-    failures: dict[str, str] = {}
-    window = None
-    if isinstance(source, RouterScrapeSource):
-        routers = await kube.list("v1", "Pod", namespace,
-                                  f"{manifests.LABEL_DEPLOYMENT}={td},"
-                                  f"{manifests.LABEL_COMPONENT}=router")
-        source.urls = controller.router_urls(routers)
-        count = len(source.urls)
-        if source.urls:
-            window = await source.window(now)
-            failures = source.failures
-    else:
-        count = 1
-        try:
-            window = await source.window(now)
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            failures = {"prometheus": str(exc) or type(exc).__name__}
-    metrics_ok = metrics_condition(failures, count)
-    if metrics_ok.status == "False" \
-            and _condition(body, "MetricsAvailable").get("message") != metrics_ok.message:
-        emit(body, "Warning", "MetricsUnavailable", metrics_ok.message)
-    # Partial counts would read as a demand drop: no demand (hold) until all answer.
-    usable = window if metrics_ok.status == "True" else None
-    ready = {status.role: status.ready for _, status in observed}
-    # A pool an autoscaler owns is sized but not written (the reconcile reports the
-    # conflict as ScalingConflict); two writers would fight.
-    hpas = await kube.list("autoscaling/v2", "HorizontalPodAutoscaler", namespace)
-    external = {role: "an autoscaler scales it" for role in spec.roles
-                if controller.foreign_autoscaler(
-                    hpas, td, role, manifests.workload_kind(spec.pool(role)).kind, mode)}
-    inputs = TickInputs(
-        mode=mode, pools=tuple(status for _, status in observed),
-        profiles=tuple(profiles.values()),
-        demand=None if usable is None else demand_of(usable), slo=slo_of(scaling),
+    ready = {status.role: status.ready for status in pools}
+    return TickInputs(
+        mode=mode_of(scaling), pools=pools, profiles=tuple(profiles.values()),
+        demand=None if window is None else demand_of(window), slo=slo_of(scaling),
         budget_gpus=scaling.gpu_budget, headroom=float(scaling.headroom),
-        measurements=() if usable is None else measurements_of(usable, ready),
+        measurements=() if window is None else measurements_of(window, ready),
         bounds={role: (spec.pool(role).min_replicas, spec.pool(role).max_replicas)
                 for role in spec.roles}, external=external)
-    state, effects = on_tick(now, state, inputs, loop_settings(scaling))
-
-    for s in effects.scale:
-        await controller.scale_pool(kube, namespace, manifests.pool_name(td, s.role), s.replicas)
-        log.info("%s/%s: %s pool %d -> %d (%s)", namespace, td, s.role, s.previous, s.replicas,
-                 s.reason)
-    for event in effects.events:
-        emit(body, event.type, event.reason, event.message)
-    if effects.record is not None:
-        for pool, status in observed:
-            recommended = effects.record.replicas[status.role]
-            metrics.SCALING_RECOMMENDED.labels(namespace, td, status.role).set(recommended)
-            target = effects.record.targets.get(status.role)
-            if target is not None:
-                metrics.SCALING_TARGET.labels(namespace, td, status.role).set(target)
-            if pool.get("status", {}).get("recommendedReplicas") != recommended:
-                await kube.patch(API_VERSION, "EnginePool", namespace, pool["metadata"]["name"],
-                                 {"status": {"recommendedReplicas": recommended}},
-                                 subresource="status")
-        if effects.record.demand_rps is not None:
-            metrics.SCALING_DEMAND.labels(namespace, td).set(effects.record.demand_rps)
-    await _write(kube, body, scaling_document(state, effects, mode),
-                 [*effects.conditions, metrics_ok], now)
-    return effects
 
 
-def _condition(body: dict, kind: str) -> dict:
-    return next((c for c in body.get("status", {}).get("conditions", [])
-                 if c.get("type") == kind), {})
-
-
-async def _write(kube: Kube, body: dict, scaling: dict | None,
-                 conditions: list[Condition], now: float) -> None:
-    """Replace `status.scaling` (a merge patch would keep keys the loop
-    dropped) and merge the conditions, in one JSON patch."""
-    meta, status = body["metadata"], body.get("status", {})
-    generation = meta.get("generation", 1)
-    merged = merge_conditions(status.get("conditions", []), conditions, generation,
-                              rfc3339(now))
-    if status.get("scaling") == scaling and status.get("conditions") == merged:
-        return
-    if not status:
-        ops = [{"op": "add", "path": "/status",
-                "value": {"conditions": merged,
-                          **({"scaling": scaling} if scaling is not None else {})}}]
-    else:
-        ops = [{"op": "add", "path": "/status/conditions", "value": merged}]
-        if scaling is not None:
-            ops.append({"op": "add", "path": "/status/scaling", "value": scaling})
-    await kube.patch(API_VERSION, "TandemDeployment", meta["namespace"], meta["name"], ops,
-                     subresource="status", content_type="application/json-patch+json")
-
+def mode_of(scaling: ScalingSpec) -> Mode:
+    mode = scaling.mode
+    if mode not in MODES:
+        raise ValueError(f"scaling.mode {mode!r}: one of {', '.join(MODES)}")
+    return mode
