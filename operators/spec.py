@@ -25,12 +25,14 @@ from typing import Any, TypeVar
 
 import yaml
 
+from operators.planner.profiles import PoolRole
+
 GROUP = "tandem.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 CRD_DIR = Path(__file__).parent / "crds"
 
-ROLES = ("prefill", "decode", "aggregated")
+ROLES: tuple[PoolRole, ...] = ("prefill", "decode", "aggregated")
 T = TypeVar("T")
 # The engine host's --role for each pool of a TandemDeployment.
 ENGINE_ROLE = {"prefill": "prefill", "decode": "decode", "aggregated": "both"}
@@ -246,7 +248,7 @@ class TandemSpec:
     scaling: ScalingSpec
 
     @property
-    def roles(self) -> list[str]:
+    def roles(self) -> list[PoolRole]:
         """The pools this deployment runs, in a fixed order."""
         return [role for role in ROLES if getattr(self, role) is not None]
 
@@ -283,7 +285,7 @@ def _dataclass_of(hint: Any) -> tuple[type[Any] | None, bool]:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         optional, hint = True, args[0]
-    return (hint if dataclasses.is_dataclass(hint) else None), optional
+    return (hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None), optional
 
 
 def parse_object(cls: type[T], schema: Mapping[str, Any], doc: Mapping[str, Any]) -> T:
@@ -354,7 +356,7 @@ def problems(spec: TandemSpec) -> list[str]:
 def _scaling_problems(spec: TandemSpec) -> list[str]:
     """The CRD's CEL rules on `scaling` (the rate-matching controller's block).
     A missing profile is not one: the controller reports it in its own
-    condition (operators/scaling.py) and the rest of the deployment runs."""
+    condition (operators/live.py) and the rest of the deployment runs."""
     scaling = spec.scaling
     out: list[str] = []
     slo = scaling.slo

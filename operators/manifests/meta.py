@@ -4,6 +4,7 @@ metadata and resource requests (pure)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +84,8 @@ def env_pod_ip() -> list[dict[str, Any]]:
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
 
 
-def with_requests(resources: dict[str, Any] | None, defaults: dict[str, str]) -> dict[str, Any]:
+def with_requests(resources: Mapping[str, Any] | None,
+                  defaults: dict[str, str]) -> dict[str, Any]:
     """`resources` with a request for each of `defaults`' keys it lacks (its limit
     where it sets one: what Kubernetes would default the request to)."""
     out: dict[str, Any] = json.loads(json.dumps(resources or {}))

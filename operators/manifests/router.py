@@ -94,7 +94,7 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
         "subjects": [{"kind": "ServiceAccount", "name": f"{td}-router",
                       "namespace": namespace}],
     }
-    out = [account, binding, deployment, service, pdb]
+    out: list[Manifest] = [account, binding, deployment, service, pdb]
     ingress = router.ingress
     if ingress.enabled:
         rule: dict[str, Any] = {"http": {"paths": [{
