@@ -279,7 +279,7 @@ def crd_key(f: dataclasses.Field[Any]) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
-def _dataclass_of(hint: Any) -> tuple[type[Any] | None, bool]:
+def nested_dataclass(hint: Any) -> tuple[type[Any] | None, bool]:
     """(the dataclass a field holds or None, whether it may be None)."""
     optional = False
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -297,7 +297,7 @@ def parse_object(cls: type[T], schema: Mapping[str, Any], doc: Mapping[str, Any]
         key = crd_key(f)
         sub = props[key]
         value = doc.get(key, copy.deepcopy(sub.get("default")))
-        nested, optional = _dataclass_of(hints[f.name])
+        nested, optional = nested_dataclass(hints[f.name])
         if nested is not None:
             if value is None and not optional:
                 value = {}

@@ -5,6 +5,7 @@ property, by name, at every level; parsing fills the CRD's defaults."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any
 
 import pytest
@@ -14,24 +15,20 @@ from operators.spec import (
     TandemSpec,
     crd_key,
     crd_schema,
+    nested_dataclass,
     parse,
     parse_pool,
-)
-from operators.spec import (
-    _dataclass_of as dataclass_of,
 )
 
 
 def mismatches(cls: type[Any], schema: dict[str, Any], where: str) -> list[str]:
-    import typing
-
     hints = typing.get_type_hints(cls)
     fields = {crd_key(f): f for f in dataclasses.fields(cls)}
     props = schema.get("properties", {})
     out = [f"{where}.{k}: a CRD property without a field" for k in props if k not in fields]
     out += [f"{where}.{k}: a field without a CRD property" for k in fields if k not in props]
     for key, f in fields.items():
-        nested, _ = dataclass_of(hints[f.name])
+        nested, _ = nested_dataclass(hints[f.name])
         sub = props.get(key, {})
         if nested is not None:
             out += mismatches(nested, sub, f"{where}.{key}")
