@@ -64,9 +64,10 @@ class KubeActuator:
     async def profiles(self) -> tuple[dict[str, EngineProfile], list[str], str]:
         """Each pool's profile from the ConfigMaps `scaling.profiles` names, what
         is wrong with them, and the condition reason for it."""
-        names = {getattr(self.spec.scaling.profiles, role) for role in ROLES} - {None}
+        named: set[str] = {name for role in ROLES
+                           if (name := getattr(self.spec.scaling.profiles, role))}
         configmaps = {n: await self.kube.get("v1", "ConfigMap", self.namespace, n)
-                      for n in sorted(n for n in names if n is not None)}
+                      for n in sorted(named)}
         profiles, problems = load_profiles(self.spec, configmaps)
         reason = "ProfileUnusable"
         if not problems:
