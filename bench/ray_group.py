@@ -2,7 +2,7 @@
 
 The operator renders a multi-node replica as a LeaderWorkerSet whose leader
 starts Ray's head, waits for $LWS_GROUP_SIZE nodes and runs the engine on the
-Ray executor, and whose worker joins $LWS_LEADER_ADDRESS (operators/manifests.py).
+Ray executor, and whose worker joins $LWS_LEADER_ADDRESS (operators/manifests/engine.py).
 `start_group` runs those two `sh -c` scripts here, each in its own process
 group, doing what the kubelet and LWS would: `$(VAR)` references expanded from
 the pod's env (POD_IP from the downward API, LWS_* from LWS). Both "pods"

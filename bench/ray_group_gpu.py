@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.engine_client import EngineClient
 from bench.ray_group import raylet_healthy, start_group
 from operators import manifests
-from operators.spec import problems, with_defaults
+from operators.spec import parse, problems, with_defaults
 
 
 def group_workload(model: str, tensor: int, pipeline: int) -> dict:
@@ -36,11 +36,11 @@ def group_workload(model: str, tensor: int, pipeline: int) -> dict:
                        "parallelism": {"tensor": tensor, "pipeline": pipeline},
                        "engineArgs": ["--max-model-len=4096", "--gpu-memory-utilization=0.8"]},
         "kvStore": {"enabled": False}})
-    found = problems(spec)
+    found = problems(parse(spec))
     if found:
         raise SystemExit("; ".join(found))
     owner = manifests.Owner("EnginePool", "check-aggregated", "uid")
-    return manifests.pool_workload("check", "default", spec, "aggregated", 1, owner)[0]
+    return manifests.pool_workload("check", "default", parse(spec), "aggregated", 1, owner)[0]
 
 
 def main() -> None:

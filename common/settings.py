@@ -59,22 +59,26 @@ class _Setting:
     parse: Callable[[str], Any] | None
     metavar: str | None
     env: bool
+    switch: bool
 
 
 def setting(default: Any, help: str, *, flag: str | None = None,
             aliases: Sequence[str] = (), choices: Sequence[Any] | None = None,
             parse: Callable[[str], Any] | None = None, metavar: str | None = None,
-            env: bool = True, factory: Callable[[], Any] | None = None) -> Any:
+            env: bool = True, factory: Callable[[], Any] | None = None,
+            switch: bool = False) -> Any:
     """A field that is also a flag (and an environment variable unless ``env=False``).
 
     ``parse`` turns one flag value into the field's type (or one item of a
-    tuple field); by default the type's own constructor does. ``factory``
-    computes the default when it depends on the machine (``default`` is then
-    ignored).
+    tuple field); by default the type's own constructor does; ``str()`` of a
+    value gives it back as the flag takes it. ``factory`` computes the default
+    when it depends on the machine (``default`` is then ignored). ``switch``:
+    a boolean flag of another program's parser that takes no value
+    (``--flag``, ``--no-flag``), as :func:`to_argv` renders it.
     """
     meta = {_META: _Setting(help, flag, tuple(aliases),
                             tuple(choices) if choices is not None else None, parse, metavar,
-                            env)}
+                            env, switch)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     if isinstance(default, (list, dict, set)):
@@ -268,19 +272,29 @@ def _strip_none(hint: Any) -> Any:
     return hint
 
 
-def to_argv(settings: Any, always: Sequence[str] = ()) -> list[str]:
-    """Flags that give ``settings``: every setting that differs from its
-    default, and those named in ``always``."""
+def to_argv(settings: Any, always: Sequence[str] = (), joined: bool = False) -> list[str]:
+    """Flags that give ``settings`` (and its groups), in field order: every
+    setting that differs from its default, and those named in ``always``.
+    ``joined``: ``--flag=value`` as one item instead of two."""
     cls = type(settings)
     default = cls()
     argv: list[str] = []
     for f in dataclasses.fields(cls):
-        if _META not in f.metadata:
+        if _GROUP in f.metadata:
+            argv += to_argv(getattr(settings, f.name), always, joined)
+            continue
+        meta: _Setting | None = f.metadata.get(_META)
+        if meta is None:
             continue
         value = getattr(settings, f.name)
         if value == getattr(default, f.name) and f.name not in always:
             continue
+        flag = flag_of(cls, f.name)
+        if meta.switch:
+            argv.append(flag if value else "--no-" + flag[2:])
+            continue
         items = value if isinstance(value, (list, tuple)) else [value]
         for v in items:
-            argv += [flag_of(cls, f.name), str(v).lower() if isinstance(v, bool) else str(v)]
+            text = str(v).lower() if isinstance(v, bool) else str(v)
+            argv += [f"{flag}={text}"] if joined else [flag, text]
     return argv

@@ -8,6 +8,9 @@ import logging
 import os
 import sys
 
+from common.settings import SettingError, add_arguments, from_arguments
+from operators.settings import ENV_PREFIX, OperatorSettings
+
 DESCRIPTION = """\
 Tandem's Kubernetes operator (kopf). It turns each TandemDeployment
 (tandem.dev/v1alpha1, `kubectl get td`) into the router Deployment/Service/
@@ -21,44 +24,33 @@ controller.kubernetes.io/pod-deletion-cost. Install the CRDs
 (operators/crds/) and RBAC (operators/rbac/) first.
 
 Outside a cluster it reads the kubeconfig in $KUBECONFIG (or --kubeconfig);
-inside, its service account.
+inside, its service account. Every flag also reads an environment variable
+TANDEM_OPERATOR_<FLAG>.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem operator", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                        help="kubeconfig file (default: $KUBECONFIG; in a pod: the service "
-                        "account)")
-    parser.add_argument("--namespace", "-n", action="append", default=[],
-                        help="watch only this namespace (repeatable; a glob such as "
-                        "'team-*' works); default: every namespace")
-    parser.add_argument("--health-port", type=int, default=8080,
-                        help="liveness endpoint http://0.0.0.0:PORT/healthz (kopf's)")
-    parser.add_argument("--metrics-port", type=int, default=9090,
-                        help="Prometheus /metrics port (0 = off)")
-    parser.add_argument("--resync-seconds", type=float, default=30.0,
-                        help="how often every TandemDeployment is compared again in full "
-                        "(besides every change it, its pools or its objects see)")
-    parser.add_argument("--scaling-seconds", type=float, default=15.0,
-                        help="how often the rate-matching controller decides for each "
-                        "TandemDeployment whose scaling.mode is Recommend or Auto")
+    add_arguments(parser, OperatorSettings, ENV_PREFIX)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
-    os.environ["TANDEM_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
-    os.environ["TANDEM_OPERATOR_SCALING_SECONDS"] = str(args.scaling_seconds)
+    try:
+        parser = build_parser()
+    except SettingError as exc:  # a bad value in the environment
+        raise SystemExit(f"tandem operator: error: {exc}") from None
+    settings: OperatorSettings = from_arguments(OperatorSettings, parser.parse_args(argv))
+    if settings.kubeconfig:
+        # kopf's own login (kopf.login_with_kubeconfig) reads only the environment.
+        os.environ["KUBECONFIG"] = settings.kubeconfig
 
     import kopf
     from prometheus_client import start_http_server
 
     from common.logs import setup_logging
-    from operators import handlers  # noqa: F401  (registers the handlers)
+    from operators.handlers import register
 
     setup_logging("operator")
     # kopf logs what it does (handlers, retries, watch errors) on its own logger.
@@ -66,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     kopf_logger.handlers[:] = operators_logger.handlers
     kopf_logger.setLevel(operators_logger.level)
     kopf_logger.propagate = False
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port)
     asyncio.run(kopf.operator(
+        registry=register(settings),
         standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
     ))
     return 0
 

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubernetes_asyncio.client import ApiException
 
 from operators import drain, manifests, metrics, reconcile
 from operators.kube import Kube
-from operators.spec import API_VERSION, ENGINE_ROLE, pools, problems
+from operators.spec import API_VERSION, TandemSpec, parse, parse_pool, problems
 from operators.status import (
     PoolState,
     deployment_conditions,
@@ -36,7 +37,9 @@ from operators.status import (
 log = logging.getLogger(__name__)
 
 TEMPLATE_REPLICAS = "tandem.dev/template-replicas"
-Emit = Callable[[dict, str, str, str], None]  # (object, type, reason, message)
+Emit = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
+# Apply one rendered object, keeping the fields at the given paths: the object written.
+Apply = Callable[[dict[str, Any], tuple[str, ...]], Awaitable[dict[str, Any]]]
 
 
 @dataclass
@@ -51,13 +54,13 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-async def scale_pool(kube: Kube, namespace: str, pool: str, replicas: int) -> dict:
+async def scale_pool(kube: Kube, namespace: str, pool: str, replicas: int) -> dict[str, Any]:
     """Set a pool's replica count through its /scale subresource (what `kubectl scale` does)."""
     return await kube.patch(API_VERSION, "EnginePool", namespace, pool,
                             {"spec": {"replicas": replicas}}, subresource="scale")
 
 
-def foreign_autoscaler(hpas: list[dict], td: str, role: str, pool_kind: str,
+def foreign_autoscaler(hpas: list[dict[str, Any]], td: str, role: str, pool_kind: str,
                        scaling_mode: str) -> str:
     """Why the operator must not write a pool's replica count, or ''.
 
@@ -83,10 +86,12 @@ def foreign_autoscaler(hpas: list[dict], td: str, role: str, pool_kind: str,
     return ""
 
 
-async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
+async def reconcile_deployment(kube: Kube, body: dict[str, Any], emit: Emit,
+                               hpas: list[dict[str, Any]]) -> Outcome:
+    """`hpas`: the HorizontalPodAutoscalers of the deployment's namespace."""
     started = time.monotonic()
     meta = body["metadata"]
-    td, namespace, spec = meta["name"], meta["namespace"], body["spec"]
+    td, namespace, spec = meta["name"], meta["namespace"], parse(body["spec"])
     owner = manifests.Owner("TandemDeployment", td, meta["uid"])
     out = Outcome(problems=problems(spec))
     if out.problems:
@@ -94,7 +99,7 @@ async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
         await _write_status(kube, body, out, router_ready=False)
         return out
 
-    async def apply(obj: dict, keep: tuple[str, ...] = ()) -> dict:
+    async def apply(obj: dict[str, Any], keep: tuple[str, ...] = ()) -> dict[str, Any]:
         applied = await reconcile.apply(kube, obj, keep)
         out.applied.append(applied)
         metrics.OBJECTS_WRITTEN.labels(obj["kind"], applied.action).inc()
@@ -110,31 +115,31 @@ async def reconcile_deployment(kube: Kube, body: dict, emit: Emit) -> Outcome:
     try:
         for obj in manifests.shared_objects(td, namespace, spec, owner):
             await apply(obj)
-        hpas = await kube.list("autoscaling/v2", "HorizontalPodAutoscaler", namespace)
-        mode = spec.get("scaling", {}).get("mode", "Off")
-        for pool_obj in manifests.engine_pools(td, namespace, spec, owner):
-            role = next(r for r in pools(spec) if ENGINE_ROLE[r] == pool_obj["spec"]["role"])
-            pool = await _ensure_pool(kube, pool_obj, spec[role]["replicas"])
+        mode = spec.scaling.mode
+        for role, pool_obj in zip(spec.roles, manifests.engine_pools(td, namespace, spec, owner),
+                                  strict=True):
+            pool = await _ensure_pool(kube, pool_obj, spec.pool(role).replicas)
             out.pools.append(await _reconcile_pool(kube, td, namespace, spec, role, pool,
                                                    hpas, mode, apply, emit))
     except ApiException as exc:
         out.errors.append(f"API error {exc.status}: {exc.reason}")
         log.warning("reconcile of %s/%s failed: %s", namespace, td, exc)
     router = await kube.get("apps/v1", "Deployment", namespace, f"{td}-router")
-    router_ready = bool(router) and (router.get("status", {}).get("readyReplicas", 0)
-                                     >= spec["router"]["replicas"])
+    router_ready = router is not None and (router.get("status", {}).get("readyReplicas", 0)
+                                     >= spec.router.replicas)
     await _write_status(kube, body, out, router_ready)
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     metrics.RECONCILES.labels("error" if out.errors else "ok").inc()
     return out
 
 
-async def _ensure_pool(kube: Kube, desired: dict, template_replicas: int) -> dict:
+async def _ensure_pool(kube: Kube, desired: dict[str, Any], template_replicas: int
+                       ) -> dict[str, Any]:
     """Create the EnginePool, or update it without taking its replica count from the
     template unless the template's count itself changed (see the module docstring)."""
     desired["metadata"].setdefault("annotations", {})[TEMPLATE_REPLICAS] = str(template_replicas)
 
-    def count_from_scale(want: dict, current: dict | None) -> None:
+    def count_from_scale(want: dict[str, Any], current: dict[str, Any] | None) -> None:
         if current is None:
             return
         seeded = current["metadata"].get("annotations", {}).get(TEMPLATE_REPLICAS)
@@ -147,17 +152,16 @@ async def _ensure_pool(kube: Kube, desired: dict, template_replicas: int) -> dic
     return (await reconcile.apply(kube, desired, adjust=count_from_scale)).obj
 
 
-async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role: str,
-                          pool: dict, hpas: list[dict], mode: str, apply, emit: Emit
-                          ) -> PoolState:
+async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: TandemSpec, role: str,
+                          pool: dict[str, Any], hpas: list[dict[str, Any]], mode: str,
+                          apply: Apply, emit: Emit) -> PoolState:
     pool_owner = manifests.Owner("EnginePool", pool["metadata"]["name"], pool["metadata"]["uid"])
-    multi_node = spec[role]["nodesPerReplica"] > 1
-    kind = "LeaderWorkerSet" if multi_node else "Deployment"
-    api = "leaderworkerset.x-k8s.io/v1" if multi_node else "apps/v1"
+    workload = manifests.workload_kind(spec.pool(role))
+    kind = workload.kind
     name = manifests.pool_name(td, role)
-    current = await kube.get(api, kind, namespace, name)
+    current = await kube.get(workload.api_version, kind, namespace, name)
     current_replicas = (current or {}).get("spec", {}).get("replicas")
-    desired = pool["spec"]["replicas"]
+    desired = parse_pool(pool["spec"]).replicas
     conflict = foreign_autoscaler(hpas, td, role, kind, mode)
     if conflict and current_replicas is not None:
         desired = current_replicas  # leave the count to the autoscaler, report it
@@ -168,9 +172,9 @@ async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role:
     for obj in manifests.pool_workload(td, namespace, spec, role, desired, pool_owner):
         # In a conflict the count is the autoscaler's, whatever it is when written.
         keep = ("spec.replicas",) if conflict and obj["kind"] == kind else ()
-        workload = await apply(obj, keep)
+        written = await apply(obj, keep)
         if obj["kind"] == kind:
-            current = workload
+            current = written
     pods = await kube.list("v1", "Pod", namespace, label_selector)
     draining = tuple(sorted(p["metadata"]["name"] for p in pods
                             if p["metadata"].get("deletionTimestamp")))
@@ -195,7 +199,7 @@ async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: dict, role:
 
 
 async def _mark_cheapest(kube: Kube, namespace: str, td: str, label_selector: str, emit: Emit,
-                         pool: dict) -> None:
+                         pool: dict[str, Any]) -> None:
     """Set each pod's deletion cost from the routers' loads before a scale-down."""
     pods = await kube.list("v1", "Pod", namespace, label_selector)
     routers = await kube.list("v1", "Pod", namespace,
@@ -218,21 +222,21 @@ async def _mark_cheapest(kube: Kube, namespace: str, td: str, label_selector: st
              f"(from {len(loads)} router(s))")
 
 
-def router_urls(routers: list[dict]) -> list[str]:
+def router_urls(routers: list[dict[str, Any]]) -> list[str]:
     """http://IP:PORT of each router pod that has an address."""
     return [f"http://{p['status']['podIP']}:{_port(p, 'http', manifests.ROUTER_PORT)}"
             for p in routers if p.get("status", {}).get("podIP")]
 
 
-def _port(pod: dict, name: str, default: int) -> int:
+def _port(pod: dict[str, Any], name: str, default: int) -> int:
     for container in pod.get("spec", {}).get("containers", []):
         for port in container.get("ports", []):
             if port.get("name") == name:
-                return port["containerPort"]
+                return int(port["containerPort"])
     return default
 
 
-async def _write_status(kube: Kube, body: dict, out: Outcome, router_ready: bool) -> None:
+async def _write_status(kube: Kube, body: dict[str, Any], out: Outcome, router_ready: bool) -> None:
     meta = body["metadata"]
     generation = meta.get("generation", 1)
     conditions = deployment_conditions(out.pools, router_ready, out.problems, out.errors)

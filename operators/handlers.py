@@ -2,132 +2,188 @@
 
 Every trigger (the deployment itself, its EnginePools' replica counts, any
 object the operator owns, an HPA, a periodic timer) runs the same level-based
-reconcile; a per-deployment lock keeps two from interleaving.
+reconcile; a per-deployment lock keeps two from interleaving. `register`
+puts them in a kopf registry with the operator's settings (the timers'
+intervals); nothing is registered or read at import time.
+
+Two kopf indexes stand in for listings: the TandemDeployments of each
+namespace (which ones an HPA event may concern) and the HPAs of each
+namespace (which pools another autoscaler scales).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
-import os
 import time
 from collections import defaultdict
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import kopf
 from kubernetes_asyncio.client import ApiException
 
-from operators import controller, scaling
+from operators import controller, live
 from operators.kube import Kube
 from operators.manifests import LABEL_DEPLOYMENT, MANAGED_BY
-from operators.spec import API_VERSION, GROUP, VERSION
+from operators.settings import OperatorSettings
+from operators.spec import API_VERSION, GROUP, VERSION, parse_pool
 
 log = logging.getLogger(__name__)
 
-RESYNC_SECONDS = float(os.environ.get("TANDEM_OPERATOR_RESYNC_SECONDS", "30"))
-SCALING_SECONDS = float(os.environ.get("TANDEM_OPERATOR_SCALING_SECONDS", "15"))
-_locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 OWNED = [("apps", "v1", "deployments"), ("apps", "v1", "daemonsets"), ("", "v1", "services"),
          ("", "v1", "configmaps"), ("", "v1", "serviceaccounts"),
          ("policy", "v1", "poddisruptionbudgets"), ("networking.k8s.io", "v1", "ingresses"),
          ("rbac.authorization.k8s.io", "v1", "rolebindings")]
+TD = (GROUP, VERSION, "tandemdeployments")
+# The indexes, by the names kopf passes them under.
+DEPLOYMENTS_BY_NAMESPACE, HPAS_BY_NAMESPACE = "deployments_by_namespace", "hpas_by_namespace"
+HPA = ("autoscaling", "v2", "horizontalpodautoscalers")
 
 
-def _emit(obj: dict, type_: str, reason: str, message: str) -> None:
-    kopf.event(obj, type=type_, reason=reason, message=message[:1024])
+def _emit(obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    kopf.event(cast(kopf.Body, obj), type=type_, reason=reason, message=message[:1024])
 
 
-async def reconcile(kube: Kube, namespace: str, name: str) -> None:
-    async with _locks[(namespace, name)]:
-        body = await kube.get(API_VERSION, "TandemDeployment", namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
+def _namespace(namespace: str | None) -> str:
+    """Every resource the operator handles is namespaced."""
+    if namespace is None:
+        raise kopf.PermanentError("a namespaced resource without a namespace")
+    return namespace
+
+
+def _hpas(kwargs: Mapping[str, Any], namespace: str) -> list[dict[str, Any]]:
+    index: kopf.Index[str, dict[str, Any]] = kwargs[HPAS_BY_NAMESPACE]
+    return list(index.get(namespace, []))
+
+
+class Handlers:
+    """The handlers of one operator process, with what they share: its
+    settings and a lock per TandemDeployment. kopf passes each its indexes
+    by name among the keyword arguments."""
+
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+        self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def reconcile(self, kube: Kube, namespace: str, name: str,
+                        hpas: list[dict[str, Any]]) -> None:
+        async with self.locks[(namespace, name)]:
+            body = await kube.get(API_VERSION, "TandemDeployment", namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            await controller.reconcile_deployment(kube, body, _emit, hpas)
+
+    async def startup(self, *, settings: kopf.OperatorSettings, memo: Any,
+                      **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration")
+        settings.posting.level = logging.INFO
+        settings.watching.server_timeout = 300
+        # A deleted TandemDeployment keeps kopf's finalizer until the resync timer
+        # has stopped; when a reconcile is running at that moment kopf looks again
+        # only after this many seconds (its default, 60, held every deletion and
+        # the operator's own shutdown for a minute whenever it met a running pass).
+        settings.background.cancellation_polling = 1.0
+        memo.kube = await Kube.connect(self.settings.kubeconfig)
+        memo.metrics_sources = live.Sources()
+
+    async def deployment_changed(self, *, name: str, namespace: str | None, memo: Any,
+                                 **kwargs: Any) -> None:
+        ns = _namespace(namespace)
+        await self.reconcile(memo.kube, ns, name, _hpas(kwargs, ns))
+
+    async def scaling_tick(self, *, name: str, namespace: str | None, memo: Any,
+                           **kwargs: Any) -> None:
+        """The rate-matching controller's decision (operators/live.py)."""
+        ns = _namespace(namespace)
+        async with self.locks[(ns, name)]:
+            body = await memo.kube.get(API_VERSION, "TandemDeployment", ns, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                await memo.metrics_sources.forget(ns, name)
+                return
+            try:
+                await live.tick(memo.kube, body, memo.metrics_sources, _emit, time.time(),
+                                _hpas(kwargs, ns))
+            except ApiException as exc:
+                # The next tick decides again from what is there; no retry backoff.
+                log.warning("scaling tick of %s/%s failed: %s", ns, name, exc)
+                _emit(body, "Warning", "ScalingError",
+                      f"API error {exc.status} ({exc.reason}); the next decision retries")
+
+    async def pool_scaled(self, *, spec: kopf.Spec, namespace: str | None, memo: Any,
+                          **kwargs: Any) -> None:
+        ns = _namespace(namespace)
+        await self.reconcile(memo.kube, ns, parse_pool(spec).deployment, _hpas(kwargs, ns))
+
+    async def owned_changed(self, *, labels: Mapping[str, str], namespace: str | None,
+                            memo: Any, type: str | None, **kwargs: Any) -> None:
+        """An object the operator owns changed: a foreign edit is put back at once."""
+        if type is None:  # the initial listing: the resume handler covers it
             return
-        await controller.reconcile_deployment(kube, body, _emit)
+        ns = _namespace(namespace)
+        await self.reconcile(memo.kube, ns, labels[LABEL_DEPLOYMENT], _hpas(kwargs, ns))
+
+    async def autoscaler_changed(self, *, namespace: str | None, memo: Any,
+                                 **kwargs: Any) -> None:
+        """An HPA changed: each TandemDeployment of its namespace sees whether it
+        now conflicts (its target may have moved off one deployment's pool)."""
+        ns = _namespace(namespace)
+        deployments: kopf.Index[str, str] = kwargs[DEPLOYMENTS_BY_NAMESPACE]
+        for name in sorted(set(deployments.get(ns, []))):
+            await self.reconcile(memo.kube, ns, name, _hpas(kwargs, ns))
 
 
-@kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-@kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration")
-    settings.posting.level = logging.INFO
-    settings.watching.server_timeout = 300
-    # A deleted TandemDeployment keeps kopf's finalizer until the resync timer
-    # has stopped; when a reconcile is running at that moment kopf looks again
-    # only after this many seconds (its default, 60, held every deletion and
-    # the operator's own shutdown for a minute whenever it met a running pass).
-    settings.background.cancellation_polling = 1.0
-    memo.kube = await Kube.connect(os.environ.get("KUBECONFIG"))
-    memo.metrics_sources = scaling.Sources()
-
-
-@kopf.on.cleanup()
-async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+async def cleanup(*, memo: Any, **_: Any) -> None:
     await memo.metrics_sources.close()
     await memo.kube.close()
 
 
-@kopf.on.resume(GROUP, VERSION, "tandemdeployments")
-@kopf.on.create(GROUP, VERSION, "tandemdeployments")
-@kopf.on.update(GROUP, VERSION, "tandemdeployments")
-async def deployment_changed(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    await reconcile(memo.kube, namespace, name)
-
-
-@kopf.timer(GROUP, VERSION, "tandemdeployments", interval=RESYNC_SECONDS, initial_delay=1)
-async def resync(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    await reconcile(memo.kube, namespace, name)
-
-
-@kopf.timer(GROUP, VERSION, "tandemdeployments", interval=SCALING_SECONDS,
-            initial_delay=SCALING_SECONDS)
-async def scaling_tick(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """The rate-matching controller's decision (operators/scaling.py)."""
-    async with _locks[(namespace, name)]:
-        body = await memo.kube.get(API_VERSION, "TandemDeployment", namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            await memo.metrics_sources.forget(namespace, name)
-            return
-        try:
-            await scaling.tick(memo.kube, body, memo.metrics_sources, _emit, time.time())
-        except ApiException as exc:
-            # The next tick decides again from what is there; no retry backoff.
-            log.warning("scaling tick of %s/%s failed: %s", namespace, name, exc)
-            _emit(body, "Warning", "ScalingError",
-                  f"API error {exc.status} ({exc.reason}); the next decision retries")
-
-
-@kopf.on.delete(GROUP, VERSION, "tandemdeployments", optional=True)
-async def deployment_deleted(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def deployment_deleted(*, name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     """Close the deleted deployment's metrics source (its router scrape client)."""
-    await memo.metrics_sources.forget(namespace, name)
+    await memo.metrics_sources.forget(_namespace(namespace), name)
 
 
-@kopf.on.field(GROUP, VERSION, "enginepools", field="spec.replicas")
-async def pool_scaled(spec: kopf.Spec, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    await reconcile(memo.kube, namespace, spec["deployment"])
+def deployments_by_namespace(*, name: str, namespace: str | None, **_: Any) -> dict[str, str]:
+    return {_namespace(namespace): name}
 
 
-async def owned_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo,
-                        type: str | None, **_: Any) -> None:
-    """An object the operator owns changed: a foreign edit is put back at once."""
-    if type is None:  # the initial listing: the resume handler covers it
-        return
-    await reconcile(memo.kube, namespace, labels[LABEL_DEPLOYMENT])
+def hpas_by_namespace(*, body: kopf.Body, namespace: str | None,
+                      **_: Any) -> dict[str, dict[str, Any]]:
+    # A copy: the index keeps it after kopf moves on to the next event.
+    return {_namespace(namespace): {"metadata": copy.deepcopy(dict(body.metadata)),
+                                    "spec": copy.deepcopy(dict(body.spec))}}
 
 
-for _group, _version, _plural in OWNED:
-    kopf.on.event(_group, _version, _plural, id=f"owned-{_plural}",
-                  labels={"app.kubernetes.io/managed-by": MANAGED_BY,
-                          LABEL_DEPLOYMENT: kopf.PRESENT})(owned_changed)
-
-
-@kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers")
-async def autoscaler_changed(namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    for td in await memo.kube.list(API_VERSION, "TandemDeployment", namespace):
-        await reconcile(memo.kube, namespace, td["metadata"]["name"])
+def register(settings: OperatorSettings) -> kopf.OperatorRegistry:
+    """Every handler of the operator, in a registry for `kopf.operator`."""
+    registry = kopf.OperatorRegistry()
+    h = Handlers(settings)
+    kopf.on.login(registry=registry)(login)
+    kopf.on.startup(id="startup", registry=registry)(h.startup)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    kopf.index(*TD, id=DEPLOYMENTS_BY_NAMESPACE, registry=registry)(deployments_by_namespace)
+    kopf.index(*HPA, id=HPAS_BY_NAMESPACE, registry=registry)(hpas_by_namespace)
+    # Ids as kopf derived them from the module-level functions these were
+    # (kopf keeps a handler's progress under its id).
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(*TD, id="deployment_changed", registry=registry)(h.deployment_changed)
+    kopf.timer(*TD, id="resync", interval=settings.resync_seconds, initial_delay=1,
+               registry=registry)(h.deployment_changed)
+    kopf.timer(*TD, id="scaling_tick", interval=settings.scaling_seconds,
+               initial_delay=settings.scaling_seconds, registry=registry)(h.scaling_tick)
+    kopf.on.delete(*TD, optional=True, registry=registry)(deployment_deleted)
+    kopf.on.field(GROUP, VERSION, "enginepools", field="spec.replicas", id="pool_scaled",
+                  registry=registry)(h.pool_scaled)
+    for group, version, plural in OWNED:
+        kopf.on.event(group, version, plural, id=f"owned-{plural}", registry=registry,
+                      labels={"app.kubernetes.io/managed-by": MANAGED_BY,
+                              LABEL_DEPLOYMENT: kopf.PRESENT})(h.owned_changed)
+    kopf.on.event(*HPA, id="autoscaler_changed", registry=registry)(h.autoscaler_changed)
+    return registry

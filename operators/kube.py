@@ -57,7 +57,8 @@ class Kube:
     async def close(self) -> None:
         await self.api.close()
 
-    async def _call(self, method: str, url: str, body: Any = None, query: list | None = None,
+    async def _call(self, method: str, url: str, body: Any = None,
+                    query: list[tuple[str, str]] | None = None,
                     content_type: str = "application/json") -> Any:
         return await self.api.call_api(
             url, method, query_params=query or [], body=body,
@@ -67,35 +68,43 @@ class Kube:
         )
 
     async def get(self, api_version: str, kind: str, namespace: str | None,
-                  name: str) -> dict | None:
+                  name: str) -> dict[str, Any] | None:
         try:
-            return await self._call("GET", path(api_version, kind, namespace, name))
+            found: dict[str, Any] = await self._call(
+                "GET", path(api_version, kind, namespace, name))
+            return found
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     async def list(self, api_version: str, kind: str, namespace: str | None,
-                   label_selector: str | None = None) -> list[dict]:
+                   label_selector: str | None = None) -> list[dict[str, Any]]:
         query = [("labelSelector", label_selector)] if label_selector else []
         found = await self._call("GET", path(api_version, kind, namespace), query=query)
-        return found.get("items", [])
+        items: list[dict[str, Any]] = found.get("items", [])
+        return items
 
-    async def create(self, obj: dict) -> dict:
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
-        return await self._call("POST", path(obj["apiVersion"], obj["kind"],
-                                             meta.get("namespace")), body=obj)
+        created: dict[str, Any] = await self._call(
+            "POST", path(obj["apiVersion"], obj["kind"], meta.get("namespace")), body=obj)
+        return created
 
-    async def replace(self, obj: dict, subresource: str | None = None) -> dict:
+    async def replace(self, obj: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
         meta = obj["metadata"]
-        return await self._call("PUT", path(obj["apiVersion"], obj["kind"], meta.get("namespace"),
-                                            meta["name"], subresource), body=obj)
+        replaced: dict[str, Any] = await self._call(
+            "PUT", path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"],
+                        subresource), body=obj)
+        return replaced
 
     async def patch(self, api_version: str, kind: str, namespace: str | None, name: str,
                     body: Any, subresource: str | None = None,
-                    content_type: str = MERGE_PATCH) -> dict:
-        return await self._call("PATCH", path(api_version, kind, namespace, name, subresource),
-                                body=body, content_type=content_type)
+                    content_type: str = MERGE_PATCH) -> dict[str, Any]:
+        patched: dict[str, Any] = await self._call(
+            "PATCH", path(api_version, kind, namespace, name, subresource), body=body,
+            content_type=content_type)
+        return patched
 
     async def delete(self, api_version: str, kind: str, namespace: str | None,
                      name: str) -> None:

@@ -1,5 +1,7 @@
 """The operator's Prometheus metrics (served on --metrics-port)."""
 
+from collections.abc import Sequence
+
 from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILE_SECONDS = Histogram(
@@ -12,7 +14,7 @@ OBJECTS_WRITTEN = Counter(
     "Objects the operator compared, by kind and what it did (created, updated, reverted, "
     "unchanged)", ["kind", "action"])
 
-# The rate-matching controller (operators/scaling.py), in Recommend and Auto.
+# The rate-matching controller (operators/live.py), in Recommend and Auto.
 SCALING_RECOMMENDED = Gauge(
     "tandem_operator_scaling_recommended_replicas",
     "Replicas the rate-matching controller writes (Auto) or recommends (Recommend) now, after "
@@ -25,7 +27,7 @@ SCALING_DEMAND = Gauge(
     "Request rate the routers measured over the last window", ["namespace", "deployment"])
 
 
-def forget_scaling(namespace: str, deployment: str, roles: list[str]) -> None:
+def forget_scaling(namespace: str, deployment: str, roles: Sequence[str]) -> None:
     """Drop a deployment's scaling series (its mode went Off)."""
     for role in roles:
         for gauge in (SCALING_RECOMMENDED, SCALING_TARGET):

@@ -1,4 +1,4 @@
-"""Make the cluster match the rendered objects (the I/O around manifests.py).
+"""Make the cluster match the rendered objects (the I/O around operators/manifests).
 
 Each object the operator owns carries the hash of what it last rendered
 (`tandem.dev/rendered-hash`). Desired and current are compared field by
@@ -38,7 +38,7 @@ CONFLICT_RETRIES = 5
 _BODY_FIELDS = ("spec", "data", "roleRef", "subjects")
 
 
-def rendered_hash(obj: dict) -> str:
+def rendered_hash(obj: dict[str, Any]) -> str:
     body = {k: obj.get(k) for k in _BODY_FIELDS if k in obj}
     body["labels"] = obj["metadata"].get("labels", {})
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
@@ -63,7 +63,7 @@ def differences(desired: Any, current: Any, where: str = "") -> list[str]:
     return [] if desired == current else [where]
 
 
-def owned_differences(desired: dict, current: dict) -> list[str]:
+def owned_differences(desired: dict[str, Any], current: dict[str, Any]) -> list[str]:
     fields = {k: desired[k] for k in _BODY_FIELDS if k in desired}
     meta = desired["metadata"]
     fields["metadata"] = {"labels": meta.get("labels", {})}
@@ -74,18 +74,18 @@ def owned_differences(desired: dict, current: dict) -> list[str]:
 
 @dataclass(frozen=True)
 class Applied:
-    obj: dict
+    obj: dict[str, Any]
     action: str  # created | updated | reverted | unchanged
     fields: tuple[str, ...] = ()
 
 
-def _with_hash(desired: dict) -> dict:
+def _with_hash(desired: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(desired)
     out["metadata"].setdefault("annotations", {})[RENDERED_HASH] = rendered_hash(desired)
     return out
 
 
-def merged(desired: dict, current: dict) -> dict:
+def merged(desired: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """The object to PUT: current metadata (uid, resourceVersion, foreign labels) with
     the operator's labels, annotations, owner references and body fields."""
     out = copy.deepcopy(current)
@@ -105,7 +105,7 @@ def merged(desired: dict, current: dict) -> dict:
     return out
 
 
-def _get_path(obj: dict, path: str) -> Any:
+def _get_path(obj: dict[str, Any], path: str) -> Any:
     for part in path.split("."):
         if not isinstance(obj, dict) or part not in obj:
             return None
@@ -113,7 +113,7 @@ def _get_path(obj: dict, path: str) -> Any:
     return obj
 
 
-def _set_path(obj: dict, path: str, value: Any) -> None:
+def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
     *parents, last = path.split(".")
     for part in parents:
         obj = obj.setdefault(part, {})
@@ -123,8 +123,9 @@ def _set_path(obj: dict, path: str, value: Any) -> None:
         obj[last] = value
 
 
-async def apply(kube: Kube, rendered: dict, keep: tuple[str, ...] = (),
-                adjust: Callable[[dict, dict | None], None] | None = None) -> Applied:
+async def apply(kube: Kube, rendered: dict[str, Any], keep: tuple[str, ...] = (),
+                adjust: Callable[[dict[str, Any], dict[str, Any] | None], None] | None = None,
+                ) -> Applied:
     """Create or update one object; see the module docstring. Fields at the dotted
     paths in `keep` are someone else's: whatever the object holds there stays.
     `adjust(desired, current)` edits the desired object in place after each read."""

@@ -1,46 +1,36 @@
-"""The rate-matching controller inside the operator: one tick per
-TandemDeployment, run by a kopf timer (handlers.scaling_tick).
+"""The rate-matching controller's view of a TandemDeployment (pure: the
+spec and the objects in, the loop's inputs and status documents out).
 
-A tick reads (the profiles' ConfigMaps that `scaling.profiles` names, the
-EnginePools and their pods, the routers' counters from each router pod's
-/metrics or from a Prometheus), hands them to the pure loop
-(operators/planner/loop.py `on_tick`), and writes what it decided:
-
-* `Auto`: each pool's replica count through `controller.scale_pool` (the
-  EnginePool's /scale; the reconcile then drains and resizes the workload);
-* `Recommend` and `Auto`: the decision with its reasons in the
-  TandemDeployment's `status.scaling` (with the last decisions and the loop's
-  state, so cooldowns survive a restart), each EnginePool's
-  `status.recommendedReplicas`, the conditions `ScalingActive`,
-  `ScalingSpecValid`, `DemandMet` and `MetricsAvailable`, Events and gauges;
-* `Off`: nothing, but `ScalingActive=False` once it was on.
-
-The functions above `tick` are pure (objects in, inputs or documents out).
+operators/live.py runs the loop around it: it observes the pools, reads the
+routers' counters, calls the pure core (operators/planner/loop.py
+`on_tick`) with what these functions build, and applies what it decided.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
-import httpx
-
-from operators import controller, manifests, metrics
-from operators.kube import Kube
-from operators.planner.capacity import ContextDemand, KvShape, MemoryBudget, check_capacity
-from operators.planner.demand import demand_of, measurements_of
+from operators.planner.capacity import (
+    ContextDemand,
+    KvKind,
+    KvShape,
+    MemoryBudget,
+    check_capacity,
+)
+from operators.planner.demand import Window, demand_of, measurements_of
 from operators.planner.loop import (
+    MODES,
     Condition,
     Effects,
     LoopSettings,
     LoopState,
+    Mode,
     PoolStatus,
     TickInputs,
-    on_tick,
     plan_ratio,
 )
-from operators.planner.persist import rfc3339, state_from_dict, state_to_dict
+from operators.planner.persist import rfc3339, state_to_dict
 from operators.planner.profiles import (
     EngineProfile,
     Parallelism,
@@ -48,47 +38,39 @@ from operators.planner.profiles import (
     ProfileError,
     profile_from_configmap,
 )
-from operators.planner.scrape import MetricsSource, PrometheusSource, RouterScrapeSource
 from operators.planner.solver import Decision, Slo
-from operators.spec import API_VERSION, pools
-from operators.status import merge_conditions
-
-log = logging.getLogger(__name__)
-
-Emit = Callable[[dict, str, str, str], None]  # (object, type, reason, message)
-
+from operators.spec import ScalingSpec, TandemSpec, parse_pool
 
 # -- pure: the spec and the objects as the loop's inputs ---------------------------
 
-def loop_settings(scaling: Mapping[str, Any]) -> LoopSettings:
+def loop_settings(scaling: ScalingSpec) -> LoopSettings:
     """The smoothing the spec asks for (its defaults are the CRD's)."""
-    return LoopSettings(up_cooldown_s=float(scaling.get("upCooldownSeconds", 60)),
-                        down_cooldown_s=float(scaling.get("downCooldownSeconds", 600)),
-                        down_window_s=float(scaling.get("downWindowSeconds", 300)),
-                        max_step=int(scaling.get("maxStep", 2)),
-                        history=int(scaling.get("historyLimit", 10)))
+    return LoopSettings(up_cooldown_s=float(scaling.up_cooldown_seconds),
+                        down_cooldown_s=float(scaling.down_cooldown_seconds),
+                        down_window_s=float(scaling.down_window_seconds),
+                        max_step=scaling.max_step, history=scaling.history_limit)
 
 
-def slo_of(scaling: Mapping[str, Any]) -> Slo:
-    slo = scaling.get("slo", {})
-    interactivity = slo.get("interactivityP90")
-    if interactivity is None and slo.get("itlP90Ms"):
-        interactivity = 1000.0 / slo["itlP90Ms"]
-    ttft = slo.get("ttftP90Ms")
+def slo_of(scaling: ScalingSpec) -> Slo:
+    slo = scaling.slo
+    interactivity = slo.interactivity_p90
+    if interactivity is None and slo.itl_p90_ms:
+        interactivity = 1000.0 / slo.itl_p90_ms
+    ttft = slo.ttft_p90_ms
     return Slo(ttft_p90_s=None if ttft is None else ttft / 1000.0,
                interactivity_p90=None if interactivity is None else float(interactivity))
 
 
-def load_profiles(spec: Mapping[str, Any], configmaps: Mapping[str, dict | None]
+def load_profiles(spec: TandemSpec, configmaps: Mapping[str, dict[str, Any] | None]
                   ) -> tuple[dict[str, EngineProfile], list[str]]:
     """Each pool's profile (role → profile) from the ConfigMaps `scaling.profiles`
     names (name → object, None when absent), and what is wrong, each saying
     what to change."""
-    names = spec.get("scaling", {}).get("profiles", {})
+    names = spec.scaling.profiles
     out: dict[str, EngineProfile] = {}
     problems: list[str] = []
-    for role in pools(spec):
-        name = names.get(role)
+    for role in spec.roles:
+        name: str | None = getattr(names, role)
         if not name:
             problems.append(f"scaling.profiles.{role} is not set: name the ConfigMap holding "
                             f"the {role} pool's engine profile")
@@ -108,7 +90,7 @@ def load_profiles(spec: Mapping[str, Any], configmaps: Mapping[str, dict | None]
             problems.append(f"ConfigMap {name} holds a {profile.role} profile, named for the "
                             f"{role} pool: name a {role} profile in scaling.profiles.{role}")
             continue
-        gpus = spec[role]["gpusPerPod"] * spec[role]["nodesPerReplica"]
+        gpus = spec.pool(role).gpus(1)
         if gpus and gpus != profile.config.gpus_per_replica:
             problems.append(f"profile {profile.name} was taken with "
                             f"{profile.config.gpus_per_replica} GPU(s) per replica, the {role} "
@@ -119,15 +101,15 @@ def load_profiles(spec: Mapping[str, Any], configmaps: Mapping[str, dict | None]
     return out, problems
 
 
-def capacity_problems(spec: Mapping[str, Any], profiles: Mapping[str, EngineProfile]
+def capacity_problems(spec: TandemSpec, profiles: Mapping[str, EngineProfile]
                       ) -> list[str]:
     """Pools whose configuration cannot hold `scaling.slo.longestContextTokens`,
     each saying which term overflows and what to change: a profile whose
     replica holds less KV than the context, and, when `scaling.capacity` gives
     the model's KV shape and the GPUs' free memory, the capacity check
     (operators/planner/capacity.py) under the pool's parallelism."""
-    scaling = spec.get("scaling", {})
-    longest = scaling.get("slo", {}).get("longestContextTokens")
+    scaling = spec.scaling
+    longest = scaling.slo.longest_context_tokens
     if longest is None:
         return []
     out = [f"the {role} pool's profile {p.name}: one replica holds "
@@ -136,27 +118,27 @@ def capacity_problems(spec: Mapping[str, Any], profiles: Mapping[str, EngineProf
            f"configuration with more KV per replica"
            for role, p in profiles.items() if p.config.kv_capacity_tokens is not None
            and p.config.kv_capacity_tokens < longest]
-    cap = scaling.get("capacity")
+    cap = scaling.capacity
     if cap is None:
         return out
-    kind = cap["kvKind"]
-    if kind == "gqa" and not (cap.get("kvHeads") and cap.get("headDim")):
+    kind = cap.kv_kind
+    if kind == "gqa" and not (cap.kv_heads and cap.head_dim):
         return [*out, "scaling.capacity.kvKind gqa needs kvHeads and headDim"]
-    if kind == "mla" and not cap.get("latentDim"):
+    if kind == "mla" and not cap.latent_dim:
         return [*out, "scaling.capacity.kvKind mla needs latentDim"]
-    shape = KvShape(layers=cap["layers"], kind=kind, kv_bytes=float(cap["kvBytes"]),
-                    kv_heads=cap.get("kvHeads", 1), head_dim=cap.get("headDim", 0),
-                    latent_dim=cap.get("latentDim", 0),
-                    compute_bytes=float(cap.get("computeBytes", 2.0)))
-    memory = MemoryBudget(float(cap["gpuFreeGiB"]), cap.get("hostFreeGiB"))
-    ctx = ContextDemand(longest, sequences=cap.get("sequences", 1),
-                        transfer_buffer_gib=float(cap.get("transferBufferGiB", 0.0)),
-                        host_pool_gib=float(cap.get("hostPoolGiB", 0.0)))
+    shape = KvShape(layers=cap.layers, kind=cast(KvKind, kind), kv_bytes=float(cap.kv_bytes),
+                    kv_heads=1 if cap.kv_heads is None else cap.kv_heads,
+                    head_dim=cap.head_dim or 0, latent_dim=cap.latent_dim or 0,
+                    compute_bytes=float(cap.compute_bytes))
+    memory = MemoryBudget(float(cap.gpu_free_gib), cap.host_free_gib)
+    ctx = ContextDemand(longest, sequences=cap.sequences,
+                        transfer_buffer_gib=float(cap.transfer_buffer_gib),
+                        host_pool_gib=float(cap.host_pool_gib))
     for role in profiles:
-        par = spec[role].get("parallelism", {})
+        par = spec.pool(role).parallelism
         verdict = check_capacity(shape, Parallelism(
-            tp=par.get("tensor", 1), pp=par.get("pipeline", 1), dp=par.get("data", 1),
-            pcp=par.get("prefillContext", 1), dcp=par.get("decodeContext", 1)), memory, ctx)
+            tp=par.tensor, pp=par.pipeline, dp=par.data, pcp=par.prefill_context,
+            dcp=par.decode_context), memory, ctx)
         if verdict.fits:
             continue
         change = (f"{verdict.suggestion}: set it in spec.{role}.parallelism (decodeContext "
@@ -169,18 +151,18 @@ def capacity_problems(spec: Mapping[str, Any], profiles: Mapping[str, EngineProf
     return out
 
 
-def _ready(pod: dict) -> bool:
+def _ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in pod.get("status", {}).get("conditions", []))
 
 
-def pool_status(role: PoolRole, pool: dict, pods: list[dict], profile: EngineProfile
-                ) -> PoolStatus:
+def pool_status(role: PoolRole, pool: dict[str, Any], pods: list[dict[str, Any]],
+                profile: EngineProfile) -> PoolStatus:
     """One EnginePool and its pods as the loop sees them (terminating pods hold
     their GPUs until they are gone)."""
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     return PoolStatus(role=role, config=profile.name,
-                      spec_replicas=pool["spec"]["replicas"], pods=len(pods),
+                      spec_replicas=parse_pool(pool["spec"]).replicas, pods=len(pods),
                       ready=sum(1 for p in live if _ready(p)),
                       pending=sum(1 for p in live
                                   if p.get("status", {}).get("phase", "Pending") == "Pending"),
@@ -224,176 +206,25 @@ def metrics_condition(failures: Mapping[str, str], sources: int) -> Condition:
                      f"{sources} metrics source(s) read")
 
 
-# -- I/O -------------------------------------------------------------------------
-
-class Sources:
-    """Each deployment's metrics source; a router scrape keeps its last samples
-    between ticks (a window needs two)."""
-
-    def __init__(self) -> None:
-        self.by_deployment: dict[tuple[str, str], MetricsSource] = {}
-
-    async def for_deployment(self, namespace: str, name: str, scaling: Mapping[str, Any]
-                             ) -> MetricsSource:
-        key = (namespace, name)
-        prom = scaling.get("prometheus")
-        current = self.by_deployment.get(key)
-        wanted_prom = prom is not None
-        if current is not None and isinstance(current, PrometheusSource) == wanted_prom and (
-                not wanted_prom or (current.url == prom["url"].rstrip("/")
-                                    and current.selector == prom.get("selector", "")
-                                    and current.window_s == prom.get("windowSeconds", 60))):
-            return current
-        if current is not None:
-            await current.aclose()
-        source: MetricsSource = (
-            PrometheusSource(prom["url"], prom.get("selector", ""), prom.get("windowSeconds", 60))
-            if wanted_prom else RouterScrapeSource())
-        self.by_deployment[key] = source
-        return source
-
-    async def forget(self, namespace: str, name: str) -> None:
-        source = self.by_deployment.pop((namespace, name), None)
-        if source is not None:
-            await source.aclose()
-
-    async def close(self) -> None:
-        for key in list(self.by_deployment):
-            await self.forget(*key)
+def tick_inputs(spec: TandemSpec, pools: tuple[PoolStatus, ...],
+                profiles: Mapping[str, EngineProfile], window: Window | None,
+                external: Mapping[str, str]) -> TickInputs:
+    """What the loop decides from: the spec, the pools as observed, the
+    measured window (None: nothing usable measured) and the pools another
+    writer owns."""
+    scaling = spec.scaling
+    ready = {status.role: status.ready for status in pools}
+    return TickInputs(
+        mode=mode_of(scaling), pools=pools, profiles=tuple(profiles.values()),
+        demand=None if window is None else demand_of(window), slo=slo_of(scaling),
+        budget_gpus=scaling.gpu_budget, headroom=float(scaling.headroom),
+        measurements=() if window is None else measurements_of(window, ready),
+        bounds={role: (spec.pool(role).min_replicas, spec.pool(role).max_replicas)
+                for role in spec.roles}, external=external)
 
 
-async def tick(kube: Kube, body: dict, sources: Sources, emit: Emit, now: float) -> Effects | None:
-    """One decision for one TandemDeployment; None when its mode is Off."""
-    meta, spec = body["metadata"], body["spec"]
-    td, namespace = meta["name"], meta["namespace"]
-    scaling = spec.get("scaling", {})
-    mode = scaling.get("mode", "Off")
-    previous = body.get("status", {}).get("scaling")
-    state = state_from_dict(previous)
-    if mode == "Off":
-        await sources.forget(namespace, td)
-        metrics.forget_scaling(namespace, td, pools(spec))
-        if not _condition(body, "ScalingActive"):
-            return None  # never scaled: nothing to say
-        await _write(kube, body, previous, [Condition(
-            "ScalingActive", "False", "Off", "scaling mode Off: pools keep the replicas set")], now)
-        return None
-
-    names = {n for n in scaling.get("profiles", {}).values() if n}
-    configmaps = {n: await kube.get("v1", "ConfigMap", namespace, n) for n in sorted(names)}
-    profiles, problems = load_profiles(spec, configmaps)
-    reason = "ProfileUnusable"
-    if not problems:
-        problems, reason = capacity_problems(spec, profiles), "ContextDoesNotFit"
-    if problems:
-        message = "; ".join(problems)
-        if _condition(body, "ScalingSpecValid").get("message") != message:
-            emit(body, "Warning", "ScalingSpecInvalid", message)
-        await _write(kube, body, previous, [
-            Condition("ScalingActive", "True", mode, f"scaling mode {mode}"),
-            Condition("ScalingSpecValid", "False", reason, message)], now)
-        return None
-
-    observed = []
-    for role in pools(spec):
-        pool = await kube.get(API_VERSION, "EnginePool", namespace, manifests.pool_name(td, role))
-        if pool is None:  # the reconcile has not created it yet
-            return None
-        selector = ",".join(f"{k}={v}" for k, v in
-                            sorted(manifests.pool_selector(td, role).items()))
-        pods = await kube.list("v1", "Pod", namespace, selector)
-        observed.append((pool, pool_status(role, pool, pods, profiles[role])))
-
-    source = await sources.for_deployment(namespace, td, scaling)
-    failures: dict[str, str] = {}
-    window = None
-    if isinstance(source, RouterScrapeSource):
-        routers = await kube.list("v1", "Pod", namespace,
-                                  f"{manifests.LABEL_DEPLOYMENT}={td},"
-                                  f"{manifests.LABEL_COMPONENT}=router")
-        source.urls = controller.router_urls(routers)
-        count = len(source.urls)
-        if source.urls:
-            window = await source.window(now)
-            failures = source.failures
-    else:
-        count = 1
-        try:
-            window = await source.window(now)
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            failures = {"prometheus": str(exc) or type(exc).__name__}
-    metrics_ok = metrics_condition(failures, count)
-    if metrics_ok.status == "False" \
-            and _condition(body, "MetricsAvailable").get("message") != metrics_ok.message:
-        emit(body, "Warning", "MetricsUnavailable", metrics_ok.message)
-    # Partial counts would read as a demand drop: no demand (hold) until all answer.
-    usable = window if metrics_ok.status == "True" else None
-    ready = {status.role: status.ready for _, status in observed}
-    # A pool an autoscaler owns is sized but not written (the reconcile reports the
-    # conflict as ScalingConflict); two writers would fight.
-    hpas = await kube.list("autoscaling/v2", "HorizontalPodAutoscaler", namespace)
-    external = {role: "an autoscaler scales it" for role in pools(spec)
-                if controller.foreign_autoscaler(
-                    hpas, td, role,
-                    "LeaderWorkerSet" if spec[role]["nodesPerReplica"] > 1 else "Deployment",
-                    mode)}
-    inputs = TickInputs(
-        mode=mode, pools=tuple(status for _, status in observed),
-        profiles=tuple(profiles.values()),
-        demand=None if usable is None else demand_of(usable), slo=slo_of(scaling),
-        budget_gpus=scaling.get("gpuBudget"), headroom=float(scaling.get("headroom", 1.2)),
-        measurements=() if usable is None else measurements_of(usable, ready),
-        bounds={role: (spec[role]["minReplicas"], spec[role]["maxReplicas"])
-                for role in pools(spec)}, external=external)
-    state, effects = on_tick(now, state, inputs, loop_settings(scaling))
-
-    for s in effects.scale:
-        await controller.scale_pool(kube, namespace, manifests.pool_name(td, s.role), s.replicas)
-        log.info("%s/%s: %s pool %d -> %d (%s)", namespace, td, s.role, s.previous, s.replicas,
-                 s.reason)
-    for event in effects.events:
-        emit(body, event.type, event.reason, event.message)
-    if effects.record is not None:
-        for pool, status in observed:
-            recommended = effects.record.replicas[status.role]
-            metrics.SCALING_RECOMMENDED.labels(namespace, td, status.role).set(recommended)
-            target = effects.record.targets.get(status.role)
-            if target is not None:
-                metrics.SCALING_TARGET.labels(namespace, td, status.role).set(target)
-            if pool.get("status", {}).get("recommendedReplicas") != recommended:
-                await kube.patch(API_VERSION, "EnginePool", namespace, pool["metadata"]["name"],
-                                 {"status": {"recommendedReplicas": recommended}},
-                                 subresource="status")
-        if effects.record.demand_rps is not None:
-            metrics.SCALING_DEMAND.labels(namespace, td).set(effects.record.demand_rps)
-    await _write(kube, body, scaling_document(state, effects, mode),
-                 [*effects.conditions, metrics_ok], now)
-    return effects
-
-
-def _condition(body: dict, kind: str) -> dict:
-    return next((c for c in body.get("status", {}).get("conditions", [])
-                 if c.get("type") == kind), {})
-
-
-async def _write(kube: Kube, body: dict, scaling: dict | None,
-                 conditions: list[Condition], now: float) -> None:
-    """Replace `status.scaling` (a merge patch would keep keys the loop
-    dropped) and merge the conditions, in one JSON patch."""
-    meta, status = body["metadata"], body.get("status", {})
-    generation = meta.get("generation", 1)
-    merged = merge_conditions(status.get("conditions", []), conditions, generation,
-                              rfc3339(now))
-    if status.get("scaling") == scaling and status.get("conditions") == merged:
-        return
-    if not status:
-        ops = [{"op": "add", "path": "/status",
-                "value": {"conditions": merged,
-                          **({"scaling": scaling} if scaling is not None else {})}}]
-    else:
-        ops = [{"op": "add", "path": "/status/conditions", "value": merged}]
-        if scaling is not None:
-            ops.append({"op": "add", "path": "/status/scaling", "value": scaling})
-    await kube.patch(API_VERSION, "TandemDeployment", meta["namespace"], meta["name"], ops,
-                     subresource="status", content_type="application/json-patch+json")
-
+def mode_of(scaling: ScalingSpec) -> Mode:
+    mode = scaling.mode
+    if mode not in MODES:
+        raise ValueError(f"scaling.mode {mode!r}: one of {', '.join(MODES)}")
+    return mode

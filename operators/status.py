@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from operators.planner.loop import Condition as LoopCondition
 
 
 @dataclass(frozen=True)
@@ -14,8 +18,8 @@ class Condition:
     message: str = ""
 
 
-def merge_conditions(previous: list[dict], new: list[Condition], generation: int,
-                     now: str) -> list[dict]:
+def merge_conditions(previous: list[dict[str, Any]], new: Sequence[Condition | LoopCondition],
+                     generation: int, now: str) -> list[dict[str, Any]]:
     """Conditions as stored: `lastTransitionTime` moves only when the status flips.
     A condition's status is a bool or already "True", "False" or "Unknown" (the
     rate-matching controller's, operators/planner/loop.py)."""
@@ -25,10 +29,10 @@ def merge_conditions(previous: list[dict], new: list[Condition], generation: int
         status = cond.status if isinstance(cond.status, str) else (
             "True" if cond.status else "False")
         old = before.get(cond.type)
-        changed = old is None or old.get("status") != status
+        since = now if old is None or old.get("status") != status else old["lastTransitionTime"]
         out.append({"type": cond.type, "status": status, "reason": cond.reason,
                     "message": cond.message, "observedGeneration": generation,
-                    "lastTransitionTime": now if changed else old["lastTransitionTime"]})
+                    "lastTransitionTime": since})
     known = {c.type for c in new}
     out += [c for c in previous or [] if c["type"] not in known]
     return out
@@ -97,7 +101,7 @@ def deployment_conditions(pools: list[PoolState], router_ready: bool, problems: 
     ]
 
 
-def deployment_summary(pools: list[PoolState]) -> dict:
+def deployment_summary(pools: list[PoolState]) -> dict[str, Any]:
     """The printer-column fields: prefill and decode ready/desired, the P:D ratio."""
     by_role = {p.role: p for p in pools}
     out = {}

@@ -20,17 +20,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from common.engine import EngineCommand, EngineHostSettings, VllmSettings, kv_events_config
 from common.model import resolve_model
 from common.ports import free_port
 from common.procs import Proc, launch, stop_process_groups, wait_grpc_serving, wait_http_ok
+from common.roles import Role
+from common.router import RouterCommand, RouterLaunchSettings, parse_kv_event_source
 from common.scheduler import POOLS, SchedulerSettings, scheduler_flag
+from common.settings import to_argv
 from services.kvstore.api import store_launch
 
 # The pool of an engine, by the module it runs (services.prefill, .decode, .engine).
 POOL_OF_ROLE = {"prefill": "prefill", "decode": "decode", "engine": "aggregated"}
+ROLE_OF_MODULE = {"prefill": Role.PREFILL, "decode": Role.DECODE, "engine": Role.BOTH}
 
 
 def engine_cores(engines: int) -> list[int | None]:
@@ -126,20 +131,23 @@ class Stack:
                     url=launch.health_url.removesuffix("/health"))
         return proc, launch
 
-    def _engine(self, role: str, index: int, core: int | None, store_flags: list[str],
+    def engine_proc(self, role: str, index: int, core: int | None, store_flags: list[str],
                 ) -> tuple[Proc, dict[str, str]]:
         c = self.config
         grpc_port, metrics_port, nixl_port = self._port(), self._port(), self._port()
-        argv = [sys.executable, "-m", f"services.{role}", "--host", c.host,
-                "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-                "--nixl-port", str(nixl_port), *vllm_flags(c), *c.pool_flags(role),
-                *store_flags, *c.engine_args]
         kv_events = None
+        vllm = vllm_settings(c)
         if c.kv_events:
-            flags, kv_events = kv_events_flags(c.host, self._port(), self._port())
-            argv += flags
+            pub, replay = self._port(), self._port()
+            vllm = replace(vllm, kv_events_config=kv_events_config(pub, replay))
+            kv_events = f"tcp://{c.host}:{pub},tcp://{c.host}:{replay}"
+        command = EngineCommand(
+            EngineHostSettings(role=ROLE_OF_MODULE[role], host=c.host, grpc_port=grpc_port,
+                               metrics_port=metrics_port, nixl_port=nixl_port),
+            vllm, (*c.pool_flags(role), *store_flags, *c.engine_args), f"services.{role}")
         name = f"{role}-{index}"
-        proc = Proc(name=name, argv=argv, log=str(self.config.state_dir / f"{name}.log"),
+        proc = Proc(name=name, argv=command.argv(sys.executable),
+                    log=str(self.config.state_dir / f"{name}.log"),
                     grpc=f"{c.host}:{grpc_port}", url=f"http://{c.host}:{metrics_port}/metrics",
                     kv_events=kv_events)
         return proc, engine_env(c.kv_cache_gib, core)
@@ -171,7 +179,7 @@ class Stack:
             roles = [(role, i) for role, count in (("prefill", c.prefill), ("decode", c.decode),
                                                    ("engine", c.aggregated))
                      for i in range(count)]
-            engines = [self._engine(role, i, core, store_flags)
+            engines = [self.engine_proc(role, i, core, store_flags)
                        for (role, i), core in zip(roles, engine_cores(len(roles)), strict=True)]
             for proc, env in engines:
                 self._launch(proc, env)
@@ -196,16 +204,15 @@ class Stack:
         the same engines)."""
         c = self.config
         engines = [p for p in self.procs if p.grpc]
-        flags = {"prefill": "--prefill", "decode": "--decode", "engine": "--engine"}
-        argv = [sys.executable, "-m", "services.router", "--host", c.host, "--port", str(port)]
+        pods: dict[str, list[str]] = {"prefill": [], "decode": [], "engine": []}
         for p in engines:
-            argv += [flags[p.name.split("-")[0]], p.grpc]
-        for p in engines:
-            if p.kv_events:
-                argv += ["--kv-events", f"{p.grpc}={p.kv_events}"]
-        if c.model:
-            argv += ["--model", c.model]
-        return [*argv, *extra_args]
+            pods[p.name.split("-")[0]].append(p.grpc)
+        launch = RouterLaunchSettings(
+            host=c.host, port=port, prefill=pods["prefill"], decode=pods["decode"],
+            engines=pods["engine"], model=c.model,
+            kv_events=tuple(parse_kv_event_source(f"{p.grpc}={p.kv_events}")
+                            for p in engines if p.kv_events))
+        return RouterCommand(launch, extra=tuple(extra_args)).argv(sys.executable)
 
     def _wait_engine(self, proc: Proc, deadline: float) -> None:
         wait_grpc_serving(proc.grpc, proc, deadline)
@@ -234,21 +241,24 @@ class Stack:
         (self.config.state_dir / "stack.json").write_text(json.dumps(state, indent=2))
 
 
+def vllm_settings(c: StackConfig, model: str | None = None) -> VllmSettings:
+    """The vLLM settings every engine of a stack shares. `model` overrides
+    the config's model."""
+    return VllmSettings(model=model or c.model, dtype=c.dtype, enforce_eager=True,
+                        max_model_len=c.max_model_len)
+
+
 def vllm_flags(c: StackConfig, model: str | None = None) -> list[str]:
-    """The vLLM flags every engine of a stack shares: Tandem's engine hosts
-    and, in tests and benchmarks, vLLM's own OpenAI server beside them, so
-    both run the same engine. `model` overrides the config's model."""
-    model = model or c.model
-    return ["--dtype", c.dtype, "--enforce-eager", "--max-model-len", str(c.max_model_len),
-            *(["--model", model] if model else [])]
+    """Those settings as flags, for Tandem's engine hosts and, in tests and
+    benchmarks, vLLM's own OpenAI server beside them, so both run the same
+    engine."""
+    return to_argv(vllm_settings(c, model), always=("dtype",))
 
 
 def kv_events_flags(host: str, pub_port: int, replay_port: int) -> tuple[list[str], str]:
     """vLLM flags that publish KV events over ZMQ, and the endpoints as the
     router's --kv-events takes them (PUB,REPLAY)."""
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
-              "endpoint": f"tcp://*:{pub_port}", "replay_endpoint": f"tcp://*:{replay_port}"}
-    return (["--kv-events-config", json.dumps(config)],
+    return (to_argv(VllmSettings(kv_events_config=kv_events_config(pub_port, replay_port))),
             f"tcp://{host}:{pub_port},tcp://{host}:{replay_port}")
 
 

@@ -19,7 +19,7 @@ from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
-from operators.spec import crd_schema, problems
+from operators.spec import crd_schema, parse, problems
 from services.router.chat_templates import CHATML_TOOLS
 from services.router.routing.hashing import BlockHasher
 from tandem.workload.endpoint import sse_data
@@ -161,7 +161,7 @@ class StoreClient:
 def assert_spec_refused(spec: dict, fragment: str) -> None:
     """The operator's ``problems`` name the fault (``fragment``), and the
     CRD's own schema and CEL rules refuse the same TandemDeployment spec."""
-    found = problems(spec)
+    found = problems(parse(spec))
     assert any(fragment in p for p in found), found
     body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
             "metadata": {"name": "demo"}, "spec": spec}

@@ -2,10 +2,10 @@
 implementation.
 
 A shell observes the pools and applies a tick's effects. In the operator
-that is ``operators/scaling.py`` (EnginePools and their pods in, ``/scale``,
-status, Events and gauges out); ``VirtualActuator`` keeps pools in memory,
-with pods that take time to schedule, to become ready and to drain, for the
-simulator and the tests.
+that is ``operators/live.py``'s ``KubeActuator`` (EnginePools and their pods
+in; ``/scale``, Events, recommendations and gauges out); ``VirtualActuator``
+keeps pools in memory, with pods that take time to schedule, to become ready
+and to drain, for the simulator and the tests.
 """
 
 from __future__ import annotations

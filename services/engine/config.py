@@ -1,7 +1,8 @@
 """Engine host settings: this service's own flags plus every vLLM engine flag.
 
 The engine's own settings (role, ports, KV hand-off tuning) come first, each
-once in ``EngineSettings`` with its default and help; its flag and its
+once in ``common.engine.EngineHostSettings`` with its default and help (every
+launcher renders its command line from there); its flag and its
 environment variable ``TANDEM_ENGINE_<FLAG>`` derive from it
 (``common/settings.py``). Every flag of vLLM's `AsyncEngineArgs` is accepted
 as well (``--dtype``, ``--max-model-len``, ``--block-size``,
@@ -17,8 +18,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from common.engine import EngineHostSettings
 from common.roles import Role
-from common.settings import SettingError, add_arguments, from_arguments, setting
+from common.settings import SettingError, add_arguments, from_arguments
 from services.engine import vllm_plugin
 
 ENV_PREFIX = "TANDEM_ENGINE_"
@@ -26,33 +28,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    role: Role = setting(Role.BOTH, "what this engine does in the P/D split")
-    host: str = setting("127.0.0.1", "address for the gRPC and metrics servers")
-    grpc_port: int = setting(50061, "gRPC port")
-    metrics_port: int = setting(9061, "Prometheus /metrics and /health HTTP port")
-    nixl_port: int = setting(5600, "NIXL side-channel port used for the KV hand-off "
-                             "handshake (VLLM_NIXL_SIDE_CHANNEL_PORT)")
-    nixl_progress_delay_us: int | None = setting(
-        None, "poll timeout of NIXL's progress thread; it still wakes at once on transfer "
-        "events. 0 = NIXL's own busy spin. Default: 0 with GPUs, 10000 on CPU, where the "
-        "spin burns a core per engine")
-    kv_lease_s: int = setting(10, "how long a prefill engine keeps KV for a decode that has "
-                              "not pulled it yet; waiting decodes renew it by heartbeat, so "
-                              "short is safe and frees KV of decodes that died")
-    kv_store_config: str | None = setting(
-        None, "use the shared KV store (Mooncake, services/kvstore): path of the engine "
-        "config file it writes (<state-dir>/mooncake-engine.json). Adds vLLM's "
-        "MooncakeStoreConnector next to NIXL (default: no store)")
-    shutdown_grace_s: float = setting(30.0, "on SIGTERM, how long in-flight requests may "
-                                      "finish before they are aborted")
-    stall_timeout_s: float = setting(
-        120.0, "an engine with requests in flight that takes no engine step for this long "
-        "is stuck (e.g. a worker hung inside a model step): the host then reports "
-        "NOT_SERVING, fails those requests with UNAVAILABLE (the router retries them "
-        "elsewhere) and exits with status 1 for its supervisor to restart it. Long enough "
-        "for the slowest legitimate step (a 2K-token prefill chunk on a loaded CPU takes "
-        "tens of seconds); lower it on GPUs. 0 = never")
+class EngineSettings(EngineHostSettings):
+    """The engine host's settings (declared in common/engine.py, where every
+    launcher renders them) with the vLLM engine arguments parsed beside them."""
+
     engine_args: Any = None  # vllm.engine.arg_utils.AsyncEngineArgs
 
     def plugin_env(self, device: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from common.roles import Role
+from common.router import RouterLaunchSettings
 from common.settings import (
     SettingError,
     add_arguments,
@@ -27,49 +28,17 @@ from services.router.routing import PodSpec, RoutingSettings
 ENV_PREFIX = "TANDEM_ROUTER_"
 
 
-@dataclass(frozen=True)
-class KvEventSource:
-    pod: str  # the pod's gRPC address, as the router names pods
-    endpoint: str  # PUB endpoint, e.g. tcp://127.0.0.1:5701
-    replay_endpoint: str | None = None  # ROUTER endpoint, e.g. tcp://127.0.0.1:5702
-
-
 def split_pool(item: str) -> tuple[str, str]:
     """``[POOL=]ADDRESS`` of --prefill, --decode and --engine: (pool, address)."""
     pool, sep, address = item.rpartition("=")
     return (pool.strip(), address.strip()) if sep else ("", item.strip())
 
 
-def parse_kv_event_source(text: str) -> KvEventSource:
-    """``POD=PUB_ENDPOINT[,REPLAY_ENDPOINT]``."""
-    pod, sep, rest = text.partition("=")
-    if not sep or not pod or not rest:
-        raise argparse.ArgumentTypeError(
-            f"--kv-events {text!r}: expected POD=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]")
-    endpoint, _, replay = rest.partition(",")
-    return KvEventSource(pod.strip(), endpoint.strip(), replay.strip() or None)
-
-
 @dataclass(frozen=True)
-class RouterSettings:
-    host: str = setting("127.0.0.1", "HTTP listen address")
-    port: int = setting(8000, "HTTP port")
-    prefill: list[str] = setting([], "prefill pod gRPC address (repeat or comma-separate); "
-                                 "POOL=ADDR names the pod's pool (--prefill-pool-for)",
-                                 metavar="[POOL=]ADDR")
-    decode: list[str] = setting([], "decode pod gRPC address (repeat or comma-separate)",
-                                metavar="[POOL=]ADDR")
-    engines: list[str] = setting([], "aggregated engine (role both) gRPC address; serves "
-                                 "whole requests without a P/D split", flag="--engine",
-                                 metavar="[POOL=]ADDR")
-    kv_events: tuple[KvEventSource, ...] = setting(
-        (), "subscribe to a pod's vLLM KV events (repeat per pod); pods without events get "
-        "predicted index entries", parse=parse_kv_event_source, metavar="POD=PUB[,REPLAY]",
-        env=False)
-    model: str | None = setting(None, "model folder for the tokenizer and chat template "
-                                "(default: the engines' model path)")
-    served_model_name: str | None = setting(None, "model name clients send (default: the "
-                                            "engines' name)")
+class RouterSettings(RouterLaunchSettings):
+    """Every router setting: what a launcher sets (common/router.py, where the
+    stack and the operator render it) and the rest."""
+
     chat_template: str | None = setting(
         None, "Jinja chat template file replacing the model's own, e.g. one that renders "
         "`tools` (services/router/chat_templates/chatml_tools.jinja does, for ChatML models "

@@ -41,49 +41,12 @@ from common.kube import (
     own_namespace,
 )
 from common.roles import Role
-from common.settings import SettingError, setting
+from common.router import DiscoverySettings
 from services.router.metrics import RouterMetrics
 from services.router.pods import PodPool
 from services.router.routing import PodSpec
 
 log = logging.getLogger(__name__)
-
-DISCOVERY_MODES = ("static", "kubernetes")
-
-
-@dataclass(frozen=True)
-class DiscoverySettings:
-    discovery: str = setting(
-        "static", "where the engine pods come from: static (the --prefill, --decode and "
-        "--engine flags, fixed) or kubernetes (the EndpointSlices of a TandemDeployment's "
-        "engine pools, followed as pods become ready, terminate and go)",
-        choices=DISCOVERY_MODES)
-    discovery_namespace: str | None = setting(
-        None, "--discovery kubernetes: namespace of the TandemDeployment (default: the "
-        "router pod's own namespace)", metavar="NAMESPACE")
-    discovery_deployment: str | None = setting(
-        None, "--discovery kubernetes: the TandemDeployment whose engine pools to follow "
-        "(EndpointSlices labelled tandem.dev/deployment=NAME, "
-        "app.kubernetes.io/component=engine; the role from tandem.dev/role)", metavar="NAME")
-    kubeconfig: str | None = setting(
-        None, "--discovery kubernetes: kubeconfig file to reach the API server (default: "
-        "the pod's service account in a cluster, else $KUBECONFIG or ~/.kube/config)",
-        metavar="PATH")
-    watch_timeout_s: float = setting(
-        300.0, "--discovery kubernetes: seconds one EndpointSlice watch lasts before the "
-        "router watches again from where it was", flag="--discovery-watch-timeout-s")
-
-    @property
-    def kubernetes(self) -> bool:
-        return self.discovery == "kubernetes"
-
-    def validate(self) -> None:
-        if self.kubernetes and not self.discovery_deployment:
-            raise SettingError("--discovery-deployment",
-                               "--discovery kubernetes needs the TandemDeployment to follow")
-        if self.watch_timeout_s < 1:
-            raise SettingError("--discovery-watch-timeout-s", "must be at least 1 second")
-
 
 class PodSource(Protocol):
     async def initial(self) -> list[PodSpec]:

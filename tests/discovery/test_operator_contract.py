@@ -13,7 +13,7 @@ import yaml
 
 from common.kube import engine_selector
 from operators import manifests
-from operators.spec import ENGINE_ROLE, with_defaults
+from operators.spec import ENGINE_ROLE, parse, with_defaults
 from services.router.config import parse_settings
 from services.router.discovery import slice_endpoints
 from tests.discovery.slices import endpoint
@@ -26,9 +26,9 @@ OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")
 def rendered() -> list[dict]:
     spec = with_defaults({"model": {"path": "/models/llama", "servedName": "llama"},
                           "prefill": {"replicas": 1}, "decode": {"replicas": 2}})
-    out = manifests.shared_objects("demo", "prod", spec, OWNER)
+    out = manifests.shared_objects("demo", "prod", parse(spec), OWNER)
     for role in ("prefill", "decode"):
-        out += manifests.pool_workload("demo", "prod", spec, role, 1, OWNER)
+        out += manifests.pool_workload("demo", "prod", parse(spec), role, 1, OWNER)
     return out
 
 
@@ -87,7 +87,7 @@ def test_the_engine_host_accepts_the_operators_engine_flags():
                           "prefill": {"replicas": 1}, "decode": {"replicas": 1},
                           "kvStore": {"enabled": False}})
     for role in ("prefill", "decode"):
-        argv = manifests.engine_argv("demo", spec, role)
+        argv = manifests.engine_argv("demo", parse(spec), role)
         assert argv[:3] == ["python", "-m", "services.engine"]
         settings = engine_settings(argv[3:])
         assert settings.role == ENGINE_ROLE[role]

@@ -26,7 +26,7 @@ import pytest
 
 from common.mooncake import find_binary
 from operators import manifests
-from operators.spec import with_defaults
+from operators.spec import parse, with_defaults
 from tandem.cli import build_parser
 from tests.helm.chart import REPO, chart, containers, one, render
 
@@ -122,13 +122,13 @@ def test_every_command_the_chart_and_the_operator_run_exists():
     td = one(docs, "TandemDeployment")
     spec = with_defaults(td["spec"])
     owner = manifests.Owner("TandemDeployment", "tandem", "uid")
-    objects = manifests.shared_objects("tandem", "serving", spec, owner)
+    objects = manifests.shared_objects("tandem", "serving", parse(spec), owner)
     for role in ("prefill", "decode"):
-        objects += manifests.pool_workload("tandem", "serving", spec, role, 1, owner)
+        objects += manifests.pool_workload("tandem", "serving", parse(spec), role, 1, owner)
     multi = dict(spec, decode=dict(spec["decode"], nodesPerReplica=2, gpusPerPod=8,
                                    parallelism=dict(spec["decode"]["parallelism"], tensor=8,
                                                     pipeline=2)))
-    objects += manifests.pool_workload("tandem", "serving", multi, "decode", 1, owner)
+    objects += manifests.pool_workload("tandem", "serving", parse(multi), "decode", 1, owner)
     images = {chart().values["images"][k]["repository"] for k in ("tandem", "engine")}
     for obj in objects:
         for c in containers(obj):

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from operators import manifests
-from operators.spec import crd_schema, problems, with_defaults
+from operators.spec import crd_schema, parse, problems, with_defaults
 from tests.helpers import assert_spec_refused
 from tests.kube import schema as crd
 from tests.operators import lws_schema
@@ -31,10 +31,11 @@ def spec(**overrides) -> dict:
 
 
 def everything(s: dict) -> list[dict]:
-    out = manifests.shared_objects("demo", "prod", s, OWNER)
-    out += manifests.engine_pools("demo", "prod", s, OWNER)
+    out = manifests.shared_objects("demo", "prod", parse(s), OWNER)
+    out += manifests.engine_pools("demo", "prod", parse(s), OWNER)
     for role in ("prefill", "decode"):
-        out += manifests.pool_workload("demo", "prod", s, role, s[role]["replicas"], POOL_OWNER)
+        out += manifests.pool_workload("demo", "prod", parse(s), role, s[role]["replicas"],
+                                       POOL_OWNER)
     return out
 
 
@@ -65,7 +66,7 @@ def test_every_object_validates_and_is_owned():
 
 def test_engine_pods_carry_roles_probes_prestop_and_grace():
     s = spec()
-    deploy, service = manifests.pool_workload("demo", "prod", s, "prefill", 2, POOL_OWNER)
+    deploy, service = manifests.pool_workload("demo", "prod", parse(s), "prefill", 2, POOL_OWNER)
     pod = deploy["spec"]["template"]
     assert pod["metadata"]["labels"]["llm-d.ai/role"] == "prefill"
     assert pod["metadata"]["labels"]["tandem.dev/role"] == "prefill"
@@ -83,7 +84,7 @@ def test_engine_pods_carry_roles_probes_prestop_and_grace():
 
 
 def test_kv_store_clients_point_at_the_master_service():
-    objs = manifests.shared_objects("demo", "prod", spec(), OWNER)
+    objs = manifests.shared_objects("demo", "prod", parse(spec()), OWNER)
     ds = next(o for o in objs if o["kind"] == "DaemonSet")
     args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--master_server_address=demo-kvstore-master:51100" in args
@@ -96,8 +97,8 @@ def test_kv_store_clients_point_at_the_master_service():
 def test_multi_node_pools_render_a_leader_worker_set_on_ray():
     s = spec(decode={"replicas": 2, "nodesPerReplica": 2, "gpusPerPod": 8,
                      "parallelism": {"tensor": 8, "pipeline": 2}})
-    assert problems(s) == []
-    lws, _ = manifests.pool_workload("demo", "prod", s, "decode", 2, POOL_OWNER)
+    assert problems(parse(s)) == []
+    lws, _ = manifests.pool_workload("demo", "prod", parse(s), "decode", 2, POOL_OWNER)
     assert lws["kind"] == "LeaderWorkerSet" and lws["spec"]["startupPolicy"] == "LeaderCreated"
     group = lws["spec"]["leaderWorkerTemplate"]
     assert group["size"] == 2
@@ -111,7 +112,7 @@ def test_multi_node_pools_render_a_leader_worker_set_on_ray():
 def multi_node_lws() -> dict:
     s = spec(decode={"replicas": 2, "nodesPerReplica": 2, "gpusPerPod": 8,
                      "parallelism": {"tensor": 8, "pipeline": 2}})
-    return manifests.pool_workload("demo", "prod", s, "decode", 2, POOL_OWNER)[0]
+    return manifests.pool_workload("demo", "prod", parse(s), "decode", 2, POOL_OWNER)[0]
 
 
 def test_the_leader_worker_set_validates_against_the_lws_api():
@@ -182,7 +183,7 @@ def test_the_operator_role_covers_every_kind_it_writes():
 
 
 def _store_clients(s: dict) -> dict:
-    objs = manifests.shared_objects("demo", "prod", s, OWNER)
+    objs = manifests.shared_objects("demo", "prod", parse(s), OWNER)
     return next(o for o in objs if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
 
 
@@ -275,7 +276,7 @@ def test_store_client_asks_for_its_ram_pool():
 def test_engine_pods_get_shared_memory_and_ipc_lock_only_with_rdma(nodes, rdma):
     s = spec(prefill={"replicas": 1, "nodesPerReplica": nodes, "gpusPerPod": 8,
                       "parallelism": {"tensor": 8 * nodes}, "shmSize": "20Gi", "rdma": rdma})
-    workload, _ = manifests.pool_workload("demo", "prod", s, "prefill", 1, POOL_OWNER)
+    workload, _ = manifests.pool_workload("demo", "prod", parse(s), "prefill", 1, POOL_OWNER)
     for template in _pod_templates(workload):
         volumes = {v["name"]: v for v in template["spec"]["volumes"]}
         assert volumes["shm"] == {"name": "shm",
@@ -291,6 +292,6 @@ def test_engine_pods_get_shared_memory_and_ipc_lock_only_with_rdma(nodes, rdma):
 
 def test_given_limits_become_the_requests_kubernetes_would_default():
     s = spec(decode={"resources": {"limits": {"cpu": "8", "memory": "80Gi"}}})
-    deploy, _ = manifests.pool_workload("demo", "prod", s, "decode", 1, POOL_OWNER)
+    deploy, _ = manifests.pool_workload("demo", "prod", parse(s), "decode", 1, POOL_OWNER)
     requests = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert requests == {"cpu": "8", "memory": "80Gi", "nvidia.com/gpu": "1"}

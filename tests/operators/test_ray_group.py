@@ -23,7 +23,7 @@ import pytest
 from bench.ray_group import raylet_healthy, start_group
 from common.model import resolve_model
 from operators import manifests
-from operators.spec import with_defaults
+from operators.spec import parse, with_defaults
 
 OWNER = manifests.Owner("EnginePool", "demo-decode", "uid-pool")
 
@@ -39,7 +39,7 @@ def group_spec(model: str) -> dict:
 
 
 def leader_and_worker(spec: dict) -> tuple[dict, dict]:
-    lws, _ = manifests.pool_workload("demo", "prod", spec, "decode", 1, OWNER)
+    lws, _ = manifests.pool_workload("demo", "prod", parse(spec), "decode", 1, OWNER)
     group = lws["spec"]["leaderWorkerTemplate"]
     return (group["leaderTemplate"]["spec"]["containers"][0],
             group["workerTemplate"]["spec"]["containers"][0])
@@ -72,7 +72,7 @@ def test_the_leaders_engine_hands_vllm_the_ray_executor_and_the_parallelism():
 @pytest.mark.stack
 def test_leader_and_worker_form_a_ray_group_and_the_engine_asks_for_ray(tmp_path):
     spec = group_spec(str(resolve_model(None)))
-    lws, _ = manifests.pool_workload("demo", "prod", spec, "decode", 1, OWNER)
+    lws, _ = manifests.pool_workload("demo", "prod", parse(spec), "decode", 1, OWNER)
     leader, worker = leader_and_worker(spec)
     assert leader["command"] == worker["command"] == ["sh", "-c"]
     # The worker's probes ask its raylet through Ray's agent (the port moves here).

@@ -13,7 +13,7 @@ from operators.planner.loop import LoopState, PoolStatus, TickInputs, on_tick
 from operators.planner.persist import state_from_dict, state_to_dict
 from operators.planner.profiles import profile_configmap
 from operators.planner.solver import Demand
-from operators.spec import problems, with_defaults
+from operators.spec import parse, problems, with_defaults
 from tests.helpers import assert_spec_refused
 from tests.planner.synthetic import ramp_profile
 
@@ -29,41 +29,42 @@ def spec(scaling: dict | None = None, **pools) -> dict:
 
 def test_the_crd_defaults_are_the_loops_defaults():
     s = spec({"mode": "Auto"})["scaling"]
-    settings = scaling.loop_settings(s)
+    settings = scaling.loop_settings(parse(spec({"mode": "Auto"})).scaling)
     assert (settings.up_cooldown_s, settings.down_cooldown_s, settings.down_window_s,
             settings.max_step, settings.history) == (60, 600, 300, 2, 10)
     assert s["headroom"] == 1.2
-    slo = scaling.slo_of({"slo": {"ttftP90Ms": 800, "itlP90Ms": 40}})
+    slo = scaling.slo_of(parse(spec({"slo": {"ttftP90Ms": 800, "itlP90Ms": 40}})).scaling)
     assert slo.ttft_p90_s == 0.8 and slo.interactivity_p90 == pytest.approx(25.0)
 
 
 def test_profiles_load_from_the_configmaps_the_spec_names():
     s = spec({"mode": "Auto", "profiles": {"prefill": "p", "decode": "d"}})
     cms = {"p": profile_configmap(PREFILL, "p"), "d": profile_configmap(DECODE, "d")}
-    found, wrong = scaling.load_profiles(s, cms)
+    found, wrong = scaling.load_profiles(parse(s), cms)
     assert wrong == [] and found == {"prefill": PREFILL, "decode": DECODE}
 
-    found, wrong = scaling.load_profiles(s, {"p": cms["d"], "d": None})
+    found, wrong = scaling.load_profiles(parse(s), {"p": cms["d"], "d": None})
     assert "ConfigMap p holds a decode profile" in wrong[0]
     assert "ConfigMap d (scaling.profiles.decode) does not exist" in wrong[1]
     assert "tandem profile --role decode" in wrong[1]
 
     broken = profile_configmap(DECODE, "d")
     broken["data"]["profile.json"] = "{"
-    _, wrong = scaling.load_profiles(s, {"p": cms["p"], "d": broken})
+    _, wrong = scaling.load_profiles(parse(s), {"p": cms["p"], "d": broken})
     assert "is not JSON" in wrong[0]
 
     # A profile taken on 1 GPU per replica does not size a pool of 2-GPU replicas.
     _, wrong = scaling.load_profiles(
-        spec({"profiles": {"prefill": "p", "decode": "d"}}, decode={"gpusPerPod": 2}), cms)
+        parse(spec({"profiles": {"prefill": "p", "decode": "d"}}, decode={"gpusPerPod": 2})), cms)
     assert "taken with 1 GPU(s) per replica, the decode pool runs 2" in wrong[0]
 
 
 def test_a_replica_that_cannot_hold_the_longest_context_is_refused():
     both = {"prefill": PREFILL, "decode": DECODE}
-    [refused] = scaling.capacity_problems(spec({"slo": {"longestContextTokens": 32_000}}), both)
+    [refused] = scaling.capacity_problems(
+        parse(spec({"slo": {"longestContextTokens": 32_000}})), both)
     assert "prefill pool's profile prefill-a" in refused and "16,000 tokens of KV" in refused
-    assert scaling.capacity_problems(spec(), both) == []
+    assert scaling.capacity_problems(parse(spec()), both) == []
 
 
 # The seed's GLM-5.3 figures (tests/planner/test_capacity.py): MLA, 95 layers,
@@ -79,7 +80,7 @@ def test_the_capacity_check_names_the_overflowing_term_and_the_parallelism_that_
     ramp = {r: ramp_profile(p.name, r, 30.0) for r, p in pools.items()}
     s = spec(long, **{role: {"parallelism": {"tensor": 8}, "gpusPerPod": 8} for role in pools})
     s["model"]["maxModelLen"] = 2**20
-    found = scaling.capacity_problems(s, ramp)
+    found = scaling.capacity_problems(parse(s), ramp)
     assert [f.split(" pool")[0] for f in found] == ["the prefill", "the decode"]
     assert "persistent KV 53.4 GiB per GPU (MLA's latent KV is replicated on every TP rank)" \
         in found[1]
@@ -88,11 +89,11 @@ def test_the_capacity_check_names_the_overflowing_term_and_the_parallelism_that_
         "spec.decode.parallelism (decodeContext is DCP" in found[1]
     # With DCP4 on decode only the prefill pool is left.
     s["decode"]["parallelism"]["decodeContext"] = 4
-    [left] = scaling.capacity_problems(s, ramp)
+    [left] = scaling.capacity_problems(parse(s), ramp)
     assert left.startswith("the prefill pool")
     # A GQA shape without its heads is a problem of its own, not a silent pass.
     s["scaling"]["capacity"] = {**GLM_CAPACITY, "kvKind": "gqa"}
-    assert scaling.capacity_problems(s, ramp)[-1] == \
+    assert scaling.capacity_problems(parse(s), ramp)[-1] == \
         "scaling.capacity.kvKind gqa needs kvHeads and headDim"
 
 
@@ -146,5 +147,5 @@ def test_targets_outside_the_pools_bounds_are_held_and_said():
 def test_scaling_problems_say_what_to_fix_and_the_crd_agrees(change, fragment):
     s = spec(change)
     assert_spec_refused(s, fragment)
-    assert problems(spec({"mode": "Recommend", "profiles": {"prefill": "p", "decode": "d"},
-                          "slo": {"longestContextTokens": 8192}})) == []
+    assert problems(parse(spec({"mode": "Recommend", "profiles": {"prefill": "p", "decode": "d"},
+                                "slo": {"longestContextTokens": 8192}}))) == []

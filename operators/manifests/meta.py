@@ -1,0 +1,95 @@
+"""What every rendered object shares: ports, labels, owner references,
+metadata and resource requests (pure)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from common.kube import (
+    COMPONENT_ENGINE,
+    LABEL_COMPONENT,
+    LABEL_DEPLOYMENT,
+    LABEL_ROLE,
+)
+from operators.spec import API_VERSION, ENGINE_ROLE
+
+Manifest = dict[str, Any]
+
+LABEL_LLMD_ROLE = "llm-d.ai/role"
+MANAGED_BY = "tandem-operator"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+ROUTER_PORT = 8000
+GRPC_PORT = 50061
+METRICS_PORT = 9061
+NIXL_PORT = 5600
+KV_EVENTS_PORT = 5557
+KV_REPLAY_PORT = 5558
+RAY_PORT = 6379
+REDIS_PORT = 6379
+KVSTORE_CONFIG_DIR = "/etc/tandem/kvstore"
+# Seconds a pod keeps serving after it is told to stop, before SIGTERM: the
+# time for EndpointSlice updates to reach every router replica.
+PRESTOP_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose object this is: an ownerReference's fields."""
+
+    kind: str
+    name: str
+    uid: str
+    api_version: str = API_VERSION
+
+    def ref(self) -> dict[str, Any]:
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name,
+                "uid": self.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def labels(td: str, component: str, **extra: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "tandem",
+        "app.kubernetes.io/instance": td,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_COMPONENT: component,
+        LABEL_DEPLOYMENT: td,
+        **extra,
+    }
+
+
+def meta(name: str, namespace: str, owner: Owner, lbls: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": lbls,
+            "ownerReferences": [owner.ref()]}
+
+
+def selector(lbls: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in lbls.items() if k in (LABEL_DEPLOYMENT, LABEL_COMPONENT, LABEL_ROLE)}
+
+
+def pool_name(td: str, role: str) -> str:
+    return f"{td}-{role}"
+
+
+def pool_selector(td: str, role: str) -> dict[str, str]:
+    """The labels that pick one pool's engine pods (Service, EndpointSlices, /scale)."""
+    return {LABEL_DEPLOYMENT: td, LABEL_COMPONENT: COMPONENT_ENGINE, LABEL_ROLE: ENGINE_ROLE[role]}
+
+
+def env_pod_ip() -> list[dict[str, Any]]:
+    return [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+
+
+def with_requests(resources: Mapping[str, Any] | None,
+                  defaults: dict[str, str]) -> dict[str, Any]:
+    """`resources` with a request for each of `defaults`' keys it lacks (its limit
+    where it sets one: what Kubernetes would default the request to)."""
+    out: dict[str, Any] = json.loads(json.dumps(resources or {}))
+    requests = out.setdefault("requests", {})
+    for key, value in defaults.items():
+        requests.setdefault(key, out.get("limits", {}).get(key, value))
+    return out

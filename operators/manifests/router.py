@@ -1,0 +1,114 @@
+"""The router: its Deployment, Service, PodDisruptionBudget, ServiceAccount
+and RoleBinding (it watches EndpointSlices), and an optional Ingress (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.router import DiscoverySettings, RouterCommand, RouterLaunchSettings
+from operators.manifests.meta import (
+    PRESTOP_SECONDS,
+    ROUTER_PORT,
+    Manifest,
+    Owner,
+    labels,
+    meta,
+    selector,
+    with_requests,
+)
+from operators.manifests.redis import redis_url
+from operators.spec import TandemSpec
+
+# Requests when the spec gives none: the scheduler places no pod blind, and a
+# busy node does not starve the router.
+ROUTER_REQUESTS = {"cpu": "1", "memory": "1Gi"}
+
+
+def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> list[Manifest]:
+    router = spec.router
+    lbls = labels(td, "router")
+    url = redis_url(td, spec)
+    command = RouterCommand(
+        RouterLaunchSettings(host="0.0.0.0", port=ROUTER_PORT, model=spec.model.path,
+                             served_model_name=spec.model.served_name or None),
+        DiscoverySettings(discovery="kubernetes", discovery_namespace=namespace,
+                          discovery_deployment=td),
+        # The routing settings sit beside the policies (services/router/routing),
+        # which the operator may not import: the router's parser checks these
+        # (tests/operators/test_service_commands.py).
+        (f"--policy={router.policy}", *([f"--redis-url={url}"] if url else [])))
+    env: list[dict[str, Any]] = []
+    ref = router.api_key_secret_ref
+    if ref is not None:
+        env.append({"name": "TANDEM_ROUTER_API_KEYS", "valueFrom": {
+            "secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    container = {
+        "name": "router",
+        "image": spec.images.router,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": command.argv()[:3],
+        "args": command.argv(joined=True)[3:] + list(router.args or ()),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                           "periodSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                          "periodSeconds": 10, "failureThreshold": 6},
+        # Keep answering while the Service stops sending here, then drain.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "resources": with_requests(router.resources, ROUTER_REQUESTS),
+    }
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": selector(lbls)},
+            "template": {
+                "metadata": {"labels": lbls},
+                "spec": {"serviceAccountName": f"{td}-router", "containers": [container],
+                         "terminationGracePeriodSeconds": 60},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+        "spec": {"selector": selector(lbls),
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }
+    pdb = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(lbls)}},
+    }
+    account = {
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": meta(f"{td}-router", namespace, owner, lbls),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "tandem-router"},
+        "subjects": [{"kind": "ServiceAccount", "name": f"{td}-router",
+                      "namespace": namespace}],
+    }
+    out: list[Manifest] = [account, binding, deployment, service, pdb]
+    ingress = router.ingress
+    if ingress.enabled:
+        rule: dict[str, Any] = {"http": {"paths": [{
+            "path": "/", "pathType": "Prefix",
+            "backend": {"service": {"name": f"{td}-router", "port": {"name": "http"}}}}]}}
+        if ingress.host:
+            rule["host"] = ingress.host
+        ing_spec: dict[str, Any] = {"rules": [rule]}
+        if ingress.class_name:
+            ing_spec["ingressClassName"] = ingress.class_name
+        if ingress.tls_secret_name:
+            ing_spec["tls"] = [{"hosts": [ingress.host], "secretName": ingress.tls_secret_name}]
+        out.append({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                    "metadata": meta(f"{td}-router", namespace, owner, lbls),
+                    "spec": ing_spec})
+    return out
+

@@ -1,0 +1,36 @@
+"""The operator's settings are one object built from its flags and handed to
+the handlers: nothing is read from the environment or registered at import."""
+
+from __future__ import annotations
+
+import kopf
+
+from common.settings import from_arguments
+from operators import handlers
+from operators.__main__ import build_parser
+from operators.settings import OperatorSettings
+
+
+def settings(argv: list[str]) -> OperatorSettings:
+    parsed: OperatorSettings = from_arguments(OperatorSettings, build_parser().parse_args(argv))
+    return parsed
+
+
+def test_the_flags_build_the_settings():
+    s = settings(["--resync-seconds", "5", "-n", "team-*", "--namespace", "prod",
+                  "--kubeconfig", "/k", "--metrics-port", "0"])
+    assert (s.resync_seconds, s.namespaces, s.kubeconfig, s.metrics_port) == (
+        5.0, ["team-*", "prod"], "/k", 0)
+    assert settings([]).scaling_seconds == 15.0 and settings([]).namespaces == []
+
+
+def test_the_handlers_take_their_intervals_from_the_settings_not_the_import():
+    assert handlers  # imported: it must have put nothing in kopf's default registry
+    default = kopf.get_default_registry()
+    assert not any(default._spawning.get_all_handlers())
+    registry = handlers.register(OperatorSettings(resync_seconds=7.0, scaling_seconds=3.0))
+    # kopf's registry has no public listing; its timers are its spawning handlers.
+    timers = {h.id: h.interval for h in registry._spawning.get_all_handlers()}
+    assert timers["resync"] == 7.0 and timers["scaling_tick"] == 3.0
+    indexes = {h.id for h in registry._indexing.get_all_handlers()}
+    assert indexes == {"deployments_by_namespace", "hpas_by_namespace"}
