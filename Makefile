@@ -18,7 +18,7 @@ help:
 	@echo "make test   set up everything and run the whole test suite"
 	@echo "make bench  small agentic replay, aggregated vs P/D (about 10 min); bench-all: every benchmark"
 	@echo "           (the benchmarks run from this checkout: python -m bench --help)"
-	@echo "make lint   ruff, mypy --strict on the pure cores, the import-direction test, the docs"
+	@echo "make lint   ruff (checks and format), mypy --strict, the import-direction test, the docs"
 	@echo "make docs   build the docs site (docs/, MkDocs) into site/, failing on a broken link"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 	@echo "make images build the container images the Helm chart runs (needs docker or podman)"
@@ -90,6 +90,7 @@ test-unit: setup kubectl
 # Static checks, configured in pyproject.toml (seconds; CI runs them first).
 lint: $(STAMP) proto
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py
 	$(MAKE) docs
@@ -99,8 +100,8 @@ lint: $(STAMP) proto
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
-# Formats the whole tree (ruff format, then import order); run it on its own
-# commit, not mixed with changes.
+# Formats the whole tree (ruff format, then import order); `make lint` fails
+# on a file it would change.
 format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --select I --fix .

@@ -46,17 +46,31 @@ class EngineClient:
 
     def prefill(self, token_ids: list[int], timeout: float = 300) -> tuple[str, int, float]:
         start = time.perf_counter()
-        resp = self.stub.Prefill(pb.PrefillRequest(
-            request_id=f"p-{uuid.uuid4().hex[:12]}", token_ids=token_ids,
-            sampling_params=self._sampling(1)), timeout=timeout)
+        resp = self.stub.Prefill(
+            pb.PrefillRequest(
+                request_id=f"p-{uuid.uuid4().hex[:12]}",
+                token_ids=token_ids,
+                sampling_params=self._sampling(1),
+            ),
+            timeout=timeout,
+        )
         return resp.kv_transfer_params_json, resp.cached_tokens, time.perf_counter() - start
 
-    def generate(self, token_ids: list[int], max_tokens: int = 8, kv_params: str = "",
-                 cache_salt: str | None = None, timeout: float = 300) -> Result:
+    def generate(
+        self,
+        token_ids: list[int],
+        max_tokens: int = 8,
+        kv_params: str = "",
+        cache_salt: str | None = None,
+        timeout: float = 300,
+    ) -> Result:
         start = time.perf_counter()
-        req = pb.GenerateRequest(request_id=f"g-{uuid.uuid4().hex[:12]}", token_ids=token_ids,
-                                 sampling_params=self._sampling(max_tokens),
-                                 kv_transfer_params_json=kv_params)
+        req = pb.GenerateRequest(
+            request_id=f"g-{uuid.uuid4().hex[:12]}",
+            token_ids=token_ids,
+            sampling_params=self._sampling(max_tokens),
+            kv_transfer_params_json=kv_params,
+        )
         if cache_salt:
             req.cache_salt = cache_salt
         out: list[int] = []
@@ -71,8 +85,13 @@ class EngineClient:
             if msg.HasField("usage"):
                 usage = msg.usage
         assert usage is not None, "Generate ended without usage"
-        return Result(out, text, usage.prompt_tokens, usage.cached_tokens,
-                      first if first is not None else time.perf_counter() - start)
+        return Result(
+            out,
+            text,
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            first if first is not None else time.perf_counter() - start,
+        )
 
     def metrics(self) -> dict[str, float]:
         """Sum of each sample over labels, plus label-qualified keys for sources."""
@@ -90,9 +109,26 @@ class EngineClient:
 
 def long_prompt(tokenizer, n_tokens: int, seed: int) -> list[int]:
     """A deterministic prompt of about ``n_tokens`` tokens, distinct per seed."""
-    words = ["alpha", "beta", "gamma", "delta", "tool", "result", "file", "line", "error",
-             "value", "session", "agent", "return", "config", "table", "index"]
-    text = f"Session {seed}. " + " ".join(words[(i * 7 + seed * 13 + i // 5) % len(words)]
-                                         for i in range(n_tokens))
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "tool",
+        "result",
+        "file",
+        "line",
+        "error",
+        "value",
+        "session",
+        "agent",
+        "return",
+        "config",
+        "table",
+        "index",
+    ]
+    text = f"Session {seed}. " + " ".join(
+        words[(i * 7 + seed * 13 + i // 5) % len(words)] for i in range(n_tokens)
+    )
     ids = tokenizer(text)["input_ids"]
     return ids[:n_tokens]

@@ -45,6 +45,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 # -- CPU ------------------------------------------------------------------------------
 
+
 def cpu_busy_seconds(cpus: list[int]) -> dict[int, float]:
     """Seconds each CPU spent busy (anything but idle and iowait) since boot,
     from /proc/stat: whatever ran there, the benchmark's processes or not."""
@@ -62,6 +63,7 @@ def cpu_busy_seconds(cpus: list[int]) -> dict[int, float]:
 
 
 # -- Redis ----------------------------------------------------------------------------
+
 
 class RedisServer:
     """A real ``redis-server`` on a loopback port (``make apt`` installs it),
@@ -83,21 +85,38 @@ class RedisServer:
     def start(self, timeout_s: float = 10.0) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server is not installed (make apt, or "
-                               "apt-get install -y redis-server)")
+            raise RuntimeError(
+                "redis-server is not installed (make apt, or apt-get install -y redis-server)"
+            )
         self.proc, self._popen = launch(
-            "redis", [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                      "--appendonly", "no"], self.log, append=True)
+            "redis",
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            self.log,
+            append=True,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._popen.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self._popen.returncode} on port "
-                                   f"{self.port} (log: {self.log})")
+                raise RuntimeError(
+                    f"redis-server exited with {self._popen.returncode} on port "
+                    f"{self.port} (log: {self.log})"
+                )
             if self.ping():
                 return
             time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not answer PING on port {self.port} "
-                           f"(log: {self.log})")
+        raise RuntimeError(
+            f"redis-server did not answer PING on port {self.port} (log: {self.log})"
+        )
 
     def ping(self) -> bool:
         try:

@@ -59,8 +59,12 @@ def cpu_cache(blocks: int, layers: int = LAYERS) -> list[torch.Tensor]:
     """Per-layer views over one allocation, as vLLM 0.32 lays out the CPU cache."""
     page = HEADS * BLOCK_SIZE * 2 * HEAD_SIZE
     raw = torch.rand(layers * blocks * page)
-    return [raw[i * blocks * page:(i + 1) * blocks * page]
-            .view(blocks, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE) for i in range(layers)]
+    return [
+        raw[i * blocks * page : (i + 1) * blocks * page].view(
+            blocks, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE
+        )
+        for i in range(layers)
+    ]
 
 
 def kernel_cases(blocks: int, tokens: int, ranks: int, queries: int) -> list[Case]:
@@ -73,8 +77,10 @@ def kernel_cases(blocks: int, tokens: int, ranks: int, queries: int) -> list[Cas
     full = cpu_backend_token_view(torch.rand(token_blocks, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE))
     table = torch.randperm(token_blocks)
     per_rank = -(-max(shard_lengths(tokens, ranks)) // BLOCK_SIZE)
-    shards = [cpu_backend_token_view(torch.zeros(per_rank, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE))
-              for _ in range(ranks)]
+    shards = [
+        cpu_backend_token_view(torch.zeros(per_rank, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE))
+        for _ in range(ranks)
+    ]
     shard_table = torch.randperm(per_rank)
     token_bytes = tokens * 2 * HEADS * HEAD_SIZE * 4
 
@@ -85,20 +91,41 @@ def kernel_cases(blocks: int, tokens: int, ranks: int, queries: int) -> list[Cas
     merge_written = queries * query_heads * (HEAD_SIZE + 1) * 4
 
     return [
-        Case("pack_blocks", f"{blocks} blocks x {LAYERS} layers, {payload >> 20} MiB",
-             lambda: pack_blocks(layers, ids, out=rows, backend="torch"), payload, payload),
-        Case("unpack_blocks", f"{blocks} blocks x {LAYERS} layers, {payload >> 20} MiB",
-             lambda: unpack_blocks(rows, layers, ids, backend="torch"), payload, payload),
-        Case("shard_tokens", f"{tokens} tokens -> {ranks} ranks, {token_bytes >> 20} MiB",
-             lambda: shard_tokens(full, table, tokens, shards, shard_table, backend="torch"),
-             token_bytes, token_bytes),
-        Case("reassemble_shards", f"{ranks} ranks -> {tokens} tokens, {token_bytes >> 20} MiB",
-             lambda: reassemble_shards(shards, shard_table, tokens, full, table,
-                                       backend="torch"), token_bytes, token_bytes),
-        Case("merge_partial_attention",
-             f"{ranks} x {queries} tokens x {query_heads} heads, {merge_read >> 20} MiB in",
-             lambda: merge_partial_attention(outputs, lses, backend="torch"),
-             merge_read, merge_written),
+        Case(
+            "pack_blocks",
+            f"{blocks} blocks x {LAYERS} layers, {payload >> 20} MiB",
+            lambda: pack_blocks(layers, ids, out=rows, backend="torch"),
+            payload,
+            payload,
+        ),
+        Case(
+            "unpack_blocks",
+            f"{blocks} blocks x {LAYERS} layers, {payload >> 20} MiB",
+            lambda: unpack_blocks(rows, layers, ids, backend="torch"),
+            payload,
+            payload,
+        ),
+        Case(
+            "shard_tokens",
+            f"{tokens} tokens -> {ranks} ranks, {token_bytes >> 20} MiB",
+            lambda: shard_tokens(full, table, tokens, shards, shard_table, backend="torch"),
+            token_bytes,
+            token_bytes,
+        ),
+        Case(
+            "reassemble_shards",
+            f"{ranks} ranks -> {tokens} tokens, {token_bytes >> 20} MiB",
+            lambda: reassemble_shards(shards, shard_table, tokens, full, table, backend="torch"),
+            token_bytes,
+            token_bytes,
+        ),
+        Case(
+            "merge_partial_attention",
+            f"{ranks} x {queries} tokens x {query_heads} heads, {merge_read >> 20} MiB in",
+            lambda: merge_partial_attention(outputs, lses, backend="torch"),
+            merge_read,
+            merge_written,
+        ),
     ]
 
 
@@ -123,21 +150,29 @@ def bench_kernels(rounds: int, blocks: int, tokens: int, ranks: int, queries: in
             kernel_s.append(timed(case.run)[0])
         kernel_gbps = (case.bytes_read + case.bytes_written) / statistics.median(kernel_s) / 1e9
         copy_gbps = copy_traffic / statistics.median(copy_s) / 1e9
-        results.append({"kernel": case.name, "shape": case.shape,
-                        "ms": statistics.median(kernel_s) * 1e3,
-                        "gbps": kernel_gbps, "memcpy_gbps": copy_gbps,
-                        "ratio": kernel_gbps / copy_gbps})
+        results.append(
+            {
+                "kernel": case.name,
+                "shape": case.shape,
+                "ms": statistics.median(kernel_s) * 1e3,
+                "gbps": kernel_gbps,
+                "memcpy_gbps": copy_gbps,
+                "ratio": kernel_gbps / copy_gbps,
+            }
+        )
     return results
 
 
 # -- 2. store put/get per block ------------------------------------------------
 
+
 def start_store(tmp: Path, pool_size: str):
     from common.ports import free_ports
     from services.kvstore.api import store_launch, wait_ready
 
-    launch = store_launch(tmp / "kvstore", ports=free_ports(6),
-                          pool_size=pool_size, enable_disk=False)
+    launch = store_launch(
+        tmp / "kvstore", ports=free_ports(6), pool_size=pool_size, enable_disk=False
+    )
     with open(tmp / "kvstore.log", "wb") as log:
         proc = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT)
     wait_ready(launch.health_url, 180, alive=lambda: proc.poll() is None)
@@ -163,8 +198,10 @@ def bench_store(rounds: int, batches: list[int], staging: int) -> dict:
         store = MooncakeDistributedStore()
         try:
             s = launch.settings
-            if store.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "",
-                           s.master_address) != 0:
+            if (
+                store.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "", s.master_address)
+                != 0
+            ):
                 raise RuntimeError("Mooncake requester setup failed")
             for cache in (layers, targets):  # vLLM registers the cache's storage
                 storage = cache[0].untyped_storage()
@@ -172,12 +209,15 @@ def bench_store(rounds: int, batches: list[int], staging: int) -> dict:
                     raise RuntimeError("register_buffer failed for the KV cache")
             layouts = []
             for cache in (layers, targets):
-                layout = RankLocalStoreLayout(KeyMetadata("bench", 0, 0, 0, 0), BLOCK_SIZE,
-                                              BLOCK_SIZE)
+                layout = RankLocalStoreLayout(
+                    KeyMetadata("bench", 0, 0, 0, 0), BLOCK_SIZE, BLOCK_SIZE
+                )
                 layout.register_kv_caches(cache, blocks)
                 layouts.append(layout)
-            packers = [BlockPacker.for_regions(c, lay.kv_caches_base_addr, lay.block_len)
-                       for c, lay in zip((layers, targets), layouts)]
+            packers = [
+                BlockPacker.for_regions(c, lay.kv_caches_base_addr, lay.block_len)
+                for c, lay in zip((layers, targets), layouts)
+            ]
             writer = PackingStore(store, packers[0], staging)
             reader = PackingStore(store, packers[1], staging)
             config = ReplicateConfig()
@@ -189,14 +229,15 @@ def bench_store(rounds: int, batches: list[int], staging: int) -> dict:
                 dst = [layouts[1].prepare_value_for_block(b) for b in dst_ids]
                 addrs, sizes = [a for a, _ in src], [z for _, z in src]
                 taddrs, tsizes = [a for a, _ in dst], [z for _, z in dst]
-                times: dict[str, list[float]] = {k: [] for k in
-                                                  ("put_layers", "put_packed", "get_layers",
-                                                   "get_packed")}
+                times: dict[str, list[float]] = {
+                    k: [] for k in ("put_layers", "put_packed", "get_layers", "get_packed")
+                }
                 for r in range(rounds + 1):  # round 0 warms up
                     for mode, client in (("layers", store), ("packed", writer)):
                         keys = [f"{mode}-{batch}-{r}-{i}" for i in range(batch)]
-                        t, put = timed(client.batch_put_from_multi_buffers, keys, addrs, sizes,
-                                       config)
+                        t, put = timed(
+                            client.batch_put_from_multi_buffers, keys, addrs, sizes, config
+                        )
                         getter = store if mode == "layers" else reader
                         g, got = timed(getter.batch_get_into_multi_buffers, keys, taddrs, tsizes)
                         _ok(put, 0)
@@ -208,13 +249,21 @@ def bench_store(rounds: int, batches: list[int], staging: int) -> dict:
                             times[f"get_{mode}"].append(g)
                         store.batch_remove(keys, True)  # free the pool (reads lease them)
                 per_block = {k: statistics.median(v) / batch * 1e3 for k, v in times.items()}
-                rows.append({"blocks_per_call": batch, **{f"{k}_ms": v for k, v in
-                                                          per_block.items()},
-                             "put_ratio": per_block["put_layers"] / per_block["put_packed"],
-                             "get_ratio": per_block["get_layers"] / per_block["get_packed"]})
-            return {"block_bytes": row_bytes, "descriptors_per_block_layers": len(layers),
-                    "descriptors_per_block_packed": 1, "rows": rows,
-                    "rows_per_store_call": writer.rows_per_call}
+                rows.append(
+                    {
+                        "blocks_per_call": batch,
+                        **{f"{k}_ms": v for k, v in per_block.items()},
+                        "put_ratio": per_block["put_layers"] / per_block["put_packed"],
+                        "get_ratio": per_block["get_layers"] / per_block["get_packed"],
+                    }
+                )
+            return {
+                "block_bytes": row_bytes,
+                "descriptors_per_block_layers": len(layers),
+                "descriptors_per_block_packed": 1,
+                "rows": rows,
+                "rows_per_store_call": writer.rows_per_call,
+            }
         finally:
             store.close()
             proc.send_signal(signal.SIGTERM)
@@ -226,8 +275,9 @@ def _ok(results: list[int], expected: int) -> None:
         raise RuntimeError(f"store call failed: {sorted(set(results))}")
 
 
-def _check_loaded(src: list[torch.Tensor], src_ids: list[int], dst: list[torch.Tensor],
-                  dst_ids: list[int]) -> None:
+def _check_loaded(
+    src: list[torch.Tensor], src_ids: list[int], dst: list[torch.Tensor], dst_ids: list[int]
+) -> None:
     for a, b in zip(src, dst):
         if not torch.equal(a[src_ids], b[dst_ids]):
             raise RuntimeError("a block read back differs from the block written")
@@ -236,48 +286,69 @@ def _check_loaded(src: list[torch.Tensor], src_ids: list[int], dst: list[torch.T
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds per figure")
-    parser.add_argument("--blocks", type=int, default=12,
-                        help="blocks per pack/unpack call (12 = a 1.5K-token prompt)")
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=12,
+        help="blocks per pack/unpack call (12 = a 1.5K-token prompt)",
+    )
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per DCP call")
     parser.add_argument("--ranks", type=int, default=4, help="DCP ranks")
     parser.add_argument("--queries", type=int, default=8192, help="tokens per merge call")
-    parser.add_argument("--store-batches", default="1,4,12",
-                        help="blocks per store call, comma-separated")
-    parser.add_argument("--staging-size", default="128MB",
-                        help="packing staging buffer (the store's --pack-staging-size)")
+    parser.add_argument(
+        "--store-batches", default="1,4,12", help="blocks per store call, comma-separated"
+    )
+    parser.add_argument(
+        "--staging-size",
+        default="128MB",
+        help="packing staging buffer (the store's --pack-staging-size)",
+    )
     parser.add_argument("--skip-store", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     from services.kvstore.settings import parse_size
 
-    report: dict = {"threads": torch.get_num_threads(),
-                    "kernels": bench_kernels(args.rounds, args.blocks, args.tokens, args.ranks,
-                                             args.queries)}
+    report: dict = {
+        "threads": torch.get_num_threads(),
+        "kernels": bench_kernels(args.rounds, args.blocks, args.tokens, args.ranks, args.queries),
+    }
     if not args.skip_store:
-        report["store"] = bench_store(args.rounds, [int(b) for b in
-                                                    args.store_batches.split(",")],
-                                      parse_size(args.staging_size))
+        report["store"] = bench_store(
+            args.rounds,
+            [int(b) for b in args.store_batches.split(",")],
+            parse_size(args.staging_size),
+        )
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"Kernels, CPU path, {report['threads']} torch threads "
-          "(GB/s = bytes read + written per second; memcpy the same way):")
+    print(
+        f"Kernels, CPU path, {report['threads']} torch threads "
+        "(GB/s = bytes read + written per second; memcpy the same way):"
+    )
     print(f"  {'kernel':<24} {'ms':>8} {'GB/s':>7} {'memcpy':>7} {'ratio':>6}  shape")
     for k in report["kernels"]:
-        print(f"  {k['kernel']:<24} {k['ms']:8.2f} {k['gbps']:7.2f} {k['memcpy_gbps']:7.2f} "
-              f"{k['ratio']:6.2f}  {k['shape']}")
+        print(
+            f"  {k['kernel']:<24} {k['ms']:8.2f} {k['gbps']:7.2f} {k['memcpy_gbps']:7.2f} "
+            f"{k['ratio']:6.2f}  {k['shape']}"
+        )
     if "store" in report:
         st = report["store"]
-        print(f"\nKV store put/get per block ({st['block_bytes'] / (1 << 20):.2f} MiB blocks; "
-              f"descriptors per block: {st['descriptors_per_block_layers']} per layer, "
-              f"{st['descriptors_per_block_packed']} packed):")
-        print(f"  {'blocks/call':>11} {'put layers':>11} {'put packed':>11} {'ratio':>6} "
-              f"{'get layers':>11} {'get packed':>11} {'ratio':>6}   (ms per block)")
+        print(
+            f"\nKV store put/get per block ({st['block_bytes'] / (1 << 20):.2f} MiB blocks; "
+            f"descriptors per block: {st['descriptors_per_block_layers']} per layer, "
+            f"{st['descriptors_per_block_packed']} packed):"
+        )
+        print(
+            f"  {'blocks/call':>11} {'put layers':>11} {'put packed':>11} {'ratio':>6} "
+            f"{'get layers':>11} {'get packed':>11} {'ratio':>6}   (ms per block)"
+        )
         for row in st["rows"]:
-            print(f"  {row['blocks_per_call']:>11} {row['put_layers_ms']:11.2f} "
-                  f"{row['put_packed_ms']:11.2f} {row['put_ratio']:6.2f} "
-                  f"{row['get_layers_ms']:11.2f} {row['get_packed_ms']:11.2f} "
-                  f"{row['get_ratio']:6.2f}")
+            print(
+                f"  {row['blocks_per_call']:>11} {row['put_layers_ms']:11.2f} "
+                f"{row['put_packed_ms']:11.2f} {row['put_ratio']:6.2f} "
+                f"{row['get_layers_ms']:11.2f} {row['get_packed_ms']:11.2f} "
+                f"{row['get_ratio']:6.2f}"
+            )
         print("  ratio = per-layer time / packed time (above 1: packing is faster)")
     return 0
 

@@ -67,9 +67,12 @@ def nhd_cache(blocks: int) -> list[torch.Tensor]:
     """Per-layer [B, H, N, 2*head] views, token-major inside a page (LBNHC)."""
     page = BLOCK_SIZE * KV_HEADS * 2 * HEAD_SIZE
     raw = torch.empty(LAYERS * blocks * page, dtype=DTYPE, device="cuda").normal_()
-    return [raw[i * blocks * page:(i + 1) * blocks * page]
-            .view(blocks, BLOCK_SIZE, KV_HEADS, 2 * HEAD_SIZE).permute(0, 2, 1, 3)
-            for i in range(LAYERS)]
+    return [
+        raw[i * blocks * page : (i + 1) * blocks * page]
+        .view(blocks, BLOCK_SIZE, KV_HEADS, 2 * HEAD_SIZE)
+        .permute(0, 2, 1, 3)
+        for i in range(LAYERS)
+    ]
 
 
 def token_view(blocks: int, block_size: int) -> torch.Tensor:
@@ -95,12 +98,25 @@ def case_packing(scale: float, rounds: int) -> list[dict]:
     out = []
     for backend in ("triton", "torch"):
         ms = gpu_time_ms(lambda b=backend: pack_blocks(layers, ids, out=rows, backend=b), rounds)
-        out.append({"kernel": "pack_blocks", "backend": backend, "shape": shape, "ms": ms,
-                    "gbps": traffic / ms / 1e6})
-        ms = gpu_time_ms(lambda b=backend: unpack_blocks(rows, restored, ids, backend=b),
-                         rounds)
-        out.append({"kernel": "unpack_blocks", "backend": backend, "shape": shape, "ms": ms,
-                    "gbps": traffic / ms / 1e6})
+        out.append(
+            {
+                "kernel": "pack_blocks",
+                "backend": backend,
+                "shape": shape,
+                "ms": ms,
+                "gbps": traffic / ms / 1e6,
+            }
+        )
+        ms = gpu_time_ms(lambda b=backend: unpack_blocks(rows, restored, ids, backend=b), rounds)
+        out.append(
+            {
+                "kernel": "unpack_blocks",
+                "backend": backend,
+                "shape": shape,
+                "ms": ms,
+                "gbps": traffic / ms / 1e6,
+            }
+        )
     return out
 
 
@@ -125,14 +141,34 @@ def case_dcp(scale: float, rounds: int) -> list[dict]:
     shape = f"{tokens} tokens, {ranks} ranks, {nbytes >> 20} MiB"
     out = []
     for backend in ("triton", "torch"):
-        ms = gpu_time_ms(lambda b=backend: shard_tokens(full, table, tokens, shards,
-                                                        shard_table, backend=b), rounds)
-        out.append({"kernel": "shard_tokens", "backend": backend, "shape": shape, "ms": ms,
-                    "gbps": 2 * nbytes / ms / 1e6})
-        ms = gpu_time_ms(lambda b=backend: reassemble_shards(shards, shard_table, tokens,
-                                                             rebuilt, table, backend=b), rounds)
-        out.append({"kernel": "reassemble_shards", "backend": backend, "shape": shape,
-                    "ms": ms, "gbps": 2 * nbytes / ms / 1e6})
+        ms = gpu_time_ms(
+            lambda b=backend: shard_tokens(full, table, tokens, shards, shard_table, backend=b),
+            rounds,
+        )
+        out.append(
+            {
+                "kernel": "shard_tokens",
+                "backend": backend,
+                "shape": shape,
+                "ms": ms,
+                "gbps": 2 * nbytes / ms / 1e6,
+            }
+        )
+        ms = gpu_time_ms(
+            lambda b=backend: reassemble_shards(
+                shards, shard_table, tokens, rebuilt, table, backend=b
+            ),
+            rounds,
+        )
+        out.append(
+            {
+                "kernel": "reassemble_shards",
+                "backend": backend,
+                "shape": shape,
+                "ms": ms,
+                "gbps": 2 * nbytes / ms / 1e6,
+            }
+        )
     return out
 
 
@@ -145,15 +181,27 @@ def case_merge(scale: float, rounds: int) -> list[dict]:
     theirs, their_lse = merge_partial_attention(outputs, lses, backend="torch")
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(our_lse, their_lse, rtol=1e-5, atol=1e-5)
-    traffic = (outputs.numel() * outputs.element_size() + lses.numel() * 4
-               + ours.numel() * ours.element_size() + our_lse.numel() * 4)
+    traffic = (
+        outputs.numel() * outputs.element_size()
+        + lses.numel() * 4
+        + ours.numel() * ours.element_size()
+        + our_lse.numel() * 4
+    )
     shape = f"{ranks} ranks x {tokens} tokens x {heads} heads x {HEAD_SIZE}"
     out = []
     for backend in ("triton", "torch"):
-        ms = gpu_time_ms(lambda b=backend: merge_partial_attention(outputs, lses, backend=b),
-                         rounds)
-        out.append({"kernel": "merge_partial_attention", "backend": backend, "shape": shape,
-                    "ms": ms, "gbps": traffic / ms / 1e6})
+        ms = gpu_time_ms(
+            lambda b=backend: merge_partial_attention(outputs, lses, backend=b), rounds
+        )
+        out.append(
+            {
+                "kernel": "merge_partial_attention",
+                "backend": backend,
+                "shape": shape,
+                "ms": ms,
+                "gbps": traffic / ms / 1e6,
+            }
+        )
     return out
 
 
@@ -164,11 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        parser.error("no CUDA device: this benchmark needs a GPU (bench/kernels_bench.py is "
-                     "the CPU one)")
+        parser.error(
+            "no CUDA device: this benchmark needs a GPU (bench/kernels_bench.py is the CPU one)"
+        )
     memcpy = copy_gbps(1 << 30, args.rounds)
-    results = [*case_packing(args.scale, args.rounds), *case_dcp(args.scale, args.rounds),
-               *case_merge(args.scale, args.rounds)]
+    results = [
+        *case_packing(args.scale, args.rounds),
+        *case_dcp(args.scale, args.rounds),
+        *case_merge(args.scale, args.rounds),
+    ]
     for row in results:
         row["ratio"] = row["gbps"] / memcpy
     report = {"device": torch.cuda.get_device_name(), "memcpy_gbps": memcpy, "kernels": results}
@@ -178,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['device']}: device copy {memcpy:.0f} GB/s (1 GiB, read + written)")
     print(f"  {'kernel':<24} {'backend':<7} {'ms':>8} {'GB/s':>8} {'ratio':>6}  shape")
     for row in results:
-        print(f"  {row['kernel']:<24} {row['backend']:<7} {row['ms']:8.3f} {row['gbps']:8.0f} "
-              f"{row['ratio']:6.2f}  {row['shape']}")
+        print(
+            f"  {row['kernel']:<24} {row['backend']:<7} {row['ms']:8.3f} {row['gbps']:8.0f} "
+            f"{row['ratio']:6.2f}  {row['shape']}"
+        )
     return 0
 
 

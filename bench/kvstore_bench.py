@@ -36,14 +36,14 @@ STOP_GRACE_S = 60.0
 def start_store(procs: Processes, state: Path, pool_size: str):
     from services.kvstore.api import store_launch, wait_ready
 
-    launch = store_launch(state, ports=free_ports(6), pool_size=pool_size,
-                          lease_ttl_ms=500)
+    launch = store_launch(state, ports=free_ports(6), pool_size=pool_size, lease_ttl_ms=500)
     proc, popen = procs.launch(state.name, launch.argv, env=launch.env)
     wait_ready(launch.health_url, 180, alive=lambda: popen.poll() is None)
     return launch, proc
 
 
 # -- 1. bandwidth -------------------------------------------------------------
+
 
 def memcpy_gbps(size: int, repeat: int) -> float:
     import numpy as np
@@ -95,16 +95,35 @@ def store_gbps(launch, object_size: int, count: int) -> tuple[float, float]:
 
 # -- 2. multi-turn replay -------------------------------------------------------
 
-def start_engine(procs: Processes, role: str, cpu: int | None, name: str,
-                 store_flags: list[str]):
+
+def start_engine(procs: Processes, role: str, cpu: int | None, name: str, store_flags: list[str]):
     grpc_port, metrics_port, nixl_port = free_ports(3)
     from services.stack import engine_env
 
     env = engine_env(1, cpu)
-    proc, popen = procs.launch(name, [
-        sys.executable, "-m", "services.engine", "--role", role, "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port), "--nixl-port", str(nixl_port), "--dtype",
-        "float32", "--enforce-eager", "--max-model-len", "4096", *store_flags], env=env)
+    proc, popen = procs.launch(
+        name,
+        [
+            sys.executable,
+            "-m",
+            "services.engine",
+            "--role",
+            role,
+            "--grpc-port",
+            str(grpc_port),
+            "--metrics-port",
+            str(metrics_port),
+            "--nixl-port",
+            str(nixl_port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            "4096",
+            *store_flags,
+        ],
+        env=env,
+    )
     client = EngineClient(grpc_port, metrics_port)
     deadline = time.monotonic() + 900
     while True:
@@ -119,13 +138,14 @@ def start_engine(procs: Processes, role: str, cpu: int | None, name: str,
     return proc, client
 
 
-def replay(clients, tokenizer, sessions: int, turns: int, first_tokens: int,
-           turn_tokens: int) -> dict:
+def replay(
+    clients, tokenizer, sessions: int, turns: int, first_tokens: int, turn_tokens: int
+) -> dict:
     ttfts, prompt_total, cached_total = [], 0, 0
     contexts = {s: long_prompt(tokenizer, first_tokens, seed=1000 + s) for s in range(sessions)}
     for t in range(turns):
         for s in range(sessions):
-            engine = clients[(s + t) % len(clients)]   # every turn on the other engine
+            engine = clients[(s + t) % len(clients)]  # every turn on the other engine
             ids = contexts[s]
             r = engine.generate(ids, max_tokens=8)
             ttfts.append(r.seconds)
@@ -134,8 +154,12 @@ def replay(clients, tokenizer, sessions: int, turns: int, first_tokens: int,
                 cached_total += r.cached_tokens
             tool_result = long_prompt(tokenizer, turn_tokens, seed=5000 + s * 100 + t)
             contexts[s] = ids + r.token_ids + tool_result
-    return {"hit_rate": cached_total / max(prompt_total, 1), "ttft_p50": percentile(ttfts, 50),
-            "ttft_p90": percentile(ttfts, 90), "requests": len(ttfts)}
+    return {
+        "hit_rate": cached_total / max(prompt_total, 1),
+        "ttft_p50": percentile(ttfts, 50),
+        "ttft_p90": percentile(ttfts, 90),
+        "requests": len(ttfts),
+    }
 
 
 def run_replay(args, procs: Processes, store_flags: list[str], label: str) -> dict:
@@ -149,8 +173,14 @@ def run_replay(args, procs: Processes, store_flags: list[str], label: str) -> di
     try:
         for i, core in enumerate(engine_cores(2)):
             engines.append(start_engine(procs, "both", core, f"{label}-{i}", store_flags))
-        return replay([c for _, c in engines], tokenizer, args.sessions, args.turns,
-                      args.first_tokens, args.turn_tokens)
+        return replay(
+            [c for _, c in engines],
+            tokenizer,
+            args.sessions,
+            args.turns,
+            args.first_tokens,
+            args.turn_tokens,
+        )
     finally:
         for proc, client in engines:
             client.close()
@@ -179,18 +209,23 @@ def main(argv: list[str] | None = None) -> int:
             size = parse_size(args.object_size)
             put, get = store_gbps(launch, size, args.objects)
             mem = memcpy_gbps(size * args.objects, 5)
-            report["bandwidth"] = {"object_bytes": size, "objects": args.objects,
-                                   "store_put_gbps": round(put, 2),
-                                   "store_get_gbps": round(get, 2),
-                                   "memcpy_gbps": round(mem, 2),
-                                   "put_over_memcpy": round(put / mem, 3),
-                                   "get_over_memcpy": round(get / mem, 3)}
+            report["bandwidth"] = {
+                "object_bytes": size,
+                "objects": args.objects,
+                "store_put_gbps": round(put, 2),
+                "store_get_gbps": round(get, 2),
+                "memcpy_gbps": round(mem, 2),
+                "put_over_memcpy": round(put / mem, 3),
+                "get_over_memcpy": round(get / mem, 3),
+            }
             if not args.skip_replay:
                 without = run_replay(args, procs, [], "nostore")
                 with_store = run_replay(args, procs, launch.engine_flags, "store")
                 report["replay"] = {
-                    "sessions": args.sessions, "turns": args.turns,
-                    "without_store": without, "with_store": with_store,
+                    "sessions": args.sessions,
+                    "turns": args.turns,
+                    "without_store": without,
+                    "with_store": with_store,
                     "hit_rate_gain": round(with_store["hit_rate"] - without["hit_rate"], 3),
                     "ttft_p50_ratio": round(without["ttft_p50"] / with_store["ttft_p50"], 2),
                     "ttft_p90_ratio": round(without["ttft_p90"] / with_store["ttft_p90"], 2),
@@ -201,17 +236,23 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report))
     else:
         b = report["bandwidth"]
-        print(f"store put {b['store_put_gbps']} GB/s, get {b['store_get_gbps']} GB/s, "
-              f"memcpy {b['memcpy_gbps']} GB/s (put {b['put_over_memcpy']}x, get "
-              f"{b['get_over_memcpy']}x of memcpy), {b['objects']} x {b['object_bytes']} B")
+        print(
+            f"store put {b['store_put_gbps']} GB/s, get {b['store_get_gbps']} GB/s, "
+            f"memcpy {b['memcpy_gbps']} GB/s (put {b['put_over_memcpy']}x, get "
+            f"{b['get_over_memcpy']}x of memcpy), {b['objects']} x {b['object_bytes']} B"
+        )
         if "replay" in report:
             r = report["replay"]
             for k in ("without_store", "with_store"):
                 v = r[k]
-                print(f"{k:14s} hit rate {v['hit_rate']:.1%}  TTFT p50 {v['ttft_p50']:.2f}s "
-                      f"p90 {v['ttft_p90']:.2f}s  ({v['requests']} requests)")
-            print(f"TTFT ratio (without/with store): p50 {r['ttft_p50_ratio']}x, "
-                  f"p90 {r['ttft_p90_ratio']}x; hit rate +{r['hit_rate_gain']:.1%}")
+                print(
+                    f"{k:14s} hit rate {v['hit_rate']:.1%}  TTFT p50 {v['ttft_p50']:.2f}s "
+                    f"p90 {v['ttft_p90']:.2f}s  ({v['requests']} requests)"
+                )
+            print(
+                f"TTFT ratio (without/with store): p50 {r['ttft_p50_ratio']}x, "
+                f"p90 {r['ttft_p90_ratio']}x; hit rate +{r['hit_rate_gain']:.1%}"
+            )
     return 0
 
 

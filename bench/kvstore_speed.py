@@ -109,12 +109,14 @@ def bench_loopback_tcp(nbytes: int, rounds: int) -> float:
 
 # -- the store ------------------------------------------------------------------
 
+
 def start_store(tmp: Path, pool_bytes: int):
     from common.ports import free_ports
     from services.kvstore.api import store_launch, wait_ready
 
-    launch = store_launch(tmp / "kvstore", ports=free_ports(6),
-                          pool_size=f"{pool_bytes >> 20}MB", enable_disk=False)
+    launch = store_launch(
+        tmp / "kvstore", ports=free_ports(6), pool_size=f"{pool_bytes >> 20}MB", enable_disk=False
+    )
     with open(tmp / "kvstore.log", "wb") as log:
         proc = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT)
     launch_ok = False
@@ -133,19 +135,28 @@ def shared_tensor(address: int, nbytes: int) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.float32)
 
 
-def run_requester(mode: str, threads: int, store_args: dict, sizes: list[int],
-                  batches: list[int], rounds: int) -> list[dict]:
+def run_requester(
+    mode: str, threads: int, store_args: dict, sizes: list[int], batches: list[int], rounds: int
+) -> list[dict]:
     """In a requester process: put/get every (size, batch) and report GB/s."""
     from mooncake.store import MooncakeDistributedStore
 
     store = MooncakeDistributedStore()
     largest = max(sizes) * max(batches)
     if mode == "shm":
-        rc = store.setup_dummy(2 * largest + (64 << 20), 64 << 20,
-                               f"127.0.0.1:{store_args['client_port']}")
+        rc = store.setup_dummy(
+            2 * largest + (64 << 20), 64 << 20, f"127.0.0.1:{store_args['client_port']}"
+        )
     else:
-        rc = store.setup("127.0.0.1", store_args["metadata_url"], 0, largest + (64 << 20),
-                         "tcp", "", store_args["master_address"])
+        rc = store.setup(
+            "127.0.0.1",
+            store_args["metadata_url"],
+            0,
+            largest + (64 << 20),
+            "tcp",
+            "",
+            store_args["master_address"],
+        )
     if rc != 0:
         raise RuntimeError(f"Mooncake requester set-up ({mode}) returned {rc}")
     try:
@@ -163,15 +174,25 @@ def run_requester(mode: str, threads: int, store_args: dict, sizes: list[int],
         rows = []
         for size in sizes:
             for batch in batches:
-                rows.append(_put_get(store, mode, threads, src, dst, staging_src, size,
-                                     batch, rounds))
+                rows.append(
+                    _put_get(store, mode, threads, src, dst, staging_src, size, batch, rounds)
+                )
         return rows
     finally:
         store.close()
 
 
-def _put_get(store, mode: str, threads: int, src: torch.Tensor, dst: torch.Tensor,
-             staging_src: torch.Tensor, size: int, batch: int, rounds: int) -> dict:
+def _put_get(
+    store,
+    mode: str,
+    threads: int,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    staging_src: torch.Tensor,
+    size: int,
+    batch: int,
+    rounds: int,
+) -> dict:
     src_bytes = memoryview(src.numpy()).cast("B")
     addrs = [src.data_ptr() + i * size for i in range(batch)]
     dst_addrs = [dst.data_ptr() + i * size for i in range(batch)]
@@ -185,7 +206,7 @@ def _put_get(store, mode: str, threads: int, src: torch.Tensor, dst: torch.Tenso
         results: list[list[int]] = [[] for _ in range(threads)]
 
         def part(i: int) -> None:
-            ks, ps = keys[i * share:(i + 1) * share], ptrs[i * share:(i + 1) * share]
+            ks, ps = keys[i * share : (i + 1) * share], ptrs[i * share : (i + 1) * share]
             results[i] = list(call(ks, ps, [size] * len(ks))) if ks else []
 
         workers = [threading.Thread(target=part, args=(i,)) for i in range(threads)]
@@ -199,11 +220,12 @@ def _put_get(store, mode: str, threads: int, src: torch.Tensor, dst: torch.Tenso
         keys = [f"speed-{mode}-{threads}-{size}-{batch}-{r}-{i}" for i in range(batch)]
         start = time.perf_counter()
         if mode == "shm":  # what an engine whose KV is not in the shared pool pays first
-            src[:nbytes // 4].copy_(staging_src[:nbytes // 4])
+            src[: nbytes // 4].copy_(staging_src[: nbytes // 4])
         staged = time.perf_counter()
         if mode == "tcp-unregistered":
-            put_rc = store.put_batch(keys, [src_bytes[i * size:(i + 1) * size]
-                                            for i in range(batch)])
+            put_rc = store.put_batch(
+                keys, [src_bytes[i * size : (i + 1) * size] for i in range(batch)]
+            )
             put_ok = put_rc == 0
         else:
             put_ok = all(x == 0 for x in in_threads(store.batch_put_from, keys, addrs))
@@ -216,36 +238,55 @@ def _put_get(store, mode: str, threads: int, src: torch.Tensor, dst: torch.Tenso
         else:
             get_ok = all(x == size for x in in_threads(store.batch_get_into, keys, dst_addrs))
             get_done = time.perf_counter()
-            landed = torch.equal(src[:nbytes // 4], dst[:nbytes // 4])
-            dst[:nbytes // 4].zero_()
+            landed = torch.equal(src[: nbytes // 4], dst[: nbytes // 4])
+            dst[: nbytes // 4].zero_()
         if not (put_ok and get_ok and landed):
-            raise RuntimeError(f"{mode}: put ok={put_ok} get ok={get_ok} "
-                               f"bytes intact={landed} ({size} B x {batch})")
+            raise RuntimeError(
+                f"{mode}: put ok={put_ok} get ok={get_ok} "
+                f"bytes intact={landed} ({size} B x {batch})"
+            )
         store.batch_remove(keys, True)  # free the pool (reads lease the objects)
         if r:
             times["staging"].append(staged - start)
             times["put"].append(put_done - staged)
             times["get"].append(get_done - put_done)
-    row = {"object_bytes": size, "batch": batch,
-           "put_ms": statistics.median(times["put"]) * 1e3,
-           "get_ms": statistics.median(times["get"]) * 1e3,
-           "put_gbps": median_gbps(nbytes, times["put"]),
-           "get_gbps": median_gbps(nbytes, times["get"])}
+    row = {
+        "object_bytes": size,
+        "batch": batch,
+        "put_ms": statistics.median(times["put"]) * 1e3,
+        "get_ms": statistics.median(times["get"]) * 1e3,
+        "put_gbps": median_gbps(nbytes, times["put"]),
+        "get_gbps": median_gbps(nbytes, times["get"]),
+    }
     if mode == "shm":
         row["put_with_staging_gbps"] = median_gbps(
-            nbytes, [a + b for a, b in zip(times["staging"], times["put"])])
+            nbytes, [a + b for a, b in zip(times["staging"], times["put"])]
+        )
     return row
 
 
-def bench_variant(name: str, store_args: dict, sizes: list[int], batches: list[int],
-                  rounds: int, log: Path) -> dict:
+def bench_variant(
+    name: str, store_args: dict, sizes: list[int], batches: list[int], rounds: int, log: Path
+) -> dict:
     mode, env, threads = VARIANTS[name]
-    request = json.dumps({"mode": mode, "threads": threads, "store": store_args,
-                          "sizes": sizes, "batches": batches, "rounds": rounds})
+    request = json.dumps(
+        {
+            "mode": mode,
+            "threads": threads,
+            "store": store_args,
+            "sizes": sizes,
+            "batches": batches,
+            "rounds": rounds,
+        }
+    )
     with open(log, "ab") as err:
-        done = subprocess.run([sys.executable, "-m", "bench.kvstore_speed", "--requester",
-                               request], env={**os.environ, **env}, stdout=subprocess.PIPE,
-                              stderr=err, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.kvstore_speed", "--requester", request],
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=err,
+            timeout=600,
+        )
     lines = done.stdout.decode().strip().splitlines()
     if done.returncode != 0 or not lines:
         return {"variant": name, "error": f"requester exited {done.returncode}; see {log}"}
@@ -254,8 +295,13 @@ def bench_variant(name: str, store_args: dict, sizes: list[int], batches: list[i
 
 def run(rounds: int, sizes: list[int], batches: list[int], variants: list[str]) -> dict:
     largest = max(sizes) * max(batches)
-    report: dict = {"load_average": os.getloadavg(), "cpus": os.cpu_count(),
-                    "memcpy_gbps": {}, "loopback_tcp_gbps": {}, "store": []}
+    report: dict = {
+        "load_average": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "memcpy_gbps": {},
+        "loopback_tcp_gbps": {},
+        "store": [],
+    }
     for size in sizes:
         for batch in batches:
             key = f"{size}x{batch}"
@@ -264,12 +310,18 @@ def run(rounds: int, sizes: list[int], batches: list[int], variants: list[str]) 
     with tempfile.TemporaryDirectory(prefix="tandem-kvstore-speed-") as d:
         launch, proc = start_store(Path(d), 4 * largest + (256 << 20))
         s = launch.settings
-        store_args = {"metadata_url": s.metadata_url, "master_address": s.master_address,
-                      "client_port": s.client_port}
+        store_args = {
+            "metadata_url": s.metadata_url,
+            "master_address": s.master_address,
+            "client_port": s.client_port,
+        }
         try:
             for name in variants:
-                report["store"].append(bench_variant(name, store_args, sizes, batches, rounds,
-                                                     Path(d) / "requesters.log"))
+                report["store"].append(
+                    bench_variant(
+                        name, store_args, sizes, batches, rounds, Path(d) / "requesters.log"
+                    )
+                )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
@@ -282,11 +334,15 @@ def run(rounds: int, sizes: list[int], batches: list[int], variants: list[str]) 
 
 def print_report(report: dict) -> None:
     load = ", ".join(f"{x:.2f}" for x in report["load_average"])
-    print(f"KV store speed, {report['cpus']} CPUs, load average before {load}; GB/s of "
-          "payload, medians; ratios against memcpy and loopback TCP of the same bytes")
-    print(f"  {'variant':<30} {'object':>9} {'batch':>5} {'put':>6} {'get':>6} "
-          f"{'memcpy':>7} {'tcp':>6} {'put/mc':>6} {'get/mc':>6} {'put/tcp':>7} {'get/tcp':>7} "
-          f"{'put ms':>7} {'get ms':>7}")
+    print(
+        f"KV store speed, {report['cpus']} CPUs, load average before {load}; GB/s of "
+        "payload, medians; ratios against memcpy and loopback TCP of the same bytes"
+    )
+    print(
+        f"  {'variant':<30} {'object':>9} {'batch':>5} {'put':>6} {'get':>6} "
+        f"{'memcpy':>7} {'tcp':>6} {'put/mc':>6} {'get/mc':>6} {'put/tcp':>7} {'get/tcp':>7} "
+        f"{'put ms':>7} {'get ms':>7}"
+    )
     for variant in report["store"]:
         if "error" in variant:
             print(f"  {variant['variant']:<30} FAILED: {variant['error']}")
@@ -294,17 +350,24 @@ def print_report(report: dict) -> None:
         for row in variant["rows"]:
             key = f"{row['object_bytes']}x{row['batch']}"
             mc, tcp = report["memcpy_gbps"][key], report["loopback_tcp_gbps"][key]
-            size = (f"{row['object_bytes'] / (1 << 20):.2f}MiB" if row["object_bytes"] >= 1 << 20
-                    else f"{row['object_bytes'] >> 10}KiB")
-            print(f"  {variant['variant']:<30} {size:>9} {row['batch']:>5} "
-                  f"{row['put_gbps']:6.2f} {row['get_gbps']:6.2f} {mc:7.2f} {tcp:6.2f} "
-                  f"{row['put_gbps'] / mc:6.2f} {row['get_gbps'] / mc:6.2f} "
-                  f"{row['put_gbps'] / tcp:7.2f} {row['get_gbps'] / tcp:7.2f} "
-                  f"{row['put_ms']:7.2f} {row['get_ms']:7.2f}")
+            size = (
+                f"{row['object_bytes'] / (1 << 20):.2f}MiB"
+                if row["object_bytes"] >= 1 << 20
+                else f"{row['object_bytes'] >> 10}KiB"
+            )
+            print(
+                f"  {variant['variant']:<30} {size:>9} {row['batch']:>5} "
+                f"{row['put_gbps']:6.2f} {row['get_gbps']:6.2f} {mc:7.2f} {tcp:6.2f} "
+                f"{row['put_gbps'] / mc:6.2f} {row['get_gbps'] / mc:6.2f} "
+                f"{row['put_gbps'] / tcp:7.2f} {row['get_gbps'] / tcp:7.2f} "
+                f"{row['put_ms']:7.2f} {row['get_ms']:7.2f}"
+            )
             if "put_with_staging_gbps" in row:
                 staged = row["put_with_staging_gbps"]
-                print(f"  {'  shm + staging copy':<30} {'':>9} {'':>5} {staged:6.2f} "
-                      f"{'':>6} {'':>7} {'':>6} {staged / mc:6.2f}")
+                print(
+                    f"  {'  shm + staging copy':<30} {'':>9} {'':>5} {staged:6.2f} "
+                    f"{'':>6} {'':>7} {'':>6} {staged / mc:6.2f}"
+                )
     load = ", ".join(f"{x:.2f}" for x in report["load_average_after"])
     print(f"load average after {load}")
 
@@ -312,20 +375,37 @@ def print_report(report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per figure")
-    parser.add_argument("--sizes", default=f"4KB,1MB,{SMOLLM2_BLOCK_BYTES}",
-                        help="object sizes, comma-separated (default: 4 KiB, whose time is "
-                        "the per-call cost, 1 MiB and one SmolLM2 KV block, 5.6 MiB)")
-    parser.add_argument("--batches", default="1,12",
-                        help="objects per put/get call, comma-separated")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"store variants, comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--sizes",
+        default=f"4KB,1MB,{SMOLLM2_BLOCK_BYTES}",
+        help="object sizes, comma-separated (default: 4 KiB, whose time is "
+        "the per-call cost, 1 MiB and one SmolLM2 KV block, 5.6 MiB)",
+    )
+    parser.add_argument(
+        "--batches", default="1,12", help="objects per put/get call, comma-separated"
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"store variants, comma-separated, of: {', '.join(VARIANTS)}",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--requester", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.requester:  # one variant, in its own process (see bench_variant)
         job = json.loads(args.requester)
-        print(json.dumps(run_requester(job["mode"], job["threads"], job["store"],
-                                       job["sizes"], job["batches"], job["rounds"])))
+        print(
+            json.dumps(
+                run_requester(
+                    job["mode"],
+                    job["threads"],
+                    job["store"],
+                    job["sizes"],
+                    job["batches"],
+                    job["rounds"],
+                )
+            )
+        )
         return 0
     from common.mooncake import parse_size
 
@@ -333,8 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
-    report = run(args.rounds, [parse_size(s) for s in args.sizes.split(",")],
-                 [int(b) for b in args.batches.split(",")], variants)
+    report = run(
+        args.rounds,
+        [parse_size(s) for s in args.sizes.split(",")],
+        [int(b) for b in args.batches.split(",")],
+        variants,
+    )
     if args.json:
         print(json.dumps(report, indent=1))
     else:

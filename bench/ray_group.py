@@ -60,9 +60,14 @@ class LocalPod:
     def __init__(self, name: str, script: str, env: dict[str, str], log: Path) -> None:
         self.name, self.log = name, log
         with log.open("w") as out:
-            self.proc = subprocess.Popen(["sh", "-c", script], cwd=REPO, env=env,
-                                         start_new_session=True, stdout=out,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                ["sh", "-c", script],
+                cwd=REPO,
+                env=env,
+                start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -88,8 +93,12 @@ class LocalPod:
 
 def pod_env(container: dict, pod_name: str, extra: dict[str, str]) -> dict[str, str]:
     """The container's environment as the kubelet builds it (downward API: this host)."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               PYTHONPATH=str(REPO), **extra)
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        PYTHONPATH=str(REPO),
+        **extra,
+    )
     fields = {"status.podIP": "127.0.0.1", "metadata.name": pod_name}
     for var in container.get("env", []):
         if "value" in var:
@@ -103,7 +112,8 @@ def raylet_healthy(agent_port: int) -> bool:
     """The worker pods' probe: Ray's agent says whether its node's raylet is up."""
     try:
         with urllib.request.urlopen(
-                f"http://127.0.0.1:{agent_port}/api/local_raylet_healthz", timeout=2) as reply:
+            f"http://127.0.0.1:{agent_port}/api/local_raylet_healthz", timeout=2
+        ) as reply:
             return reply.read() == b"success"
     except OSError:
         return False
@@ -122,9 +132,13 @@ class Group:
             pod.stop()
 
 
-def start_group(lws: dict, log_dir: Path, ray_tmp: str,
-                leader_env: dict[str, str] | None = None,
-                worker_env: dict[str, str] | None = None) -> Group:
+def start_group(
+    lws: dict,
+    log_dir: Path,
+    ray_tmp: str,
+    leader_env: dict[str, str] | None = None,
+    worker_env: dict[str, str] | None = None,
+) -> Group:
     """Start a two-node LeaderWorkerSet group's leader and worker here."""
     template = lws["spec"]["leaderWorkerTemplate"]
     if template["size"] != 2:
@@ -132,25 +146,35 @@ def start_group(lws: dict, log_dir: Path, ray_tmp: str,
     leader = template["leaderTemplate"]["spec"]["containers"][0]
     worker = template["workerTemplate"]["spec"]["containers"][0]
     gcs, grpc, metrics, nixl, dashboard, client, head_agent, worker_agent = (
-        free_non_ray_port() for _ in range(8))
+        free_non_ray_port() for _ in range(8)
+    )
     name = lws["metadata"]["name"]
-    lws_env = {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_GROUP_SIZE": "2",
-               "RAY_TMPDIR": ray_tmp}
+    lws_env = {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_GROUP_SIZE": "2", "RAY_TMPDIR": ray_tmp}
 
-    env = pod_env(leader, f"{name}-0",
-                  {**lws_env, "LWS_WORKER_INDEX": "0", **(leader_env or {})})
-    script = move_ports(kubelet_expand(leader["args"][0], env),
-                        {manifests.RAY_PORT: gcs, manifests.GRPC_PORT: grpc,
-                         manifests.METRICS_PORT: metrics, manifests.NIXL_PORT: nixl})
-    script = script.replace("ray start --head", f"ray start --head --dashboard-port={dashboard} "
-                            f"--ray-client-server-port={client} "
-                            f"--dashboard-agent-listen-port={head_agent}", 1)
+    env = pod_env(leader, f"{name}-0", {**lws_env, "LWS_WORKER_INDEX": "0", **(leader_env or {})})
+    script = move_ports(
+        kubelet_expand(leader["args"][0], env),
+        {
+            manifests.RAY_PORT: gcs,
+            manifests.GRPC_PORT: grpc,
+            manifests.METRICS_PORT: metrics,
+            manifests.NIXL_PORT: nixl,
+        },
+    )
+    script = script.replace(
+        "ray start --head",
+        f"ray start --head --dashboard-port={dashboard} "
+        f"--ray-client-server-port={client} "
+        f"--dashboard-agent-listen-port={head_agent}",
+        1,
+    )
     head = LocalPod("leader", script, env, log_dir / "leader.log")
 
-    env = pod_env(worker, f"{name}-0-1",
-                  {**lws_env, "LWS_WORKER_INDEX": "1", **(worker_env or {})})
+    env = pod_env(worker, f"{name}-0-1", {**lws_env, "LWS_WORKER_INDEX": "1", **(worker_env or {})})
     script = move_ports(kubelet_expand(worker["args"][0], env), {manifests.RAY_PORT: gcs})
-    script = script.replace("ray start", f"ray start --dashboard-agent-listen-port={worker_agent}",
-                            1)
-    return Group(head, LocalPod("worker", script, env, log_dir / "worker.log"),
-                 grpc, metrics, worker_agent)
+    script = script.replace(
+        "ray start", f"ray start --dashboard-agent-listen-port={worker_agent}", 1
+    )
+    return Group(
+        head, LocalPod("worker", script, env, log_dir / "worker.log"), grpc, metrics, worker_agent
+    )

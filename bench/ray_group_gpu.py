@@ -28,14 +28,21 @@ from operators.spec import parse, problems, with_defaults
 
 
 def group_workload(model: str, tensor: int, pipeline: int) -> dict:
-    spec = with_defaults({
-        "model": {"path": model, "dtype": "auto"},
-        "prefill": {"replicas": 1},
-        "decode": {"replicas": 1},
-        "aggregated": {"replicas": 1, "nodesPerReplica": 2, "gpusPerPod": tensor * pipeline // 2,
-                       "parallelism": {"tensor": tensor, "pipeline": pipeline},
-                       "engineArgs": ["--max-model-len=4096", "--gpu-memory-utilization=0.8"]},
-        "kvStore": {"enabled": False}})
+    spec = with_defaults(
+        {
+            "model": {"path": model, "dtype": "auto"},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1},
+            "aggregated": {
+                "replicas": 1,
+                "nodesPerReplica": 2,
+                "gpusPerPod": tensor * pipeline // 2,
+                "parallelism": {"tensor": tensor, "pipeline": pipeline},
+                "engineArgs": ["--max-model-len=4096", "--gpu-memory-utilization=0.8"],
+            },
+            "kvStore": {"enabled": False},
+        }
+    )
     found = problems(parse(spec))
     if found:
         raise SystemExit("; ".join(found))
@@ -62,8 +69,13 @@ def main() -> None:
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     logs = Path(tempfile.mkdtemp(prefix="ray-group-logs-"))
     start = time.perf_counter()
-    group = start_group(lws, logs, ray_tmp, leader_env={"CUDA_VISIBLE_DEVICES": gpus[0]},
-                        worker_env={"CUDA_VISIBLE_DEVICES": gpus[1]})
+    group = start_group(
+        lws,
+        logs,
+        ray_tmp,
+        leader_env={"CUDA_VISIBLE_DEVICES": gpus[0]},
+        worker_env={"CUDA_VISIBLE_DEVICES": gpus[1]},
+    )
     client = EngineClient(group.grpc_port, group.metrics_port)
     try:
         deadline = time.monotonic() + args.timeout
@@ -78,14 +90,20 @@ def main() -> None:
                     raise SystemExit(f"not ready in {args.timeout} s; logs in {logs}") from None
         ready_s = time.perf_counter() - start
         result = client.generate(list(range(100, 164)), max_tokens=16)
-        out = {"ready_s": round(ready_s, 1), "first_token_s": round(result.seconds, 3),
-               "tokens": len(result.token_ids), "worker_raylet_healthy":
-               raylet_healthy(group.worker_agent_port),
-               "group_ready_logged": "ray group ready: 2 nodes" in group.leader.output()}
+        out = {
+            "ready_s": round(ready_s, 1),
+            "first_token_s": round(result.seconds, 3),
+            "tokens": len(result.token_ids),
+            "worker_raylet_healthy": raylet_healthy(group.worker_agent_port),
+            "group_ready_logged": "ray group ready: 2 nodes" in group.leader.output(),
+        }
         assert out["tokens"] == 16 and out["group_ready_logged"], out
-        print(json.dumps(out) if args.json else
-              f"two-node Ray group served: ready in {out['ready_s']} s, first token "
-              f"{out['first_token_s']} s, worker raylet healthy {out['worker_raylet_healthy']}")
+        print(
+            json.dumps(out)
+            if args.json
+            else f"two-node Ray group served: ready in {out['ready_s']} s, first token "
+            f"{out['first_token_s']} s, worker raylet healthy {out['worker_raylet_healthy']}"
+        )
     finally:
         client.close()
         group.stop()

@@ -66,28 +66,43 @@ def summarize(label: str, runs: list[dict]) -> dict:
     forks = [r["ttft"] for r in ok if r.get("agent")]
     mains = [r["ttft"] for r in ok if not r.get("agent")]
     return {
-        "label": label, "requests": s["requests"], "failures": s["failures"],
+        "label": label,
+        "requests": s["requests"],
+        "failures": s["failures"],
         "interactivity_p90": s["interactivity_p90"],
-        "ttft_p50": s["ttft_p50"], "ttft_p90": s["ttft_p90"], "ttft_p99": s["ttft_p99"],
+        "ttft_p50": s["ttft_p50"],
+        "ttft_p90": s["ttft_p90"],
+        "ttft_p99": s["ttft_p99"],
         "fork_requests": len(forks),
         "fork_ttft_p50": metrics.percentile(forks, 50),
         "fork_ttft_p90": metrics.percentile(forks, 90),
         "main_ttft_p90": metrics.percentile(mains, 90),
         "main_ttft_p99": metrics.percentile(mains, 99),
-        "hit_rate": s["hit_rate"], "duration_s": s["duration_s"],
+        "hit_rate": s["hit_rate"],
+        "duration_s": s["duration_s"],
         "local_prefills": [run["local_prefills"] for run in runs],
     }
 
 
-KEYS = ("ttft_p50", "ttft_p90", "ttft_p99", "interactivity_p90", "fork_ttft_p50",
-        "fork_ttft_p90", "main_ttft_p90", "main_ttft_p99")
+KEYS = (
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "interactivity_p90",
+    "fork_ttft_p50",
+    "fork_ttft_p90",
+    "main_ttft_p90",
+    "main_ttft_p99",
+)
 
 
 def tables(rows: list[dict]) -> list[str]:
-    lines = ["| config | requests | TTFT p50 | p90 | p99 (s) | P90 interactivity (tok/s/user) "
-             "| sub-agent requests | their TTFT p50 | p90 | main agents' TTFT p90 | p99 (s) "
-             "| hit rate |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| config | requests | TTFT p50 | p90 | p99 (s) | P90 interactivity (tok/s/user) "
+        "| sub-agent requests | their TTFT p50 | p90 | main agents' TTFT p90 | p99 (s) "
+        "| hit rate |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['label']} ({SCOPE[r['label']]}) | {r['requests']} ({r['failures']} failed) "
@@ -95,7 +110,8 @@ def tables(rows: list[dict]) -> list[str]:
             f"| {cell(r['interactivity_p90'])} | {r['fork_requests']} "
             f"| {cell(r['fork_ttft_p50'])} | {cell(r['fork_ttft_p90'])} "
             f"| {cell(r['main_ttft_p90'])} | {cell(r['main_ttft_p99'])} "
-            f"| {cell(r['hit_rate'] and 100 * r['hit_rate'], '{:.1f}%')} |")
+            f"| {cell(r['hit_rate'] and 100 * r['hit_rate'], '{:.1f}%')} |"
+        )
     lines += on_off_ratios(rows, KEYS)
     lines += ["", "Requests prefilled on the decode pod, by reason, per run:"]
     lines += [f"* {r['label']}: {r['local_prefills']}" for r in rows]
@@ -103,12 +119,19 @@ def tables(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.remote_prefill_scope", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.remote_prefill_scope",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_order_arguments(ap)
     add_trace_arguments(ap, sessions=4, first_in_median=1536, seed=0, concurrency=2)
-    ap.add_argument("--remote-prefill-threshold", type=int, default=256,
-                    help="the router's threshold, both configurations (default 256)")
+    ap.add_argument(
+        "--remote-prefill-threshold",
+        type=int,
+        default=256,
+        help="the router's threshold, both configurations (default 256)",
+    )
     ap.add_argument("--out", help="output directory (default bench/results/<time>-scope)")
     a = ap.parse_args(argv)
     if a.rounds < 1:
@@ -116,14 +139,29 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-scope")
     state = Path(tempfile.mkdtemp(prefix="tandem-scope-"))
-    stack = Stack(StackConfig(prefill=1, decode=1, kv_store=False, router=False,
-                              kv_cache_gib=1, max_model_len=4096, state_dir=state))
+    stack = Stack(
+        StackConfig(
+            prefill=1,
+            decode=1,
+            kv_store=False,
+            router=False,
+            kv_cache_gib=1,
+            max_model_len=4096,
+            state_dir=state,
+        )
+    )
     started = time.monotonic()
 
     def router_argv(port: int, config: str) -> list[str]:
-        return stack.router_argv(port, [
-            "--remote-prefill-threshold", str(a.remote_prefill_threshold),
-            "--remote-prefill-scope", SCOPE[config]])
+        return stack.router_argv(
+            port,
+            [
+                "--remote-prefill-threshold",
+                str(a.remote_prefill_threshold),
+                "--remote-prefill-scope",
+                SCOPE[config],
+            ],
+        )
 
     def figures(url: str) -> dict:
         return {"local_prefills": local_prefills(httpx.get(f"{url}/metrics", timeout=10).text)}
@@ -131,14 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     runs, order = replay_small_trace(a, stack, out, router_argv, figures)
     rows = [summarize(c, runs[c]) for c in CONFIGS if c in runs]
     minutes = (time.monotonic() - started) / 60
-    command = " ".join(["python -m bench.remote_prefill_scope",
-                        *(argv if argv is not None else sys.argv[1:])])
-    notes = [f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; 1 prefill + 1 decode "
-             f"vLLM CPU engines, KV store off; replay order {', '.join(order)}; concurrency "
-             f"{a.concurrency}, think times × {a.think_scale}; remote-prefill threshold "
-             f"{a.remote_prefill_threshold}.", *tables(rows)]
-    all_runs = write_results(out, "Remote-prefill scope: request vs pod", runs, rows, notes,
-                             "remote_prefill_scope.json")
+    command = " ".join(
+        ["python -m bench.remote_prefill_scope", *(argv if argv is not None else sys.argv[1:])]
+    )
+    notes = [
+        f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; 1 prefill + 1 decode "
+        f"vLLM CPU engines, KV store off; replay order {', '.join(order)}; concurrency "
+        f"{a.concurrency}, think times × {a.think_scale}; remote-prefill threshold "
+        f"{a.remote_prefill_threshold}.",
+        *tables(rows),
+    ]
+    all_runs = write_results(
+        out, "Remote-prefill scope: request vs pod", runs, rows, notes, "remote_prefill_scope.json"
+    )
     return 0 if len(all_runs) == len(order) and not any(r["failures"] for r in rows) else 1
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 _LINE = re.compile(
     r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) DEBUG \S+ \S+: request (?P<id>\S+) "
-    r"\((?P<kind>\w+), (?P<prompt>\d+) prompt tokens, (?P<cached>\S+) cached\):(?P<phases>.*)$")
+    r"\((?P<kind>\w+), (?P<prompt>\d+) prompt tokens, (?P<cached>\S+) cached\):(?P<phases>.*)$"
+)
 _PHASE = re.compile(r"(\w+) ([0-9.]+)s")
 
 
@@ -36,11 +37,18 @@ def parse_engine_log(text: str, engine: str) -> list[dict[str, Any]]:
         phases = {name: float(v) for name, v in _PHASE.findall(m["phases"])}
         at = datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
         cached = m["cached"]
-        found.append({"id": m["id"], "kind": m["kind"], "engine": engine,
-                      "prompt_tokens": int(m["prompt"]),
-                      "cached_tokens": int(cached) if cached.isdigit() else None,
-                      "first_output": at, "arrived": at - sum(phases.values()),
-                      "phases": phases})
+        found.append(
+            {
+                "id": m["id"],
+                "kind": m["kind"],
+                "engine": engine,
+                "prompt_tokens": int(m["prompt"]),
+                "cached_tokens": int(cached) if cached.isdigit() else None,
+                "first_output": at,
+                "arrived": at - sum(phases.values()),
+                "phases": phases,
+            }
+        )
     return found
 
 
@@ -48,11 +56,17 @@ def queue_ahead(entry: dict[str, Any], entries: list[dict[str, Any]]) -> dict[st
     """The requests on the same engine that arrived before `entry` and had
     not produced their first output when it arrived (what it queued behind),
     and their uncached prompt tokens."""
-    ahead = [e for e in entries if e is not entry and e["engine"] == entry["engine"]
-             and e["arrived"] <= entry["arrived"] < e["first_output"]]
-    return {"requests": len(ahead),
-            "uncached_tokens": sum(e["prompt_tokens"] - (e["cached_tokens"] or 0)
-                                   for e in ahead)}
+    ahead = [
+        e
+        for e in entries
+        if e is not entry
+        and e["engine"] == entry["engine"]
+        and e["arrived"] <= entry["arrived"] < e["first_output"]
+    ]
+    return {
+        "requests": len(ahead),
+        "uncached_tokens": sum(e["prompt_tokens"] - (e["cached_tokens"] or 0) for e in ahead),
+    }
 
 
 def join(records: list[dict[str, Any]], entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -72,10 +86,18 @@ def join(records: list[dict[str, Any]], entries: list[dict[str, Any]]) -> list[d
             continue
         mine = by_id.get(r.get("response_id") or "", [])
         row: dict[str, Any] = {
-            "session": r["session"], "agent": r["agent"] or "main", "turn": r["turn"],
-            "start": r["start"], "ttft": r["ttft"], "prompt_tokens": r.get("prompt_tokens"),
-            "cached_tokens": r.get("cached_tokens"), "phases": {}, "ahead": None,
-            "prefilled_on": None, "other": None}
+            "session": r["session"],
+            "agent": r["agent"] or "main",
+            "turn": r["turn"],
+            "start": r["start"],
+            "ttft": r["ttft"],
+            "prompt_tokens": r.get("prompt_tokens"),
+            "cached_tokens": r.get("cached_tokens"),
+            "phases": {},
+            "ahead": None,
+            "prefilled_on": None,
+            "other": None,
+        }
         for e in mine:
             remote = "kv_pull" in e["phases"]
             for phase, seconds in e["phases"].items():
@@ -89,12 +111,19 @@ def join(records: list[dict[str, Any]], entries: list[dict[str, Any]]) -> list[d
     return rows
 
 
-PHASE_COLUMNS = ("prefill.admission", "prefill.queue", "prefill.prefill", "decode.admission",
-                 "decode.kv_pull", "decode.first_decode_step")
+PHASE_COLUMNS = (
+    "prefill.admission",
+    "prefill.queue",
+    "prefill.prefill",
+    "decode.admission",
+    "decode.kv_pull",
+    "decode.first_decode_step",
+)
 
 
 def slowest_table(label: str, rows: list[dict[str, Any]], n: int) -> list[str]:
     """Markdown rows for the `n` slowest requests by TTFT (no header)."""
+
     def f(v: float | None) -> str:
         return "—" if v is None else f"{v:.2f}"
 
@@ -107,8 +136,9 @@ def slowest_table(label: str, rows: list[dict[str, Any]], n: int) -> list[str]:
             f"{row['prefilled_on'] or '—'} | "
             + " | ".join(f(row["phases"].get(p)) for p in PHASE_COLUMNS)
             + f" | {f(row['other'])} | "
-            + ("—" if ahead is None else
-               f"{ahead['requests']} ({ahead['uncached_tokens']} tok)") + " |")
+            + ("—" if ahead is None else f"{ahead['requests']} ({ahead['uncached_tokens']} tok)")
+            + " |"
+        )
     return lines
 
 
@@ -116,4 +146,5 @@ SLOWEST_HEADER = [
     "| config | session/agent/turn | start (s) | TTFT (s) | prompt | prefilled on | "
     "admission | queue | prefill | decode admission | KV pull | first decode step | other | "
     "queued behind |",
-    "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+]

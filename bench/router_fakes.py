@@ -72,12 +72,19 @@ async def _sleep_until(t: float) -> None:
 
 # -- OpenAI HTTP --------------------------------------------------------------
 
+
 def _dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def sse_chunks(request_id: str, kind: str, n: int, prompt_tokens: int,
-               include_usage: bool, model: str = MODEL_NAME) -> list[bytes]:
+def sse_chunks(
+    request_id: str,
+    kind: str,
+    n: int,
+    prompt_tokens: int,
+    include_usage: bool,
+    model: str = MODEL_NAME,
+) -> list[bytes]:
     """The SSE events of one streamed response, in order, as vLLM sends them:
     an opening role chunk (chat only), one chunk per token (the last carries
     finish_reason "length"), the usage chunk when asked for, then [DONE].
@@ -99,9 +106,21 @@ def sse_chunks(request_id: str, kind: str, n: int, prompt_tokens: int,
 
     out = []
     if chat:
-        out.append(event({**base, "choices": [{"index": 0,
-                                               "delta": {"role": "assistant", "content": ""},
-                                               "logprobs": None, "finish_reason": None}]}))
+        out.append(
+            event(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
+        )
     else:
         out.append(b"")  # nothing to send before the first token
     middle = event({**base, "choices": [choice(TOKEN_TEXT, None)]})
@@ -114,9 +133,12 @@ def sse_chunks(request_id: str, kind: str, n: int, prompt_tokens: int,
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def _prompt_tokens(body: dict) -> int:
@@ -128,8 +150,9 @@ def _prompt_tokens(body: dict) -> int:
     return max(1, len(text.split()))
 
 
-def create_openai_app(timing: Timing, model: str = MODEL_NAME, max_model_len: int = 8192,
-                      model_path: str = ""):
+def create_openai_app(
+    timing: Timing, model: str = MODEL_NAME, max_model_len: int = 8192, model_path: str = ""
+):
     from aiohttp import web
 
     paths: Counter[str] = Counter()
@@ -152,17 +175,31 @@ def create_openai_app(timing: Timing, model: str = MODEL_NAME, max_model_len: in
         if not body.get("stream"):
             await _sleep_until(arrival + offsets[-1])
             text = TOKEN_TEXT * n
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                       "logprobs": None, "finish_reason": "length"} if kind == "chat" else
-                      {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
-            return web.json_response({
-                "id": request_id, "object": "chat.completion" if kind == "chat"
-                else "text_completion", "created": int(time.time()), "model": model,
-                "choices": [choice], "usage": _usage(prompt_tokens, n)})
+            choice = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": "length",
+                }
+                if kind == "chat"
+                else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            )
+            return web.json_response(
+                {
+                    "id": request_id,
+                    "object": "chat.completion" if kind == "chat" else "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [choice],
+                    "usage": _usage(prompt_tokens, n),
+                }
+            )
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         chunks = sse_chunks(request_id, kind, n, prompt_tokens, include_usage, model)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(request)
         if chunks[0]:
             await response.write(chunks[0])
@@ -171,7 +208,7 @@ def create_openai_app(timing: Timing, model: str = MODEL_NAME, max_model_len: in
             if i < n - 1:
                 await response.write(chunks[1 + i])
             else:
-                await response.write(b"".join(chunks[1 + i:]))
+                await response.write(b"".join(chunks[1 + i :]))
         await response.write_eof()
         return response
 
@@ -181,14 +218,32 @@ def create_openai_app(timing: Timing, model: str = MODEL_NAME, max_model_len: in
     async def completions(request):
         return await generate(request, "completion")
 
-    model_card = {"id": model, "object": "model", "created": int(time.time()),
-                  "owned_by": "fake", "root": model, "max_model_len": max_model_len}
-    model_info = {"model_path": model_path or model, "tokenizer_path": model_path or model,
-                  "is_generation": True, "served_model_name": model,
-                  "max_total_num_tokens": max_model_len, "max_req_input_len": max_model_len}
-    server_info = {**model_info, "context_length": max_model_len, "max_model_len": max_model_len,
-                   "version": "fake", "disaggregation_mode": "null", "dp_size": 1,
-                   "tp_size": 1, "internal_states": [{"load": 0}]}
+    model_card = {
+        "id": model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "fake",
+        "root": model,
+        "max_model_len": max_model_len,
+    }
+    model_info = {
+        "model_path": model_path or model,
+        "tokenizer_path": model_path or model,
+        "is_generation": True,
+        "served_model_name": model,
+        "max_total_num_tokens": max_model_len,
+        "max_req_input_len": max_model_len,
+    }
+    server_info = {
+        **model_info,
+        "context_length": max_model_len,
+        "max_model_len": max_model_len,
+        "version": "fake",
+        "disaggregation_mode": "null",
+        "dp_size": 1,
+        "tp_size": 1,
+        "internal_states": [{"load": 0}],
+    }
 
     async def ok(request):
         return web.json_response({"status": "ok"})
@@ -203,8 +258,9 @@ def create_openai_app(timing: Timing, model: str = MODEL_NAME, max_model_len: in
         return web.json_response(server_info)
 
     async def get_load(request):
-        return web.json_response([{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0,
-                                   "num_tokens": 0}])
+        return web.json_response(
+            [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+        )
 
     async def metrics(request):
         return web.Response(text="# fake backend: no metrics\n")
@@ -233,18 +289,31 @@ def serve_openai(host: str, port: int, timing: Timing, **kwargs) -> None:
 
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(create_openai_app(timing, **kwargs), host=host, port=port,
-                print=None, access_log=None, handle_signals=True)
+    web.run_app(
+        create_openai_app(timing, **kwargs),
+        host=host,
+        port=port,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
 
 
 # -- gRPC engine --------------------------------------------------------------
 
-def create_grpc_servicer(timing: Timing, model: str = MODEL_NAME, model_path: str = "",
-                         max_model_len: int = 8192, block_size: int = 128,
-                         token_text: str = TOKEN_TEXT):
+
+def create_grpc_servicer(
+    timing: Timing,
+    model: str = MODEL_NAME,
+    model_path: str = "",
+    max_model_len: int = 8192,
+    block_size: int = 128,
+    token_text: str = TOKEN_TEXT,
+):
     import grpc
 
     from common.proto import engine_pb2 as pb
@@ -266,27 +335,43 @@ def create_grpc_servicer(timing: Timing, model: str = MODEL_NAME, model_path: st
                     message = pb.GenerateResponse(token_ids=[TOKEN_ID], text=token_text)
                     if i == n - 1:
                         message.finish_reason = "length"
-                        message.usage.CopyFrom(pb.Usage(prompt_tokens=len(request.token_ids),
-                                                        completion_tokens=n, cached_tokens=0))
+                        message.usage.CopyFrom(
+                            pb.Usage(
+                                prompt_tokens=len(request.token_ids),
+                                completion_tokens=n,
+                                cached_tokens=0,
+                            )
+                        )
                     yield message
             finally:
                 self.in_flight -= 1
 
         async def Prefill(self, request, context):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "fake engine of role both: no Prefill")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "fake engine of role both: no Prefill"
+            )
 
         async def ReleaseKv(self, request, context):
             return pb.ReleaseKvResponse()
 
         async def GetLoad(self, request, context):
-            return pb.GetLoadResponse(in_flight=self.in_flight, running=self.in_flight,
-                                      waiting=0, kv_cache_usage=0.0, draining=False)
+            return pb.GetLoadResponse(
+                in_flight=self.in_flight,
+                running=self.in_flight,
+                waiting=0,
+                kv_cache_usage=0.0,
+                draining=False,
+            )
 
         async def GetModelInfo(self, request, context):
-            return pb.GetModelInfoResponse(served_model_name=model, model_path=model_path,
-                                           max_model_len=max_model_len, block_size=block_size,
-                                           role="both", vocab_size=49152)
+            return pb.GetModelInfoResponse(
+                served_model_name=model,
+                model_path=model_path,
+                max_model_len=max_model_len,
+                block_size=block_size,
+                role="both",
+                vocab_size=49152,
+            )
 
     return FakeEngine()
 
@@ -326,31 +411,53 @@ def serve_grpc(host: str, port: int, timing: Timing, **kwargs) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.router_fakes",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.router_fakes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("kind", choices=("openai", "grpc"))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--first-token-ms", type=float, default=Timing.first_token_ms)
     parser.add_argument("--token-delay-ms", type=float, default=Timing.token_delay_ms)
-    parser.add_argument("--tokens", type=int, default=Timing.tokens,
-                        help="tokens per response when the request sets no max_tokens")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=Timing.tokens,
+        help="tokens per response when the request sets no max_tokens",
+    )
     parser.add_argument("--model", default=MODEL_NAME, help="served model name")
-    parser.add_argument("--model-path", default="",
-                        help="model folder reported by GetModelInfo / get_model_info")
+    parser.add_argument(
+        "--model-path", default="", help="model folder reported by GetModelInfo / get_model_info"
+    )
     parser.add_argument("--max-model-len", type=int, default=8192)
-    parser.add_argument("--token-text", default=TOKEN_TEXT,
-                        help="grpc: the text of every generated token (e.g. the fake's name)")
+    parser.add_argument(
+        "--token-text",
+        default=TOKEN_TEXT,
+        help="grpc: the text of every generated token (e.g. the fake's name)",
+    )
     args = parser.parse_args(argv)
     timing = Timing(args.first_token_ms, args.token_delay_ms, args.tokens)
     if args.kind == "openai":
-        serve_openai(args.host, args.port, timing, model=args.model,
-                     max_model_len=args.max_model_len, model_path=args.model_path)
+        serve_openai(
+            args.host,
+            args.port,
+            timing,
+            model=args.model,
+            max_model_len=args.max_model_len,
+            model_path=args.model_path,
+        )
     else:
-        serve_grpc(args.host, args.port, timing, model=args.model,
-                   model_path=args.model_path, max_model_len=args.max_model_len,
-                   token_text=args.token_text)
+        serve_grpc(
+            args.host,
+            args.port,
+            timing,
+            model=args.model,
+            model_path=args.model_path,
+            max_model_len=args.max_model_len,
+            token_text=args.token_text,
+        )
     return 0
 
 

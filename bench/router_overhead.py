@@ -72,16 +72,33 @@ DIRECT_GRPC = "direct-grpc"
 
 # -- routers ------------------------------------------------------------------
 
+
 def router_argv(spec: RouterSpec, port: int, backend: str, model_dir: str) -> list[str]:
     """The command that starts `spec` on `port` in front of `backend` (a gRPC
     host:port for Tandem, an http:// URL for the others), with logging at
     warning level and nothing but round robin."""
     if spec.backend == "grpc":  # Tandem's router, plain or with agent features on
-        return [sys.executable, "-m", "services.router", "--host", HOST, "--port", str(port),
-                "--engine", backend, "--model", model_dir, "--routing-policy", spec.policy,
-                # No admission limit: the HTTP routers run without one too.
-                "--max-concurrent-requests", "0", "--shutdown-grace-s", "1",
-                *spec.router_args]
+        return [
+            sys.executable,
+            "-m",
+            "services.router",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--engine",
+            backend,
+            "--model",
+            model_dir,
+            "--routing-policy",
+            spec.policy,
+            # No admission limit: the HTTP routers run without one too.
+            "--max-concurrent-requests",
+            "0",
+            "--shutdown-grace-s",
+            "1",
+            *spec.router_args,
+        ]
     argv = http_router_argv(spec, port, [backend], spec.policy)
     if spec.name == "sglang-router":
         argv += ["--shutdown-grace-period-secs", "1"]
@@ -90,9 +107,11 @@ def router_argv(spec: RouterSpec, port: int, backend: str, model_dir: str) -> li
 
 # -- statistics ---------------------------------------------------------------
 
+
 @dataclass
 class Sample:
     """One request: seconds from send to the first content token and to the end."""
+
     ttft: float | None = None
     e2e: float | None = None
     tokens: int = 0
@@ -106,8 +125,11 @@ class Sample:
 def summarize(samples: list[Sample]) -> dict[str, Any]:
     """TTFT and end-to-end p50/p99 in milliseconds over successful requests."""
     good = [s for s in samples if s.ok]
-    out: dict[str, Any] = {"requests": len(samples), "ok": len(good),
-                           "errors": len(samples) - len(good)}
+    out: dict[str, Any] = {
+        "requests": len(samples),
+        "ok": len(good),
+        "errors": len(samples) - len(good),
+    }
     for key in ("ttft", "e2e"):
         values = [getattr(s, key) * 1000.0 for s in good]
         for q in (50, 99):
@@ -145,9 +167,14 @@ NOT_ROUTER_LIMITS = ("concurrency", "client/backend", "core shared")
 BUSY_PCT = 90.0
 
 
-def rate_limit(rps: float, router_cpu_pct: float | None, ideal_rps: float,
-               direct_rps: float | None, load_busy_pct: float | None = None,
-               router_core_busy_pct: float | None = None) -> str:
+def rate_limit(
+    rps: float,
+    router_cpu_pct: float | None,
+    ideal_rps: float,
+    direct_rps: float | None,
+    load_busy_pct: float | None = None,
+    router_core_busy_pct: float | None = None,
+) -> str:
     """What capped a closed-loop rate through a router, first match:
 
     * "router CPU": the router kept its one core at least 85% busy;
@@ -163,8 +190,9 @@ def rate_limit(rps: float, router_cpu_pct: float | None, ideal_rps: float,
         return "router CPU"
     if ideal_rps > 0 and rps >= 0.9 * ideal_rps:
         return "concurrency"
-    if (load_busy_pct is not None and load_busy_pct >= BUSY_PCT) or \
-            (direct_rps and rps >= 0.9 * direct_rps):
+    if (load_busy_pct is not None and load_busy_pct >= BUSY_PCT) or (
+        direct_rps and rps >= 0.9 * direct_rps
+    ):
         return "client/backend"
     if router_core_busy_pct is not None and router_core_busy_pct >= BUSY_PCT:
         return "core shared"
@@ -188,13 +216,16 @@ def _pct(value: float | None) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    header = ("| router | policy | added TTFT p50 ms | added TTFT p99 ms | added e2e p50 ms "
-              "| added e2e p99 ms | max req/s (1 core) | CPU at max: router / its core / load "
-              "| limited by | errors |")
+    header = (
+        "| router | policy | added TTFT p50 ms | added TTFT p99 ms | added e2e p50 ms "
+        "| added e2e p99 ms | max req/s (1 core) | CPU at max: router / its core / load "
+        "| limited by | errors |"
+    )
     lines = [header, "|" + "---|" * 10]
     for r in rows:
-        cpu = " / ".join(_pct(r.get(k)) for k in ("router_cpu_pct", "router_core_busy_pct",
-                                                  "load_cpu_busy_pct"))
+        cpu = " / ".join(
+            _pct(r.get(k)) for k in ("router_cpu_pct", "router_core_busy_pct", "load_cpu_busy_pct")
+        )
         # Not limited by the router: its own maximum is at least this.
         at_least = "≥ " if r.get("limited_by") in NOT_ROUTER_LIMITS else ""
         lines.append(
@@ -202,17 +233,22 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {_fmt(r.get('added_ttft_p99_ms'))} | {_fmt(r.get('added_e2e_p50_ms'))} "
             f"| {_fmt(r.get('added_e2e_p99_ms'))} | {at_least}{_fmt(r.get('max_rps'), 1)} "
             f"| {cpu} | {r.get('limited_by', 'n/a')} "
-            f"| {r.get('errors', 0)} |")
+            f"| {r.get('errors', 0)} |"
+        )
     return "\n".join(lines)
 
 
 def absolute_table(paths: dict[str, dict[str, Any]]) -> str:
-    lines = ["| path | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms | requests |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| path | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | e2e p99 ms | requests |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, s in paths.items():
-        lines.append(f"| {name} | {_fmt(s.get('ttft_p50_ms'))} | {_fmt(s.get('ttft_p99_ms'))} "
-                     f"| {_fmt(s.get('e2e_p50_ms'))} | {_fmt(s.get('e2e_p99_ms'))} "
-                     f"| {s.get('ok', 0)}/{s.get('requests', 0)} |")
+        lines.append(
+            f"| {name} | {_fmt(s.get('ttft_p50_ms'))} | {_fmt(s.get('ttft_p99_ms'))} "
+            f"| {_fmt(s.get('e2e_p50_ms'))} | {_fmt(s.get('e2e_p99_ms'))} "
+            f"| {s.get('ok', 0)}/{s.get('requests', 0)} |"
+        )
     return "\n".join(lines)
 
 
@@ -225,11 +261,15 @@ def ratio_lines(rows: list[dict[str, Any]], baseline: str = "tandem") -> list[st
     for r in rows:
         if r is base:
             continue
-        parts = [f"{label} ×{_fmt(ratio(r.get(key), base.get(key)))}"
-                 for label, key in (("added TTFT p50", "added_ttft_p50_ms"),
-                                    ("added TTFT p99", "added_ttft_p99_ms"),
-                                    ("added e2e p50", "added_e2e_p50_ms"),
-                                    ("added e2e p99", "added_e2e_p99_ms"))]
+        parts = [
+            f"{label} ×{_fmt(ratio(r.get(key), base.get(key)))}"
+            for label, key in (
+                ("added TTFT p50", "added_ttft_p50_ms"),
+                ("added TTFT p99", "added_ttft_p99_ms"),
+                ("added e2e p50", "added_e2e_p50_ms"),
+                ("added e2e p99", "added_e2e_p99_ms"),
+            )
+        ]
         # A rate the router did not limit is a lower bound, and so is its ratio.
         r_lower = r.get("limited_by") in NOT_ROUTER_LIMITS
         b_lower = base.get("limited_by") in NOT_ROUTER_LIMITS
@@ -243,11 +283,20 @@ def ratio_lines(rows: list[dict[str, Any]], baseline: str = "tandem") -> list[st
 
 # -- clients ------------------------------------------------------------------
 
+
 def chat_body(tokens: int, fields: dict | None = None) -> bytes:
-    return json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": PROMPT}],
-                       "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True},
-                       **(fields or {})}).encode()
+    return json.dumps(
+        {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **(fields or {}),
+        }
+    ).encode()
 
 
 def parse_sse_line(line: bytes) -> tuple[bool, int]:
@@ -277,7 +326,8 @@ class HttpTarget:
 
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
-            timeout=aiohttp.ClientTimeout(total=120))
+            timeout=aiohttp.ClientTimeout(total=120),
+        )
 
     async def close(self) -> None:
         if self._session is not None:
@@ -289,8 +339,9 @@ class HttpTarget:
         start = perf_counter()
         sample = Sample()
         try:
-            async with self._session.post(self.url, data=self.body,
-                                          headers={"Content-Type": "application/json"}) as resp:
+            async with self._session.post(
+                self.url, data=self.body, headers={"Content-Type": "application/json"}
+            ) as resp:
                 if resp.status != 200:
                     sample.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                     return sample
@@ -338,8 +389,10 @@ class GrpcTarget:
         start = perf_counter()
         sample = Sample()
         request = pb.GenerateRequest(
-            request_id=uuid.uuid4().hex, token_ids=self.prompt_ids,
-            sampling_params=pb.SamplingParams(max_tokens=self.tokens, ignore_eos=True))
+            request_id=uuid.uuid4().hex,
+            token_ids=self.prompt_ids,
+            sampling_params=pb.SamplingParams(max_tokens=self.tokens, ignore_eos=True),
+        )
         try:
             async for message in self._stub.Generate(request, timeout=120):
                 if message.text:
@@ -363,8 +416,7 @@ def _check(sample: Sample, tokens: int) -> Sample:
 
 def make_target(kind: str, address: str, tokens: int, fields: dict | None = None):
     """``fields``: added to each chat request (the HTTP targets)."""
-    return (GrpcTarget(address, tokens) if kind == "grpc"
-            else HttpTarget(address, tokens, fields))
+    return GrpcTarget(address, tokens) if kind == "grpc" else HttpTarget(address, tokens, fields)
 
 
 async def wait_serving(target, deadline: float, proc: Proc | None = None) -> None:
@@ -382,8 +434,9 @@ async def wait_serving(target, deadline: float, proc: Proc | None = None) -> Non
     raise ProcessError(f"no successful request before the deadline; last error: {last}")
 
 
-async def latency_phase(routed, direct, requests: int, concurrency: int,
-                        warmup: int) -> tuple[list[Sample], list[Sample]]:
+async def latency_phase(
+    routed, direct, requests: int, concurrency: int, warmup: int
+) -> tuple[list[Sample], list[Sample]]:
     """`requests` through the router and as many direct, interleaved (routed,
     direct, routed, ...) and served by `concurrency` workers, so both paths
     see the same machine at the same time."""
@@ -409,8 +462,9 @@ async def latency_phase(routed, direct, requests: int, concurrency: int,
     return out["routed"], out["direct"]
 
 
-async def closed_loop(target, concurrency: int, warmup_s: float, duration_s: float,
-                      cpu_seconds=None) -> dict[str, Any]:
+async def closed_loop(
+    target, concurrency: int, warmup_s: float, duration_s: float, cpu_seconds=None
+) -> dict[str, Any]:
     """`concurrency` workers back to back for warmup + duration seconds; the
     rate counts requests finished in the window after the warm-up.
     `cpu_seconds()`, when given, returns CPU-second counters ({name: seconds})
@@ -424,8 +478,10 @@ async def closed_loop(target, concurrency: int, warmup_s: float, duration_s: flo
     in_window: list[Sample] = []
     cpu: list[tuple[float, dict[str, float]]] = []
     if cpu_seconds is not None:
+
         def read_cpu() -> None:
             cpu.append((time.perf_counter(), cpu_seconds()))
+
         loop.call_later(warmup_s, read_cpu)
         loop.call_later(warmup_s + duration_s, read_cpu)
 
@@ -445,11 +501,15 @@ async def closed_loop(target, concurrency: int, warmup_s: float, duration_s: flo
     if len(cpu) == 2:
         (t0, c0), (t1, c1) = cpu
         cpu_pct = {k: 100.0 * (c1[k] - c0[k]) / max(t1 - t0, 1e-9) for k in c0 if k in c1}
-    return {"rps": rate_in_window(finished, start, end), "completed": len(in_window),
-            "cpu_pct": cpu_pct,
-            "errors": len(errors), "first_error": errors[0] if errors else None,
-            "window_s": duration_s,
-            **{k: v for k, v in summarize(in_window).items() if k.endswith("_ms")}}
+    return {
+        "rps": rate_in_window(finished, start, end),
+        "completed": len(in_window),
+        "cpu_pct": cpu_pct,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "window_s": duration_s,
+        **{k: v for k, v in summarize(in_window).items() if k.endswith("_ms")},
+    }
 
 
 def _rate_worker(spec_json: str) -> int:
@@ -469,8 +529,13 @@ def _rate_worker(spec_json: str) -> int:
 
         await target.open()
         try:
-            return await closed_loop(target, spec["concurrency"], spec["warmup_s"],
-                                     spec["duration_s"], cpu_seconds=counters)
+            return await closed_loop(
+                target,
+                spec["concurrency"],
+                spec["warmup_s"],
+                spec["duration_s"],
+                cpu_seconds=counters,
+            )
         finally:
             await target.close()
 
@@ -479,6 +544,7 @@ def _rate_worker(spec_json: str) -> int:
 
 
 # -- the run ------------------------------------------------------------------
+
 
 @dataclass
 class Config:
@@ -521,10 +587,24 @@ class Bench:
     def start_backend(self, kind: str) -> str:
         c = self.c
         port = free_port()
-        argv = [sys.executable, "-m", "bench.router_fakes", "openai" if kind == "http" else kind,
-                "--host", HOST, "--port", str(port), "--first-token-ms", str(c.first_token_ms),
-                "--token-delay-ms", str(c.token_delay_ms), "--tokens", str(c.tokens),
-                "--model-path", self.model_dir]
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.router_fakes",
+            "openai" if kind == "http" else kind,
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--first-token-ms",
+            str(c.first_token_ms),
+            "--token-delay-ms",
+            str(c.token_delay_ms),
+            "--tokens",
+            str(c.tokens),
+            "--model-path",
+            self.model_dir,
+        ]
         proc, _ = self.procs.launch(f"fake-{kind}", argv, self.load_cpus)
         if kind == "http":
             address = f"http://{HOST}:{port}"
@@ -542,26 +622,46 @@ class Bench:
             return {}
         return httpx.get(f"{self.backends['http']}/_fake/paths", timeout=5).json()
 
-    def rate_test(self, name: str, kind: str, address: str, router: Proc | None = None,
-                  fields: dict | None = None) -> dict[str, Any]:
+    def rate_test(
+        self,
+        name: str,
+        kind: str,
+        address: str,
+        router: Proc | None = None,
+        fields: dict | None = None,
+    ) -> dict[str, Any]:
         """The closed loop in `client_procs` subprocesses on the load CPUs;
         with `router`, its CPU use over the measured window too."""
         c = self.c
         per_proc = max(1, c.rate_concurrency // c.client_procs)
-        spec = json.dumps({"kind": kind, "address": address, "tokens": c.tokens,
-                           "fields": fields,
-                           "concurrency": per_proc, "warmup_s": c.warmup_s,
-                           "duration_s": c.duration_s,
-                           "cpu_pgid": router.pid if router else None,
-                           "watch_cpus": sorted({c.router_cpu, *self.load_cpus})})
+        spec = json.dumps(
+            {
+                "kind": kind,
+                "address": address,
+                "tokens": c.tokens,
+                "fields": fields,
+                "concurrency": per_proc,
+                "warmup_s": c.warmup_s,
+                "duration_s": c.duration_s,
+                "cpu_pgid": router.pid if router else None,
+                "watch_cpus": sorted({c.router_cpu, *self.load_cpus}),
+            }
+        )
         workers = []
         for i in range(c.client_procs):
             out_path = self.log_dir / f"rate-{name}-{i}.json"
             with open(out_path, "wb") as out:
-                workers.append((self.procs.launch(
-                    f"rate-{name}-{i}", [sys.executable, "-m", "bench.router_overhead",
-                                         "--rate-worker", spec],
-                    self.load_cpus, stdout=out), out_path))
+                workers.append(
+                    (
+                        self.procs.launch(
+                            f"rate-{name}-{i}",
+                            [sys.executable, "-m", "bench.router_overhead", "--rate-worker", spec],
+                            self.load_cpus,
+                            stdout=out,
+                        ),
+                        out_path,
+                    )
+                )
         results = []
         for (proc, popen), out_path in workers:
             try:
@@ -572,22 +672,28 @@ class Bench:
             if rc != 0 or not text:
                 raise ProcessError(f"rate client {proc.name} failed (exit {rc}); see {proc.log}")
             results.append(json.loads(text.splitlines()[-1]))
-        merged = {"rps": sum(r["rps"] for r in results),
-                  "completed": sum(r["completed"] for r in results),
-                  "errors": sum(r["errors"] for r in results),
-                  "first_error": next((r["first_error"] for r in results if r["first_error"]),
-                                      None),
-                  "concurrency": per_proc * c.client_procs, "clients": results}
+        merged = {
+            "rps": sum(r["rps"] for r in results),
+            "completed": sum(r["completed"] for r in results),
+            "errors": sum(r["errors"] for r in results),
+            "first_error": next((r["first_error"] for r in results if r["first_error"]), None),
+            "concurrency": per_proc * c.client_procs,
+            "clients": results,
+        }
         # Each client read the counters over its own (nearly equal) window.
         probes = [r["cpu_pct"] for r in results if r.get("cpu_pct")]
-        merged["cpu_pct"] = ({k: sum(p[k] for p in probes) / len(probes) for k in probes[0]}
-                             if probes else {})
+        merged["cpu_pct"] = (
+            {k: sum(p[k] for p in probes) / len(probes) for k in probes[0]} if probes else {}
+        )
         merged["router_cpu_pct"] = merged["cpu_pct"].get("router")
         # How busy the router's core was (its process or anything else), and
         # the busiest load CPU (backend, client, anything else).
         merged["router_core_busy_pct"] = merged["cpu_pct"].get(f"cpu{c.router_cpu}")
-        load = [merged["cpu_pct"][f"cpu{n}"] for n in sorted(self.load_cpus)
-                if f"cpu{n}" in merged["cpu_pct"] and n != c.router_cpu]
+        load = [
+            merged["cpu_pct"][f"cpu{n}"]
+            for n in sorted(self.load_cpus)
+            if f"cpu{n}" in merged["cpu_pct"] and n != c.router_cpu
+        ]
         merged["load_cpu_busy_pct"] = max(load) if load else None
         return merged
 
@@ -596,12 +702,19 @@ class Bench:
         backend = self.backends[spec.backend]
         port = free_port()
         seen_before = self._paths_seen()
-        proc, _ = self.procs.launch(spec.name, router_argv(spec, port, backend, self.model_dir),
-                                    {c.router_cpu}, env={"TANDEM_LOG_LEVEL": "WARNING"})
+        proc, _ = self.procs.launch(
+            spec.name,
+            router_argv(spec, port, backend, self.model_dir),
+            {c.router_cpu},
+            env={"TANDEM_LOG_LEVEL": "WARNING"},
+        )
         url = f"http://{HOST}:{port}"
         try:
-            print(f"[{spec.name}] starting (pid {proc.pid}, CPU {c.router_cpu}) ...",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[{spec.name}] starting (pid {proc.pid}, CPU {c.router_cpu}) ...",
+                file=sys.stderr,
+                flush=True,
+            )
             wait_http_ok(f"{url}{spec.ready_path}", proc, self._deadline())
 
             async def latency() -> tuple[list[Sample], list[Sample]]:
@@ -611,29 +724,45 @@ class Bench:
                 await direct.open()
                 try:
                     await wait_serving(routed, self._deadline(), proc)
-                    return await latency_phase(routed, direct, c.requests, c.concurrency,
-                                               warmup=min(10, c.requests))
+                    return await latency_phase(
+                        routed, direct, c.requests, c.concurrency, warmup=min(10, c.requests)
+                    )
                 finally:
                     await routed.close()
                     await direct.close()
 
             seen_after = self._paths_seen()
-            probes = {k: v - seen_before.get(k, 0) for k, v in seen_after.items()
-                      if v - seen_before.get(k, 0) > 0 and not k.endswith("/_fake/paths")}
-            print(f"[{spec.name}] latency: {c.requests} requests at concurrency "
-                  f"{c.concurrency} ...", file=sys.stderr, flush=True)
+            probes = {
+                k: v - seen_before.get(k, 0)
+                for k, v in seen_after.items()
+                if v - seen_before.get(k, 0) > 0 and not k.endswith("/_fake/paths")
+            }
+            print(
+                f"[{spec.name}] latency: {c.requests} requests at concurrency {c.concurrency} ...",
+                file=sys.stderr,
+                flush=True,
+            )
             routed, direct = asyncio.run(latency())
-            print(f"[{spec.name}] max rate: {c.duration_s:g} s at concurrency "
-                  f"{c.rate_concurrency} ...", file=sys.stderr, flush=True)
-            rate = self.rate_test(spec.name, "http", url, router=proc,
-                                  fields=spec.request_fields)
+            print(
+                f"[{spec.name}] max rate: {c.duration_s:g} s at concurrency "
+                f"{c.rate_concurrency} ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            rate = self.rate_test(spec.name, "http", url, router=proc, fields=spec.request_fields)
             raise_if_exited(proc)
         finally:
             self.procs.stop(proc)
-        return {"router": spec.name, "policy": spec.policy, "backend": spec.backend,
-                "argv": proc.argv,
-                "startup_probes": probes, "routed": summarize(routed),
-                "direct": summarize(direct), "rate": rate}
+        return {
+            "router": spec.name,
+            "policy": spec.policy,
+            "backend": spec.backend,
+            "argv": proc.argv,
+            "startup_probes": probes,
+            "routed": summarize(routed),
+            "direct": summarize(direct),
+            "rate": rate,
+        }
 
     def run(self) -> dict[str, Any]:
         c = self.c
@@ -647,8 +776,12 @@ class Bench:
         results = [self.run_router(spec) for spec in specs]
         ceilings = {}
         for kind in kinds:
-            print(f"[direct-{kind}] max rate: {c.duration_s:g} s at concurrency "
-                  f"{c.rate_concurrency} ...", file=sys.stderr, flush=True)
+            print(
+                f"[direct-{kind}] max rate: {c.duration_s:g} s at concurrency "
+                f"{c.rate_concurrency} ...",
+                file=sys.stderr,
+                flush=True,
+            )
             ceilings[kind] = self.rate_test(f"direct-{kind}", kind, self.backends[kind])
         return self.report(results, ceilings)
 
@@ -658,27 +791,48 @@ class Bench:
         rows = []
         for r in results:
             rate = r["rate"]
-            rows.append({"router": r["router"], "policy": r["policy"],
-                         **added_latency(r["routed"], r["direct"]),
-                         "max_rps": rate["rps"], "router_cpu_pct": rate["router_cpu_pct"],
-                         "router_core_busy_pct": rate["router_core_busy_pct"],
-                         "load_cpu_busy_pct": rate["load_cpu_busy_pct"],
-                         "limited_by": rate_limit(rate["rps"], rate["router_cpu_pct"],
-                                                  ideal_rps, ceilings[r["backend"]]["rps"],
-                                                  rate["load_cpu_busy_pct"],
-                                                  rate["router_core_busy_pct"]),
-                         "direct_max_rps": ceilings[r["backend"]]["rps"],
-                         "errors": r["routed"]["errors"] + rate["errors"]})
+            rows.append(
+                {
+                    "router": r["router"],
+                    "policy": r["policy"],
+                    **added_latency(r["routed"], r["direct"]),
+                    "max_rps": rate["rps"],
+                    "router_cpu_pct": rate["router_cpu_pct"],
+                    "router_core_busy_pct": rate["router_core_busy_pct"],
+                    "load_cpu_busy_pct": rate["load_cpu_busy_pct"],
+                    "limited_by": rate_limit(
+                        rate["rps"],
+                        rate["router_cpu_pct"],
+                        ideal_rps,
+                        ceilings[r["backend"]]["rps"],
+                        rate["load_cpu_busy_pct"],
+                        rate["router_core_busy_pct"],
+                    ),
+                    "direct_max_rps": ceilings[r["backend"]]["rps"],
+                    "errors": r["routed"]["errors"] + rate["errors"],
+                }
+            )
         absolute = {}
         for r in results:
             absolute[r["router"]] = r["routed"]
-            absolute[f"{DIRECT_GRPC if r['backend'] == 'grpc' else DIRECT_HTTP} "
-                     f"(with {r['router']})"] = r["direct"]
-        report = {"config": {**asdict(c), "out": str(c.out), "ideal_e2e_ms": c.ideal_e2e_ms,
-                             "ideal_rps": ideal_rps,
-                             "prompt": PROMPT, "model": MODEL_NAME},
-                  "rows": rows, "routers": results, "direct_rate": ceilings,
-                  "absolute": absolute, "ratios_vs_tandem": ratio_lines(rows)}
+            absolute[
+                f"{DIRECT_GRPC if r['backend'] == 'grpc' else DIRECT_HTTP} (with {r['router']})"
+            ] = r["direct"]
+        report = {
+            "config": {
+                **asdict(c),
+                "out": str(c.out),
+                "ideal_e2e_ms": c.ideal_e2e_ms,
+                "ideal_rps": ideal_rps,
+                "prompt": PROMPT,
+                "model": MODEL_NAME,
+            },
+            "rows": rows,
+            "routers": results,
+            "direct_rate": ceilings,
+            "absolute": absolute,
+            "ratios_vs_tandem": ratio_lines(rows),
+        }
         return report
 
 
@@ -700,8 +854,11 @@ def render(report: dict[str, Any]) -> str:
         markdown_table(report["rows"]),
         "",
         "Same closed loop without a router (what the client and backend manage on the load "
-        "CPUs): " + ", ".join(f"{DIRECT_GRPC if k == 'grpc' else DIRECT_HTTP} {v['rps']:.1f} "
-                             f"req/s" for k, v in report["direct_rate"].items())
+        "CPUs): "
+        + ", ".join(
+            f"{DIRECT_GRPC if k == 'grpc' else DIRECT_HTTP} {v['rps']:.1f} req/s"
+            for k, v in report["direct_rate"].items()
+        )
         + f"; concurrency ÷ backend latency: {c['ideal_rps']:.1f} req/s.",
         "",
         "CPU at max, over the measured window, in % of one core: the router's processes; "
@@ -719,49 +876,102 @@ def render(report: dict[str, Any]) -> str:
         absolute_table(report["absolute"]),
     ]
     if report["ratios_vs_tandem"]:
-        lines += ["", "Ratios (router ÷ tandem; >1 = more overhead, or more req/s):",
-                  *report["ratios_vs_tandem"]]
-    probes = {r["router"]: r["startup_probes"] for r in report["routers"]
-              if r["backend"] == "http"}
+        lines += [
+            "",
+            "Ratios (router ÷ tandem; >1 = more overhead, or more req/s):",
+            *report["ratios_vs_tandem"],
+        ]
+    probes = {r["router"]: r["startup_probes"] for r in report["routers"] if r["backend"] == "http"}
     if probes:
-        lines += ["", "Backend endpoints each HTTP router called at start-up: " + "; ".join(
-            f"{k}: {', '.join(sorted(v)) or 'none'}" for k, v in probes.items())]
+        lines += [
+            "",
+            "Backend endpoints each HTTP router called at start-up: "
+            + "; ".join(f"{k}: {', '.join(sorted(v)) or 'none'}" for k, v in probes.items()),
+        ]
     return "\n".join(lines)
 
 
 # -- command line -------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.router_overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--routers", default="tandem,vllm-router,sglang-router",
-                   help=f"comma list of {', '.join(ROUTERS)}")
-    p.add_argument("--requests", type=int, default=Config.requests,
-                   help="requests per router in the latency test (and as many direct)")
-    p.add_argument("--concurrency", type=int, default=Config.concurrency,
-                   help="concurrent requests in the latency test")
-    p.add_argument("--rate-concurrency", type=int, default=Config.rate_concurrency,
-                   help="concurrent requests in the max-rate test (closed loop)")
-    p.add_argument("--duration", type=float, default=Config.duration_s,
-                   help="seconds measured in the max-rate test, per router")
-    p.add_argument("--warmup", type=float, default=Config.warmup_s,
-                   help="seconds of the max-rate loop before measuring")
-    p.add_argument("--tokens", type=int, default=Config.tokens,
-                   help="tokens per response")
-    p.add_argument("--first-token-ms", type=float, default=Config.first_token_ms,
-                   help="backend delay before the first token")
-    p.add_argument("--token-delay-ms", type=float, default=Config.token_delay_ms,
-                   help="backend delay between tokens")
-    p.add_argument("--router-cpu", type=int, default=None,
-                   help="CPU the router is pinned to (default: the first usable one)")
-    p.add_argument("--load-cpus", default=None,
-                   help="comma list of CPUs for the backends and the client "
-                   "(default: every usable CPU but the router's)")
-    p.add_argument("--client-procs", type=int, default=Config.client_procs,
-                   help="client processes in the max-rate test (more on machines with "
-                   "many load CPUs)")
-    p.add_argument("--startup-timeout", type=float, default=Config.startup_timeout_s,
-                   help="seconds each backend and router may take to start")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.router_overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--routers",
+        default="tandem,vllm-router,sglang-router",
+        help=f"comma list of {', '.join(ROUTERS)}",
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=Config.requests,
+        help="requests per router in the latency test (and as many direct)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=Config.concurrency,
+        help="concurrent requests in the latency test",
+    )
+    p.add_argument(
+        "--rate-concurrency",
+        type=int,
+        default=Config.rate_concurrency,
+        help="concurrent requests in the max-rate test (closed loop)",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=Config.duration_s,
+        help="seconds measured in the max-rate test, per router",
+    )
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=Config.warmup_s,
+        help="seconds of the max-rate loop before measuring",
+    )
+    p.add_argument("--tokens", type=int, default=Config.tokens, help="tokens per response")
+    p.add_argument(
+        "--first-token-ms",
+        type=float,
+        default=Config.first_token_ms,
+        help="backend delay before the first token",
+    )
+    p.add_argument(
+        "--token-delay-ms",
+        type=float,
+        default=Config.token_delay_ms,
+        help="backend delay between tokens",
+    )
+    p.add_argument(
+        "--router-cpu",
+        type=int,
+        default=None,
+        help="CPU the router is pinned to (default: the first usable one)",
+    )
+    p.add_argument(
+        "--load-cpus",
+        default=None,
+        help="comma list of CPUs for the backends and the client "
+        "(default: every usable CPU but the router's)",
+    )
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=Config.client_procs,
+        help="client processes in the max-rate test (more on machines with many load CPUs)",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=Config.startup_timeout_s,
+        help="seconds each backend and router may take to start",
+    )
     p.add_argument("--out", type=Path, default=Config.out, help="JSON report")
     p.add_argument("--rate-worker", help=argparse.SUPPRESS)
     return p
@@ -779,21 +989,34 @@ def config_from_args(args: argparse.Namespace) -> Config:
     else:
         load = [c for c in cpus if c != router_cpu] or [router_cpu]
     if load == [router_cpu]:
-        print("warning: one usable CPU; router, backend and client share it",
-              file=sys.stderr)
-    for name, value in (("--requests", args.requests), ("--concurrency", args.concurrency),
-                        ("--rate-concurrency", args.rate_concurrency),
-                        ("--tokens", args.tokens), ("--client-procs", args.client_procs)):
+        print("warning: one usable CPU; router, backend and client share it", file=sys.stderr)
+    for name, value in (
+        ("--requests", args.requests),
+        ("--concurrency", args.concurrency),
+        ("--rate-concurrency", args.rate_concurrency),
+        ("--tokens", args.tokens),
+        ("--client-procs", args.client_procs),
+    ):
         if value < 1:
             raise SystemExit(f"{name} must be at least 1")
     if args.duration <= 0 or args.warmup < 0:
         raise SystemExit("--duration must be positive and --warmup not negative")
-    return Config(routers=routers, requests=args.requests, concurrency=args.concurrency,
-                  rate_concurrency=args.rate_concurrency, duration_s=args.duration,
-                  warmup_s=args.warmup, tokens=args.tokens, first_token_ms=args.first_token_ms,
-                  token_delay_ms=args.token_delay_ms, router_cpu=router_cpu, load_cpus=load,
-                  client_procs=args.client_procs, startup_timeout_s=args.startup_timeout,
-                  out=args.out)
+    return Config(
+        routers=routers,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        rate_concurrency=args.rate_concurrency,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        tokens=args.tokens,
+        first_token_ms=args.first_token_ms,
+        token_delay_ms=args.token_delay_ms,
+        router_cpu=router_cpu,
+        load_cpus=load,
+        client_procs=args.client_procs,
+        startup_timeout_s=args.startup_timeout,
+        out=args.out,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,8 +58,9 @@ class Contender:
 
     @property
     def name(self) -> str:
-        variant = "".join(f"+{self.flags[i][2:]}={self.flags[i + 1]}"
-                          for i in range(0, len(self.flags), 2))
+        variant = "".join(
+            f"+{self.flags[i][2:]}={self.flags[i + 1]}" for i in range(0, len(self.flags), 2)
+        )
         return f"{self.router}:{self.policy}{variant}"
 
 
@@ -109,18 +110,29 @@ class HttpEngine:
     proc: object
 
 
-def contender_argv(c: Contender, port: int, engines: list[HttpEngine], model_dir: str,
-                   block_size: int) -> list[str]:
+def contender_argv(
+    c: Contender, port: int, engines: list[HttpEngine], model_dir: str, block_size: int
+) -> list[str]:
     """vllm-router / sglang-router in front of the HTTP engines. kv_aware gets
     the engines' KV events and session affinity (its best configuration)."""
     argv = http_router_argv(ROUTERS[c.router], port, [e.url for e in engines], c.policy)
     if c.kv_events:
         for e in engines:
             pub, replay = e.kv_events.split(",")
-            argv += ["--kv-event-source", f"{e.url}={pub}",
-                     "--kv-event-replay-source", f"{e.url}={replay}"]
-        argv += ["--kv-event-block-size", str(block_size), "--kv-event-model", model_dir,
-                 "--kv-aware-session-affinity-ttl-secs", "600"]
+            argv += [
+                "--kv-event-source",
+                f"{e.url}={pub}",
+                "--kv-event-replay-source",
+                f"{e.url}={replay}",
+            ]
+        argv += [
+            "--kv-event-block-size",
+            str(block_size),
+            "--kv-event-model",
+            model_dir,
+            "--kv-aware-session-affinity-ttl-secs",
+            "600",
+        ]
     return argv
 
 
@@ -135,31 +147,52 @@ class PolicyBench:
         self.model_dir = str(resolve_model(None))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.sessions, self.info = generate.generated_trace(
-            "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed)
-        self.base = ReplayConfig(url="", model="", think_scale=a.think_scale,
-                                 timeout_s=a.timeout, progress=sys.stderr.isatty())
+            "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed
+        )
+        self.base = ReplayConfig(
+            url="",
+            model="",
+            think_scale=a.think_scale,
+            timeout_s=a.timeout,
+            progress=sys.stderr.isatty(),
+        )
         self.problems: list[str] = []
         self.runs: list[dict] = []  # every finished run, kept if interrupted
 
     def stack_config(self, regime: Regime, state: Path):
         from services.stack import StackConfig
 
-        blocks = [] if regime.kv_blocks is None else [
-            "--num-gpu-blocks-override", str(regime.kv_blocks)]
+        blocks = (
+            [] if regime.kv_blocks is None else ["--num-gpu-blocks-override", str(regime.kv_blocks)]
+        )
         # No KV store: this compares routers, so a miss is a recompute for all.
-        return StackConfig(prefill=0, decode=0, aggregated=self.a.engines, kv_store=False,
-                           router=False, kv_cache_gib=1,
-                           max_model_len=self.a.max_model_len, state_dir=state,
-                           engine_args=blocks)
+        return StackConfig(
+            prefill=0,
+            decode=0,
+            aggregated=self.a.engines,
+            kv_store=False,
+            router=False,
+            kv_cache_gib=1,
+            max_model_len=self.a.max_model_len,
+            state_dir=state,
+            engine_args=blocks,
+        )
 
     def replay(self, name: str, url: str, regime: Regime, rep: int) -> dict | None:
         try:
             # The model by name: sglang-router's /v1/models says "unknown".
             endpoint = Endpoint(name, url, model=Path(self.model_dir).name)
-            runs = run_sweep(self.sessions, self.info, [endpoint],
-                             [self.a.concurrency], replace(self.base), self.tokenizer,
-                             run_dir(self.out, regime.name, rep, self.a.repeat),
-                             served_model, log=log)
+            runs = run_sweep(
+                self.sessions,
+                self.info,
+                [endpoint],
+                [self.a.concurrency],
+                replace(self.base),
+                self.tokenizer,
+                run_dir(self.out, regime.name, rep, self.a.repeat),
+                served_model,
+                log=log,
+            )
         except Exception as e:  # report what was measured, say what was not
             self._failed(f"{regime.name} {name} (run {rep + 1})", e)
             return None
@@ -173,8 +206,14 @@ class PolicyBench:
         drift in the machine's state spreads over all of them."""
         return [(rep, c) for rep in range(self.a.repeat) for c in contenders]
 
-    def run_router(self, procs: Processes, c: Contender, argv_for: Callable[[int], list[str]],
-                   regime: Regime, rep: int) -> None:
+    def run_router(
+        self,
+        procs: Processes,
+        c: Contender,
+        argv_for: Callable[[int], list[str]],
+        regime: Regime,
+        rep: int,
+    ) -> None:
         """Start the router (``--replicas`` processes of it, each from
         ``argv_for(port)``), replay the trace through it, stop it."""
         from common.ports import free_port
@@ -186,12 +225,18 @@ class PolicyBench:
             for i in range(self.a.replicas):
                 port = free_port()
                 replica = name if self.a.replicas == 1 else f"{name}-replica{i}"
-                proc, _ = procs.launch(replica, argv_for(port),  # its log: <replica>.log
-                                       set(os.sched_getaffinity(0)))
+                proc, _ = procs.launch(
+                    replica,
+                    argv_for(port),  # its log: <replica>.log
+                    set(os.sched_getaffinity(0)),
+                )
                 started.append((proc, port))
             for proc, port in started:
-                wait_http_ok(f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}", proc,
-                             time.monotonic() + 120)
+                wait_http_ok(
+                    f"http://{HOST}:{port}{ROUTERS[c.router].ready_path}",
+                    proc,
+                    time.monotonic() + 120,
+                )
             urls = ",".join(f"http://{HOST}:{port}" for _, port in started)
             run = self.replay(c.name, urls, regime, rep)
             if run:
@@ -232,6 +277,7 @@ class PolicyBench:
 
                 def argv_for(port: int, c: Contender = c, shared: list[str] = shared):
                     return stack.router_argv(port, ["--policy", c.policy, *c.flags, *shared])
+
                 self.run_router(procs, c, argv_for, regime, rep)
         except Exception as e:
             self._failed(f"{regime.name} Tandem engines", e)
@@ -256,20 +302,36 @@ class PolicyBench:
             for i, core in enumerate(engine_cores(self.a.engines)):
                 port = free_port()
                 events, endpoints = kv_events_flags(HOST, free_port(), free_port())
-                argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                        *vllm_flags(cfg, model=self.model_dir),
-                        "--served-model-name", Path(self.model_dir).name, *cfg.engine_args,
-                        *events, "--host", HOST, "--port", str(port),
-                        "--enable-prompt-tokens-details"]
-                proc, _ = procs.launch(f"vllm-{i}", argv, set(os.sched_getaffinity(0)),
-                                       env=engine_env(cfg.kv_cache_gib, core))
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    *vllm_flags(cfg, model=self.model_dir),
+                    "--served-model-name",
+                    Path(self.model_dir).name,
+                    *cfg.engine_args,
+                    *events,
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(port),
+                    "--enable-prompt-tokens-details",
+                ]
+                proc, _ = procs.launch(
+                    f"vllm-{i}",
+                    argv,
+                    set(os.sched_getaffinity(0)),
+                    env=engine_env(cfg.kv_cache_gib, core),
+                )
                 engines.append(HttpEngine(f"http://{HOST}:{port}", endpoints, proc))
             for e in engines:
                 wait_http_ok(f"{e.url}/health", e.proc, time.monotonic() + cfg.startup_timeout_s)
             log(f"{regime.name}: vLLM HTTP engines up in {time.time() - t0:.0f}s")
             for rep, c in self.each_router(contenders):
+
                 def argv_for(port: int, c: Contender = c) -> list[str]:
                     return contender_argv(c, port, engines, self.model_dir, self.a.block_size)
+
                 self.run_router(procs, c, argv_for, regime, rep)
         except Exception as e:
             self._failed(f"{regime.name} vLLM HTTP engines", e)
@@ -285,9 +347,11 @@ def summary_table(runs: list[dict], bound: float | None) -> str:
     """One row per regime and contender; ratios against Tandem's default in
     the same regime (TTFT: lower is better; hit rate and tok/s: higher).
     Repeated runs: the mean of the runs, and the hit rate's range."""
-    head = ("| regime | router:policy | runs | hit rate | hit range | main-agent hit "
-            "| sub-agent hit | TTFT p50 s | TTFT p90 s | output tok/s | total tok/s | fail "
-            "| TTFT p50 ÷ tandem | TTFT p90 ÷ tandem |")
+    head = (
+        "| regime | router:policy | runs | hit rate | hit range | main-agent hit "
+        "| sub-agent hit | TTFT p50 s | TTFT p90 s | output tok/s | total tok/s | fail "
+        "| TTFT p50 ÷ tandem | TTFT p90 ÷ tandem |"
+    )
     lines = [head, "|" + "---|" * 14]
     for regime in dict.fromkeys(r["regime"] for r in runs):
         rows = aggregate([r for r in runs if r["regime"] == regime])
@@ -300,10 +364,12 @@ def summary_table(runs: list[dict], bound: float | None) -> str:
                 f"| {_f(s['ttft_p90'])} | {_f(s['output_tokens_per_s'], 1)} "
                 f"| {_f(s['total_tokens_per_s'], 0)} | {s['failures']} "
                 f"| {_ratio(s, base and base[1], 'ttft_p50')} "
-                f"| {_ratio(s, base and base[1], 'ttft_p90')} |")
+                f"| {_ratio(s, base and base[1], 'ttft_p90')} |"
+            )
     if bound is not None:
-        lines.append(f"\nHit-rate bound of the trace (unbounded cache, 128-token blocks): "
-                     f"{_pct(bound)}.")
+        lines.append(
+            f"\nHit-rate bound of the trace (unbounded cache, 128-token blocks): {_pct(bound)}."
+        )
     return "\n".join(lines)
 
 
@@ -312,21 +378,41 @@ def aggregate(runs: list[dict]) -> dict[str, tuple[int, dict]]:
     by_label: dict[str, list[dict]] = {}
     for r in runs:
         records = r.get("records") or []
-        by_label.setdefault(r["label"], []).append({
-            **r["summary"],
-            "hit_main": metrics.hit_rate([x for x in records if not x["agent"]]),
-            "hit_sub": metrics.hit_rate([x for x in records if x["agent"]])})
+        by_label.setdefault(r["label"], []).append(
+            {
+                **r["summary"],
+                "hit_main": metrics.hit_rate([x for x in records if not x["agent"]]),
+                "hit_sub": metrics.hit_rate([x for x in records if x["agent"]]),
+            }
+        )
     out = {}
     for label, sums in by_label.items():
+
         def mean(key: str, sums: list[dict] = sums):
             values = [s[key] for s in sums if s.get(key) is not None]
             return sum(values) / len(values) if values else None
+
         hits = [s["hit_rate"] for s in sums if s.get("hit_rate") is not None]
-        out[label] = (len(sums), {
-            **{k: mean(k) for k in ("hit_rate", "hit_main", "hit_sub", "ttft_p50", "ttft_p90",
-                                    "output_tokens_per_s", "total_tokens_per_s")},
-            "hit_min": min(hits, default=None), "hit_max": max(hits, default=None),
-            "failures": sum(s.get("failures") or 0 for s in sums)})
+        out[label] = (
+            len(sums),
+            {
+                **{
+                    k: mean(k)
+                    for k in (
+                        "hit_rate",
+                        "hit_main",
+                        "hit_sub",
+                        "ttft_p50",
+                        "ttft_p90",
+                        "output_tokens_per_s",
+                        "total_tokens_per_s",
+                    )
+                },
+                "hit_min": min(hits, default=None),
+                "hit_max": max(hits, default=None),
+                "failures": sum(s.get("failures") or 0 for s in sums),
+            },
+        )
     return out
 
 
@@ -345,39 +431,68 @@ def _ratio(s: dict, base: dict | None, key: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.router_policies", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--regimes", default="ample,tight",
-                    help="ample (1 GiB of KV per engine) and/or tight "
-                         "(--tight-blocks per engine) (default: %(default)s)")
-    ap.add_argument("--tight-blocks", type=int, default=25,
-                    help="KV blocks per engine in the tight regime: one --max-model-len "
-                         "context (24 × 128 tokens) plus vLLM's null block, the least an "
-                         "engine starts with (default: %(default)s)")
-    ap.add_argument("--contenders", default=",".join(c.name for c in CONTENDERS),
-                    help="router:policy list, in order (default: all: %(default)s); a Tandem "
-                         "variant adds router flags: tandem:cost+move-cost-factor=1.0")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per contender and regime, each with a fresh content salt "
-                         "(which pods hash-based policies pick changes with it); the "
-                         "table reports means and the hit-rate range (default 1)")
-    ap.add_argument("--engines", type=int, default=2,
-                    help="engines per router (default 2). With 1 every policy sends "
-                         "everything to the one engine: the rows compare the front-end "
-                         "paths alone (Tandem's router + gRPC engine host vs a Rust "
-                         "router + vLLM's HTTP server)")
-    ap.add_argument("--replicas", type=int, default=1,
-                    help="router processes per contender (default 1); the replay sends "
-                         "requests to them in turn, as an Ingress does. Tandem's replicas "
-                         "share state through a redis-server this starts; the Rust "
-                         "routers' replicas share nothing")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.router_policies",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--regimes",
+        default="ample,tight",
+        help="ample (1 GiB of KV per engine) and/or tight "
+        "(--tight-blocks per engine) (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--tight-blocks",
+        type=int,
+        default=25,
+        help="KV blocks per engine in the tight regime: one --max-model-len "
+        "context (24 × 128 tokens) plus vLLM's null block, the least an "
+        "engine starts with (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--contenders",
+        default=",".join(c.name for c in CONTENDERS),
+        help="router:policy list, in order (default: all: %(default)s); a Tandem "
+        "variant adds router flags: tandem:cost+move-cost-factor=1.0",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per contender and regime, each with a fresh content salt "
+        "(which pods hash-based policies pick changes with it); the "
+        "table reports means and the hit-rate range (default 1)",
+    )
+    ap.add_argument(
+        "--engines",
+        type=int,
+        default=2,
+        help="engines per router (default 2). With 1 every policy sends "
+        "everything to the one engine: the rows compare the front-end "
+        "paths alone (Tandem's router + gRPC engine host vs a Rust "
+        "router + vLLM's HTTP server)",
+    )
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="router processes per contender (default 1); the replay sends "
+        "requests to them in turn, as an Ingress does. Tandem's replicas "
+        "share state through a redis-server this starts; the Rust "
+        "routers' replicas share nothing",
+    )
     ap.add_argument("--concurrency", type=int, default=4, help="agent lanes (default 4)")
     ap.add_argument("--sessions", type=int, default=4, help="sessions of the small profile")
     ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
     ap.add_argument("--seed", type=int, default=0, help="trace seed")
     ap.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
-    ap.add_argument("--max-model-len", type=int, default=3072,
-                    help="engines' context (the small profile compacts past 3072)")
+    ap.add_argument(
+        "--max-model-len",
+        type=int,
+        default=3072,
+        help="engines' context (the small profile compacts past 3072)",
+    )
     ap.add_argument("--block-size", type=int, default=128, help="engines' KV block size")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
     ap.add_argument("--out", help="output directory (default bench/results/<time>-policies)")
@@ -393,14 +508,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in contenders:
         if name not in by_name and (variant := parse_variant(name, by_name)):
             by_name[name] = variant
-    unknown = [n for n in chosen if n not in regimes] + [c for c in contenders
-                                                        if c not in by_name]
+    unknown = [n for n in chosen if n not in regimes] + [c for c in contenders if c not in by_name]
     if min(a.repeat, a.engines, a.replicas) < 1:
         print("--repeat, --engines and --replicas must be at least 1", file=sys.stderr)
         return 2
     if unknown:
-        print(f"unknown regime(s)/contender(s): {unknown}; regimes: {sorted(regimes)}; "
-              f"contenders: {sorted(by_name)}", file=sys.stderr)
+        print(
+            f"unknown regime(s)/contender(s): {unknown}; regimes: {sorted(regimes)}; "
+            f"contenders: {sorted(by_name)}",
+            file=sys.stderr,
+        )
         return 2
     picked = [by_name[c] for c in contenders]
     for c in picked:  # fail before any engine starts
@@ -425,22 +542,31 @@ def main(argv: list[str] | None = None) -> int:
     runs = bench.runs
     stats = bench.info["stats"]
     table = summary_table(runs, stats.get("reuse_bound_engine128"))
-    notes = [f"Trace: small profile, {stats['sessions']} sessions, {stats['requests']} "
-             f"requests, input p50 {stats['in_p50']:.0f} tokens; concurrency "
-             f"{a.concurrency}; router replicas: {a.replicas}; engines: {a.engines} × "
-             f"vLLM CPU, --max-model-len {a.max_model_len}, "
-             f"tight = {a.tight_blocks} blocks of {a.block_size} tokens per engine, "
-             f"ample = 1 GiB per engine.", *bench.problems]
+    notes = [
+        f"Trace: small profile, {stats['sessions']} sessions, {stats['requests']} "
+        f"requests, input p50 {stats['in_p50']:.0f} tokens; concurrency "
+        f"{a.concurrency}; router replicas: {a.replicas}; engines: {a.engines} × "
+        f"vLLM CPU, --max-model-len {a.max_model_len}, "
+        f"tight = {a.tight_blocks} blocks of {a.block_size} tokens per engine, "
+        f"ample = 1 GiB per engine.",
+        *bench.problems,
+    ]
     out.mkdir(parents=True, exist_ok=True)
     for name in chosen:
         for rep in range(a.repeat):
             rows = [r for r in runs if r["regime"] == name and r["rep"] == rep]
             if rows:
-                report.write_report(rows, run_dir(out, name, rep, a.repeat), baseline=BASELINE,
-                                    title=f"Routing policies, {name} KV", notes=notes)
+                report.write_report(
+                    rows,
+                    run_dir(out, name, rep, a.repeat),
+                    baseline=BASELINE,
+                    title=f"Routing policies, {name} KV",
+                    notes=notes,
+                )
     md = out / "policies.md"
-    md.write_text("# Routing policies on the same engines\n\n" + table + "\n\n"
-                  + "\n\n".join(notes) + "\n")
+    md.write_text(
+        "# Routing policies on the same engines\n\n" + table + "\n\n" + "\n\n".join(notes) + "\n"
+    )
     print(table)
     log(f"report: {md}")
     if interrupted:

@@ -30,20 +30,48 @@ class RouterSpec:
 # What an agent sends each turn: two function tools (bench/router_overhead.py
 # measures the router's tool parsing, and structured output's schema checks,
 # against plain chat).
-AGENT_TOOLS = [{"type": "function", "function": {
-    "name": name, "description": description,
-    "parameters": {"type": "object", "properties": properties,
-                   "required": list(properties)}}}
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(properties),
+            },
+        },
+    }
     for name, description, properties in (
-        ("read_file", "Read a file of the repository",
-         {"path": {"type": "string"}, "max_lines": {"type": "integer"}}),
-        ("run_tests", "Run the test suite, or one test file",
-         {"target": {"type": "string"}, "verbose": {"type": "boolean"}}))]
-ANSWER_SCHEMA = {"type": "json_schema", "json_schema": {
-    "name": "answer", "strict": True, "schema": {
-        "type": "object", "properties": {"summary": {"type": "string"},
-                                         "files": {"type": "array", "items": {"type": "string"}}},
-        "required": ["summary", "files"], "additionalProperties": False}}}
+        (
+            "read_file",
+            "Read a file of the repository",
+            {"path": {"type": "string"}, "max_lines": {"type": "integer"}},
+        ),
+        (
+            "run_tests",
+            "Run the test suite, or one test file",
+            {"target": {"type": "string"}, "verbose": {"type": "boolean"}},
+        ),
+    )
+]
+ANSWER_SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "answer",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "summary": {"type": "string"},
+                "files": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["summary", "files"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 ROUTERS: dict[str, RouterSpec] = {
@@ -51,19 +79,33 @@ ROUTERS: dict[str, RouterSpec] = {
     # The same router with the bundled model's tool template and vLLM's hermes
     # parser, every request carrying tools (tool_choice auto: each output token
     # goes through the parser).
-    "tandem-tools": RouterSpec("tandem-tools", "grpc", "round-robin", router_args=(
-        "--chat-template", str(CHATML_TOOLS), "--tool-call-parser", "hermes"),
-        request_fields={"tools": AGENT_TOOLS, "tool_choice": "auto"}),
+    "tandem-tools": RouterSpec(
+        "tandem-tools",
+        "grpc",
+        "round-robin",
+        router_args=("--chat-template", str(CHATML_TOOLS), "--tool-call-parser", "hermes"),
+        request_fields={"tools": AGENT_TOOLS, "tool_choice": "auto"},
+    ),
     # Every request constrained by a JSON schema (checked by the router, carried
     # to the engine; the fake engine does not apply it).
-    "tandem-structured": RouterSpec("tandem-structured", "grpc", "round-robin",
-                                    request_fields={"response_format": ANSWER_SCHEMA}),
-    "vllm-router": RouterSpec("vllm-router", "http", "round_robin",
-                              package="vllm-router==0.1.17", binary="vllm-router"),
+    "tandem-structured": RouterSpec(
+        "tandem-structured",
+        "grpc",
+        "round-robin",
+        request_fields={"response_format": ANSWER_SCHEMA},
+    ),
+    "vllm-router": RouterSpec(
+        "vllm-router", "http", "round_robin", package="vllm-router==0.1.17", binary="vllm-router"
+    ),
     # /health answers OK before any worker is registered; /readiness waits for one.
-    "sglang-router": RouterSpec("sglang-router", "http", "round_robin",
-                                package="sglang-router==0.3.2", binary="sglang-router",
-                                ready_path="/readiness"),
+    "sglang-router": RouterSpec(
+        "sglang-router",
+        "http",
+        "round_robin",
+        package="sglang-router==0.3.2",
+        binary="sglang-router",
+        ready_path="/readiness",
+    ),
 }
 
 
@@ -71,23 +113,37 @@ def find_binary(spec: RouterSpec) -> str:
     """The router's console script: on PATH, else next to this Python (a venv
     used without activating it)."""
     found = shutil.which(spec.binary) or shutil.which(
-        spec.binary, path=str(Path(sys.executable).parent))
+        spec.binary, path=str(Path(sys.executable).parent)
+    )
     if not found:
         raise SystemExit(
             f"{spec.name}: the '{spec.binary}' command is not installed. Install it with "
             f"`pip install {spec.package}` (or `pip install -e '.[routers]'`, or "
-            f"`make bench-routers`), or leave it out with --routers.")
+            f"`make bench-routers`), or leave it out with --routers."
+        )
     return found
 
 
-def http_router_argv(spec: RouterSpec, port: int, worker_urls: list[str],
-                     policy: str) -> list[str]:
+def http_router_argv(spec: RouterSpec, port: int, worker_urls: list[str], policy: str) -> list[str]:
     """vllm-router or sglang-router on `port` in front of `worker_urls` with
     `policy`, logging at warning level, its Prometheus endpoint on a port of
     its own (replicas must not collide on the default)."""
-    common = ["--host", HOST, "--port", str(port), "--worker-urls", *worker_urls,
-              "--policy", policy, "--prometheus-host", HOST,
-              "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1"]
+    common = [
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--prometheus-host",
+        HOST,
+        "--prometheus-port",
+        str(free_port()),
+        "--worker-startup-check-interval",
+        "1",
+    ]
     if spec.name == "vllm-router":
         return [find_binary(spec), *common, "--log-level", "warning"]
     if spec.name == "sglang-router":

@@ -92,8 +92,9 @@ def counters(text: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             for key, (name, label) in ENGINE_COUNTERS.items():
-                if sample.name == name and (label is None
-                                            or sample.labels.get(label[0]) == label[1]):
+                if sample.name == name and (
+                    label is None or sample.labels.get(label[0]) == label[1]
+                ):
                     found[key] += sample.value
     return found
 
@@ -147,10 +148,12 @@ def summarize(label: str, runs: list[dict], gap_s: float) -> dict:
     prompt = sum(r.get("prompt_tokens") or 0 for r in after_gap)
     cached = sum(r.get("cached_tokens") or 0 for r in after_gap)
     engines = {k: sum(run["engines"][k] for run in runs) for k in ENGINE_COUNTERS}
-    prefetch = {k: sum(run["prefetch"][k] for run in runs)
-                for k in (*PREFETCH_OUTCOMES, "tokens")}
+    prefetch = {k: sum(run["prefetch"][k] for run in runs) for k in (*PREFETCH_OUTCOMES, "tokens")}
     return {
-        "label": label, "runs": len(runs), "requests": len(records), "ok": len(ok),
+        "label": label,
+        "runs": len(runs),
+        "requests": len(records),
+        "ok": len(ok),
         "failures": sum(1 for r in records if not r.get("ok")),
         "gap_turns": len(after_gap),
         "gap_ttft_p50": metrics.percentile(gap_ttft, 50),
@@ -158,11 +161,15 @@ def summarize(label: str, runs: list[dict], gap_s: float) -> dict:
         "gap_ttft_mean": sum(gap_ttft) / len(gap_ttft) if gap_ttft else None,
         "gap_cached_share": _share(cached, prompt),
         "gap_uncached_tokens": prompt - cached,
-        "ttft_p50": metrics.percentile(ttft, 50), "ttft_p90": metrics.percentile(ttft, 90),
-        "hit_rate": _share(sum(r.get("cached_tokens") or 0 for r in ok),
-                           sum(r.get("prompt_tokens") or 0 for r in ok)),
+        "ttft_p50": metrics.percentile(ttft, 50),
+        "ttft_p90": metrics.percentile(ttft, 90),
+        "hit_rate": _share(
+            sum(r.get("cached_tokens") or 0 for r in ok),
+            sum(r.get("prompt_tokens") or 0 for r in ok),
+        ),
         "duration_s": sum(run["summary"]["duration_s"] for run in runs),
-        "prefetch": prefetch, "engines": engines,
+        "prefetch": prefetch,
+        "engines": engines,
     }
 
 
@@ -170,26 +177,43 @@ def _pct(value) -> str:
     return cell(value and 100 * value, "{:.1f}%")
 
 
-RATIO_KEYS = ("gap_ttft_p50", "gap_ttft_p90", "gap_ttft_mean", "gap_cached_share",
-              "ttft_p50", "ttft_p90")
-ENGINE_RATIO_KEYS = ("prompt_tokens", "computed_tokens", "store_tokens", "store_get_bytes",
-                     "requests")
+RATIO_KEYS = (
+    "gap_ttft_p50",
+    "gap_ttft_p90",
+    "gap_ttft_mean",
+    "gap_cached_share",
+    "ttft_p50",
+    "ttft_p90",
+)
+ENGINE_RATIO_KEYS = (
+    "prompt_tokens",
+    "computed_tokens",
+    "store_tokens",
+    "store_get_bytes",
+    "requests",
+)
 
 
 def tables(rows: list[dict], gap_s: float) -> list[str]:
-    lines = [f"| config | requests | turns after a gap ≥ {gap_s:g} s | their TTFT p50 | p90 "
-             f"| mean (s) | their cached share | all TTFT p50 | p90 (s) | hit rate |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| config | requests | turns after a gap ≥ {gap_s:g} s | their TTFT p50 | p90 "
+        f"| mean (s) | their cached share | all TTFT p50 | p90 (s) | hit rate |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['requests']} ({r['failures']} failed) | {r['gap_turns']} "
             f"| {cell(r['gap_ttft_p50'])} | {cell(r['gap_ttft_p90'])} | {cell(r['gap_ttft_mean'])} "
             f"| {_pct(r['gap_cached_share'])} | {cell(r['ttft_p50'])} | {cell(r['ttft_p90'])} "
-            f"| {_pct(r['hit_rate'])} |")
-    lines += ["", "| config | prefetches started | completed | cancelled | failed "
-              "| tokens warmed | engine requests | prompt tokens | computed | own cache "
-              "| from store | store get MB | store put MB |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            f"| {_pct(r['hit_rate'])} |"
+        )
+    lines += [
+        "",
+        "| config | prefetches started | completed | cancelled | failed "
+        "| tokens warmed | engine requests | prompt tokens | computed | own cache "
+        "| from store | store get MB | store put MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         p, e = r["prefetch"], r["engines"]
         lines.append(
@@ -197,40 +221,65 @@ def tables(rows: list[dict], gap_s: float) -> list[str]:
             f"| {p['failed']:.0f} | {p['tokens']:.0f} | {e['requests']:.0f} "
             f"| {e['prompt_tokens']:.0f} | {e['computed_tokens']:.0f} "
             f"| {e['local_hit_tokens']:.0f} | {e['store_tokens']:.0f} "
-            f"| {e['store_get_bytes'] / 1e6:.0f} | {e['store_put_bytes'] / 1e6:.0f} |")
+            f"| {e['store_get_bytes'] / 1e6:.0f} | {e['store_put_bytes'] / 1e6:.0f} |"
+        )
     by = {r["label"]: r for r in rows}
     if "on" in by and "off" in by:
         on, off = by["on"], by["off"]
         ratios = [f"{k} {cell(metrics.ratio(on[k], off[k]), '{:.2f}×')}" for k in RATIO_KEYS]
-        ratios += [f"engine {k} "
-                   f"{cell(metrics.ratio(on['engines'][k], off['engines'][k]), '{:.2f}×')}"
-                   for k in ENGINE_RATIO_KEYS]
+        ratios += [
+            f"engine {k} {cell(metrics.ratio(on['engines'][k], off['engines'][k]), '{:.2f}×')}"
+            for k in ENGINE_RATIO_KEYS
+        ]
         lines += ["", "on / off: " + ", ".join(ratios)]
     return lines + [""]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.session_prefetch", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.session_prefetch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_order_arguments(ap)
     ap.add_argument("--sessions", type=int, default=8, help="sessions in the trace (default 8)")
     ap.add_argument("--turns-median", type=float, default=5, help="median turns per session")
-    ap.add_argument("--think-median", type=float, default=6.0,
-                    help="median think time between an agent's turns, s (default 6)")
-    ap.add_argument("--think-sigma", type=float, default=1.3,
-                    help="lognormal spread of think times (default 1.3: a long tail)")
+    ap.add_argument(
+        "--think-median",
+        type=float,
+        default=6.0,
+        help="median think time between an agent's turns, s (default 6)",
+    )
+    ap.add_argument(
+        "--think-sigma",
+        type=float,
+        default=1.3,
+        help="lognormal spread of think times (default 1.3: a long tail)",
+    )
     ap.add_argument("--think-max", type=float, default=60.0, help="longest think time, s")
     ap.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
     ap.add_argument("-c", "--concurrency", type=int, default=3, help="session lanes")
     ap.add_argument("--engines", type=int, default=1, help="aggregated engines (default 1)")
-    ap.add_argument("--kv-blocks", type=int, default=36,
-                    help="KV blocks of 128 tokens per engine (--num-gpu-blocks-override; "
-                         "default 36: about the live sessions' contexts at -c 3)")
-    ap.add_argument("--kv-store", choices=("on", "off"), default="on",
-                    help="the shared KV store (default on: an evicted prefix is loaded from "
-                         "it; off: recomputed)")
-    ap.add_argument("--gap-s", type=float, default=5.0,
-                    help="a turn 'follows a gap' when its agent was idle this long (default 5)")
+    ap.add_argument(
+        "--kv-blocks",
+        type=int,
+        default=36,
+        help="KV blocks of 128 tokens per engine (--num-gpu-blocks-override; "
+        "default 36: about the live sessions' contexts at -c 3)",
+    )
+    ap.add_argument(
+        "--kv-store",
+        choices=("on", "off"),
+        default="on",
+        help="the shared KV store (default on: an evicted prefix is loaded from "
+        "it; off: recomputed)",
+    )
+    ap.add_argument(
+        "--gap-s",
+        type=float,
+        default=5.0,
+        help="a turn 'follows a gap' when its agent was idle this long (default 5)",
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
     ap.add_argument("--out", help="output directory (default bench/results/<time>-prefetch)")
     return ap
@@ -248,42 +297,77 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-prefetch")
     sessions, info = generate.generated_trace(
-        "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed,
-        think_median=a.think_median, think_sigma=a.think_sigma, think_max=a.think_max)
+        "small",
+        sessions=a.sessions,
+        turns_median=a.turns_median,
+        seed=a.seed,
+        think_median=a.think_median,
+        think_sigma=a.think_sigma,
+        think_max=a.think_max,
+    )
     tok = AutoTokenizer.from_pretrained(str(resolve_model(None)))
     order = replay_order(a.first, a.rounds)
     state = out / "logs"  # engine, store and router logs, beside the results
-    stack = Stack(StackConfig(
-        prefill=0, decode=0, aggregated=a.engines, kv_store=a.kv_store == "on", router=False,
-        kv_cache_gib=1, max_model_len=4096, state_dir=state, kv_store_pool="4GB",
-        engine_args=["--num-gpu-blocks-override", str(a.kv_blocks)]))
+    stack = Stack(
+        StackConfig(
+            prefill=0,
+            decode=0,
+            aggregated=a.engines,
+            kv_store=a.kv_store == "on",
+            router=False,
+            kv_cache_gib=1,
+            max_model_len=4096,
+            state_dir=state,
+            kv_store_pool="4GB",
+            engine_args=["--num-gpu-blocks-override", str(a.kv_blocks)],
+        )
+    )
     started = time.monotonic()
 
     def replay(url: str):
         before = engine_counters(stack)
-        result = replay_through(url, sessions, tok, concurrency=a.concurrency,
-                                timeout_s=a.timeout, session_end_header=SESSION_END_HEADER)
+        result = replay_through(
+            url,
+            sessions,
+            tok,
+            concurrency=a.concurrency,
+            timeout_s=a.timeout,
+            session_end_header=SESSION_END_HEADER,
+        )
         prefetch = prefetch_counts(httpx.get(f"{url}/metrics", timeout=10).text)
         after = engine_counters(stack)
-        return result, {"prefetch": prefetch,
-                        "engines": {k: after[k] - before[k] for k in ENGINE_COUNTERS}}
+        return result, {
+            "prefetch": prefetch,
+            "engines": {k: after[k] - before[k] for k in ENGINE_COUNTERS},
+        }
 
-    runs = replay_each(stack, Processes(state), order, out, info,
-                       lambda port, config: router_argv(stack, port, config), replay)
+    runs = replay_each(
+        stack,
+        Processes(state),
+        order,
+        out,
+        info,
+        lambda port, config: router_argv(stack, port, config),
+        replay,
+    )
     rows = [summarize(c, runs[c], a.gap_s) for c in CONFIGS if c in runs]
     minutes = (time.monotonic() - started) / 60
-    command = " ".join(["python -m bench.session_prefetch",
-                        *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(
+        ["python -m bench.session_prefetch", *(argv if argv is not None else sys.argv[1:])]
+    )
     stats = info["stats"]
-    notes = [f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; {a.engines} aggregated "
-             f"vLLM CPU engine(s) of {a.kv_blocks} KV blocks (128 tokens), KV store "
-             f"{a.kv_store}; replay order {', '.join(order)}; concurrency {a.concurrency}; "
-             f"trace: {stats['sessions']} sessions, {stats['requests']} requests, input p50 "
-             f"{stats['in_p50']:.0f} tokens, think p50 {stats['think_p50']:.1f} s; "
-             f"`{SESSION_END_HEADER}: 1` on each agent's last request.",
-             "\n".join(tables(rows, a.gap_s))]  # one note: a paragraph of tables
-    all_runs = write_results(out, "Session KV prefetch on vs off", runs, rows, notes,
-                             "session_prefetch.json")
+    notes = [
+        f"`{command}`, {minutes:.0f} min, {os.cpu_count()} cores; {a.engines} aggregated "
+        f"vLLM CPU engine(s) of {a.kv_blocks} KV blocks (128 tokens), KV store "
+        f"{a.kv_store}; replay order {', '.join(order)}; concurrency {a.concurrency}; "
+        f"trace: {stats['sessions']} sessions, {stats['requests']} requests, input p50 "
+        f"{stats['in_p50']:.0f} tokens, think p50 {stats['think_p50']:.1f} s; "
+        f"`{SESSION_END_HEADER}: 1` on each agent's last request.",
+        "\n".join(tables(rows, a.gap_s)),
+    ]  # one note: a paragraph of tables
+    all_runs = write_results(
+        out, "Session KV prefetch on vs off", runs, rows, notes, "session_prefetch.json"
+    )
     return 0 if len(all_runs) == len(order) and not any(r["failures"] for r in rows) else 1
 
 

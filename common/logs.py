@@ -23,12 +23,15 @@ def setup_logging(service: str) -> None:
     if os.environ.get("TANDEM_LOG_FORMAT", "text") == "json":
         from pythonjsonlogger.json import JsonFormatter
 
-        handler.setFormatter(JsonFormatter(
-            "%(asctime)s %(levelname)s %(name)s %(message)s",
-            static_fields={"service": service}))
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s", static_fields={"service": service}
+            )
+        )
     else:
-        handler.setFormatter(logging.Formatter(
-            f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s")
+        )
     for package in PACKAGES:
         logger = logging.getLogger(package)
         logger.handlers[:] = [handler]

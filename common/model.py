@@ -73,8 +73,9 @@ def ensure_default_model(model_dir: Path | None = None, quiet: bool = False) -> 
 
     from tqdm import tqdm
 
-    steps = tqdm(total=4, desc=f"preparing {DEFAULT_MODEL_NAME}", unit="step",
-                 disable=quiet, file=sys.stderr)
+    steps = tqdm(
+        total=4, desc=f"preparing {DEFAULT_MODEL_NAME}", unit="step", disable=quiet, file=sys.stderr
+    )
     gguf = _gguf_path()
     # Heavy imports only when a conversion is really needed.
     import torch
@@ -129,8 +130,7 @@ def resolve_model(model: str | None) -> Path:
     if model:
         path = Path(model).expanduser()
         if not (path / "config.json").is_file():
-            raise RuntimeError(f"--model {model}: not a Hugging Face model folder "
-                               f"(no config.json)")
+            raise RuntimeError(f"--model {model}: not a Hugging Face model folder (no config.json)")
         return path
     return ensure_default_model()
 
@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Convert the bundled SmolLM2-135M-Instruct GGUF into a Hugging "
         "Face folder (once; later runs reuse it) and print its path.",
     )
-    parser.add_argument("--dir", type=Path, default=None,
-                        help=f"target folder (default: {default_model_dir()})")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help=f"target folder (default: {default_model_dir()})"
+    )
     args = parser.parse_args(argv)
     try:
         print(ensure_default_model(args.dir))

@@ -39,75 +39,114 @@ def _default_state_dir() -> str:
 
 @dataclass(frozen=True)
 class KvStoreSettings:
-    host: str = setting("127.0.0.1", "address every store process binds to (loopback for "
-                        "the embedded stack)")
+    host: str = setting(
+        "127.0.0.1", "address every store process binds to (loopback for the embedded stack)"
+    )
     # Mooncake master: RPC (engines and the pool owner talk to it), the HTTP
     # metadata server (transfer-engine segment descriptors), raw metrics.
-    master_port: int = setting(51100, "Mooncake master RPC port (engines' "
-                               "master_server_address)")
-    metadata_port: int = setting(51101, "Mooncake HTTP metadata server port (engines' "
-                                 "metadata_server)")
-    master_metrics_port: int = setting(51102, "Mooncake master's own metrics HTTP port (raw; "
-                                       "this service re-exports it on --http-port)")
+    master_port: int = setting(51100, "Mooncake master RPC port (engines' master_server_address)")
+    metadata_port: int = setting(
+        51101, "Mooncake HTTP metadata server port (engines' metadata_server)"
+    )
+    master_metrics_port: int = setting(
+        51102,
+        "Mooncake master's own metrics HTTP port (raw; this service re-exports it on --http-port)",
+    )
     # The standalone pool owner (mooncake_client): RPC port and health HTTP.
-    client_port: int = setting(51103, "RPC port of the standalone mooncake_client that owns "
-                               "the pool")
-    client_http_port: int = setting(51104, "health HTTP port of the standalone "
-                                    "mooncake_client")
-    http_port: int = setting(9100, "this service's HTTP port: /health, /metrics, "
-                             "/v1/engine-config")
+    client_port: int = setting(
+        51103, "RPC port of the standalone mooncake_client that owns the pool"
+    )
+    client_http_port: int = setting(51104, "health HTTP port of the standalone mooncake_client")
+    http_port: int = setting(9100, "this service's HTTP port: /health, /metrics, /v1/engine-config")
     pool_size: str = setting("4GB", "CPU-RAM pool owned by the store (e.g. 4GB)")
-    disk_path: str = setting(None, "directory of the disk tier (must be writable)",
-                             factory=lambda: os.path.join(_default_state_dir(), "disk"))
+    disk_path: str = setting(
+        None,
+        "directory of the disk tier (must be writable)",
+        factory=lambda: os.path.join(_default_state_dir(), "disk"),
+    )
     disk_size: str = setting("16GB", "disk tier capacity (e.g. 16GB)")
     enable_disk: bool = setting(True, "spill KV from the RAM pool to --disk-path (true/false)")
     # Objects smaller than this bucket are batched before they are written to
     # disk: spill begins once a bucket holds this many keys or bytes.
-    disk_bucket_keys: int = setting(500, "objects are written to disk in buckets of this "
-                                    "many keys")
+    disk_bucket_keys: int = setting(500, "objects are written to disk in buckets of this many keys")
     disk_bucket_size: str = setting("256MB", "... or of this many bytes, whichever fills first")
     # vLLM's store connector sizes its disk-tier reads for Mooncake's default
     # staging buffer; a smaller one fails every larger read (BUFFER_OVERFLOW).
-    disk_staging_size: str = setting("1280MB", "RAM staging buffer the pool owner reads and "
-                                     "writes the disk tier through; vLLM's store connector "
-                                     "batches disk reads up to 1280MB, so it must be at "
-                                     "least that (a larger read fails)")
-    disk_write_interval_s: int = setting(10, "seconds between the pool owner's rounds of "
-                                         "writing new objects to the disk tier; an object "
-                                         "leaves RAM only once it is on disk, so under fast "
-                                         "writes puts fail until it is")
-    lease_ttl_ms: int = setting(10_000, "lease on every object read: it cannot be evicted or "
-                                "removed for this long after a get (Mooncake "
-                                "default_kv_lease_ttl)")
-    retention: str = setting("lru", "retention policy: 'lru' (evict least recently used "
-                             "under pressure) or 'soft-pin' (KV written by engines is "
-                             "soft-pinned for --session-ttl-s: evicted only after every "
-                             "unpinned object)", choices=RETENTION_POLICIES)
-    session_ttl_s: float = setting(1800.0, "soft-pin lifetime for the 'soft-pin' policy: how "
-                                   "long an idle session's KV is preferred over other KV")
-    allow_evict_pinned: bool = setting(True, "when only soft-pinned objects are left, may "
-                                       "they be evicted (true) or do new puts fail (false)")
-    eviction_high_watermark: float = setting(0.9, "fraction of the RAM pool at which "
-                                             "eviction starts")
+    disk_staging_size: str = setting(
+        "1280MB",
+        "RAM staging buffer the pool owner reads and "
+        "writes the disk tier through; vLLM's store connector "
+        "batches disk reads up to 1280MB, so it must be at "
+        "least that (a larger read fails)",
+    )
+    disk_write_interval_s: int = setting(
+        10,
+        "seconds between the pool owner's rounds of "
+        "writing new objects to the disk tier; an object "
+        "leaves RAM only once it is on disk, so under fast "
+        "writes puts fail until it is",
+    )
+    lease_ttl_ms: int = setting(
+        10_000,
+        "lease on every object read: it cannot be evicted or "
+        "removed for this long after a get (Mooncake "
+        "default_kv_lease_ttl)",
+    )
+    retention: str = setting(
+        "lru",
+        "retention policy: 'lru' (evict least recently used "
+        "under pressure) or 'soft-pin' (KV written by engines is "
+        "soft-pinned for --session-ttl-s: evicted only after every "
+        "unpinned object)",
+        choices=RETENTION_POLICIES,
+    )
+    session_ttl_s: float = setting(
+        1800.0,
+        "soft-pin lifetime for the 'soft-pin' policy: how "
+        "long an idle session's KV is preferred over other KV",
+    )
+    allow_evict_pinned: bool = setting(
+        True,
+        "when only soft-pinned objects are left, may "
+        "they be evicted (true) or do new puts fail (false)",
+    )
+    eviction_high_watermark: float = setting(
+        0.9, "fraction of the RAM pool at which eviction starts"
+    )
     eviction_ratio: float = setting(0.05, "fraction of objects evicted per eviction round")
-    engine_buffer_size: str = setting("256MB", "staging buffer each engine registers with "
-                                      "the store")
-    pack_blocks: bool = setting(False, "engines move each KV block to and from the store as "
-                                "one packed buffer (kernels.pack_blocks) instead of one "
-                                "buffer per layer; the stored objects are the same bytes, so "
-                                "packing and non-packing engines share them")
-    pack_staging_size: str = setting("128MB", "with --pack-blocks: registered staging buffer "
-                                     "per engine transfer thread that blocks are packed into "
-                                     "(at least one block is used)")
-    state_dir: str = setting(None, "where logs and the engines' Mooncake config file are "
-                             "written", factory=_default_state_dir)
-    client_ttl_s: int = setting(10, "seconds without a heartbeat after which the master "
-                                "drops the pool owner's segment")
-    restart_backoff_s: float = setting(1.0, "first delay before restarting a crashed "
-                                       "Mooncake process (doubles per consecutive crash, up "
-                                       "to 30 s)")
-    start_timeout_s: float = setting(60.0, "how long each Mooncake process may take to "
-                                     "become ready")
+    engine_buffer_size: str = setting(
+        "256MB", "staging buffer each engine registers with the store"
+    )
+    pack_blocks: bool = setting(
+        False,
+        "engines move each KV block to and from the store as "
+        "one packed buffer (kernels.pack_blocks) instead of one "
+        "buffer per layer; the stored objects are the same bytes, so "
+        "packing and non-packing engines share them",
+    )
+    pack_staging_size: str = setting(
+        "128MB",
+        "with --pack-blocks: registered staging buffer "
+        "per engine transfer thread that blocks are packed into "
+        "(at least one block is used)",
+    )
+    state_dir: str = setting(
+        None,
+        "where logs and the engines' Mooncake config file are written",
+        factory=_default_state_dir,
+    )
+    client_ttl_s: int = setting(
+        10, "seconds without a heartbeat after which the master drops the pool owner's segment"
+    )
+    restart_backoff_s: float = setting(
+        1.0,
+        "first delay before restarting a crashed "
+        "Mooncake process (doubles per consecutive crash, up "
+        "to 30 s)",
+    )
+    start_timeout_s: float = setting(
+        60.0, "how long each Mooncake process may take to become ready"
+    )
 
     # -- derived ----------------------------------------------------------
     @property
@@ -153,7 +192,8 @@ def find_binary(name: str) -> str:
     if found is None:
         raise FileNotFoundError(
             f"{name} not found in the mooncake package or on PATH: install "
-            "mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine (GPU)")
+            "mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine (GPU)"
+        )
     return found
 
 

@@ -32,9 +32,9 @@ class Proc:
     argv: list[str]
     log: str
     pid: int | None = None
-    grpc: str | None = None      # host:port of an engine
+    grpc: str | None = None  # host:port of an engine
     kv_events: str | None = None  # the engine's KV event endpoints, as the router takes them
-    url: str | None = None       # http URL (router, metrics)
+    url: str | None = None  # http URL (router, metrics)
 
     def alive(self) -> bool:
         if self.pid is None:
@@ -145,24 +145,36 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / tick
 
 
-def launch(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None,
-           cpus: set[int] | None = None, stdout=None, append: bool = False,
-           ) -> tuple[Proc, subprocess.Popen]:
+def launch(
+    name: str,
+    argv: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cpus: set[int] | None = None,
+    stdout=None,
+    append: bool = False,
+) -> tuple[Proc, subprocess.Popen]:
     """Start `argv` in a process group of its own (stop it with
     `stop_process_group`), its output (stderr, and stdout unless `stdout` is
     given) in `log` — appended to with `append`, else overwritten. `env` adds
     to this process's environment; `cpus` pins it (and what it forks)."""
     with open(log, "ab" if append else "wb") as log_file:
-        popen = subprocess.Popen(argv, stdout=stdout or log_file, stderr=log_file,
-                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-                                 start_new_session=True,
-                                 preexec_fn=None if cpus is None else _pinned(cpus))
+        popen = subprocess.Popen(
+            argv,
+            stdout=stdout or log_file,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            preexec_fn=None if cpus is None else _pinned(cpus),
+        )
     return Proc(name=name, argv=argv, log=str(log), pid=popen.pid), popen
 
 
 def _pinned(cpus: set[int]):
     def preexec() -> None:
         os.sched_setaffinity(0, cpus)
+
     return preexec
 
 
@@ -175,8 +187,14 @@ class Processes:
         self.log_dir = log_dir
         self.procs: list[tuple[Proc, subprocess.Popen]] = []
 
-    def launch(self, name: str, argv: list[str], cpus: set[int] | None = None,
-               env: dict[str, str] | None = None, stdout=None) -> tuple[Proc, subprocess.Popen]:
+    def launch(
+        self,
+        name: str,
+        argv: list[str],
+        cpus: set[int] | None = None,
+        env: dict[str, str] | None = None,
+        stdout=None,
+    ) -> tuple[Proc, subprocess.Popen]:
         proc, popen = launch(name, argv, self.log_dir / f"{name}.log", env, cpus, stdout)
         self.procs.append((proc, popen))
         return proc, popen

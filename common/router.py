@@ -23,8 +23,8 @@ class KvEventSource:
 
     def __str__(self) -> str:  # the flag's own syntax (to_argv renders it)
         return f"{self.pod}={self.endpoint}" + (
-            f",{self.replay_endpoint}" if self.replay_endpoint else "")
-
+            f",{self.replay_endpoint}" if self.replay_endpoint else ""
+        )
 
 
 def parse_kv_event_source(text: str) -> KvEventSource:
@@ -32,7 +32,8 @@ def parse_kv_event_source(text: str) -> KvEventSource:
     pod, sep, rest = text.partition("=")
     if not sep or not pod or not rest:
         raise argparse.ArgumentTypeError(
-            f"--kv-events {text!r}: expected POD=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]")
+            f"--kv-events {text!r}: expected POD=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]"
+        )
     endpoint, _, replay = rest.partition(",")
     return KvEventSource(pod.strip(), endpoint.strip(), replay.strip() or None)
 
@@ -43,22 +44,35 @@ class RouterLaunchSettings:
 
     host: str = setting("127.0.0.1", "HTTP listen address")
     port: int = setting(8000, "HTTP port")
-    prefill: list[str] = setting([], "prefill pod gRPC address (repeat or comma-separate); "
-                                 "POOL=ADDR names the pod's pool (--prefill-pool-for)",
-                                 metavar="[POOL=]ADDR")
-    decode: list[str] = setting([], "decode pod gRPC address (repeat or comma-separate)",
-                                metavar="[POOL=]ADDR")
-    engines: list[str] = setting([], "aggregated engine (role both) gRPC address; serves "
-                                 "whole requests without a P/D split", flag="--engine",
-                                 metavar="[POOL=]ADDR")
+    prefill: list[str] = setting(
+        [],
+        "prefill pod gRPC address (repeat or comma-separate); "
+        "POOL=ADDR names the pod's pool (--prefill-pool-for)",
+        metavar="[POOL=]ADDR",
+    )
+    decode: list[str] = setting(
+        [], "decode pod gRPC address (repeat or comma-separate)", metavar="[POOL=]ADDR"
+    )
+    engines: list[str] = setting(
+        [],
+        "aggregated engine (role both) gRPC address; serves whole requests without a P/D split",
+        flag="--engine",
+        metavar="[POOL=]ADDR",
+    )
     kv_events: tuple[KvEventSource, ...] = setting(
-        (), "subscribe to a pod's vLLM KV events (repeat per pod); pods without events get "
-        "predicted index entries", parse=parse_kv_event_source, metavar="POD=PUB[,REPLAY]",
-        env=False)
-    model: str | None = setting(None, "model folder for the tokenizer and chat template "
-                                "(default: the engines' model path)")
-    served_model_name: str | None = setting(None, "model name clients send (default: the "
-                                            "engines' name)")
+        (),
+        "subscribe to a pod's vLLM KV events (repeat per pod); pods without events get "
+        "predicted index entries",
+        parse=parse_kv_event_source,
+        metavar="POD=PUB[,REPLAY]",
+        env=False,
+    )
+    model: str | None = setting(
+        None, "model folder for the tokenizer and chat template (default: the engines' model path)"
+    )
+    served_model_name: str | None = setting(
+        None, "model name clients send (default: the engines' name)"
+    )
 
 
 DISCOVERY_MODES = ("static", "kubernetes")
@@ -67,24 +81,37 @@ DISCOVERY_MODES = ("static", "kubernetes")
 @dataclass(frozen=True)
 class DiscoverySettings:
     discovery: str = setting(
-        "static", "where the engine pods come from: static (the --prefill, --decode and "
+        "static",
+        "where the engine pods come from: static (the --prefill, --decode and "
         "--engine flags, fixed) or kubernetes (the EndpointSlices of a TandemDeployment's "
         "engine pools, followed as pods become ready, terminate and go)",
-        choices=DISCOVERY_MODES)
+        choices=DISCOVERY_MODES,
+    )
     discovery_namespace: str | None = setting(
-        None, "--discovery kubernetes: namespace of the TandemDeployment (default: the "
-        "router pod's own namespace)", metavar="NAMESPACE")
+        None,
+        "--discovery kubernetes: namespace of the TandemDeployment (default: the "
+        "router pod's own namespace)",
+        metavar="NAMESPACE",
+    )
     discovery_deployment: str | None = setting(
-        None, "--discovery kubernetes: the TandemDeployment whose engine pools to follow "
+        None,
+        "--discovery kubernetes: the TandemDeployment whose engine pools to follow "
         "(EndpointSlices labelled tandem.dev/deployment=NAME, "
-        "app.kubernetes.io/component=engine; the role from tandem.dev/role)", metavar="NAME")
+        "app.kubernetes.io/component=engine; the role from tandem.dev/role)",
+        metavar="NAME",
+    )
     kubeconfig: str | None = setting(
-        None, "--discovery kubernetes: kubeconfig file to reach the API server (default: "
+        None,
+        "--discovery kubernetes: kubeconfig file to reach the API server (default: "
         "the pod's service account in a cluster, else $KUBECONFIG or ~/.kube/config)",
-        metavar="PATH")
+        metavar="PATH",
+    )
     watch_timeout_s: float = setting(
-        300.0, "--discovery kubernetes: seconds one EndpointSlice watch lasts before the "
-        "router watches again from where it was", flag="--discovery-watch-timeout-s")
+        300.0,
+        "--discovery kubernetes: seconds one EndpointSlice watch lasts before the "
+        "router watches again from where it was",
+        flag="--discovery-watch-timeout-s",
+    )
 
     @property
     def kubernetes(self) -> bool:
@@ -92,8 +119,10 @@ class DiscoverySettings:
 
     def validate(self) -> None:
         if self.kubernetes and not self.discovery_deployment:
-            raise SettingError("--discovery-deployment",
-                               "--discovery kubernetes needs the TandemDeployment to follow")
+            raise SettingError(
+                "--discovery-deployment",
+                "--discovery kubernetes needs the TandemDeployment to follow",
+            )
         if self.watch_timeout_s < 1:
             raise SettingError("--discovery-watch-timeout-s", "must be at least 1 second")
 
@@ -108,6 +137,11 @@ class RouterCommand:
     extra: tuple[str, ...] = ()
 
     def argv(self, python: str = "python", *, joined: bool = False) -> list[str]:
-        return [python, "-m", "services.router",
-                *to_argv(self.launch, ("host", "port"), joined=joined),
-                *to_argv(self.discovery, joined=joined), *self.extra]
+        return [
+            python,
+            "-m",
+            "services.router",
+            *to_argv(self.launch, ("host", "port"), joined=joined),
+            *to_argv(self.discovery, joined=joined),
+            *self.extra,
+        ]

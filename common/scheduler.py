@@ -35,15 +35,18 @@ class SchedulerSettings:
     long_prefill_token_threshold: int | None = _setting(
         "cap on the prompt tokens one request is scheduled per engine step while other "
         "requests are queued or running (0: no cap): a long fresh prefill then takes several "
-        "steps and short requests get into each one; vLLM's default 0")
+        "steps and short requests get into each one; vLLM's default 0"
+    )
     long_prefill_token_threshold_adaptive: bool | None = _setting(
         "raise that cap to a fair share of the step's token budget (max batched tokens / "
-        "requests queued and running) where it is lower; vLLM's default false")
+        "requests queued and running) where it is lower; vLLM's default false"
+    )
     max_num_batched_tokens: int | None = _setting(
-        "tokens one engine step processes at most (prefill chunks and decodes); "
-        "vLLM's default 2048")
+        "tokens one engine step processes at most (prefill chunks and decodes); vLLM's default 2048"
+    )
     max_num_seqs: int | None = _setting(
-        "sequences one engine step runs at most; vLLM's default 128")
+        "sequences one engine step runs at most; vLLM's default 128"
+    )
 
     def vllm_flags(self) -> list[str]:
         """The vLLM engine flags for what is set here."""
@@ -70,16 +73,22 @@ class SchedulerSettings:
                 found.append(f"{flag_name(name)} {value}: must be >= {least}")
         threshold = self.long_prefill_token_threshold
         if threshold is not None and threshold > max_model_len:
-            found.append(f"{flag_name('long_prefill_token_threshold')} {threshold}: above the "
-                         f"context length (--max-model-len {max_model_len})")
+            found.append(
+                f"{flag_name('long_prefill_token_threshold')} {threshold}: above the "
+                f"context length (--max-model-len {max_model_len})"
+            )
         if self.long_prefill_token_threshold_adaptive and not threshold:
-            found.append(f"{flag_name('long_prefill_token_threshold_adaptive')} needs "
-                         f"{flag_name('long_prefill_token_threshold')} > 0 (it raises that cap)")
+            found.append(
+                f"{flag_name('long_prefill_token_threshold_adaptive')} needs "
+                f"{flag_name('long_prefill_token_threshold')} > 0 (it raises that cap)"
+            )
         batched, seqs = self.max_num_batched_tokens, self.max_num_seqs
         if batched is not None and seqs is not None and batched < seqs:
-            found.append(f"{flag_name('max_num_batched_tokens')} {batched} is below "
-                         f"{flag_name('max_num_seqs')} {seqs}: every sequence needs at least "
-                         f"one token per step")
+            found.append(
+                f"{flag_name('max_num_batched_tokens')} {batched} is below "
+                f"{flag_name('max_num_seqs')} {seqs}: every sequence needs at least "
+                f"one token per step"
+            )
         return found
 
 
@@ -105,7 +114,7 @@ def scheduler_flag(arg: str) -> str | None:
     """The scheduler flag an engine argument sets (`--max-num-seqs=8`, `--no-long-…`), if any."""
     name = arg.split("=", 1)[0].replace("_", "-")  # vLLM takes --max_num_seqs too
     if name.startswith("--no-"):
-        name = "--" + name[len("--no-"):]
+        name = "--" + name[len("--no-") :]
     return name if name in {flag_name(s) for s in SETTINGS} else None
 
 
@@ -122,8 +131,9 @@ def parse_per_pool(setting: str, text: str) -> dict[str, Any]:
             try:
                 return parse_bool(raw)
             except ArgumentTypeError:
-                raise ValueError(f"{flag} {text!r}: {raw!r} is not true or false "
-                                 f"(POOL=true sets one pool)") from None
+                raise ValueError(
+                    f"{flag} {text!r}: {raw!r} is not true or false (POOL=true sets one pool)"
+                ) from None
         try:
             return int(raw)
         except ValueError:
@@ -136,8 +146,10 @@ def parse_per_pool(setting: str, text: str) -> dict[str, Any]:
         pool, sep, raw = part.partition("=")
         pool = pool.strip()
         if not sep or pool not in POOLS:
-            raise ValueError(f"{flag} {text!r}: expected VALUE or POOL=VALUE[,POOL=VALUE…] "
-                             f"with POOL one of {', '.join(POOLS)}")
+            raise ValueError(
+                f"{flag} {text!r}: expected VALUE or POOL=VALUE[,POOL=VALUE…] "
+                f"with POOL one of {', '.join(POOLS)}"
+            )
         if pool in found:
             raise ValueError(f"{flag} {text!r}: pool {pool} given twice")
         found[pool] = value(raw)

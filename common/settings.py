@@ -62,11 +62,19 @@ class _Setting:
     switch: bool
 
 
-def setting(default: Any, help: str, *, flag: str | None = None,
-            aliases: Sequence[str] = (), choices: Sequence[Any] | None = None,
-            parse: Callable[[str], Any] | None = None, metavar: str | None = None,
-            env: bool = True, factory: Callable[[], Any] | None = None,
-            switch: bool = False) -> Any:
+def setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    aliases: Sequence[str] = (),
+    choices: Sequence[Any] | None = None,
+    parse: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+    env: bool = True,
+    factory: Callable[[], Any] | None = None,
+    switch: bool = False,
+) -> Any:
     """A field that is also a flag (and an environment variable unless ``env=False``).
 
     ``parse`` turns one flag value into the field's type (or one item of a
@@ -76,9 +84,18 @@ def setting(default: Any, help: str, *, flag: str | None = None,
     a boolean flag of another program's parser that takes no value
     (``--flag``, ``--no-flag``), as :func:`to_argv` renders it.
     """
-    meta = {_META: _Setting(help, flag, tuple(aliases),
-                            tuple(choices) if choices is not None else None, parse, metavar,
-                            env, switch)}
+    meta = {
+        _META: _Setting(
+            help,
+            flag,
+            tuple(aliases),
+            tuple(choices) if choices is not None else None,
+            parse,
+            metavar,
+            env,
+            switch,
+        )
+    }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     if isinstance(default, (list, dict, set)):
@@ -127,8 +144,13 @@ class _Extend(argparse.Action):
     """Repeatable flag: each use adds its items to what the default (or the
     environment) gave."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         items = list(getattr(namespace, self.dest, None) or [])
         items.extend(values if isinstance(values, list) else [values])
         setattr(namespace, self.dest, items)
@@ -162,10 +184,14 @@ def _converter(item: Any, meta: _Setting) -> Callable[[str], Any]:
 Arguments = argparse.ArgumentParser | argparse._ArgumentGroup
 
 
-def add_arguments(parser: Arguments, cls: type[Any], env_prefix: str,
-                  defaults: Mapping[str, Any] | None = None,
-                  environ: Mapping[str, str] | None = None,
-                  show_defaults: bool = True) -> dict[str, Arguments]:
+def add_arguments(
+    parser: Arguments,
+    cls: type[Any],
+    env_prefix: str,
+    defaults: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    show_defaults: bool = True,
+) -> dict[str, Arguments]:
     """Add a flag for every ``setting`` of ``cls`` (and of its groups); returns
     the argument groups made, by title, for flags added by hand.
 
@@ -183,8 +209,11 @@ def add_arguments(parser: Arguments, cls: type[Any], env_prefix: str,
             target = parser
             if title is not None and isinstance(parser, argparse.ArgumentParser):
                 target = groups[title] = parser.add_argument_group(title, description)
-            groups.update(add_arguments(target, hints[f.name], env_prefix, environ=environ,
-                                        show_defaults=show_defaults))
+            groups.update(
+                add_arguments(
+                    target, hints[f.name], env_prefix, environ=environ, show_defaults=show_defaults
+                )
+            )
             continue
         meta: _Setting | None = f.metadata.get(_META)
         if meta is None:
@@ -207,26 +236,31 @@ def add_arguments(parser: Arguments, cls: type[Any], env_prefix: str,
                 else:
                     default = None if not raw and _optional(hints[f.name]) else convert(raw)
             except (ValueError, argparse.ArgumentTypeError) as exc:
-                raise SettingError(flag, f"bad value {raw!r} from the environment: {exc}",
-                                   env) from None
+                raise SettingError(
+                    flag, f"bad value {raw!r} from the environment: {exc}", env
+                ) from None
         choices = meta.choices
         if choices is None and isinstance(item, type) and issubclass(item, enum.Enum):
             choices = tuple(item)
         shown = ", ".join(str(v) for v in default) if repeat else default
-        notes = ([f"default: {shown}"] if show_defaults and shown not in (None, "", ())
-                 else [])
+        notes = [f"default: {shown}"] if show_defaults and shown not in (None, "", ()) else []
         if env is not None:
             notes.append(f"env {env}")
         kwargs: dict[str, Any] = {
-            "dest": _dest(flag), "default": list(default) if repeat else default,
+            "dest": _dest(flag),
+            "default": list(default) if repeat else default,
             "help": meta.help.replace("%", "%%") + (f" ({'; '.join(notes)})" if notes else ""),
-            "metavar": meta.metavar or _metavar(f.name, item, choices)}
+            "metavar": meta.metavar or _metavar(f.name, item, choices),
+        }
         if choices is not None:
             kwargs["choices"] = choices
         if repeat:
             kwargs["action"] = _Extend
-            kwargs["type"] = ((lambda v, c=convert: [c(x) for x in comma_list(v)])
-                              if meta.parse is None else convert)
+            kwargs["type"] = (
+                (lambda v, c=convert: [c(x) for x in comma_list(v)])
+                if meta.parse is None
+                else convert
+            )
         else:
             kwargs["type"] = convert
         parser.add_argument(flag, *meta.aliases, **kwargs)
@@ -261,8 +295,9 @@ def from_arguments(cls: type[Any], args: argparse.Namespace, **fixed: Any) -> An
 
 
 def _optional(hint: Any) -> bool:
-    return (typing.get_origin(hint) in (typing.Union, types.UnionType)
-            and type(None) in typing.get_args(hint))
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(
+        None
+    ) in typing.get_args(hint)
 
 
 def _strip_none(hint: Any) -> Any:

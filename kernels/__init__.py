@@ -24,8 +24,18 @@ from kernels.packing import (
 )
 
 __all__ = [
-    "block_pages", "cpu_backend_token_view", "merge_partial_attention",
-    "merge_partial_attention_reference", "pack_blocks", "pack_blocks_reference",
-    "packed_block_bytes", "reassemble_shards", "reassemble_shards_reference", "shard_lengths",
-    "shard_tokens", "shard_tokens_reference", "unpack_blocks", "unpack_blocks_reference",
+    "block_pages",
+    "cpu_backend_token_view",
+    "merge_partial_attention",
+    "merge_partial_attention_reference",
+    "pack_blocks",
+    "pack_blocks_reference",
+    "packed_block_bytes",
+    "reassemble_shards",
+    "reassemble_shards_reference",
+    "shard_lengths",
+    "shard_tokens",
+    "shard_tokens_reference",
+    "unpack_blocks",
+    "unpack_blocks_reference",
 ]

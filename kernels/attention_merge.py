@@ -25,9 +25,12 @@ import triton.language as tl
 from kernels import backend as backends
 
 
-def merge_partial_attention(outputs: torch.Tensor | Sequence[torch.Tensor],
-                            lses: torch.Tensor | Sequence[torch.Tensor], *,
-                            backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def merge_partial_attention(
+    outputs: torch.Tensor | Sequence[torch.Tensor],
+    lses: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``outputs`` ``[R, tokens, heads, head_size]``, ``lses`` ``[R, tokens, heads]``
     → (output ``[tokens, heads, head_size]`` in the outputs' dtype, float32 lse
     ``[tokens, heads]``)."""
@@ -40,16 +43,21 @@ def merge_partial_attention(outputs: torch.Tensor | Sequence[torch.Tensor],
     return _merge_triton(outputs, lses)
 
 
-def merge_partial_attention_reference(outputs: torch.Tensor, lses: torch.Tensor,
-                                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_partial_attention_reference(
+    outputs: torch.Tensor,
+    lses: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The formula as written, token by token and head by head, in float64."""
     ranks, tokens, heads, size = outputs.shape
     out = torch.zeros((tokens, heads, size), dtype=torch.float64)
     lse = torch.full((tokens, heads), float("-inf"), dtype=torch.float64)
     for t in range(tokens):
         for h in range(heads):
-            parts = [(float(lses[r, t, h]), outputs[r, t, h].double().cpu())
-                     for r in range(ranks) if float(lses[r, t, h]) != float("-inf")]
+            parts = [
+                (float(lses[r, t, h]), outputs[r, t, h].double().cpu())
+                for r in range(ranks)
+                if float(lses[r, t, h]) != float("-inf")
+            ]
             if not parts:
                 continue
             top = max(value for value, _ in parts)
@@ -57,8 +65,10 @@ def merge_partial_attention_reference(outputs: torch.Tensor, lses: torch.Tensor,
             lse[t, h] = merged_lse
             for value, o in parts:
                 out[t, h] += math.exp(value - merged_lse) * o
-    return (out.to(device=outputs.device, dtype=outputs.dtype),
-            lse.to(device=outputs.device, dtype=torch.float32))
+    return (
+        out.to(device=outputs.device, dtype=outputs.dtype),
+        lse.to(device=outputs.device, dtype=torch.float32),
+    )
 
 
 def _merge_torch(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,11 +83,25 @@ def _merge_torch(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tenso
 
 
 @triton.jit
-def _merge_kernel(outputs, lses, out, lse_out, num_ranks, heads, head_size,
-                  o_rank_stride, o_token_stride, o_head_stride,
-                  l_rank_stride, l_token_stride, l_head_stride,
-                  out_token_stride, out_head_stride, lse_token_stride,
-                  BLOCK_D: tl.constexpr):
+def _merge_kernel(
+    outputs,
+    lses,
+    out,
+    lse_out,
+    num_ranks,
+    heads,
+    head_size,
+    o_rank_stride,
+    o_token_stride,
+    o_head_stride,
+    l_rank_stride,
+    l_token_stride,
+    l_head_stride,
+    out_token_stride,
+    out_head_stride,
+    lse_token_stride,
+    BLOCK_D: tl.constexpr,
+):
     # One program merges one (token, head): two passes over the ranks, first
     # for the largest lse (so no exp overflows), then the weighted sum.
     pid = tl.program_id(0).to(tl.int64)
@@ -100,10 +124,15 @@ def _merge_kernel(outputs, lses, out, lse_out, num_ranks, heads, head_size,
         acc += weight * o
     # No weight at all: acc is 0, the output 0 and the lse -inf.
     divisor = tl.where(total > 0, total, 1.0)
-    tl.store(out + t * out_token_stride + h * out_head_stride + d,
-             (acc / divisor).to(out.dtype.element_ty), mask=dmask)
-    tl.store(lse_out + t * lse_token_stride + h,
-             tl.where(total > 0, top + tl.log(divisor), float("-inf")))
+    tl.store(
+        out + t * out_token_stride + h * out_head_stride + d,
+        (acc / divisor).to(out.dtype.element_ty),
+        mask=dmask,
+    )
+    tl.store(
+        lse_out + t * lse_token_stride + h,
+        tl.where(total > 0, top + tl.log(divisor), float("-inf")),
+    )
 
 
 def _merge_triton(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,25 +143,45 @@ def _merge_triton(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tens
     lse = torch.empty((tokens, heads), dtype=torch.float32, device=outputs.device)
     if tokens * heads:
         _merge_kernel[(tokens * heads,)](
-            outputs, lses, out, lse, ranks, heads, size,
-            outputs.stride(0), outputs.stride(1), outputs.stride(2),
-            lses.stride(0), lses.stride(1), lses.stride(2),
-            out.stride(0), out.stride(1), lse.stride(0),
-            BLOCK_D=triton.next_power_of_2(size))
+            outputs,
+            lses,
+            out,
+            lse,
+            ranks,
+            heads,
+            size,
+            outputs.stride(0),
+            outputs.stride(1),
+            outputs.stride(2),
+            lses.stride(0),
+            lses.stride(1),
+            lses.stride(2),
+            out.stride(0),
+            out.stride(1),
+            lse.stride(0),
+            BLOCK_D=triton.next_power_of_2(size),
+        )
     return out, lse
 
 
-def _stacked(outputs: torch.Tensor | Sequence[torch.Tensor],
-             lses: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _stacked(
+    outputs: torch.Tensor | Sequence[torch.Tensor], lses: torch.Tensor | Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(outputs, torch.Tensor):
         outputs = torch.stack(list(outputs))
     if not isinstance(lses, torch.Tensor):
         lses = torch.stack(list(lses))
-    if outputs.dim() != 4 or lses.dim() != 3 or outputs.shape[:3] != lses.shape \
-            or outputs.shape[0] == 0:
-        raise ValueError(f"need outputs [R, tokens, heads, head_size] and lses [R, tokens, "
-                         f"heads] with R >= 1, got {tuple(outputs.shape)} and "
-                         f"{tuple(lses.shape)}")
+    if (
+        outputs.dim() != 4
+        or lses.dim() != 3
+        or outputs.shape[:3] != lses.shape
+        or outputs.shape[0] == 0
+    ):
+        raise ValueError(
+            f"need outputs [R, tokens, heads, head_size] and lses [R, tokens, "
+            f"heads] with R >= 1, got {tuple(outputs.shape)} and "
+            f"{tuple(lses.shape)}"
+        )
     if not outputs.is_floating_point() or lses.device != outputs.device:
         raise ValueError("outputs must be floating point and on the lses' device")
     return outputs, lses

@@ -28,8 +28,10 @@ def resolve(backend: str, device: torch.device, kernel: Any) -> str:
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda" and not interpreted(kernel):
-        raise ValueError(f"backend 'triton' on {device.type} tensors needs Triton's interpreter "
-                         "(TRITON_INTERPRET=1 when the kernels module is imported)")
+        raise ValueError(
+            f"backend 'triton' on {device.type} tensors needs Triton's interpreter "
+            "(TRITON_INTERPRET=1 when the kernels module is imported)"
+        )
     return backend
 
 

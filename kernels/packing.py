@@ -47,8 +47,13 @@ def packed_block_bytes(layers: Sequence[torch.Tensor]) -> int:
     return sum(_page_geometry(cache)[0] for cache in layers)
 
 
-def pack_blocks(layers: Sequence[torch.Tensor], block_ids: Sequence[int] | torch.Tensor,
-                out: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
+def pack_blocks(
+    layers: Sequence[torch.Tensor],
+    block_ids: Sequence[int] | torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
     """Rows ``[len(block_ids), packed_block_bytes]`` (uint8): row ``i`` is block
     ``block_ids[i]`` of every layer. ``out``, if given, is filled and returned
     (a contiguous uint8 tensor of that shape, e.g. a registered staging buffer)."""
@@ -71,8 +76,13 @@ def pack_blocks(layers: Sequence[torch.Tensor], block_ids: Sequence[int] | torch
     return out
 
 
-def unpack_blocks(packed: torch.Tensor, layers: Sequence[torch.Tensor],
-                  block_ids: Sequence[int] | torch.Tensor, *, backend: str = "auto") -> None:
+def unpack_blocks(
+    packed: torch.Tensor,
+    layers: Sequence[torch.Tensor],
+    block_ids: Sequence[int] | torch.Tensor,
+    *,
+    backend: str = "auto",
+) -> None:
     """Write row ``i`` of ``packed`` into block ``block_ids[i]`` of every layer
     (the inverse of :func:`pack_blocks`; block ids must be distinct)."""
     row_bytes = packed_block_bytes(layers)
@@ -95,26 +105,32 @@ def unpack_blocks(packed: torch.Tensor, layers: Sequence[torch.Tensor],
 
 # -- reference: what is correct ------------------------------------------------
 
-def pack_blocks_reference(layers: Sequence[torch.Tensor], block_ids: Sequence[int],
-                          ) -> torch.Tensor:
+
+def pack_blocks_reference(
+    layers: Sequence[torch.Tensor],
+    block_ids: Sequence[int],
+) -> torch.Tensor:
     """Block by block, layer by layer: each page's elements in memory order
     (dimensions by decreasing stride), as bytes, concatenated."""
     row_bytes = packed_block_bytes(layers)
-    rows = [torch.cat([_memory_order(cache[b]).reshape(-1).view(torch.uint8)
-                       for cache in layers]) for b in block_ids]
+    rows = [
+        torch.cat([_memory_order(cache[b]).reshape(-1).view(torch.uint8) for cache in layers])
+        for b in block_ids
+    ]
     if not rows:
         return torch.empty((0, row_bytes), dtype=torch.uint8, device=layers[0].device)
     return torch.stack(rows)
 
 
-def unpack_blocks_reference(packed: torch.Tensor, layers: Sequence[torch.Tensor],
-                            block_ids: Sequence[int]) -> None:
+def unpack_blocks_reference(
+    packed: torch.Tensor, layers: Sequence[torch.Tensor], block_ids: Sequence[int]
+) -> None:
     for row, b in zip(packed, block_ids):
         offset = 0
         for cache in layers:
             page = _memory_order(cache[b])
             size = page.numel() * cache.element_size()
-            page.copy_(row[offset:offset + size].clone().view(cache.dtype).view(page.shape))
+            page.copy_(row[offset : offset + size].clone().view(cache.dtype).view(page.shape))
             offset += size
 
 
@@ -128,9 +144,19 @@ def _memory_order(page: torch.Tensor) -> torch.Tensor:
 # block strides, page sizes and row offsets come per layer from small tables
 # (layers need not share an allocation); all in words of the row's dtype.
 
+
 @triton.jit
-def _page_copy_kernel(rows, row_words, page_bases, block_strides, page_words, row_offsets,
-                      block_ids, CHUNK: tl.constexpr, TO_ROWS: tl.constexpr):
+def _page_copy_kernel(
+    rows,
+    row_words,
+    page_bases,
+    block_strides,
+    page_words,
+    row_offsets,
+    block_ids,
+    CHUNK: tl.constexpr,
+    TO_ROWS: tl.constexpr,
+):
     """Pages to rows (pack) when ``TO_ROWS``, rows to pages (unpack) otherwise."""
     i = tl.program_id(0)
     layer = tl.program_id(1)
@@ -145,8 +171,7 @@ def _page_copy_kernel(rows, row_words, page_bases, block_strides, page_words, ro
         tl.store(page + offs, tl.load(row + offs, mask=mask), mask=mask)
 
 
-def _launch(pages: list[torch.Tensor], row: torch.Tensor, ids: torch.Tensor,
-            to_rows: bool) -> None:
+def _launch(pages: list[torch.Tensor], row: torch.Tensor, ids: torch.Tensor, to_rows: bool) -> None:
     device = row.device
     spans = _spans(pages)
 
@@ -156,13 +181,21 @@ def _launch(pages: list[torch.Tensor], row: torch.Tensor, ids: torch.Tensor,
     page_words = [p.shape[1] for p in pages]
     chunk = min(_MAX_CHUNK_WORDS, triton.next_power_of_2(max(page_words)))
     grid = (ids.numel(), len(pages), triton.cdiv(max(page_words), chunk))
-    _page_copy_kernel[grid](row, row.shape[1], table([p.data_ptr() for p in pages]),
-                            table([p.stride(0) for p in pages]), table(page_words),
-                            table([start for start, _ in spans]), ids, CHUNK=chunk,
-                            TO_ROWS=to_rows)
+    _page_copy_kernel[grid](
+        row,
+        row.shape[1],
+        table([p.data_ptr() for p in pages]),
+        table([p.stride(0) for p in pages]),
+        table(page_words),
+        table([start for start, _ in spans]),
+        ids,
+        CHUNK=chunk,
+        TO_ROWS=to_rows,
+    )
 
 
 # -- geometry and checks ----------------------------------------------------------
+
 
 def _check_layers(layers: Sequence[torch.Tensor]) -> None:
     if not layers:
@@ -172,8 +205,10 @@ def _check_layers(layers: Sequence[torch.Tensor]) -> None:
         if cache.device != first.device:
             raise ValueError(f"layers[{index}] is on {cache.device}, layers[0] on {first.device}")
         if cache.dim() < 2 or cache.shape[0] != first.shape[0]:
-            raise ValueError(f"layers[{index}] has shape {tuple(cache.shape)}: every layer must "
-                             f"be [num_blocks={first.shape[0]}, ...]")
+            raise ValueError(
+                f"layers[{index}] has shape {tuple(cache.shape)}: every layer must "
+                f"be [num_blocks={first.shape[0]}, ...]"
+            )
 
 
 def _page_geometry(cache: torch.Tensor) -> tuple[int, int]:
@@ -185,14 +220,17 @@ def _page_geometry(cache: torch.Tensor) -> tuple[int, int]:
         raise ValueError(f"negative strides {cache.stride()} are not supported")
     page = cache[0]
     if page.numel() == 0 or not _dense(page):
-        raise ValueError(f"each block's page must be one dense run of memory; shape "
-                         f"{tuple(cache.shape)} with strides {cache.stride()} is not")
+        raise ValueError(
+            f"each block's page must be one dense run of memory; shape "
+            f"{tuple(cache.shape)} with strides {cache.stride()} is not"
+        )
     size = cache.element_size()
     page_bytes = page.numel() * size
     block_stride = cache.stride(0) * size if cache.shape[0] > 1 else page_bytes
     if block_stride < page_bytes:
-        raise ValueError(f"blocks overlap: block stride {block_stride} bytes < page "
-                         f"{page_bytes} bytes")
+        raise ValueError(
+            f"blocks overlap: block stride {block_stride} bytes < page {page_bytes} bytes"
+        )
     return page_bytes, block_stride
 
 
@@ -205,35 +243,51 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _storage_view(cache: torch.Tensor, dtype: torch.dtype, size: tuple[int, int],
-                  byte_stride: tuple[int, int]) -> torch.Tensor:
+def _storage_view(
+    cache: torch.Tensor, dtype: torch.dtype, size: tuple[int, int], byte_stride: tuple[int, int]
+) -> torch.Tensor:
     """A ``dtype`` view of ``cache``'s storage, starting at its first element;
     ``byte_stride`` in bytes (each a multiple of the dtype's size)."""
     width = dtype.itemsize
     offset = cache.storage_offset() * cache.element_size()
     view = torch.empty(0, dtype=dtype, device=cache.device)
-    return view.set_(cache.untyped_storage(), offset // width, size,
-                     (byte_stride[0] // width, byte_stride[1] // width))
+    return view.set_(
+        cache.untyped_storage(),
+        offset // width,
+        size,
+        (byte_stride[0] // width, byte_stride[1] // width),
+    )
 
 
-def _word_views(layers: Sequence[torch.Tensor], rows: torch.Tensor,
-                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _word_views(
+    layers: Sequence[torch.Tensor],
+    rows: torch.Tensor,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The widest word every page, block stride, address and row allows, with
     each layer's pages ``[num_blocks, page_words]`` and the rows in it."""
     byte_pages = [block_pages(cache) for cache in layers]
     for dtype in _WORD_DTYPES:
         width = dtype.itemsize
-        if rows.data_ptr() % width == 0 and rows.shape[1] % width == 0 and all(
-                p.shape[1] % width == 0 and p.stride(0) % width == 0
-                and p.data_ptr() % width == 0 for p in byte_pages):
+        if (
+            rows.data_ptr() % width == 0
+            and rows.shape[1] % width == 0
+            and all(
+                p.shape[1] % width == 0 and p.stride(0) % width == 0 and p.data_ptr() % width == 0
+                for p in byte_pages
+            )
+        ):
             break
-    pages = [_storage_view(cache, dtype, (p.shape[0], p.shape[1] // width), (p.stride(0), width))
-             for cache, p in zip(layers, byte_pages)]
+    pages = [
+        _storage_view(cache, dtype, (p.shape[0], p.shape[1] // width), (p.stride(0), width))
+        for cache, p in zip(layers, byte_pages)
+    ]
     return pages, rows.view(dtype)
 
 
-def _page_pieces(pages: list[torch.Tensor], ids: torch.Tensor,
-                 ) -> Iterator[tuple[int, int, torch.Tensor, tuple[int, int]]]:
+def _page_pieces(
+    pages: list[torch.Tensor],
+    ids: torch.Tensor,
+) -> Iterator[tuple[int, int, torch.Tensor, tuple[int, int]]]:
     """(row, block id, layer's pages, the layer's span in the row) of every
     page to copy, row by row. One plain copy per page: gathering a layer's
     pages with ``index_select`` ran at a tenth of memcpy speed on CPU
@@ -252,21 +306,30 @@ def _spans(pages: list[torch.Tensor]) -> list[tuple[int, int]]:
     return spans
 
 
-def _block_ids(block_ids: Sequence[int] | torch.Tensor, layers: Sequence[torch.Tensor],
-               device: torch.device) -> torch.Tensor:
+def _block_ids(
+    block_ids: Sequence[int] | torch.Tensor, layers: Sequence[torch.Tensor], device: torch.device
+) -> torch.Tensor:
     ids = torch.as_tensor(block_ids, dtype=torch.int64, device=device)
     if ids.dim() != 1:
         raise ValueError(f"block_ids must be one-dimensional, got shape {tuple(ids.shape)}")
     num_blocks = layers[0].shape[0]
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        raise ValueError(f"block_ids must lie in [0, {num_blocks}), got "
-                         f"{int(ids.min())}..{int(ids.max())}")
+        raise ValueError(
+            f"block_ids must lie in [0, {num_blocks}), got {int(ids.min())}..{int(ids.max())}"
+        )
     return ids
 
 
-def _check_rows(rows: torch.Tensor, count: int, row_bytes: int, device: torch.device,
-                name: str) -> None:
-    if rows.dtype != torch.uint8 or tuple(rows.shape) != (count, row_bytes) \
-            or not rows.is_contiguous() or rows.device != device:
-        raise ValueError(f"{name}: need a contiguous uint8 tensor of shape ({count}, {row_bytes}) "
-                         f"on {device}, got {rows.dtype} {tuple(rows.shape)} on {rows.device}")
+def _check_rows(
+    rows: torch.Tensor, count: int, row_bytes: int, device: torch.device, name: str
+) -> None:
+    if (
+        rows.dtype != torch.uint8
+        or tuple(rows.shape) != (count, row_bytes)
+        or not rows.is_contiguous()
+        or rows.device != device
+    ):
+        raise ValueError(
+            f"{name}: need a contiguous uint8 tensor of shape ({count}, {row_bytes}) "
+            f"on {device}, got {rows.dtype} {tuple(rows.shape)} on {rows.device}"
+        )

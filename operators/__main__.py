@@ -30,8 +30,11 @@ TANDEM_OPERATOR_<FLAG>.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem operator", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tandem operator",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser, OperatorSettings, ENV_PREFIX)
     return parser
 
@@ -60,13 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     kopf_logger.propagate = False
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
-    asyncio.run(kopf.operator(
-        registry=register(settings),
-        standalone=True,
-        clusterwide=not settings.namespaces,
-        namespaces=settings.namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
-    ))
+    asyncio.run(
+        kopf.operator(
+            registry=register(settings),
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
+        )
+    )
     return 0
 
 

@@ -56,12 +56,19 @@ def _now() -> str:
 
 async def scale_pool(kube: Kube, namespace: str, pool: str, replicas: int) -> dict[str, Any]:
     """Set a pool's replica count through its /scale subresource (what `kubectl scale` does)."""
-    return await kube.patch(API_VERSION, "EnginePool", namespace, pool,
-                            {"spec": {"replicas": replicas}}, subresource="scale")
+    return await kube.patch(
+        API_VERSION,
+        "EnginePool",
+        namespace,
+        pool,
+        {"spec": {"replicas": replicas}},
+        subresource="scale",
+    )
 
 
-def foreign_autoscaler(hpas: list[dict[str, Any]], td: str, role: str, pool_kind: str,
-                       scaling_mode: str) -> str:
+def foreign_autoscaler(
+    hpas: list[dict[str, Any]], td: str, role: str, pool_kind: str, scaling_mode: str
+) -> str:
     """Why the operator must not write a pool's replica count, or ''.
 
     An HPA the operator did not create that scales the pool's Deployment or
@@ -77,17 +84,25 @@ def foreign_autoscaler(hpas: list[dict[str, Any]], td: str, role: str, pool_kind
             continue
         hname = hpa["metadata"]["name"]
         if target.get("kind") == pool_kind and target.get("name") == name:
-            return (f"HorizontalPodAutoscaler {hname} scales {pool_kind}/{name}, whose replicas "
-                    f"the operator sets: point it at enginepool/{name} instead, or delete it")
-        if target.get("kind") == "EnginePool" and target.get("name") == name \
-                and scaling_mode == "Auto":
-            return (f"HorizontalPodAutoscaler {hname} scales enginepool/{name} while "
-                    f"scaling.mode is Auto: set scaling.mode to Off or Recommend, or delete it")
+            return (
+                f"HorizontalPodAutoscaler {hname} scales {pool_kind}/{name}, whose replicas "
+                f"the operator sets: point it at enginepool/{name} instead, or delete it"
+            )
+        if (
+            target.get("kind") == "EnginePool"
+            and target.get("name") == name
+            and scaling_mode == "Auto"
+        ):
+            return (
+                f"HorizontalPodAutoscaler {hname} scales enginepool/{name} while "
+                f"scaling.mode is Auto: set scaling.mode to Off or Recommend, or delete it"
+            )
     return ""
 
 
-async def reconcile_deployment(kube: Kube, body: dict[str, Any], emit: Emit,
-                               hpas: list[dict[str, Any]]) -> Outcome:
+async def reconcile_deployment(
+    kube: Kube, body: dict[str, Any], emit: Emit, hpas: list[dict[str, Any]]
+) -> Outcome:
     """`hpas`: the HorizontalPodAutoscalers of the deployment's namespace."""
     started = time.monotonic()
     meta = body["metadata"]
@@ -105,9 +120,12 @@ async def reconcile_deployment(kube: Kube, body: dict[str, Any], emit: Emit,
         metrics.OBJECTS_WRITTEN.labels(obj["kind"], applied.action).inc()
         ref = f"{obj['kind']}/{obj['metadata']['name']}"
         if applied.action == "reverted":
-            emit(body, "Warning", "ForeignEditReverted",
-                 f"{ref} was changed outside the operator ({', '.join(applied.fields)}); "
-                 f"put back")
+            emit(
+                body,
+                "Warning",
+                "ForeignEditReverted",
+                f"{ref} was changed outside the operator ({', '.join(applied.fields)}); put back",
+            )
         elif applied.action in ("created", "updated"):
             emit(body, "Normal", applied.action.capitalize(), ref)
         return applied.obj
@@ -116,25 +134,31 @@ async def reconcile_deployment(kube: Kube, body: dict[str, Any], emit: Emit,
         for obj in manifests.shared_objects(td, namespace, spec, owner):
             await apply(obj)
         mode = spec.scaling.mode
-        for role, pool_obj in zip(spec.roles, manifests.engine_pools(td, namespace, spec, owner),
-                                  strict=True):
+        for role, pool_obj in zip(
+            spec.roles, manifests.engine_pools(td, namespace, spec, owner), strict=True
+        ):
             pool = await _ensure_pool(kube, pool_obj, spec.pool(role).replicas)
-            out.pools.append(await _reconcile_pool(kube, td, namespace, spec, role, pool,
-                                                   hpas, mode, apply, emit))
+            out.pools.append(
+                await _reconcile_pool(
+                    kube, td, namespace, spec, role, pool, hpas, mode, apply, emit
+                )
+            )
     except ApiException as exc:
         out.errors.append(f"API error {exc.status}: {exc.reason}")
         log.warning("reconcile of %s/%s failed: %s", namespace, td, exc)
     router = await kube.get("apps/v1", "Deployment", namespace, f"{td}-router")
-    router_ready = router is not None and (router.get("status", {}).get("readyReplicas", 0)
-                                     >= spec.router.replicas)
+    router_ready = router is not None and (
+        router.get("status", {}).get("readyReplicas", 0) >= spec.router.replicas
+    )
     await _write_status(kube, body, out, router_ready)
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     metrics.RECONCILES.labels("error" if out.errors else "ok").inc()
     return out
 
 
-async def _ensure_pool(kube: Kube, desired: dict[str, Any], template_replicas: int
-                       ) -> dict[str, Any]:
+async def _ensure_pool(
+    kube: Kube, desired: dict[str, Any], template_replicas: int
+) -> dict[str, Any]:
     """Create the EnginePool, or update it without taking its replica count from the
     template unless the template's count itself changed (see the module docstring)."""
     desired["metadata"].setdefault("annotations", {})[TEMPLATE_REPLICAS] = str(template_replicas)
@@ -146,15 +170,25 @@ async def _ensure_pool(kube: Kube, desired: dict[str, Any], template_replicas: i
         if seeded == str(template_replicas):
             want["spec"]["replicas"] = current["spec"]["replicas"]
         # Keep the count within the bounds even when it was set by /scale.
-        want["spec"]["replicas"] = max(want["spec"]["minReplicas"],
-                                       min(want["spec"]["maxReplicas"], want["spec"]["replicas"]))
+        want["spec"]["replicas"] = max(
+            want["spec"]["minReplicas"], min(want["spec"]["maxReplicas"], want["spec"]["replicas"])
+        )
 
     return (await reconcile.apply(kube, desired, adjust=count_from_scale)).obj
 
 
-async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: TandemSpec, role: str,
-                          pool: dict[str, Any], hpas: list[dict[str, Any]], mode: str,
-                          apply: Apply, emit: Emit) -> PoolState:
+async def _reconcile_pool(
+    kube: Kube,
+    td: str,
+    namespace: str,
+    spec: TandemSpec,
+    role: str,
+    pool: dict[str, Any],
+    hpas: list[dict[str, Any]],
+    mode: str,
+    apply: Apply,
+    emit: Emit,
+) -> PoolState:
     pool_owner = manifests.Owner("EnginePool", pool["metadata"]["name"], pool["metadata"]["uid"])
     workload = manifests.workload_kind(spec.pool(role))
     kind = workload.kind
@@ -176,56 +210,92 @@ async def _reconcile_pool(kube: Kube, td: str, namespace: str, spec: TandemSpec,
         if obj["kind"] == kind:
             current = written
     pods = await kube.list("v1", "Pod", namespace, label_selector)
-    draining = tuple(sorted(p["metadata"]["name"] for p in pods
-                            if p["metadata"].get("deletionTimestamp")))
+    draining = tuple(
+        sorted(p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp"))
+    )
     status = (current or {}).get("status", {})
-    state = PoolState(role=role, desired=desired, replicas=status.get("replicas", 0),
-                      ready=status.get("readyReplicas", 0), draining=draining, conflict=conflict)
+    state = PoolState(
+        role=role,
+        desired=desired,
+        replicas=status.get("replicas", 0),
+        ready=status.get("readyReplicas", 0),
+        draining=draining,
+        conflict=conflict,
+    )
     pool_status = {
         "observedGeneration": pool["metadata"].get("generation", 1),
-        "replicas": state.replicas, "readyReplicas": state.ready,
-        "selector": label_selector, "workload": f"{kind}/{name}",
-        "draining": list(draining), "drainingCount": len(draining),
-        "conditions": merge_conditions(pool.get("status", {}).get("conditions", []),
-                                       pool_conditions(state),
-                                       pool["metadata"].get("generation", 1), _now()),
+        "replicas": state.replicas,
+        "readyReplicas": state.ready,
+        "selector": label_selector,
+        "workload": f"{kind}/{name}",
+        "draining": list(draining),
+        "drainingCount": len(draining),
+        "conditions": merge_conditions(
+            pool.get("status", {}).get("conditions", []),
+            pool_conditions(state),
+            pool["metadata"].get("generation", 1),
+            _now(),
+        ),
     }
     if pool.get("status") != {**pool.get("status", {}), **pool_status}:
-        await kube.patch(API_VERSION, "EnginePool", namespace, name, {"status": pool_status},
-                         subresource="status")
+        await kube.patch(
+            API_VERSION,
+            "EnginePool",
+            namespace,
+            name,
+            {"status": pool_status},
+            subresource="status",
+        )
     if conflict:
         emit(pool, "Warning", "ScalingConflict", conflict)
     return state
 
 
-async def _mark_cheapest(kube: Kube, namespace: str, td: str, label_selector: str, emit: Emit,
-                         pool: dict[str, Any]) -> None:
+async def _mark_cheapest(
+    kube: Kube, namespace: str, td: str, label_selector: str, emit: Emit, pool: dict[str, Any]
+) -> None:
     """Set each pod's deletion cost from the routers' loads before a scale-down."""
     pods = await kube.list("v1", "Pod", namespace, label_selector)
-    routers = await kube.list("v1", "Pod", namespace,
-                              f"{manifests.LABEL_DEPLOYMENT}={td},"
-                              f"{manifests.LABEL_COMPONENT}=router")
+    routers = await kube.list(
+        "v1",
+        "Pod",
+        namespace,
+        f"{manifests.LABEL_DEPLOYMENT}={td},{manifests.LABEL_COMPONENT}=router",
+    )
     urls = [f"{url}/metrics" for url in router_urls(routers)]
     loads = await drain.router_loads(urls)
-    addresses = {p["metadata"]["name"]:
-                 f"{p['status']['podIP']}:{_port(p, 'grpc', manifests.GRPC_PORT)}"
-                 for p in pods if p.get("status", {}).get("podIP")
-                 and not p["metadata"].get("deletionTimestamp")}
+    addresses = {
+        p["metadata"]["name"]: f"{p['status']['podIP']}:{_port(p, 'grpc', manifests.GRPC_PORT)}"
+        for p in pods
+        if p.get("status", {}).get("podIP") and not p["metadata"].get("deletionTimestamp")
+    }
     costs = drain.deletion_costs(addresses, loads)
     for pod_name, cost in costs.items():
-        await kube.patch("v1", "Pod", namespace, pod_name,
-                         {"metadata": {"annotations": {manifests.DELETION_COST: str(cost)}}})
+        await kube.patch(
+            "v1",
+            "Pod",
+            namespace,
+            pod_name,
+            {"metadata": {"annotations": {manifests.DELETION_COST: str(cost)}}},
+        )
     if costs:
         cheapest = min(costs, key=lambda n: costs[n])
-        emit(pool, "Normal", "DeletionCostsSet",
-             f"scale-down: deletion costs {dict(sorted(costs.items()))}; cheapest {cheapest} "
-             f"(from {len(loads)} router(s))")
+        emit(
+            pool,
+            "Normal",
+            "DeletionCostsSet",
+            f"scale-down: deletion costs {dict(sorted(costs.items()))}; cheapest {cheapest} "
+            f"(from {len(loads)} router(s))",
+        )
 
 
 def router_urls(routers: list[dict[str, Any]]) -> list[str]:
     """http://IP:PORT of each router pod that has an address."""
-    return [f"http://{p['status']['podIP']}:{_port(p, 'http', manifests.ROUTER_PORT)}"
-            for p in routers if p.get("status", {}).get("podIP")]
+    return [
+        f"http://{p['status']['podIP']}:{_port(p, 'http', manifests.ROUTER_PORT)}"
+        for p in routers
+        if p.get("status", {}).get("podIP")
+    ]
 
 
 def _port(pod: dict[str, Any], name: str, default: int) -> int:
@@ -243,9 +313,16 @@ async def _write_status(kube: Kube, body: dict[str, Any], out: Outcome, router_r
     status = {
         "observedGeneration": generation,
         **deployment_summary(out.pools),
-        "conditions": merge_conditions(body.get("status", {}).get("conditions", []),
-                                       conditions, generation, _now()),
+        "conditions": merge_conditions(
+            body.get("status", {}).get("conditions", []), conditions, generation, _now()
+        ),
     }
     if body.get("status") != {**body.get("status", {}), **status}:
-        await kube.patch(API_VERSION, "TandemDeployment", meta["namespace"], meta["name"],
-                         {"status": status}, subresource="status")
+        await kube.patch(
+            API_VERSION,
+            "TandemDeployment",
+            meta["namespace"],
+            meta["name"],
+            {"status": status},
+            subresource="status",
+        )

@@ -42,8 +42,9 @@ def parse_loads(metrics_text: str) -> dict[str, tuple[float, float]]:
     return {pod: (v[0], v[1]) for pod, v in out.items()}
 
 
-def deletion_costs(pods: dict[str, str], loads: list[dict[str, tuple[float, float]]]
-                   ) -> dict[str, int]:
+def deletion_costs(
+    pods: dict[str, str], loads: list[dict[str, tuple[float, float]]]
+) -> dict[str, int]:
     """Pod name → deletion cost, from each pod's gRPC address and every router's loads."""
     out = {}
     for name, address in pods.items():
@@ -53,10 +54,12 @@ def deletion_costs(pods: dict[str, str], loads: list[dict[str, tuple[float, floa
     return out
 
 
-async def router_loads(urls: list[str], timeout: float = 2.0
-                       ) -> list[dict[str, tuple[float, float]]]:
+async def router_loads(
+    urls: list[str], timeout: float = 2.0
+) -> list[dict[str, tuple[float, float]]]:
     """Each reachable router's loads; a router that does not answer is left out."""
     async with httpx.AsyncClient(timeout=timeout) as http:
+
         async def one(url: str) -> dict[str, tuple[float, float]] | None:
             try:
                 response = await http.get(url)

@@ -32,10 +32,16 @@ from operators.spec import API_VERSION, GROUP, VERSION, parse_pool
 
 log = logging.getLogger(__name__)
 
-OWNED = [("apps", "v1", "deployments"), ("apps", "v1", "daemonsets"), ("", "v1", "services"),
-         ("", "v1", "configmaps"), ("", "v1", "serviceaccounts"),
-         ("policy", "v1", "poddisruptionbudgets"), ("networking.k8s.io", "v1", "ingresses"),
-         ("rbac.authorization.k8s.io", "v1", "rolebindings")]
+OWNED = [
+    ("apps", "v1", "deployments"),
+    ("apps", "v1", "daemonsets"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "serviceaccounts"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("networking.k8s.io", "v1", "ingresses"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+]
 TD = (GROUP, VERSION, "tandemdeployments")
 # The indexes, by the names kopf passes them under.
 DEPLOYMENTS_BY_NAMESPACE, HPAS_BY_NAMESPACE = "deployments_by_namespace", "hpas_by_namespace"
@@ -67,19 +73,20 @@ class Handlers:
         self.settings = settings
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    async def reconcile(self, kube: Kube, namespace: str, name: str,
-                        hpas: list[dict[str, Any]]) -> None:
+    async def reconcile(
+        self, kube: Kube, namespace: str, name: str, hpas: list[dict[str, Any]]
+    ) -> None:
         async with self.locks[(namespace, name)]:
             body = await kube.get(API_VERSION, "TandemDeployment", namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return
             await controller.reconcile_deployment(kube, body, _emit, hpas)
 
-    async def startup(self, *, settings: kopf.OperatorSettings, memo: Any,
-                      **_: Any) -> None:
+    async def startup(self, *, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=GROUP, key="last-handled-configuration")
+            prefix=GROUP, key="last-handled-configuration"
+        )
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 300
         # A deleted TandemDeployment keeps kopf's finalizer until the resync timer
@@ -90,13 +97,15 @@ class Handlers:
         memo.kube = await Kube.connect(self.settings.kubeconfig)
         memo.metrics_sources = live.Sources()
 
-    async def deployment_changed(self, *, name: str, namespace: str | None, memo: Any,
-                                 **kwargs: Any) -> None:
+    async def deployment_changed(
+        self, *, name: str, namespace: str | None, memo: Any, **kwargs: Any
+    ) -> None:
         ns = _namespace(namespace)
         await self.reconcile(memo.kube, ns, name, _hpas(kwargs, ns))
 
-    async def scaling_tick(self, *, name: str, namespace: str | None, memo: Any,
-                           **kwargs: Any) -> None:
+    async def scaling_tick(
+        self, *, name: str, namespace: str | None, memo: Any, **kwargs: Any
+    ) -> None:
         """The rate-matching controller's decision (operators/live.py)."""
         ns = _namespace(namespace)
         async with self.locks[(ns, name)]:
@@ -105,29 +114,41 @@ class Handlers:
                 await memo.metrics_sources.forget(ns, name)
                 return
             try:
-                await live.tick(memo.kube, body, memo.metrics_sources, _emit, time.time(),
-                                _hpas(kwargs, ns))
+                await live.tick(
+                    memo.kube, body, memo.metrics_sources, _emit, time.time(), _hpas(kwargs, ns)
+                )
             except ApiException as exc:
                 # The next tick decides again from what is there; no retry backoff.
                 log.warning("scaling tick of %s/%s failed: %s", ns, name, exc)
-                _emit(body, "Warning", "ScalingError",
-                      f"API error {exc.status} ({exc.reason}); the next decision retries")
+                _emit(
+                    body,
+                    "Warning",
+                    "ScalingError",
+                    f"API error {exc.status} ({exc.reason}); the next decision retries",
+                )
 
-    async def pool_scaled(self, *, spec: kopf.Spec, namespace: str | None, memo: Any,
-                          **kwargs: Any) -> None:
+    async def pool_scaled(
+        self, *, spec: kopf.Spec, namespace: str | None, memo: Any, **kwargs: Any
+    ) -> None:
         ns = _namespace(namespace)
         await self.reconcile(memo.kube, ns, parse_pool(spec).deployment, _hpas(kwargs, ns))
 
-    async def owned_changed(self, *, labels: Mapping[str, str], namespace: str | None,
-                            memo: Any, type: str | None, **kwargs: Any) -> None:
+    async def owned_changed(
+        self,
+        *,
+        labels: Mapping[str, str],
+        namespace: str | None,
+        memo: Any,
+        type: str | None,
+        **kwargs: Any,
+    ) -> None:
         """An object the operator owns changed: a foreign edit is put back at once."""
         if type is None:  # the initial listing: the resume handler covers it
             return
         ns = _namespace(namespace)
         await self.reconcile(memo.kube, ns, labels[LABEL_DEPLOYMENT], _hpas(kwargs, ns))
 
-    async def autoscaler_changed(self, *, namespace: str | None, memo: Any,
-                                 **kwargs: Any) -> None:
+    async def autoscaler_changed(self, *, namespace: str | None, memo: Any, **kwargs: Any) -> None:
         """An HPA changed: each TandemDeployment of its namespace sees whether it
         now conflicts (its target may have moved off one deployment's pool)."""
         ns = _namespace(namespace)
@@ -154,11 +175,16 @@ def deployments_by_namespace(*, name: str, namespace: str | None, **_: Any) -> d
     return {_namespace(namespace): name}
 
 
-def hpas_by_namespace(*, body: kopf.Body, namespace: str | None,
-                      **_: Any) -> dict[str, dict[str, Any]]:
+def hpas_by_namespace(
+    *, body: kopf.Body, namespace: str | None, **_: Any
+) -> dict[str, dict[str, Any]]:
     # A copy: the index keeps it after kopf moves on to the next event.
-    return {_namespace(namespace): {"metadata": copy.deepcopy(dict(body.metadata)),
-                                    "spec": copy.deepcopy(dict(body.spec))}}
+    return {
+        _namespace(namespace): {
+            "metadata": copy.deepcopy(dict(body.metadata)),
+            "spec": copy.deepcopy(dict(body.spec)),
+        }
+    }
 
 
 def register(settings: OperatorSettings) -> kopf.OperatorRegistry:
@@ -174,16 +200,28 @@ def register(settings: OperatorSettings) -> kopf.OperatorRegistry:
     # (kopf keeps a handler's progress under its id).
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
         on(*TD, id="deployment_changed", registry=registry)(h.deployment_changed)
-    kopf.timer(*TD, id="resync", interval=settings.resync_seconds, initial_delay=1,
-               registry=registry)(h.deployment_changed)
-    kopf.timer(*TD, id="scaling_tick", interval=settings.scaling_seconds,
-               initial_delay=settings.scaling_seconds, registry=registry)(h.scaling_tick)
+    kopf.timer(
+        *TD, id="resync", interval=settings.resync_seconds, initial_delay=1, registry=registry
+    )(h.deployment_changed)
+    kopf.timer(
+        *TD,
+        id="scaling_tick",
+        interval=settings.scaling_seconds,
+        initial_delay=settings.scaling_seconds,
+        registry=registry,
+    )(h.scaling_tick)
     kopf.on.delete(*TD, optional=True, registry=registry)(deployment_deleted)
-    kopf.on.field(GROUP, VERSION, "enginepools", field="spec.replicas", id="pool_scaled",
-                  registry=registry)(h.pool_scaled)
+    kopf.on.field(
+        GROUP, VERSION, "enginepools", field="spec.replicas", id="pool_scaled", registry=registry
+    )(h.pool_scaled)
     for group, version, plural in OWNED:
-        kopf.on.event(group, version, plural, id=f"owned-{plural}", registry=registry,
-                      labels={"app.kubernetes.io/managed-by": MANAGED_BY,
-                              LABEL_DEPLOYMENT: kopf.PRESENT})(h.owned_changed)
+        kopf.on.event(
+            group,
+            version,
+            plural,
+            id=f"owned-{plural}",
+            registry=registry,
+            labels={"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_DEPLOYMENT: kopf.PRESENT},
+        )(h.owned_changed)
     kopf.on.event(*HPA, id="autoscaler_changed", registry=registry)(h.autoscaler_changed)
     return registry

@@ -21,19 +21,32 @@ JSON_PATCH = "application/json-patch+json"
 
 # The kinds the operator reads or writes, and their REST plural.
 PLURALS = {
-    "Pod": "pods", "Service": "services", "ServiceAccount": "serviceaccounts",
-    "ConfigMap": "configmaps", "Secret": "secrets", "Event": "events",
-    "Deployment": "deployments", "DaemonSet": "daemonsets",
-    "PodDisruptionBudget": "poddisruptionbudgets", "Ingress": "ingresses",
-    "RoleBinding": "rolebindings", "EndpointSlice": "endpointslices",
+    "Pod": "pods",
+    "Service": "services",
+    "ServiceAccount": "serviceaccounts",
+    "ConfigMap": "configmaps",
+    "Secret": "secrets",
+    "Event": "events",
+    "Deployment": "deployments",
+    "DaemonSet": "daemonsets",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "Ingress": "ingresses",
+    "RoleBinding": "rolebindings",
+    "EndpointSlice": "endpointslices",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "LeaderWorkerSet": "leaderworkersets",
-    "TandemDeployment": "tandemdeployments", "EnginePool": "enginepools",
+    "TandemDeployment": "tandemdeployments",
+    "EnginePool": "enginepools",
 }
 
 
-def path(api_version: str, kind: str, namespace: str | None, name: str | None = None,
-         subresource: str | None = None) -> str:
+def path(
+    api_version: str,
+    kind: str,
+    namespace: str | None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
     base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
     if namespace:
         base += f"/namespaces/{namespace}"
@@ -57,29 +70,41 @@ class Kube:
     async def close(self) -> None:
         await self.api.close()
 
-    async def _call(self, method: str, url: str, body: Any = None,
-                    query: list[tuple[str, str]] | None = None,
-                    content_type: str = "application/json") -> Any:
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
         return await self.api.call_api(
-            url, method, query_params=query or [], body=body,
+            url,
+            method,
+            query_params=query or [],
+            body=body,
             header_params={"Content-Type": content_type, "Accept": "application/json"},
             response_types_map={200: "object", 201: "object"},
-            auth_settings=["BearerToken"], _return_http_data_only=True,
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
         )
 
-    async def get(self, api_version: str, kind: str, namespace: str | None,
-                  name: str) -> dict[str, Any] | None:
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
         try:
             found: dict[str, Any] = await self._call(
-                "GET", path(api_version, kind, namespace, name))
+                "GET", path(api_version, kind, namespace, name)
+            )
             return found
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
-    async def list(self, api_version: str, kind: str, namespace: str | None,
-                   label_selector: str | None = None) -> list[dict[str, Any]]:
+    async def list(
+        self, api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         query = [("labelSelector", label_selector)] if label_selector else []
         found = await self._call("GET", path(api_version, kind, namespace), query=query)
         items: list[dict[str, Any]] = found.get("items", [])
@@ -88,26 +113,38 @@ class Kube:
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         created: dict[str, Any] = await self._call(
-            "POST", path(obj["apiVersion"], obj["kind"], meta.get("namespace")), body=obj)
+            "POST", path(obj["apiVersion"], obj["kind"], meta.get("namespace")), body=obj
+        )
         return created
 
     async def replace(self, obj: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
         meta = obj["metadata"]
         replaced: dict[str, Any] = await self._call(
-            "PUT", path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"],
-                        subresource), body=obj)
+            "PUT",
+            path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], subresource),
+            body=obj,
+        )
         return replaced
 
-    async def patch(self, api_version: str, kind: str, namespace: str | None, name: str,
-                    body: Any, subresource: str | None = None,
-                    content_type: str = MERGE_PATCH) -> dict[str, Any]:
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        subresource: str | None = None,
+        content_type: str = MERGE_PATCH,
+    ) -> dict[str, Any]:
         patched: dict[str, Any] = await self._call(
-            "PATCH", path(api_version, kind, namespace, name, subresource), body=body,
-            content_type=content_type)
+            "PATCH",
+            path(api_version, kind, namespace, name, subresource),
+            body=body,
+            content_type=content_type,
+        )
         return patched
 
-    async def delete(self, api_version: str, kind: str, namespace: str | None,
-                     name: str) -> None:
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
         try:
             await self._call("DELETE", path(api_version, kind, namespace, name))
         except ApiException as exc:

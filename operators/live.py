@@ -64,10 +64,12 @@ class KubeActuator:
     async def profiles(self) -> tuple[dict[str, EngineProfile], list[str], str]:
         """Each pool's profile from the ConfigMaps `scaling.profiles` names, what
         is wrong with them, and the condition reason for it."""
-        named: set[str] = {name for role in ROLES
-                           if (name := getattr(self.spec.scaling.profiles, role))}
-        configmaps = {n: await self.kube.get("v1", "ConfigMap", self.namespace, n)
-                      for n in sorted(named)}
+        named: set[str] = {
+            name for role in ROLES if (name := getattr(self.spec.scaling.profiles, role))
+        }
+        configmaps = {
+            n: await self.kube.get("v1", "ConfigMap", self.namespace, n) for n in sorted(named)
+        }
         profiles, problems = load_profiles(self.spec, configmaps)
         reason = "ProfileUnusable"
         if not problems:
@@ -79,12 +81,14 @@ class KubeActuator:
         """Every pool that exists (the reconcile may not have created all yet)."""
         out = []
         for role in self.spec.roles:
-            pool = await self.kube.get(API_VERSION, "EnginePool", self.namespace,
-                                       manifests.pool_name(self.td, role))
+            pool = await self.kube.get(
+                API_VERSION, "EnginePool", self.namespace, manifests.pool_name(self.td, role)
+            )
             if pool is None:
                 continue
-            selector = ",".join(f"{k}={v}" for k, v in
-                                sorted(manifests.pool_selector(self.td, role).items()))
+            selector = ",".join(
+                f"{k}={v}" for k, v in sorted(manifests.pool_selector(self.td, role).items())
+            )
             pods = await self.kube.list("v1", "Pod", self.namespace, selector)
             self.pools[role] = pool
             out.append(pool_status(role, pool, pods, self.profiles_by_role[role]))
@@ -94,10 +98,18 @@ class KubeActuator:
         """Scale (in order), send the Events, publish the recommendation."""
         td, namespace = self.td, self.namespace
         for s in effects.scale:
-            await controller.scale_pool(self.kube, namespace, manifests.pool_name(td, s.role),
-                                        s.replicas)
-            log.info("%s/%s: %s pool %d -> %d (%s)", namespace, td, s.role, s.previous,
-                     s.replicas, s.reason)
+            await controller.scale_pool(
+                self.kube, namespace, manifests.pool_name(td, s.role), s.replicas
+            )
+            log.info(
+                "%s/%s: %s pool %d -> %d (%s)",
+                namespace,
+                td,
+                s.role,
+                s.previous,
+                s.replicas,
+                s.reason,
+            )
         for event in effects.events:
             self.emit(self.body, event.type, event.reason, event.message)
         record = effects.record
@@ -110,10 +122,14 @@ class KubeActuator:
             if target is not None:
                 metrics.SCALING_TARGET.labels(namespace, td, role).set(target)
             if pool.get("status", {}).get("recommendedReplicas") != recommended:
-                await self.kube.patch(API_VERSION, "EnginePool", namespace,
-                                      pool["metadata"]["name"],
-                                      {"status": {"recommendedReplicas": recommended}},
-                                      subresource="status")
+                await self.kube.patch(
+                    API_VERSION,
+                    "EnginePool",
+                    namespace,
+                    pool["metadata"]["name"],
+                    {"status": {"recommendedReplicas": recommended}},
+                    subresource="status",
+                )
         if record.demand_rps is not None:
             metrics.SCALING_DEMAND.labels(namespace, td).set(record.demand_rps)
 
@@ -125,23 +141,30 @@ class Sources:
     def __init__(self) -> None:
         self.by_deployment: dict[tuple[str, str], MetricsSource] = {}
 
-    async def for_deployment(self, namespace: str, name: str, scaling: ScalingSpec
-                             ) -> MetricsSource:
+    async def for_deployment(
+        self, namespace: str, name: str, scaling: ScalingSpec
+    ) -> MetricsSource:
         key = (namespace, name)
         prom = scaling.prometheus
         current = self.by_deployment.get(key)
         if current is not None and (
-                (prom is None and not isinstance(current, PrometheusSource))
-                or (prom is not None and isinstance(current, PrometheusSource)
-                    and current.url == prom.url.rstrip("/")
-                    and current.selector == prom.selector
-                    and current.window_s == prom.window_seconds)):
+            (prom is None and not isinstance(current, PrometheusSource))
+            or (
+                prom is not None
+                and isinstance(current, PrometheusSource)
+                and current.url == prom.url.rstrip("/")
+                and current.selector == prom.selector
+                and current.window_s == prom.window_seconds
+            )
+        ):
             return current
         if current is not None:
             await current.aclose()
         source: MetricsSource = (
             PrometheusSource(prom.url, prom.selector, prom.window_seconds)
-            if prom is not None else RouterScrapeSource())
+            if prom is not None
+            else RouterScrapeSource()
+        )
         self.by_deployment[key] = source
         return source
 
@@ -155,8 +178,9 @@ class Sources:
             await self.forget(*key)
 
 
-async def read_window(kube: Kube, body: dict[str, Any], sources: Sources, spec: TandemSpec,
-                      now: float, emit: Emit) -> tuple[Window | None, Condition]:
+async def read_window(
+    kube: Kube, body: dict[str, Any], sources: Sources, spec: TandemSpec, now: float, emit: Emit
+) -> tuple[Window | None, Condition]:
     """The routers' counters over the last window (None unless every source
     answered: partial counts would read as a demand drop) and the
     MetricsAvailable condition."""
@@ -165,9 +189,12 @@ async def read_window(kube: Kube, body: dict[str, Any], sources: Sources, spec: 
     failures: dict[str, str] = {}
     window = None
     if isinstance(source, RouterScrapeSource):
-        routers = await kube.list("v1", "Pod", namespace,
-                                  f"{manifests.LABEL_DEPLOYMENT}={td},"
-                                  f"{manifests.LABEL_COMPONENT}=router")
+        routers = await kube.list(
+            "v1",
+            "Pod",
+            namespace,
+            f"{manifests.LABEL_DEPLOYMENT}={td},{manifests.LABEL_COMPONENT}=router",
+        )
         source.urls = controller.router_urls(routers)
         count = len(source.urls)
         if source.urls:
@@ -180,24 +207,34 @@ async def read_window(kube: Kube, body: dict[str, Any], sources: Sources, spec: 
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             failures = {"prometheus": str(exc) or type(exc).__name__}
     metrics_ok = metrics_condition(failures, count)
-    if metrics_ok.status == "False" \
-            and condition(body, "MetricsAvailable").get("message") != metrics_ok.message:
+    if (
+        metrics_ok.status == "False"
+        and condition(body, "MetricsAvailable").get("message") != metrics_ok.message
+    ):
         emit(body, "Warning", "MetricsUnavailable", metrics_ok.message)
     return (window if metrics_ok.status == "True" else None), metrics_ok
 
 
-def external_writers(spec: TandemSpec, td: str, hpas: list[dict[str, Any]]
-                     ) -> dict[str, str]:
+def external_writers(spec: TandemSpec, td: str, hpas: list[dict[str, Any]]) -> dict[str, str]:
     """Pools an autoscaler owns: sized but not written (the reconcile reports the
     conflict as ScalingConflict); two writers would fight."""
-    return {role: "an autoscaler scales it" for role in spec.roles
-            if controller.foreign_autoscaler(hpas, td, role,
-                                             manifests.workload_kind(spec.pool(role)).kind,
-                                             spec.scaling.mode)}
+    return {
+        role: "an autoscaler scales it"
+        for role in spec.roles
+        if controller.foreign_autoscaler(
+            hpas, td, role, manifests.workload_kind(spec.pool(role)).kind, spec.scaling.mode
+        )
+    }
 
 
-async def tick(kube: Kube, body: dict[str, Any], sources: Sources, emit: Emit, now: float,
-               hpas: list[dict[str, Any]]) -> Effects | None:
+async def tick(
+    kube: Kube,
+    body: dict[str, Any],
+    sources: Sources,
+    emit: Emit,
+    now: float,
+    hpas: list[dict[str, Any]],
+) -> Effects | None:
     """One decision for one TandemDeployment; None when its mode is Off or it
     cannot decide yet. `hpas`: the HorizontalPodAutoscalers of its namespace."""
     meta, spec = body["metadata"], parse(body["spec"])
@@ -207,9 +244,20 @@ async def tick(kube: Kube, body: dict[str, Any], sources: Sources, emit: Emit, n
         await sources.forget(namespace, td)
         metrics.forget_scaling(namespace, td, spec.roles)
         if condition(body, "ScalingActive"):  # it was on: say it is off now
-            await write_status(kube, body, previous, [Condition(
-                "ScalingActive", "False", "Off",
-                "scaling mode Off: pools keep the replicas set")], now)
+            await write_status(
+                kube,
+                body,
+                previous,
+                [
+                    Condition(
+                        "ScalingActive",
+                        "False",
+                        "Off",
+                        "scaling mode Off: pools keep the replicas set",
+                    )
+                ],
+                now,
+            )
         return None
     mode = mode_of(spec.scaling)
     actuator = KubeActuator(kube, body, spec, emit)
@@ -218,46 +266,72 @@ async def tick(kube: Kube, body: dict[str, Any], sources: Sources, emit: Emit, n
         message = "; ".join(problems)
         if condition(body, "ScalingSpecValid").get("message") != message:
             emit(body, "Warning", "ScalingSpecInvalid", message)
-        await write_status(kube, body, previous, [
-            Condition("ScalingActive", "True", mode, f"scaling mode {mode}"),
-            Condition("ScalingSpecValid", "False", reason, message)], now)
+        await write_status(
+            kube,
+            body,
+            previous,
+            [
+                Condition("ScalingActive", "True", mode, f"scaling mode {mode}"),
+                Condition("ScalingSpecValid", "False", reason, message),
+            ],
+            now,
+        )
         return None
     pools = await actuator.observe()
     if len(pools) != len(spec.roles):  # the reconcile has not created them all yet
         return None
     window, metrics_ok = await read_window(kube, body, sources, spec, now, emit)
     inputs = tick_inputs(spec, pools, profiles, window, external_writers(spec, td, hpas))
-    state, effects = on_tick(now, state_from_dict(previous), inputs,
-                             loop_settings(spec.scaling))
+    state, effects = on_tick(now, state_from_dict(previous), inputs, loop_settings(spec.scaling))
     await actuator.apply(effects)
-    await write_status(kube, body, scaling_document(state, effects, mode),
-                       [*effects.conditions, metrics_ok], now)
+    await write_status(
+        kube, body, scaling_document(state, effects, mode), [*effects.conditions, metrics_ok], now
+    )
     return effects
 
 
 def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in body.get("status", {}).get("conditions", [])
-                 if c.get("type") == kind), {})
+    return next(
+        (c for c in body.get("status", {}).get("conditions", []) if c.get("type") == kind), {}
+    )
 
 
-async def write_status(kube: Kube, body: dict[str, Any], scaling: dict[str, Any] | None,
-                       conditions: list[Condition], now: float) -> None:
+async def write_status(
+    kube: Kube,
+    body: dict[str, Any],
+    scaling: dict[str, Any] | None,
+    conditions: list[Condition],
+    now: float,
+) -> None:
     """Replace `status.scaling` (a merge patch would keep keys the loop
     dropped) and merge the conditions, in one JSON patch."""
     meta, status = body["metadata"], body.get("status", {})
     generation = meta.get("generation", 1)
-    merged = merge_conditions(status.get("conditions", []), conditions, generation,
-                              rfc3339(now))
+    merged = merge_conditions(status.get("conditions", []), conditions, generation, rfc3339(now))
     if status.get("scaling") == scaling and status.get("conditions") == merged:
         return
     ops: list[dict[str, Any]]
     if not status:
-        ops = [{"op": "add", "path": "/status",
-                "value": {"conditions": merged,
-                          **({"scaling": scaling} if scaling is not None else {})}}]
+        ops = [
+            {
+                "op": "add",
+                "path": "/status",
+                "value": {
+                    "conditions": merged,
+                    **({"scaling": scaling} if scaling is not None else {}),
+                },
+            }
+        ]
     else:
         ops = [{"op": "add", "path": "/status/conditions", "value": merged}]
         if scaling is not None:
             ops.append({"op": "add", "path": "/status/scaling", "value": scaling})
-    await kube.patch(API_VERSION, "TandemDeployment", meta["namespace"], meta["name"], ops,
-                     subresource="status", content_type="application/json-patch+json")
+    await kube.patch(
+        API_VERSION,
+        "TandemDeployment",
+        meta["namespace"],
+        meta["name"],
+        ops,
+        subresource="status",
+        content_type="application/json-patch+json",
+    )

@@ -123,16 +123,20 @@ def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
         obj[last] = value
 
 
-async def apply(kube: Kube, rendered: dict[str, Any], keep: tuple[str, ...] = (),
-                adjust: Callable[[dict[str, Any], dict[str, Any] | None], None] | None = None,
-                ) -> Applied:
+async def apply(
+    kube: Kube,
+    rendered: dict[str, Any],
+    keep: tuple[str, ...] = (),
+    adjust: Callable[[dict[str, Any], dict[str, Any] | None], None] | None = None,
+) -> Applied:
     """Create or update one object; see the module docstring. Fields at the dotted
     paths in `keep` are someone else's: whatever the object holds there stays.
     `adjust(desired, current)` edits the desired object in place after each read."""
     meta = rendered["metadata"]
     for _ in range(CONFLICT_RETRIES):
-        current = await kube.get(rendered["apiVersion"], rendered["kind"],
-                                 meta.get("namespace"), meta["name"])
+        current = await kube.get(
+            rendered["apiVersion"], rendered["kind"], meta.get("namespace"), meta["name"]
+        )
         desired = copy.deepcopy(rendered)
         if adjust is not None:
             adjust(desired, current)
@@ -158,10 +162,10 @@ async def apply(kube: Kube, rendered: dict[str, Any], keep: tuple[str, ...] = ()
             obj = await kube.replace(merged(desired, current))
         except ApiException as exc:
             if exc.status == 409:
-                log.info("conflict writing %s/%s: reading it again", desired["kind"],
-                         meta["name"])
+                log.info("conflict writing %s/%s: reading it again", desired["kind"], meta["name"])
                 continue
             raise
         return Applied(obj, action, tuple(diff))
-    raise RuntimeError(f"{rendered['kind']}/{meta['name']}: still conflicting after "
-                       f"{CONFLICT_RETRIES} tries")
+    raise RuntimeError(
+        f"{rendered['kind']}/{meta['name']}: still conflicting after {CONFLICT_RETRIES} tries"
+    )

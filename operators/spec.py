@@ -323,29 +323,39 @@ def problems(spec: TandemSpec) -> list[str]:
     for role in spec.roles:
         pool = spec.pool(role)
         if pool.min_replicas > pool.max_replicas:
-            out.append(f"{role}.minReplicas ({pool.min_replicas}) exceeds "
-                       f"{role}.maxReplicas ({pool.max_replicas}): lower minReplicas or "
-                       f"raise maxReplicas")
+            out.append(
+                f"{role}.minReplicas ({pool.min_replicas}) exceeds "
+                f"{role}.maxReplicas ({pool.max_replicas}): lower minReplicas or "
+                f"raise maxReplicas"
+            )
         elif not pool.min_replicas <= pool.replicas <= pool.max_replicas:
-            out.append(f"{role}.replicas ({pool.replicas}) must lie between minReplicas "
-                       f"({pool.min_replicas}) and maxReplicas ({pool.max_replicas})")
+            out.append(
+                f"{role}.replicas ({pool.replicas}) must lie between minReplicas "
+                f"({pool.min_replicas}) and maxReplicas ({pool.max_replicas})"
+            )
         par = pool.parallelism
         if pool.nodes_per_replica > 1 and (
             par.tensor * par.pipeline != pool.gpus_per_pod * pool.nodes_per_replica
         ):
-            out.append(f"{role}: a replica over {pool.nodes_per_replica} nodes with "
-                       f"{pool.gpus_per_pod} GPUs each needs parallelism.tensor x "
-                       f"parallelism.pipeline = {pool.gpus_per_pod * pool.nodes_per_replica} "
-                       f"(now {par.tensor} x {par.pipeline})")
+            out.append(
+                f"{role}: a replica over {pool.nodes_per_replica} nodes with "
+                f"{pool.gpus_per_pod} GPUs each needs parallelism.tensor x "
+                f"parallelism.pipeline = {pool.gpus_per_pod * pool.nodes_per_replica} "
+                f"(now {par.tensor} x {par.pipeline})"
+            )
     if not spec.redis.managed and not str(spec.redis.url or "").startswith("redis"):
-        out.append("redis.managed is false, so redis.url must name the external Redis "
-                   "(redis:// or rediss://)")
+        out.append(
+            "redis.managed is false, so redis.url must name the external Redis "
+            "(redis:// or rediss://)"
+        )
     budget = spec.scaling.gpu_budget
     if budget is not None:
         floor = sum(spec.pool(r).gpus(spec.pool(r).min_replicas) for r in spec.roles)
         if budget < floor:
-            out.append(f"scaling.gpuBudget ({budget}) is below the {floor} GPUs the pools' "
-                       f"minReplicas already take: raise gpuBudget or lower minReplicas")
+            out.append(
+                f"scaling.gpuBudget ({budget}) is below the {floor} GPUs the pools' "
+                f"minReplicas already take: raise gpuBudget or lower minReplicas"
+            )
     out += _scaling_problems(spec)
     ingress = spec.router.ingress
     if ingress.tls_secret_name and not ingress.host:
@@ -362,11 +372,15 @@ def _scaling_problems(spec: TandemSpec) -> list[str]:
     slo = scaling.slo
     longest, max_len = slo.longest_context_tokens, spec.model.max_model_len
     if longest is not None and max_len is not None and longest > max_len:
-        out.append(f"scaling.slo.longestContextTokens ({longest}) exceeds model.maxModelLen "
-                   f"({max_len}): lower it or raise maxModelLen")
+        out.append(
+            f"scaling.slo.longestContextTokens ({longest}) exceeds model.maxModelLen "
+            f"({max_len}): lower it or raise maxModelLen"
+        )
     if slo.itl_p90_ms is not None and slo.interactivity_p90 is not None:
         out.append("scaling.slo takes itlP90Ms or interactivityP90 (tokens/s per user), not both")
     if scaling.down_cooldown_seconds < scaling.up_cooldown_seconds:
-        out.append("scaling.downCooldownSeconds must be at least scaling.upCooldownSeconds "
-                   "(up fast, down slow)")
+        out.append(
+            "scaling.downCooldownSeconds must be at least scaling.upCooldownSeconds "
+            "(up fast, down slow)"
+        )
     return out

@@ -18,21 +18,33 @@ class Condition:
     message: str = ""
 
 
-def merge_conditions(previous: list[dict[str, Any]], new: Sequence[Condition | LoopCondition],
-                     generation: int, now: str) -> list[dict[str, Any]]:
+def merge_conditions(
+    previous: list[dict[str, Any]],
+    new: Sequence[Condition | LoopCondition],
+    generation: int,
+    now: str,
+) -> list[dict[str, Any]]:
     """Conditions as stored: `lastTransitionTime` moves only when the status flips.
     A condition's status is a bool or already "True", "False" or "Unknown" (the
     rate-matching controller's, operators/planner/loop.py)."""
     before = {c["type"]: c for c in previous or []}
     out = []
     for cond in new:
-        status = cond.status if isinstance(cond.status, str) else (
-            "True" if cond.status else "False")
+        status = (
+            cond.status if isinstance(cond.status, str) else ("True" if cond.status else "False")
+        )
         old = before.get(cond.type)
         since = now if old is None or old.get("status") != status else old["lastTransitionTime"]
-        out.append({"type": cond.type, "status": status, "reason": cond.reason,
-                    "message": cond.message, "observedGeneration": generation,
-                    "lastTransitionTime": since})
+        out.append(
+            {
+                "type": cond.type,
+                "status": status,
+                "reason": cond.reason,
+                "message": cond.message,
+                "observedGeneration": generation,
+                "lastTransitionTime": since,
+            }
+        )
     known = {c.type for c in new}
     out += [c for c in previous or [] if c["type"] not in known]
     return out
@@ -60,44 +72,80 @@ def ratio(prefill: int, decode: int) -> str:
 def pool_conditions(pool: PoolState) -> list[Condition]:
     ready = pool.ready >= pool.desired and pool.replicas == pool.desired
     out = [
-        Condition("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
-                  f"{pool.ready}/{pool.desired} engine replicas ready"),
-        Condition("Progressing", not ready, "Scaling" if pool.replicas != pool.desired else
-                  ("Starting" if not ready else "Stable"),
-                  f"{pool.replicas} replicas, {pool.desired} desired"),
-        Condition("Draining", bool(pool.draining), "PodsTerminating" if pool.draining else
-                  "NoneDraining", ", ".join(pool.draining)),
+        Condition(
+            "Ready",
+            ready,
+            "AllReplicasReady" if ready else "ReplicasNotReady",
+            f"{pool.ready}/{pool.desired} engine replicas ready",
+        ),
+        Condition(
+            "Progressing",
+            not ready,
+            "Scaling" if pool.replicas != pool.desired else ("Starting" if not ready else "Stable"),
+            f"{pool.replicas} replicas, {pool.desired} desired",
+        ),
+        Condition(
+            "Draining",
+            bool(pool.draining),
+            "PodsTerminating" if pool.draining else "NoneDraining",
+            ", ".join(pool.draining),
+        ),
     ]
-    out.append(Condition("ScalingConflict", bool(pool.conflict),
-                         "ForeignAutoscaler" if pool.conflict else "NoConflict", pool.conflict))
+    out.append(
+        Condition(
+            "ScalingConflict",
+            bool(pool.conflict),
+            "ForeignAutoscaler" if pool.conflict else "NoConflict",
+            pool.conflict,
+        )
+    )
     return out
 
 
-def deployment_conditions(pools: list[PoolState], router_ready: bool, problems: list[str],
-                          errors: list[str]) -> list[Condition]:
+def deployment_conditions(
+    pools: list[PoolState], router_ready: bool, problems: list[str], errors: list[str]
+) -> list[Condition]:
     if problems:
         message = "the spec cannot be served: " + "; ".join(problems)
-        return [Condition("Ready", False, "InvalidSpec", message),
-                Condition("Progressing", False, "InvalidSpec", "fix the spec to continue"),
-                Condition("Degraded", True, "InvalidSpec", message)]
+        return [
+            Condition("Ready", False, "InvalidSpec", message),
+            Condition("Progressing", False, "InvalidSpec", "fix the spec to continue"),
+            Condition("Degraded", True, "InvalidSpec", message),
+        ]
     pools_ready = all(p.ready >= p.desired and p.replicas == p.desired for p in pools)
     ready = pools_ready and router_ready and not errors
-    waiting = [f"{p.role} {p.ready}/{p.desired}" for p in pools
-               if p.ready < p.desired or p.replicas != p.desired]
+    waiting = [
+        f"{p.role} {p.ready}/{p.desired}"
+        for p in pools
+        if p.ready < p.desired or p.replicas != p.desired
+    ]
     if not router_ready:
         waiting.append("router")
     conflicts = [f"{p.role}: {p.conflict}" for p in pools if p.conflict]
     degraded = conflicts + errors
     draining = [f"{p.role}: {', '.join(p.draining)}" for p in pools if p.draining]
     return [
-        Condition("Ready", ready, "AllReady" if ready else "Waiting",
-                  "serving" if ready else "waiting for " + ", ".join(waiting or ["errors"])),
-        Condition("Progressing", bool(waiting), "Reconciling" if waiting else "Stable",
-                  ", ".join(waiting)),
-        Condition("Degraded", bool(degraded), "ScalingConflict" if conflicts else
-                  ("ReconcileError" if errors else "Healthy"), "; ".join(degraded)),
-        Condition("Draining", bool(draining), "PodsTerminating" if draining else "NoneDraining",
-                  "; ".join(draining)),
+        Condition(
+            "Ready",
+            ready,
+            "AllReady" if ready else "Waiting",
+            "serving" if ready else "waiting for " + ", ".join(waiting or ["errors"]),
+        ),
+        Condition(
+            "Progressing", bool(waiting), "Reconciling" if waiting else "Stable", ", ".join(waiting)
+        ),
+        Condition(
+            "Degraded",
+            bool(degraded),
+            "ScalingConflict" if conflicts else ("ReconcileError" if errors else "Healthy"),
+            "; ".join(degraded),
+        ),
+        Condition(
+            "Draining",
+            bool(draining),
+            "PodsTerminating" if draining else "NoneDraining",
+            "; ".join(draining),
+        ),
     ]
 
 

@@ -86,14 +86,22 @@ class StackConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming every flag at fault."""
-        problems = [f"{pool} pool: {p}" for pool, settings in self.scheduler.items()
-                    for p in settings.problems(self.max_model_len)]
-        problems += [f"unknown pool {pool!r} (pools: {', '.join(POOLS)})"
-                     for pool in self.scheduler if pool not in POOLS]
+        problems = [
+            f"{pool} pool: {p}"
+            for pool, settings in self.scheduler.items()
+            for p in settings.problems(self.max_model_len)
+        ]
+        problems += [
+            f"unknown pool {pool!r} (pools: {', '.join(POOLS)})"
+            for pool in self.scheduler
+            if pool not in POOLS
+        ]
         for arg in self.engine_args:
             if flag := scheduler_flag(arg):
-                problems.append(f"engine argument {arg}: a scheduler setting, set per pool "
-                                f"with {flag} VALUE or {flag} POOL=VALUE instead")
+                problems.append(
+                    f"engine argument {arg}: a scheduler setting, set per pool "
+                    f"with {flag} VALUE or {flag} POOL=VALUE instead"
+                )
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -123,16 +131,29 @@ class Stack:
 
     def _store(self):
         c = self.config
-        launch = store_launch(c.state_dir / "kvstore", host=c.host,
-                              ports=[self._port() for _ in range(6)],
-                              pool_size=c.kv_store_pool, disk_size=c.kv_store_disk,
-                              **c.kv_store_args)
-        proc = Proc(name="kvstore", argv=launch.argv, log=str(c.state_dir / "kvstore.log"),
-                    url=launch.health_url.removesuffix("/health"))
+        launch = store_launch(
+            c.state_dir / "kvstore",
+            host=c.host,
+            ports=[self._port() for _ in range(6)],
+            pool_size=c.kv_store_pool,
+            disk_size=c.kv_store_disk,
+            **c.kv_store_args,
+        )
+        proc = Proc(
+            name="kvstore",
+            argv=launch.argv,
+            log=str(c.state_dir / "kvstore.log"),
+            url=launch.health_url.removesuffix("/health"),
+        )
         return proc, launch
 
-    def engine_proc(self, role: str, index: int, core: int | None, store_flags: list[str],
-                ) -> tuple[Proc, dict[str, str]]:
+    def engine_proc(
+        self,
+        role: str,
+        index: int,
+        core: int | None,
+        store_flags: list[str],
+    ) -> tuple[Proc, dict[str, str]]:
         c = self.config
         grpc_port, metrics_port, nixl_port = self._port(), self._port(), self._port()
         kv_events = None
@@ -142,14 +163,26 @@ class Stack:
             vllm = replace(vllm, kv_events_config=kv_events_config(pub, replay))
             kv_events = f"tcp://{c.host}:{pub},tcp://{c.host}:{replay}"
         command = EngineCommand(
-            EngineHostSettings(role=ROLE_OF_MODULE[role], host=c.host, grpc_port=grpc_port,
-                               metrics_port=metrics_port, nixl_port=nixl_port),
-            vllm, (*c.pool_flags(role), *store_flags, *c.engine_args), f"services.{role}")
+            EngineHostSettings(
+                role=ROLE_OF_MODULE[role],
+                host=c.host,
+                grpc_port=grpc_port,
+                metrics_port=metrics_port,
+                nixl_port=nixl_port,
+            ),
+            vllm,
+            (*c.pool_flags(role), *store_flags, *c.engine_args),
+            f"services.{role}",
+        )
         name = f"{role}-{index}"
-        proc = Proc(name=name, argv=command.argv(sys.executable),
-                    log=str(self.config.state_dir / f"{name}.log"),
-                    grpc=f"{c.host}:{grpc_port}", url=f"http://{c.host}:{metrics_port}/metrics",
-                    kv_events=kv_events)
+        proc = Proc(
+            name=name,
+            argv=command.argv(sys.executable),
+            log=str(self.config.state_dir / f"{name}.log"),
+            grpc=f"{c.host}:{grpc_port}",
+            url=f"http://{c.host}:{metrics_port}/metrics",
+            kv_events=kv_events,
+        )
         return proc, engine_env(c.kv_cache_gib, core)
 
     def _launch(self, proc: Proc, env: dict[str, str]) -> None:
@@ -176,11 +209,19 @@ class Stack:
                 self.write_state()
                 wait_http_ok(f"{store.url}/health", store, deadline)
                 store_flags = launch.engine_flags
-            roles = [(role, i) for role, count in (("prefill", c.prefill), ("decode", c.decode),
-                                                   ("engine", c.aggregated))
-                     for i in range(count)]
-            engines = [self.engine_proc(role, i, core, store_flags)
-                       for (role, i), core in zip(roles, engine_cores(len(roles)), strict=True)]
+            roles = [
+                (role, i)
+                for role, count in (
+                    ("prefill", c.prefill),
+                    ("decode", c.decode),
+                    ("engine", c.aggregated),
+                )
+                for i in range(count)
+            ]
+            engines = [
+                self.engine_proc(role, i, core, store_flags)
+                for (role, i), core in zip(roles, engine_cores(len(roles)), strict=True)
+            ]
             for proc, env in engines:
                 self._launch(proc, env)
             self.write_state()
@@ -188,9 +229,12 @@ class Stack:
                 self._wait_engine(proc, deadline)
             if not c.router:
                 return
-            router = Proc(name="router", log=str(c.state_dir / "router.log"),
-                          url=self.router_url,
-                          argv=self.router_argv(c.router_port, c.router_args))
+            router = Proc(
+                name="router",
+                log=str(c.state_dir / "router.log"),
+                url=self.router_url,
+                argv=self.router_argv(c.router_port, c.router_args),
+            )
             self._launch(router, {})
             self.write_state()
             self._wait_router(router, deadline)
@@ -208,10 +252,16 @@ class Stack:
         for p in engines:
             pods[p.name.split("-")[0]].append(p.grpc)
         launch = RouterLaunchSettings(
-            host=c.host, port=port, prefill=pods["prefill"], decode=pods["decode"],
-            engines=pods["engine"], model=c.model,
-            kv_events=tuple(parse_kv_event_source(f"{p.grpc}={p.kv_events}")
-                            for p in engines if p.kv_events))
+            host=c.host,
+            port=port,
+            prefill=pods["prefill"],
+            decode=pods["decode"],
+            engines=pods["engine"],
+            model=c.model,
+            kv_events=tuple(
+                parse_kv_event_source(f"{p.grpc}={p.kv_events}") for p in engines if p.kv_events
+            ),
+        )
         return RouterCommand(launch, extra=tuple(extra_args)).argv(sys.executable)
 
     def _wait_engine(self, proc: Proc, deadline: float) -> None:
@@ -236,16 +286,20 @@ class Stack:
 
     # -- state file (for `tandem status` / `tandem down`) --------------------
     def write_state(self) -> None:
-        state = {"supervisor_pid": os.getpid(), "router_url": self.router_url,
-                 "procs": [asdict(p) for p in self.procs]}
+        state = {
+            "supervisor_pid": os.getpid(),
+            "router_url": self.router_url,
+            "procs": [asdict(p) for p in self.procs],
+        }
         (self.config.state_dir / "stack.json").write_text(json.dumps(state, indent=2))
 
 
 def vllm_settings(c: StackConfig, model: str | None = None) -> VllmSettings:
     """The vLLM settings every engine of a stack shares. `model` overrides
     the config's model."""
-    return VllmSettings(model=model or c.model, dtype=c.dtype, enforce_eager=True,
-                        max_model_len=c.max_model_len)
+    return VllmSettings(
+        model=model or c.model, dtype=c.dtype, enforce_eager=True, max_model_len=c.max_model_len
+    )
 
 
 def vllm_flags(c: StackConfig, model: str | None = None) -> list[str]:
@@ -258,8 +312,10 @@ def vllm_flags(c: StackConfig, model: str | None = None) -> list[str]:
 def kv_events_flags(host: str, pub_port: int, replay_port: int) -> tuple[list[str], str]:
     """vLLM flags that publish KV events over ZMQ, and the endpoints as the
     router's --kv-events takes them (PUB,REPLAY)."""
-    return (to_argv(VllmSettings(kv_events_config=kv_events_config(pub_port, replay_port))),
-            f"tcp://{host}:{pub_port},tcp://{host}:{replay_port}")
+    return (
+        to_argv(VllmSettings(kv_events_config=kv_events_config(pub_port, replay_port))),
+        f"tcp://{host}:{pub_port},tcp://{host}:{replay_port}",
+    )
 
 
 def engine_env(kv_cache_gib: int, core: int | None) -> dict[str, str]:

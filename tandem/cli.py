@@ -34,16 +34,24 @@ BUNDLED_MODEL_ROUTER_ARGS = ["--chat-template", str(CHATML_TOOLS), "--tool-call-
 
 
 def _curl(url: str, model: str) -> str:
-    body = json.dumps({"model": model, "messages": [
-        {"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32})
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 32,
+        }
+    )
     return f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     state = read_state(args.state_dir)
     if state and Proc(name="supervisor", argv=[], log="", pid=state["supervisor_pid"]).alive():
-        print(f"a stack is already running (pid {state['supervisor_pid']}, "
-              f"{state['router_url']}); `tandem down` stops it", file=sys.stderr)
+        print(
+            f"a stack is already running (pid {state['supervisor_pid']}, "
+            f"{state['router_url']}); `tandem down` stops it",
+            file=sys.stderr,
+        )
         return 1
     try:
         config = stack_config(args)
@@ -64,8 +72,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     engines = f"{args.prefill} prefill + {args.decode} decode"
     if args.aggregated:
         engines += f" + {args.aggregated} aggregated"
-    print(f"starting {store}{engines} engine(s) and the router; logs in {args.state_dir}",
-          flush=True)
+    print(
+        f"starting {store}{engines} engine(s) and the router; logs in {args.state_dir}", flush=True
+    )
     try:
         stack.start()
     except (ProcessError, RuntimeError) as exc:
@@ -73,18 +82,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    model = os.path.basename(os.path.normpath(args.model)) if args.model \
-        else DEFAULT_MODEL_NAME
-    print(f"\nTandem is up: {stack.router_url}  "
-          f"(OpenAI API; metrics at {stack.router_url}/metrics)")
+    model = os.path.basename(os.path.normpath(args.model)) if args.model else DEFAULT_MODEL_NAME
+    print(
+        f"\nTandem is up: {stack.router_url}  (OpenAI API; metrics at {stack.router_url}/metrics)"
+    )
     print(f"try:\n  {_curl(stack.router_url, model)}\n")
     print("Ctrl-C or `tandem down` stops everything.", flush=True)
     code = 0
     while not stopping:
         if dead := stack.dead():
             names = ", ".join(p.name for p in dead)
-            print(f"{names} exited unexpectedly (see {dead[0].log}); stopping the stack",
-                  file=sys.stderr)
+            print(
+                f"{names} exited unexpectedly (see {dead[0].log}); stopping the stack",
+                file=sys.stderr,
+            )
             code = 1
             break
         time.sleep(0.5)
@@ -96,17 +107,27 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
     """The stack `tandem up` starts, from its flags (ValueError naming a bad flag)."""
-    per_setting = {setting: scheduler.parse_per_pool(setting, text)
-                   for setting in scheduler.SETTINGS
-                   if (text := getattr(args, setting, None)) is not None}
-    return StackConfig(model=args.model, prefill=args.prefill, decode=args.decode,
-                       aggregated=args.aggregated, router_port=args.port,
-                       kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-                       state_dir=args.state_dir, engine_args=args.engine_arg or [],
-                       scheduler=scheduler.by_pool(per_setting),
-                       kv_store=not args.no_kv_store, kv_store_pool=args.kv_store_pool,
-                       kv_store_disk=args.kv_store_disk,
-                       router_args=[] if args.model else BUNDLED_MODEL_ROUTER_ARGS)
+    per_setting = {
+        setting: scheduler.parse_per_pool(setting, text)
+        for setting in scheduler.SETTINGS
+        if (text := getattr(args, setting, None)) is not None
+    }
+    return StackConfig(
+        model=args.model,
+        prefill=args.prefill,
+        decode=args.decode,
+        aggregated=args.aggregated,
+        router_port=args.port,
+        kv_cache_gib=args.kv_cache_gib,
+        max_model_len=args.max_model_len,
+        state_dir=args.state_dir,
+        engine_args=args.engine_arg or [],
+        scheduler=scheduler.by_pool(per_setting),
+        kv_store=not args.no_kv_store,
+        kv_store_pool=args.kv_store_pool,
+        kv_store_disk=args.kv_store_disk,
+        router_args=[] if args.model else BUNDLED_MODEL_ROUTER_ARGS,
+    )
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -147,7 +168,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             try:
                 with grpc.insecure_channel(proc.grpc) as channel:
                     reply = health_pb2_grpc.HealthStub(channel).Check(
-                        health_pb2.HealthCheckRequest(), timeout=2)
+                        health_pb2.HealthCheckRequest(), timeout=2
+                    )
                 health = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
             except grpc.RpcError as exc:
                 health = exc.code().name
@@ -158,20 +180,25 @@ def cmd_status(args: argparse.Namespace) -> int:
             except httpx.HTTPError as exc:
                 health = type(exc).__name__
         ok &= alive and health == "SERVING"
-        print(f"{proc.name:<12} {proc.pid or '-':>7}  {'running' if alive else 'dead':<8} "
-              f"{health:<12} {proc.grpc or proc.url}")
+        print(
+            f"{proc.name:<12} {proc.pid or '-':>7}  {'running' if alive else 'dead':<8} "
+            f"{health:<12} {proc.grpc or proc.url}"
+        )
     return 0 if ok else 1
 
 
 def cmd_model(args: argparse.Namespace) -> int:
     from common.model import main as model_main
+
     return model_main(args.rest)
 
 
 # Whoever types `tandem bench` learns where the benchmarks are.
-BENCH_MOVED = ("tandem bench: the benchmarks are not part of the installed product; in a "
-               "checkout of the repository run `python -m bench` (dependencies: "
-               "pip install -e '.[bench]'). Profiling a pool is `tandem profile`.")
+BENCH_MOVED = (
+    "tandem bench: the benchmarks are not part of the installed product; in a "
+    "checkout of the repository run `python -m bench` (dependencies: "
+    "pip install -e '.[bench]'). Profiling a pool is `tandem profile`."
+)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -181,42 +208,69 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from tandem.profile import main as profile_main
+
     return profile_main(args.rest)
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
     from operators.__main__ import main as operator_main
+
     return operator_main(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--state-dir", type=Path, default=_DEFAULT_STATE,
-                        help="where the running stack's state and logs live (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=_DEFAULT_STATE,
+        help="where the running stack's state and logs live (default: %(default)s)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", help="start the embedded stack (foreground; Ctrl-C stops it)",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    up.add_argument("--model", default=None,
-                    help="local Hugging Face model folder (default: bundled SmolLM2-135M-Instruct)")
+    up = sub.add_parser(
+        "up",
+        help="start the embedded stack (foreground; Ctrl-C stops it)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    up.add_argument(
+        "--model",
+        default=None,
+        help="local Hugging Face model folder (default: bundled SmolLM2-135M-Instruct)",
+    )
     up.add_argument("--port", type=int, default=8000, help="router HTTP port")
     up.add_argument("--prefill", type=int, default=1, help="number of prefill engines")
     up.add_argument("--decode", type=int, default=1, help="number of decode engines")
-    up.add_argument("--aggregated", type=int, default=0,
-                    help="number of aggregated engines (whole requests, no P/D split)")
+    up.add_argument(
+        "--aggregated",
+        type=int,
+        default=0,
+        help="number of aggregated engines (whole requests, no P/D split)",
+    )
     up.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache per engine (GiB, CPU)")
     up.add_argument("--max-model-len", type=int, default=8192, help="context length")
-    up.add_argument("--no-kv-store", action="store_true",
-                    help="run without the shared KV store (services/kvstore); engines "
-                    "then keep prefixes only in their own KV cache")
-    up.add_argument("--kv-store-pool", default="2GB",
-                    help="KV store RAM pool size (default: %(default)s)")
-    up.add_argument("--kv-store-disk", default="8GB",
-                    help="KV store disk tier size, under --state-dir (default: %(default)s)")
-    up.add_argument("--engine-arg", action="append", metavar="ARG",
-                    help="extra vLLM engine flag for every engine (repeat; e.g. "
-                    "--engine-arg=--block-size=64)")
+    up.add_argument(
+        "--no-kv-store",
+        action="store_true",
+        help="run without the shared KV store (services/kvstore); engines "
+        "then keep prefixes only in their own KV cache",
+    )
+    up.add_argument(
+        "--kv-store-pool", default="2GB", help="KV store RAM pool size (default: %(default)s)"
+    )
+    up.add_argument(
+        "--kv-store-disk",
+        default="8GB",
+        help="KV store disk tier size, under --state-dir (default: %(default)s)",
+    )
+    up.add_argument(
+        "--engine-arg",
+        action="append",
+        metavar="ARG",
+        help="extra vLLM engine flag for every engine (repeat; e.g. --engine-arg=--block-size=64)",
+    )
     pools = up.add_argument_group(
         "scheduler settings per pool",
         "vLLM's scheduler flags, by pool: VALUE sets every pool, POOL=VALUE[,POOL=VALUE] "
@@ -224,13 +278,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--long-prefill-token-threshold prefill=2048,decode=512. Unset: vLLM's default. "
         "(vLLM's --prefill-schedule-interval is not offered: it acts only across the "
         "data-parallel ranks of a mixture-of-experts engine, which the embedded stack "
-        "never runs.)")
+        "never runs.)",
+    )
     for setting in scheduler.SETTINGS:
         boolean = scheduler.is_boolean(setting)
-        pools.add_argument(scheduler.flag_name(setting), dest=setting, default=argparse.SUPPRESS,
-                           metavar="[POOL=]BOOL" if boolean else "[POOL=]N",
-                           nargs="?" if boolean else None, const="true" if boolean else None,
-                           help=scheduler.describe(setting))
+        pools.add_argument(
+            scheduler.flag_name(setting),
+            dest=setting,
+            default=argparse.SUPPRESS,
+            metavar="[POOL=]BOOL" if boolean else "[POOL=]N",
+            nargs="?" if boolean else None,
+            const="true" if boolean else None,
+            help=scheduler.describe(setting),
+        )
     up.set_defaults(func=cmd_up)
 
     sub.add_parser("down", help="stop the running stack").set_defaults(func=cmd_down)
@@ -238,16 +298,19 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="prepare the bundled model and print its folder")
     model.add_argument("rest", nargs=argparse.REMAINDER)
     model.set_defaults(func=cmd_model)
-    bench = sub.add_parser("bench", help="moved: `python -m bench` in a checkout",
-                           add_help=False)
+    bench = sub.add_parser("bench", help="moved: `python -m bench` in a checkout", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
-    profile = sub.add_parser("profile", help="profile one pool for the rate-matching "
-                             "controller (tandem/profile.py)", add_help=False)
+    profile = sub.add_parser(
+        "profile",
+        help="profile one pool for the rate-matching controller (tandem/profile.py)",
+        add_help=False,
+    )
     profile.add_argument("rest", nargs=argparse.REMAINDER)
     profile.set_defaults(func=cmd_profile)
-    operator = sub.add_parser("operator", help="run the Kubernetes operator (operators/)",
-                              add_help=False)
+    operator = sub.add_parser(
+        "operator", help="run the Kubernetes operator (operators/)", add_help=False
+    )
     operator.add_argument("rest", nargs=argparse.REMAINDER)
     operator.set_defaults(func=cmd_operator)
     return parser

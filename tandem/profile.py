@@ -83,9 +83,14 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-async def measure_level(source: RouterScrapeSource, label: str, sessions: list[Session],
-                        trace_info: dict[str, Any], tokenizer: Any, cfg: ReplayConfig,
-                        ) -> tuple[dict[str, Any], Window | None]:
+async def measure_level(
+    source: RouterScrapeSource,
+    label: str,
+    sessions: list[Session],
+    trace_info: dict[str, Any],
+    tokenizer: Any,
+    cfg: ReplayConfig,
+) -> tuple[dict[str, Any], Window | None]:
     """One replay (fresh content salt, so the cache starts cold) with the
     router's counters read just before and after it."""
     builder = PromptBuilder(tokenizer, salt=new_salt())
@@ -98,11 +103,21 @@ async def measure_level(source: RouterScrapeSource, label: str, sessions: list[S
     return make_run(label, result.to_json(), trace_info), w
 
 
-async def profile_pool(role: PoolRole, url: str, sessions: list[Session],
-                       trace_info: dict[str, Any], tokenizer: Any, base: ReplayConfig,
-                       config: EngineConfig, replicas: int, concurrencies: list[int],
-                       level_s: float, ttft_ceiling_s: float, workload: str,
-                       log: Callable[[str], None] = print) -> tuple[EngineProfile, list[Level]]:
+async def profile_pool(
+    role: PoolRole,
+    url: str,
+    sessions: list[Session],
+    trace_info: dict[str, Any],
+    tokenizer: Any,
+    base: ReplayConfig,
+    config: EngineConfig,
+    replicas: int,
+    concurrencies: list[int],
+    level_s: float,
+    ttft_ceiling_s: float,
+    workload: str,
+    log: Callable[[str], None] = print,
+) -> tuple[EngineProfile, list[Level]]:
     """Replay at each concurrency in turn until the pool's throughput grows
     by less than MIN_GAIN, its TTFT p90 passes ``ttft_ceiling_s``, or a level
     fails requests (that level is left out of the profile). A level of a
@@ -113,24 +128,33 @@ async def profile_pool(role: PoolRole, url: str, sessions: list[Session],
     best = 0.0
     try:
         for c in concurrencies:
-            cfg = replace(base, url=url, concurrency=c, duration_s=level_s,
-                          max_tokens_cap=PREFILL_OUTPUT_TOKENS if role == "prefill"
-                          else base.max_tokens_cap)
-            run, w = await measure_level(source, f"{role}-c{c}", sessions, trace_info,
-                                         tokenizer, cfg)
+            cfg = replace(
+                base,
+                url=url,
+                concurrency=c,
+                duration_s=level_s,
+                max_tokens_cap=PREFILL_OUTPUT_TOKENS if role == "prefill" else base.max_tokens_cap,
+            )
+            run, w = await measure_level(
+                source, f"{role}-c{c}", sessions, trace_info, tokenizer, cfg
+            )
             s = run["summary"]
             if s["failures"] or not s["ok"]:
-                log(f"profile {role}: {s['failures']} of {s['requests']} requests failed at "
-                    f"c={c} ({s['failure_kinds']}); stopping, this level left out")
+                log(
+                    f"profile {role}: {s['failures']} of {s['requests']} requests failed at "
+                    f"c={c} ({s['failure_kinds']}); stopping, this level left out"
+                )
                 break
             if why := foreign_prompts(role, w):
                 raise RuntimeError(f"profile {role} c={c}: {why}")
             point = point_from_level(role, replicas, c, run, w)
             levels.append(Level(c, run, w, point))
             work = pool_work(role, point)
-            log(f"profile {role} c={c}: {point.request_rate:.3f} req/s per replica, "
+            log(
+                f"profile {role} c={c}: {point.request_rate:.3f} req/s per replica, "
                 f"{work:.1f} work/s, TTFT p90 {point.ttft_p90_s or 0:.2f} s, "
-                f"in flight {point.in_flight or 0:.2f}, hit {point.hit_rate:.1%}")
+                f"in flight {point.in_flight or 0:.2f}, hit {point.hit_rate:.1%}"
+            )
             if work < best * (1 + MIN_GAIN):
                 log(f"profile {role}: throughput stopped growing at c={c}")
                 break
@@ -142,47 +166,79 @@ async def profile_pool(role: PoolRole, url: str, sessions: list[Session],
         await source.aclose()
     if not levels:
         raise RuntimeError(f"profile {role}: no level measured")
-    profile = EngineProfile(config=config, points=tuple(lv.point for lv in levels),
-                            source="measured", workload=workload,
-                            taken_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                            replicas_measured=replicas,
-                            note=f"tandem profile --role {role}: {len(levels)} levels of "
-                                 f"{level_s:g} s against {url}")
+    profile = EngineProfile(
+        config=config,
+        points=tuple(lv.point for lv in levels),
+        source="measured",
+        workload=workload,
+        taken_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        replicas_measured=replicas,
+        note=f"tandem profile --role {role}: {len(levels)} levels of {level_s:g} s against {url}",
+    )
     return validate(profile), levels
 
 
 # -- the command ------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tandem profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tandem profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_replay_args(p, "~/.cache/tandem/profiles/<time>-<role>", lanes=False)
-    p.add_argument("--role", required=True, choices=["prefill", "decode", "aggregated"],
-                   help="the pool behind --url being profiled")
-    p.add_argument("--concurrencies", default="1,2,4,8,16,32",
-                   help="rising concurrencies, until throughput stops growing (default "
-                        "1,2,4,8,16,32)")
-    p.add_argument("--level-s", type=float, default=60.0,
-                   help="seconds of replay per concurrency (default 60)")
-    p.add_argument("--ttft-ceiling", type=float, default=60.0,
-                   help="stop once TTFT p90 passes this many seconds (default 60)")
-    p.add_argument("--replicas", type=int, default=1,
-                   help="replicas in the profiled pool; rates are written per replica")
+    p.add_argument(
+        "--role",
+        required=True,
+        choices=["prefill", "decode", "aggregated"],
+        help="the pool behind --url being profiled",
+    )
+    p.add_argument(
+        "--concurrencies",
+        default="1,2,4,8,16,32",
+        help="rising concurrencies, until throughput stops growing (default 1,2,4,8,16,32)",
+    )
+    p.add_argument(
+        "--level-s", type=float, default=60.0, help="seconds of replay per concurrency (default 60)"
+    )
+    p.add_argument(
+        "--ttft-ceiling",
+        type=float,
+        default=60.0,
+        help="stop once TTFT p90 passes this many seconds (default 60)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replicas in the profiled pool; rates are written per replica",
+    )
     g = p.add_argument_group("the configuration profiled (written into the profile)")
     g.add_argument("--name", help="configuration name (default <model>-<role>)")
     g.add_argument("--hardware", default="", help="e.g. H100-80GB, cpu-core")
-    g.add_argument("--gpus-per-replica", type=int, default=1,
-                   help="GPUs of one replica (on CPU: the cores it is pinned to)")
+    g.add_argument(
+        "--gpus-per-replica",
+        type=int,
+        default=1,
+        help="GPUs of one replica (on CPU: the cores it is pinned to)",
+    )
     for flag in ("tp", "pp", "dp", "pcp", "dcp"):
         g.add_argument(f"--{flag}", type=int, default=1, help=f"{flag.upper()} size")
-    g.add_argument("--scheduler-flag", action="append", default=[], metavar="FLAG",
-                   help="a vLLM scheduler flag the replicas run with (repeat)")
-    g.add_argument("--kv-capacity-tokens", type=int,
-                   help="KV capacity of one replica, tokens (vLLM: num_gpu_blocks x block "
-                        "size)")
+    g.add_argument(
+        "--scheduler-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a vLLM scheduler flag the replicas run with (repeat)",
+    )
+    g.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        help="KV capacity of one replica, tokens (vLLM: num_gpu_blocks x block size)",
+    )
     g.add_argument("--namespace", help="namespace of the ConfigMap written")
-    p.add_argument("-o", "--output",
-                   help="profile ConfigMap to write (default <out>/profile.yaml)")
+    p.add_argument("-o", "--output", help="profile ConfigMap to write (default <out>/profile.yaml)")
     return p
 
 
@@ -204,24 +260,52 @@ def cmd_profile(a: argparse.Namespace) -> int:
     tok, _ = load_tokenizer(a)
     model = a.model or served_model(a.url)
     name = a.name or f"{model}-{a.role}".lower()
-    config = engine_config(a.role, name, model, a.gpus_per_replica, a.hardware,
-                           Parallelism(a.tp, a.pp, a.dp, a.pcp, a.dcp), a.scheduler_flag,
-                           a.kv_capacity_tokens)
+    config = engine_config(
+        a.role,
+        name,
+        model,
+        a.gpus_per_replica,
+        a.hardware,
+        Parallelism(a.tp, a.pp, a.dp, a.pcp, a.dcp),
+        a.scheduler_flag,
+        a.kv_capacity_tokens,
+    )
     st = info["stats"]
-    workload = (f"{info['path']}: {st['sessions']} sessions, {st['requests']} requests, think "
-                f"x{a.think_scale:g}")
+    workload = (
+        f"{info['path']}: {st['sessions']} sessions, {st['requests']} requests, think "
+        f"x{a.think_scale:g}"
+    )
     out = runs_dir(a)
-    log(f"profiling the {a.role} pool behind {a.url} ({a.replicas} replica(s)) at "
-        f"concurrencies {concs}, {a.level_s:g} s each")
-    profile, levels = asyncio.run(profile_pool(
-        a.role, a.url.rstrip("/"), sessions, info, tok, replay_config(a, a.url, model), config,
-        a.replicas, concs, a.level_s, a.ttft_ceiling, workload, log=log))
+    log(
+        f"profiling the {a.role} pool behind {a.url} ({a.replicas} replica(s)) at "
+        f"concurrencies {concs}, {a.level_s:g} s each"
+    )
+    profile, levels = asyncio.run(
+        profile_pool(
+            a.role,
+            a.url.rstrip("/"),
+            sessions,
+            info,
+            tok,
+            replay_config(a, a.url, model),
+            config,
+            a.replicas,
+            concs,
+            a.level_s,
+            a.ttft_ceiling,
+            workload,
+            log=log,
+        )
+    )
     for level in levels:
         write_run(level.run, out / f"c{level.concurrency}" / "run.json")
     path = Path(a.output) if a.output else out / "profile.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(manifests_yaml([profile_configmap(profile, name, a.namespace)],
-                                   header=f"{profile.note}; {workload}"))
+    path.write_text(
+        manifests_yaml(
+            [profile_configmap(profile, name, a.namespace)], header=f"{profile.note}; {workload}"
+        )
+    )
     log(f"profile: {path} ({len(profile.points)} points; runs in {out})")
     return 0
 

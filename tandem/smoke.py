@@ -56,19 +56,32 @@ def wait_healthy(client: httpx.Client, deadline: float) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tandem.smoke", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("TANDEM_URL", "http://127.0.0.1:8000"),
-                        help="the router's base URL (default: $TANDEM_URL or %(default)s)")
-    parser.add_argument("--model", default="",
-                        help="the model to ask (default: the first /v1/models lists)")
+    parser = argparse.ArgumentParser(
+        prog="python -m tandem.smoke",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("TANDEM_URL", "http://127.0.0.1:8000"),
+        help="the router's base URL (default: $TANDEM_URL or %(default)s)",
+    )
+    parser.add_argument(
+        "--model", default="", help="the model to ask (default: the first /v1/models lists)"
+    )
     parser.add_argument("--prompt", default="What is the capital of France? Answer in one word.")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--timeout-s", type=float, default=300.0,
-                        help="seconds to wait for the router to be healthy and answer")
-    parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY", ""),
-                        help="API key to send ($TANDEM_API_KEY; a comma-separated list "
-                        "uses its first key)")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the router to be healthy and answer",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("TANDEM_API_KEY", ""),
+        help="API key to send ($TANDEM_API_KEY; a comma-separated list uses its first key)",
+    )
     return parser
 
 
@@ -85,9 +98,15 @@ def main(argv: list[str] | None = None) -> int:
                 listed = client.get("/v1/models")
                 listed.raise_for_status()
                 model = listed.json()["data"][0]["id"]
-            response = client.post("/v1/chat/completions", json={
-                "model": model, "max_tokens": args.max_tokens, "temperature": 0,
-                "messages": [{"role": "user", "content": args.prompt}]})
+            response = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": model,
+                    "max_tokens": args.max_tokens,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": args.prompt}],
+                },
+            )
         except (httpx.HTTPError, TimeoutError, KeyError, IndexError, ValueError) as exc:
             print(f"FAIL: {exc}", file=sys.stderr)
             return 1
@@ -99,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("FAIL: " + "; ".join(problems), file=sys.stderr)
         return 1
-    print(f"OK: {model} answered {body['choices'][0]['message']['content']!r} "
-          f"({body['usage']['completion_tokens']} tokens)")
+    print(
+        f"OK: {model} answered {body['choices'][0]['message']['content']!r} "
+        f"({body['usage']['completion_tokens']} tokens)"
+    )
     return 0
 
 

@@ -32,15 +32,24 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def stack(model_dir, tmp_path_factory):
-    config = StackConfig(router_port=free_port(), kv_cache_gib=1, max_model_len=4096,
-                         state_dir=tmp_path_factory.mktemp("stack"),
-                         engine_args=["--kv-lease-s", str(KV_LEASE_SECONDS)],
-                         # Every prompt goes through the prefill pod, however
-                         # short: the P/D tests check its KV moves over NIXL.
-                         router_args=["--remote-prefill-threshold", "0",
-                                      # Tools: SmolLM2's own template lacks them.
-                                      "--chat-template", str(TOOLS_TEMPLATE),
-                                      "--tool-call-parser", "hermes"])
+    config = StackConfig(
+        router_port=free_port(),
+        kv_cache_gib=1,
+        max_model_len=4096,
+        state_dir=tmp_path_factory.mktemp("stack"),
+        engine_args=["--kv-lease-s", str(KV_LEASE_SECONDS)],
+        # Every prompt goes through the prefill pod, however
+        # short: the P/D tests check its KV moves over NIXL.
+        router_args=[
+            "--remote-prefill-threshold",
+            "0",
+            # Tools: SmolLM2's own template lacks them.
+            "--chat-template",
+            str(TOOLS_TEMPLATE),
+            "--tool-call-parser",
+            "hermes",
+        ],
+    )
     s = Stack(config)
     s.start()
     s.model = MODEL_NAME
@@ -56,11 +65,22 @@ def reference(model_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("reference") / "vllm.log"
     same_engine = StackConfig(kv_cache_gib=1, max_model_len=4096)
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            *vllm_flags(same_engine, model=str(model_dir)), "--served-model-name", MODEL_NAME,
-            "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details"]
-    proc, popen = launch("reference", argv, log,
-                         env=engine_env(same_engine.kv_cache_gib, engine_cores(1)[0]))
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *vllm_flags(same_engine, model=str(model_dir)),
+        "--served-model-name",
+        MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enable-prompt-tokens-details",
+    ]
+    proc, popen = launch(
+        "reference", argv, log, env=engine_env(same_engine.kv_cache_gib, engine_cores(1)[0])
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(f"{url}/health", proc, time.monotonic() + 1200)
@@ -74,6 +94,7 @@ def pytest_collection_modifyitems(config, items):
     """Fast tests first, then tests that start their own engines, then the
     tests on the shared session stack. Module-scoped engines are gone before
     the session stack starts, so a 24 GiB machine never holds all at once."""
+
     def group(item) -> int:
         if item.get_closest_marker("stack") is None:
             return 0

@@ -29,7 +29,8 @@ MODEL_NAME = DEFAULT_MODEL_NAME  # the name the stack serves the bundled model u
 # A prompt of about 1,500 tokens: long enough to span many KV blocks.
 LONG_CONTEXT = " ".join(
     f"Step {i}: the agent read file src/module_{i}.py and found {i * 7 % 13} issues."
-    for i in range(90))
+    for i in range(90)
+)
 # The ChatML template with tool calls the router ships (SmolLM2's own ignores tools).
 TOOLS_TEMPLATE = CHATML_TOOLS
 
@@ -97,6 +98,7 @@ def engine_info(address: str) -> pb.GetModelInfoResponse:
 
 # -- the KV store, block by block -------------------------------------------------
 
+
 class StoreClient:
     """What the KV store holds, block by block, for the KV store tests.
 
@@ -118,8 +120,15 @@ class StoreClient:
 
         cfg = json.loads(Path(engine_config).read_text())
         self.store = MooncakeDistributedStore()
-        rc = self.store.setup("127.0.0.1", cfg["metadata_server"], 0, 16 << 20, "tcp", "",
-                              cfg["master_server_address"])
+        rc = self.store.setup(
+            "127.0.0.1",
+            cfg["metadata_server"],
+            0,
+            16 << 20,
+            "tcp",
+            "",
+            cfg["master_server_address"],
+        )
         assert rc == 0, f"Mooncake client setup failed: {rc}"
         self.prefix = f"{model}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"
         self.hasher = BlockHasher(block_size)
@@ -154,7 +163,8 @@ class StoreClient:
         while not all(present := self.present(keys)):
             assert time.monotonic() < deadline, (
                 f"blocks never reached the store: {present} (if none did, the key "
-                "format of vLLM's store connector changed)")
+                "format of vLLM's store connector changed)"
+            )
             time.sleep(0.5)
 
 
@@ -163,8 +173,12 @@ def assert_spec_refused(spec: dict, fragment: str) -> None:
     CRD's own schema and CEL rules refuse the same TandemDeployment spec."""
     found = problems(parse(spec))
     assert any(fragment in p for p in found), found
-    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
-            "metadata": {"name": "demo"}, "spec": spec}
+    body = {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "TandemDeployment",
+        "metadata": {"name": "demo"},
+        "spec": spec,
+    }
     _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
     assert errors, "the CRD's own rules refuse the same spec"
 
@@ -172,33 +186,97 @@ def assert_spec_refused(spec: dict, fragment: str) -> None:
 # Hypothesis strategies: JSON values an agent API client could send (no NaN or
 # infinity: JSON cannot carry them), with the keys and words those APIs use, so
 # fuzzed bodies reach past the first check.
-JSON_SCALARS = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(
-    allow_nan=False, allow_infinity=False) | st.sampled_from([
-        "", "x", "user", "assistant", "text", "tool_use", "tool_result", "function",
-        "function_call", "function_call_output", "message", "input_text", "json_schema",
-        "object", "auto", "any", "tool", "required", "none", "call_1", "toolu_1", "m"])
-_JSON_KEYS = st.sampled_from(["type", "role", "content", "text", "id", "name", "input",
-                              "input_schema", "tool_use_id", "is_error", "call_id",
-                              "arguments", "output", "parameters", "format", "schema",
-                              "properties", "disable_parallel_tool_use", "user_id", "strict"])
-ANY_JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4)
-                        | st.dictionaries(_JSON_KEYS, inner, max_size=5), max_leaves=20)
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(
+        [
+            "",
+            "x",
+            "user",
+            "assistant",
+            "text",
+            "tool_use",
+            "tool_result",
+            "function",
+            "function_call",
+            "function_call_output",
+            "message",
+            "input_text",
+            "json_schema",
+            "object",
+            "auto",
+            "any",
+            "tool",
+            "required",
+            "none",
+            "call_1",
+            "toolu_1",
+            "m",
+        ]
+    )
+)
+_JSON_KEYS = st.sampled_from(
+    [
+        "type",
+        "role",
+        "content",
+        "text",
+        "id",
+        "name",
+        "input",
+        "input_schema",
+        "tool_use_id",
+        "is_error",
+        "call_id",
+        "arguments",
+        "output",
+        "parameters",
+        "format",
+        "schema",
+        "properties",
+        "disable_parallel_tool_use",
+        "user_id",
+        "strict",
+    ]
+)
+ANY_JSON = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_JSON_KEYS, inner, max_size=5),
+    max_leaves=20,
+)
 
 
 # The two tools the agent-API stack tests offer (chat, Messages, Responses
 # each wrap them in their own tool format): parameter schemas by tool name.
-WEATHER_PARAMS = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 40},
-    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"], "additionalProperties": False}
-ADD_PARAMS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-              "required": ["a", "b"], "additionalProperties": False}
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+ADD_PARAMS = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
 TOOL_PARAMS = {"get_weather": WEATHER_PARAMS, "add": ADD_PARAMS}
 
 
 def chat_completion(message: dict, finish: str, usage: dict) -> dict:
     """A non-streamed chat completion with one choice, as the router's chat
     path returns it (the input of the Messages and Responses translations)."""
-    return {"id": "chatcmpl-abc", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": usage}
+    return {
+        "id": "chatcmpl-abc",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": usage,
+    }

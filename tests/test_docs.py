@@ -21,8 +21,19 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 FIRST_SCREEN_LINES = 24
-TOP_FOLDERS = ("services", "operators", "common", "kernels", "bench", "tandem", "tests",
-               "helm", "docker", "protos", "docs")
+TOP_FOLDERS = (
+    "services",
+    "operators",
+    "common",
+    "kernels",
+    "bench",
+    "tandem",
+    "tests",
+    "helm",
+    "docker",
+    "protos",
+    "docs",
+)
 # Benchmarks write their runs there; git ignores it, so a fresh clone has none.
 NOT_IN_TREE = ("bench/results",)
 
@@ -74,10 +85,16 @@ def test_readme_links_resolve():
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_named_paths_modules_and_targets_exist(page: Path):
     text = page.read_text()
-    missing = [f"path {p}" for p in repo_paths(text)
-               if not p.startswith(NOT_IN_TREE) and not (ROOT / p).exists()]
-    missing += [f"module {m}" for m in PYTHON_M.findall(text)
-                if m.split(".")[0] in TOP_FOLDERS and not module_exists(m)]
+    missing = [
+        f"path {p}"
+        for p in repo_paths(text)
+        if not p.startswith(NOT_IN_TREE) and not (ROOT / p).exists()
+    ]
+    missing += [
+        f"module {m}"
+        for m in PYTHON_M.findall(text)
+        if m.split(".")[0] in TOP_FOLDERS and not module_exists(m)
+    ]
     targets = makefile_targets()
     missing += [f"make target {t}" for t in MAKE.findall(text) if t not in targets]
     assert not missing, missing
@@ -89,5 +106,4 @@ def test_the_checks_see_what_they_check():
     assert len(repo_paths(text)) > 50
     assert len(PYTHON_M.findall(text)) > 10
     assert len(MAKE.findall(text)) > 10
-    assert repo_paths("see `services/router/` and `bench/results/<time>-x/`") == \
-        ["services/router"]
+    assert repo_paths("see `services/router/` and `bench/results/<time>-x/`") == ["services/router"]

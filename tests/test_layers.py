@@ -32,8 +32,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Rank of each top-level package; a module imports only ranks at or below its own.
-RANK = {"common": 0, "kernels": 1, "services": 2, "operators": 2, "tandem": 3, "bench": 4,
-        "tests": 5}
+RANK = {
+    "common": 0,
+    "kernels": 1,
+    "services": 2,
+    "operators": 2,
+    "tandem": 3,
+    "bench": 4,
+    "tests": 5,
+}
 SAME_LAYER_APART = {"services", "operators"}
 SHARED_TEST_HELPERS = "tests.helpers"
 GENERATED = ("common/proto/",)
@@ -76,22 +83,30 @@ def imports(tree: ast.AST, module: str, is_package: bool):
 def sys_path_edits(tree: ast.AST):
     """Lines that change sys.path: sys.path.insert/append/extend/..., an
     assignment to sys.path, site.addsitedir."""
+
     def is_sys_path(node: ast.AST) -> bool:
-        return (isinstance(node, ast.Attribute) and node.attr == "path"
-                and isinstance(node.value, ast.Name) and node.value.id == "sys")
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        )
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            is_addsitedir = (node.func.attr == "addsitedir"
-                             and isinstance(node.func.value, ast.Name)
-                             and node.func.value.id == "site")
+            is_addsitedir = (
+                node.func.attr == "addsitedir"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "site"
+            )
             if is_sys_path(node.func.value) or is_addsitedir:
                 yield node.lineno
         elif isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                if is_sys_path(target) or (isinstance(target, ast.Subscript)
-                                           and is_sys_path(target.value)):
+                if is_sys_path(target) or (
+                    isinstance(target, ast.Subscript) and is_sys_path(target.value)
+                ):
                     yield node.lineno
 
 
@@ -113,8 +128,10 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
             for imported in modules:
                 leaf = imported.rpartition(".")[2]
                 if leaf == "conftest" or leaf.startswith("test_"):
-                    found.append(f"line {line}: imports {imported}; what tests share "
-                                 f"belongs in a helper module ({SHARED_TEST_HELPERS})")
+                    found.append(
+                        f"line {line}: imports {imported}; what tests share "
+                        f"belongs in a helper module ({SHARED_TEST_HELPERS})"
+                    )
         if top == "tests" or target_top not in RANK or target == module:
             continue
         for name in names:
@@ -138,45 +155,51 @@ def test_the_scan_sees_every_layer():
     assert {"common", "services", "bench", "tandem", "tests"} <= seen
 
 
-@pytest.mark.parametrize("module, source", [
-    ("services.router.app", "from tandem.cli import main"),
-    ("services.engine.server", "import bench.harness"),
-    ("common.ports", "from services.stack import Stack"),
-    ("tandem.cli", "def f():\n    from bench.cli import main"),
-    ("tandem.profile", "from bench.harness import log"),
-    ("operators.planner.profiling", "from tandem.workload import runs"),
-    ("services.router.app", "from operators.planner import solve"),
-    ("kernels.packed", "import services.engine"),
-    ("kernels.packing", "from operators.planner import solve"),
-    ("bench.harness", "import tests.conftest"),
-    ("bench.cli", "import sys\nsys.path.insert(0, 'tests')"),
-    ("tests.stack.test_x", "import sys\nsys.path = ['x']"),
-    ("bench.cli", "from bench.router_overhead import _log"),
-    ("bench.agentx.embedded", "from ..cli import _log"),
-    ("tests.stack.test_x", "from tests.conftest import MODEL_NAME"),
-    ("tests.stack.test_x", "from tests.stack.test_pd_identity import LONG_CONTEXT"),
-    ("tests.router.test_x", "from .test_admission import FakeRouter"),
-    ("tests.router.conftest", "from tests import conftest"),
-])
+@pytest.mark.parametrize(
+    "module, source",
+    [
+        ("services.router.app", "from tandem.cli import main"),
+        ("services.engine.server", "import bench.harness"),
+        ("common.ports", "from services.stack import Stack"),
+        ("tandem.cli", "def f():\n    from bench.cli import main"),
+        ("tandem.profile", "from bench.harness import log"),
+        ("operators.planner.profiling", "from tandem.workload import runs"),
+        ("services.router.app", "from operators.planner import solve"),
+        ("kernels.packed", "import services.engine"),
+        ("kernels.packing", "from operators.planner import solve"),
+        ("bench.harness", "import tests.conftest"),
+        ("bench.cli", "import sys\nsys.path.insert(0, 'tests')"),
+        ("tests.stack.test_x", "import sys\nsys.path = ['x']"),
+        ("bench.cli", "from bench.router_overhead import _log"),
+        ("bench.agentx.embedded", "from ..cli import _log"),
+        ("tests.stack.test_x", "from tests.conftest import MODEL_NAME"),
+        ("tests.stack.test_x", "from tests.stack.test_pd_identity import LONG_CONTEXT"),
+        ("tests.router.test_x", "from .test_admission import FakeRouter"),
+        ("tests.router.conftest", "from tests import conftest"),
+    ],
+)
 def test_the_rules_catch(module, source):
     assert violations(source, module), f"{module}: {source!r} should be refused"
 
 
-@pytest.mark.parametrize("module, source", [
-    ("tandem.cli", "from services.stack import Stack\nfrom operators.planner import solver"),
-    ("bench.cli", "from tandem.workload.replay import Replayer\nfrom tandem import profile"),
-    ("bench.cli", "from services.stack import Stack\nfrom common.procs import Proc"),
-    ("services.router.pd", "from services.kvstore.retention import RetentionHint"),
-    ("services.engine.sampling", "from common.proto import engine_pb2 as pb"),
-    ("common.procs", "import grpc\nfrom common.ports import free_port"),
-    ("tests.router.test_x", "from tandem.cli import main\nfrom services.x import _y"),
-    ("bench.agentx.sweep", "from . import report\nfrom .crosscheck import crosscheck"),
-    ("services.engine.server", "from services.engine.server import _private_here"),
-    ("bench.cli", "from bench.harness import __doc__"),
-    ("tests.stack.test_x", "from tests.helpers import MODEL_NAME\nfrom tests import helpers"),
-    ("tests.planner.test_x", "from tests.planner.synthetic import ramp_profile"),
-    ("services.kvstore.packing", "from kernels import pack_blocks"),
-    ("kernels.packing", "from common.ports import free_port"),
-])
+@pytest.mark.parametrize(
+    "module, source",
+    [
+        ("tandem.cli", "from services.stack import Stack\nfrom operators.planner import solver"),
+        ("bench.cli", "from tandem.workload.replay import Replayer\nfrom tandem import profile"),
+        ("bench.cli", "from services.stack import Stack\nfrom common.procs import Proc"),
+        ("services.router.pd", "from services.kvstore.retention import RetentionHint"),
+        ("services.engine.sampling", "from common.proto import engine_pb2 as pb"),
+        ("common.procs", "import grpc\nfrom common.ports import free_port"),
+        ("tests.router.test_x", "from tandem.cli import main\nfrom services.x import _y"),
+        ("bench.agentx.sweep", "from . import report\nfrom .crosscheck import crosscheck"),
+        ("services.engine.server", "from services.engine.server import _private_here"),
+        ("bench.cli", "from bench.harness import __doc__"),
+        ("tests.stack.test_x", "from tests.helpers import MODEL_NAME\nfrom tests import helpers"),
+        ("tests.planner.test_x", "from tests.planner.synthetic import ramp_profile"),
+        ("services.kvstore.packing", "from kernels import pack_blocks"),
+        ("kernels.packing", "from common.ports import free_port"),
+    ],
+)
 def test_the_rules_allow(module, source):
     assert not violations(source, module)

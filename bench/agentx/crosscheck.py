@@ -48,7 +48,8 @@ def find_aiperf(explicit: str | None = None) -> Path:
         raise FileNotFoundError(
             f"aiperf not found at {cand}; create its virtual environment with "
             f"`bench/setup_aiperf.sh` (installs aiperf=={AIPERF_VERSION} into "
-            f".tandem/venv-aiperf) or pass --aiperf PATH / set TANDEM_AIPERF")
+            f".tandem/venv-aiperf) or pass --aiperf PATH / set TANDEM_AIPERF"
+        )
     return cand
 
 
@@ -67,10 +68,16 @@ def flatten_agents(sessions: list[Session]) -> list[Session]:
         if own:
             # keep the original scope for hash ids: local ids stay per trace
             extra = dict(s.extra, origin=s.id)
-            flat.append(Session(id=f"{s.id}/{path}" if path else s.id,
-                                block_size=s.block_size, requests=own,
-                                hash_id_scope=s.hash_id_scope, models=s.models,
-                                extra=extra))
+            flat.append(
+                Session(
+                    id=f"{s.id}/{path}" if path else s.id,
+                    block_size=s.block_size,
+                    requests=own,
+                    hash_id_scope=s.hash_id_scope,
+                    models=s.models,
+                    extra=extra,
+                )
+            )
 
     for s in sessions:
         walk(s, s.requests, "")
@@ -81,8 +88,9 @@ def _scope(s: Session) -> str:
     return scope_key(s.extra.get("origin", s.id), s.hash_id_scope)
 
 
-def write_aiperf_input(flat: list[Session], builder: PromptBuilder, path: Path,
-                       max_tokens_cap: int | None) -> dict[tuple[str, int], int]:
+def write_aiperf_input(
+    flat: list[Session], builder: PromptBuilder, path: Path, max_tokens_cap: int | None
+) -> dict[tuple[str, int], int]:
     """Write aiperf's single_turn JSONL; returns the expected prompt tokens of
     each (session id, turn index)."""
     expected: dict[tuple[str, int], int] = {}
@@ -93,8 +101,12 @@ def write_aiperf_input(flat: list[Session], builder: PromptBuilder, path: Path,
                 out = max(1, r.out_tokens)
                 if max_tokens_cap:
                     out = min(out, max_tokens_cap)
-                f.write(json.dumps({"session_id": s.id, "text": p.messages[0]["content"],
-                                    "output_length": out}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"session_id": s.id, "text": p.messages[0]["content"], "output_length": out}
+                    )
+                    + "\n"
+                )
                 expected[(s.id, turn)] = p.expected_prompt_tokens
     return expected
 
@@ -121,7 +133,7 @@ def aiperf_prompt_check(artifact_dir: Path, expected: dict[tuple[str, int], int]
 def _metric(export: dict, tag: str, stat: str) -> float | None:
     node = export.get(tag)
     if node is None:
-        for v in export.values():          # some versions nest under "records"
+        for v in export.values():  # some versions nest under "records"
             if isinstance(v, dict) and tag in v:
                 node = v[tag]
                 break
@@ -141,19 +153,57 @@ def _metric(export: dict, tag: str, stat: str) -> float | None:
 class AiperfRun:
     """One aiperf ``profile`` process, started in the background."""
 
-    def __init__(self, aiperf: Path, url: str, model: str, tokenizer_dir: str,
-                 input_file: Path, concurrency: int, requests: int, artifact_dir: Path,
-                 timeout_s: float):
-        self.cmd = [str(aiperf), "profile", "--model", model, "--url", url,
-                    "--endpoint-type", "chat", "--streaming",
-                    "--custom-dataset-type", "single_turn", "--input-file", str(input_file),
-                    "--concurrency", str(concurrency), "--request-count", str(requests),
-                    "--tokenizer", str(tokenizer_dir), "--use-server-token-count",
-                    "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
-                    "--artifact-dir", str(artifact_dir), "--ui-type", "none",
-                    "--request-timeout-seconds", str(int(timeout_s)), "--random-seed", "0",
-                    # few service processes: the machine may have 2 cores
-                    "--workers-max", "2", "--record-processors", "1"]
+    def __init__(
+        self,
+        aiperf: Path,
+        url: str,
+        model: str,
+        tokenizer_dir: str,
+        input_file: Path,
+        concurrency: int,
+        requests: int,
+        artifact_dir: Path,
+        timeout_s: float,
+    ):
+        self.cmd = [
+            str(aiperf),
+            "profile",
+            "--model",
+            model,
+            "--url",
+            url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--custom-dataset-type",
+            "single_turn",
+            "--input-file",
+            str(input_file),
+            "--concurrency",
+            str(concurrency),
+            "--request-count",
+            str(requests),
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--use-server-token-count",
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--extra-inputs",
+            "temperature:0",
+            "--artifact-dir",
+            str(artifact_dir),
+            "--ui-type",
+            "none",
+            "--request-timeout-seconds",
+            str(int(timeout_s)),
+            "--random-seed",
+            "0",
+            # few service processes: the machine may have 2 cores
+            "--workers-max",
+            "2",
+            "--record-processors",
+            "1",
+        ]
         self.dir = artifact_dir
         self.timeout_s = timeout_s
         artifact_dir.mkdir(parents=True, exist_ok=True)
@@ -164,13 +214,17 @@ class AiperfRun:
         self._log.flush()
         # aiperf's offline mode resolves tokenizers as hub snapshots only, so a
         # local model folder must be loaded with offline mode off.
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+        }
         # its services must register within 30 s by default; a loaded 2-core
         # machine needs longer
         env.setdefault("AIPERF_SERVICE_REGISTRATION_TIMEOUT", "600")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
     def wait_profiling(self, timeout_s: float = 900.0) -> None:
         """Block until aiperf has started sending (its profiling phase began)."""
@@ -180,12 +234,14 @@ class AiperfRun:
             if self.proc.poll() is not None:
                 self._fail()
             if log.is_file() and "Phase profiling (profiling) started" in log.read_text(
-                    errors="replace"):
+                errors="replace"
+            ):
                 return
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"aiperf did not start sending within {timeout_s:.0f}s; "
-                           f"log {self.log_path}")
+        raise RuntimeError(
+            f"aiperf did not start sending within {timeout_s:.0f}s; log {self.log_path}"
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -197,8 +253,9 @@ class AiperfRun:
 
     def _fail(self):
         tail = self.log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"aiperf failed (exit {self.proc.returncode}); "
-                           f"log {self.log_path}:\n{tail}")
+        raise RuntimeError(
+            f"aiperf failed (exit {self.proc.returncode}); log {self.log_path}:\n{tail}"
+        )
 
     def finish(self) -> dict[str, Any]:
         try:
@@ -213,7 +270,9 @@ class AiperfRun:
             self._fail()
         export = json.loads(exports[-1].read_text())
         return {
-            "command": self.cmd, "wall_s": time.time() - self.t0, "export": str(exports[-1]),
+            "command": self.cmd,
+            "wall_s": time.time() - self.t0,
+            "export": str(exports[-1]),
             "ttft_p50": _metric(export, "time_to_first_token", "p50"),
             "ttft_p90": _metric(export, "time_to_first_token", "p90"),
             "ttft_p99": _metric(export, "time_to_first_token", "p99"),
@@ -234,21 +293,27 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any], tolerance: float) -> d
     for key in COMPARED:
         a, b = ours.get(key), theirs.get(key)
         if a is None or b is None or b == 0:
-            rows.append({"metric": key, "ours": a, "aiperf": b, "rel_diff": None,
-                         "within": False})
+            rows.append({"metric": key, "ours": a, "aiperf": b, "rel_diff": None, "within": False})
             ok = False
             continue
         diff = (a - b) / b
         within = abs(diff) <= tolerance
         ok &= within
-        rows.append({"metric": key, "ours": a, "aiperf": b, "rel_diff": diff,
-                     "within": within})
+        rows.append({"metric": key, "ours": a, "aiperf": b, "rel_diff": diff, "within": within})
     return {"tolerance": tolerance, "agree": ok, "rows": rows}
 
 
-def crosscheck(sessions: list[Session], cfg: ReplayConfig, tokenizer, tokenizer_dir: str,
-               out_dir: Path, tolerance: float = 0.25, aiperf: str | None = None,
-               side_by_side: bool = True, log=print) -> dict[str, Any]:
+def crosscheck(
+    sessions: list[Session],
+    cfg: ReplayConfig,
+    tokenizer,
+    tokenizer_dir: str,
+    out_dir: Path,
+    tolerance: float = 0.25,
+    aiperf: str | None = None,
+    side_by_side: bool = True,
+    log=print,
+) -> dict[str, Any]:
     import asyncio
 
     from tandem.workload import metrics
@@ -267,12 +332,23 @@ def crosscheck(sessions: list[Session], cfg: ReplayConfig, tokenizer, tokenizer_
 
     def aiperf_run() -> AiperfRun:
         log(f"crosscheck: aiperf {aiperf_bin}")
-        return AiperfRun(aiperf_bin, cfg.url, cfg.model, tokenizer_dir, input_file,
-                         cfg.concurrency, n_requests, out_dir / "aiperf", cfg.timeout_s)
+        return AiperfRun(
+            aiperf_bin,
+            cfg.url,
+            cfg.model,
+            tokenizer_dir,
+            input_file,
+            cfg.concurrency,
+            n_requests,
+            out_dir / "aiperf",
+            cfg.timeout_s,
+        )
 
     def ours_run():
-        log(f"crosscheck: our client, {n_requests} requests from {len(flat)} agents, "
-            f"concurrency {cfg.concurrency}")
+        log(
+            f"crosscheck: our client, {n_requests} requests from {len(flat)} agents, "
+            f"concurrency {cfg.concurrency}"
+        )
         return asyncio.run(Replayer(our_cfg, flat, prompts, salt=our_builder.salt).run())
 
     if side_by_side:
@@ -292,12 +368,21 @@ def crosscheck(sessions: list[Session], cfg: ReplayConfig, tokenizer, tokenizer_
     ours = metrics.summarize([r.__dict__ for r in result.records], result.duration_s)
     theirs["prompt_check"] = aiperf_prompt_check(out_dir / "aiperf", expected)
     cmp = compare(ours, theirs, tolerance)
-    doc = {"kind": "tandem-agentx-crosscheck", "endpoint": cfg.url, "model": cfg.model,
-           "mode": "side by side" if side_by_side else "one after the other",
-           "concurrency": cfg.concurrency, "requests": n_requests, "agents": len(flat),
-           "ours": {k: ours.get(k) for k in COMPARED + ("ttft_p99", "failures", "ok",
-                                                         "hit_rate", "duration_s")},
-           "aiperf": theirs, "comparison": cmp}
+    doc = {
+        "kind": "tandem-agentx-crosscheck",
+        "endpoint": cfg.url,
+        "model": cfg.model,
+        "mode": "side by side" if side_by_side else "one after the other",
+        "concurrency": cfg.concurrency,
+        "requests": n_requests,
+        "agents": len(flat),
+        "ours": {
+            k: ours.get(k)
+            for k in COMPARED + ("ttft_p99", "failures", "ok", "hit_rate", "duration_s")
+        },
+        "aiperf": theirs,
+        "comparison": cmp,
+    }
     (out_dir / "crosscheck.json").write_text(json.dumps(doc, indent=1))
     (out_dir / "crosscheck.md").write_text(crosscheck_markdown(doc))
     return doc
@@ -305,24 +390,38 @@ def crosscheck(sessions: list[Session], cfg: ReplayConfig, tokenizer, tokenizer_
 
 def crosscheck_markdown(doc: dict) -> str:
     cmp = doc["comparison"]
-    lines = ["# Cross-check: our replay client vs aiperf", "",
-             f"Endpoint `{doc['endpoint']}` (model `{doc['model']}`), {doc['requests']} requests "
-             f"from {doc['agents']} agents, concurrency {doc['concurrency']} per client, no "
-             f"think time, same prompts' structure (different content salt per client), "
-             f"clients run {doc.get('mode', 'one after the other')}. aiperf "
-             f"{AIPERF_VERSION}.", "",
-             f"Tolerance ±{100 * cmp['tolerance']:.0f}% relative: "
-             f"**{'agree' if cmp['agree'] else 'DISAGREE'}**.", "",
-             "| metric | ours | aiperf | difference | within |", "|---|---:|---:|---:|:---:|"]
+    lines = [
+        "# Cross-check: our replay client vs aiperf",
+        "",
+        f"Endpoint `{doc['endpoint']}` (model `{doc['model']}`), {doc['requests']} requests "
+        f"from {doc['agents']} agents, concurrency {doc['concurrency']} per client, no "
+        f"think time, same prompts' structure (different content salt per client), "
+        f"clients run {doc.get('mode', 'one after the other')}. aiperf "
+        f"{AIPERF_VERSION}.",
+        "",
+        f"Tolerance ±{100 * cmp['tolerance']:.0f}% relative: "
+        f"**{'agree' if cmp['agree'] else 'DISAGREE'}**.",
+        "",
+        "| metric | ours | aiperf | difference | within |",
+        "|---|---:|---:|---:|:---:|",
+    ]
     for row in cmp["rows"]:
+
         def f(v):
             return "—" if v is None else f"{v:.4g}"
+
         d = "—" if row["rel_diff"] is None else f"{100 * row['rel_diff']:+.1f}%"
-        lines.append(f"| {row['metric']} | {f(row['ours'])} | {f(row['aiperf'])} | {d} | "
-                     f"{'yes' if row['within'] else 'no'} |")
+        lines.append(
+            f"| {row['metric']} | {f(row['ours'])} | {f(row['aiperf'])} | {d} | "
+            f"{'yes' if row['within'] else 'no'} |"
+        )
     pc = doc["aiperf"].get("prompt_check", {})
-    lines += ["", f"Our failures: {doc['ours'].get('failures')}; aiperf errors: "
-              f"{doc['aiperf'].get('errors')}. Prompt lengths the server reported to aiperf "
-              f"equal to the built prompts: {pc.get('equal')} of {pc.get('checked')} "
-              f"(same token structure). Times in seconds, throughput per second.", ""]
+    lines += [
+        "",
+        f"Our failures: {doc['ours'].get('failures')}; aiperf errors: "
+        f"{doc['aiperf'].get('errors')}. Prompt lengths the server reported to aiperf "
+        f"equal to the built prompts: {pc.get('equal')} of {pc.get('checked')} "
+        f"(same token structure). Times in seconds, throughput per second.",
+        "",
+    ]
     return "\n".join(lines)

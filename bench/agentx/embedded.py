@@ -28,16 +28,24 @@ from tandem.workload import generate
 from tandem.workload.endpoint import served_model
 from tandem.workload.replay import ReplayConfig
 
-CONFIGS = {"agg": dict(prefill=0, decode=0, aggregated=1),
-           "pd": dict(prefill=1, decode=1, aggregated=0)}
+CONFIGS = {
+    "agg": dict(prefill=0, decode=0, aggregated=1),
+    "pd": dict(prefill=1, decode=1, aggregated=0),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench embedded", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench embedded",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--concurrencies", default="1,2", help="comma-separated (default 1,2)")
-    ap.add_argument("--configs", default="agg,pd",
-                    help="stacks to run, in order; the first is the baseline (default agg,pd)")
+    ap.add_argument(
+        "--configs",
+        default="agg,pd",
+        help="stacks to run, in order; the first is the baseline (default agg,pd)",
+    )
     ap.add_argument("--sessions", type=int, default=4, help="sessions of the small profile")
     ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
     ap.add_argument("--seed", type=int, default=0, help="trace seed")
@@ -59,34 +67,61 @@ def main(argv: list[str] | None = None) -> int:
         log(f"unknown config(s) {bad}; choose from {sorted(CONFIGS)}")
         return 2
     out = Path(a.out or RESULTS / f"{time.strftime('%Y%m%d-%H%M%S')}-pd-vs-agg")
-    sessions, info = generate.generated_trace("small", sessions=a.sessions,
-                                              turns_median=a.turns_median, seed=a.seed)
+    sessions, info = generate.generated_trace(
+        "small", sessions=a.sessions, turns_median=a.turns_median, seed=a.seed
+    )
     model_dir = resolve_model(None)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    base = ReplayConfig(url="", model="", think_scale=a.think_scale, timeout_s=a.timeout,
-                        progress=sys.stderr.isatty())
+    base = ReplayConfig(
+        url="",
+        model="",
+        think_scale=a.think_scale,
+        timeout_s=a.timeout,
+        progress=sys.stderr.isatty(),
+    )
     runs: list[dict] = []
     problems: list[str] = []
     for name in names:
-        cfg = StackConfig(router_port=free_port(), kv_cache_gib=1, max_model_len=4096,
-                          state_dir=Path(tempfile.mkdtemp(prefix=f"tandem-bench-{name}-")),
-                          **CONFIGS[name])
+        cfg = StackConfig(
+            router_port=free_port(),
+            kv_cache_gib=1,
+            max_model_len=4096,
+            state_dir=Path(tempfile.mkdtemp(prefix=f"tandem-bench-{name}-")),
+            **CONFIGS[name],
+        )
         stack = Stack(cfg)
         log(f"starting the {name} stack ({CONFIGS[name]})")
         t0 = time.time()
         try:
             stack.start()
             log(f"{name} stack up in {time.time() - t0:.0f}s at {stack.router_url}")
-            runs += run_sweep(sessions, info, [Endpoint(name, stack.router_url)], concs,
-                              replace(base), tok, out, served_model, log=log)
-        except Exception as e:           # report what was measured, say what was not
+            runs += run_sweep(
+                sessions,
+                info,
+                [Endpoint(name, stack.router_url)],
+                concs,
+                replace(base),
+                tok,
+                out,
+                served_model,
+                log=log,
+            )
+        except Exception as e:  # report what was measured, say what was not
             problems.append(f"**{name}: not measured** — {type(e).__name__}: {e}")
             log(f"{name}: {type(e).__name__}: {e}")
         finally:
             stack.stop()
-    md = report.write_report(runs, out, baseline=names[0], title="P/D vs aggregated", notes=[
-        f"Configurations run one after the other ({', '.join(names)}), each behind the "
-        f"Tandem router; think times scaled by {a.think_scale}.", *problems])
+    md = report.write_report(
+        runs,
+        out,
+        baseline=names[0],
+        title="P/D vs aggregated",
+        notes=[
+            f"Configurations run one after the other ({', '.join(names)}), each behind the "
+            f"Tandem router; think times scaled by {a.think_scale}.",
+            *problems,
+        ],
+    )
     log(f"report: {md}")
     return 1 if problems or any(r["summary"]["failures"] for r in runs) else 0
 

@@ -31,8 +31,7 @@ class Endpoint:
 def parse_endpoint(spec: str) -> Endpoint:
     """``NAME=URL`` or ``NAME=URL#MODEL``."""
     if "=" not in spec:
-        raise ValueError(f"--endpoint {spec!r}: expected NAME=URL (e.g. "
-                         f"pd=http://127.0.0.1:8000)")
+        raise ValueError(f"--endpoint {spec!r}: expected NAME=URL (e.g. pd=http://127.0.0.1:8000)")
     name, rest = spec.split("=", 1)
     url, _, model = rest.partition("#")
     if not name or not url.startswith(("http://", "https://")):
@@ -40,10 +39,17 @@ def parse_endpoint(spec: str) -> Endpoint:
     return Endpoint(name=name, url=url.rstrip("/"), model=model or None)
 
 
-def run_sweep(sessions: list[Session], trace_info: dict, endpoints: list[Endpoint],
-              concurrencies: list[int], base_cfg: ReplayConfig, tokenizer,
-              out_dir: Path, resolve_model: Callable[[str], str],
-              log: Callable[[str], None] = print) -> list[dict]:
+def run_sweep(
+    sessions: list[Session],
+    trace_info: dict,
+    endpoints: list[Endpoint],
+    concurrencies: list[int],
+    base_cfg: ReplayConfig,
+    tokenizer,
+    out_dir: Path,
+    resolve_model: Callable[[str], str],
+    log: Callable[[str], None] = print,
+) -> list[dict]:
     runs: list[dict] = []
     for c in concurrencies:
         for ep in endpoints:
@@ -57,8 +63,10 @@ def run_sweep(sessions: list[Session], trace_info: dict, endpoints: list[Endpoin
             write_run(run, out_dir / f"{ep.name}-c{c}" / "run.json")
             runs.append(run)
             s = run["summary"]
-            log(f"  ok {s['ok']} fail {s['failures']} ttft p50 {s['ttft_p50']} "
-                f"hit {s['hit_rate']} out tok/s {s['output_tokens_per_s']}")
+            log(
+                f"  ok {s['ok']} fail {s['failures']} ttft p50 {s['ttft_p50']} "
+                f"hit {s['hit_rate']} out tok/s {s['output_tokens_per_s']}"
+            )
             if result.interrupted:
                 log("sweep interrupted: writing what was measured")
                 return runs

@@ -69,20 +69,40 @@ def engine_pools(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> lis
     out = []
     for role in spec.roles:
         pool = spec.pool(role)
-        out.append({
-            "apiVersion": API_VERSION, "kind": "EnginePool",
-            "metadata": meta(pool_name(td, role), namespace, owner,
-                              labels(td, "engine-pool", **{LABEL_ROLE: ENGINE_ROLE[role]})),
-            "spec": {"deployment": td, "role": ENGINE_ROLE[role], "replicas": pool.replicas,
-                     "minReplicas": pool.min_replicas, "maxReplicas": pool.max_replicas},
-        })
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "EnginePool",
+                "metadata": meta(
+                    pool_name(td, role),
+                    namespace,
+                    owner,
+                    labels(td, "engine-pool", **{LABEL_ROLE: ENGINE_ROLE[role]}),
+                ),
+                "spec": {
+                    "deployment": td,
+                    "role": ENGINE_ROLE[role],
+                    "replicas": pool.replicas,
+                    "minReplicas": pool.min_replicas,
+                    "maxReplicas": pool.max_replicas,
+                },
+            }
+        )
     return out
 
 
 # What an engine pod always says, even at the engine's defaults.
-ENGINE_ALWAYS = ("shutdown_grace_s", "model", "served_model_name", "dtype",
-                 "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-                 "prefill_context_parallel_size", "decode_context_parallel_size")
+ENGINE_ALWAYS = (
+    "shutdown_grace_s",
+    "model",
+    "served_model_name",
+    "dtype",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "prefill_context_parallel_size",
+    "decode_context_parallel_size",
+)
 
 
 def engine_command(td: str, spec: TandemSpec, role: str, ray: bool = False) -> EngineCommand:
@@ -91,22 +111,31 @@ def engine_command(td: str, spec: TandemSpec, role: str, ray: bool = False) -> E
     model = spec.model
     par = pool.parallelism
     host = EngineHostSettings(
-        role=Role(ENGINE_ROLE[role]), host="$(POD_IP)", grpc_port=GRPC_PORT,
-        metrics_port=METRICS_PORT, nixl_port=NIXL_PORT,
-        kv_store_config=(f"{KVSTORE_CONFIG_DIR}/mooncake-engine.json"
-                         if spec.kv_store.enabled else None),
+        role=Role(ENGINE_ROLE[role]),
+        host="$(POD_IP)",
+        grpc_port=GRPC_PORT,
+        metrics_port=METRICS_PORT,
+        nixl_port=NIXL_PORT,
+        kv_store_config=(
+            f"{KVSTORE_CONFIG_DIR}/mooncake-engine.json" if spec.kv_store.enabled else None
+        ),
         # Drain within the pod's grace period, leaving time to exit.
-        shutdown_grace_s=max(1, pool.termination_grace_period_seconds - 10))
+        shutdown_grace_s=max(1, pool.termination_grace_period_seconds - 10),
+    )
     vllm = VllmSettings(
-        model=model.path, served_model_name=model.served_name or model.path,
-        dtype=model.dtype, tensor_parallel_size=par.tensor,
-        pipeline_parallel_size=par.pipeline, data_parallel_size=par.data,
+        model=model.path,
+        served_model_name=model.served_name or model.path,
+        dtype=model.dtype,
+        tensor_parallel_size=par.tensor,
+        pipeline_parallel_size=par.pipeline,
+        data_parallel_size=par.data,
         prefill_context_parallel_size=par.prefill_context,
         decode_context_parallel_size=par.decode_context,
         kv_events_config=kv_events_config(KV_EVENTS_PORT, KV_REPLAY_PORT),
         max_model_len=model.max_model_len or None,
         enable_expert_parallel=par.expert,
-        distributed_executor_backend="ray" if ray else None)
+        distributed_executor_backend="ray" if ray else None,
+    )
     return EngineCommand(host, vllm, tuple(pool.engine_args or ()))
 
 
@@ -117,35 +146,44 @@ def engine_argv(td: str, spec: TandemSpec, role: str, ray: bool = False) -> list
 def ray_leader_script(engine: list[str], port: int = RAY_PORT) -> str:
     """vLLM's LWS recipe, leader side: start Ray's head, wait for the whole
     group ($LWS_GROUP_SIZE nodes), then run the engine on the Ray executor."""
-    wait = ("import os, ray, time\n"
-            "ray.init(address='auto')\n"
-            "size = int(os.environ.get('LWS_GROUP_SIZE', '1'))\n"
-            "while sum(n['Alive'] for n in ray.nodes()) < size:\n"
-            "    time.sleep(1)\n"
-            "print(f'ray group ready: {size} nodes', flush=True)\n")
-    return (f"ray start --head --port={port} --node-ip-address=$(POD_IP) --disable-usage-stats"
-            f" && python -c {shlex.quote(wait)} && exec {shlex.join(engine)}")
+    wait = (
+        "import os, ray, time\n"
+        "ray.init(address='auto')\n"
+        "size = int(os.environ.get('LWS_GROUP_SIZE', '1'))\n"
+        "while sum(n['Alive'] for n in ray.nodes()) < size:\n"
+        "    time.sleep(1)\n"
+        "print(f'ray group ready: {size} nodes', flush=True)\n"
+    )
+    return (
+        f"ray start --head --port={port} --node-ip-address=$(POD_IP) --disable-usage-stats"
+        f" && python -c {shlex.quote(wait)} && exec {shlex.join(engine)}"
+    )
 
 
 def ray_worker_script(port: int = RAY_PORT) -> str:
     """Worker side: join the leader's Ray cluster (retrying until its head is up) and stay."""
-    return (f"until ray start --address=$(LWS_LEADER_ADDRESS):{port} "
-            f"--node-ip-address=$(POD_IP) --disable-usage-stats --block; do sleep 2; done")
+    return (
+        f"until ray start --address=$(LWS_LEADER_ADDRESS):{port} "
+        f"--node-ip-address=$(POD_IP) --disable-usage-stats --block; do sleep 2; done"
+    )
 
 
-def _engine_container(td: str, spec: TandemSpec, role: str, argv: list[str] | None,
-                      script: str | None) -> dict[str, Any]:
+def _engine_container(
+    td: str, spec: TandemSpec, role: str, argv: list[str] | None, script: str | None
+) -> dict[str, Any]:
     pool = spec.pool(role)
     container: dict[str, Any] = {
         "name": "engine",
         "image": spec.images.engine,
         "imagePullPolicy": spec.images.pull_policy,
         "env": env_pod_ip() + list(pool.env or ()),
-        "ports": [{"name": PORT_GRPC, "containerPort": GRPC_PORT},
-                  {"name": "metrics", "containerPort": METRICS_PORT},
-                  {"name": "nixl", "containerPort": NIXL_PORT},
-                  {"name": PORT_KV_EVENTS, "containerPort": KV_EVENTS_PORT},
-                  {"name": PORT_KV_REPLAY, "containerPort": KV_REPLAY_PORT}],
+        "ports": [
+            {"name": PORT_GRPC, "containerPort": GRPC_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+            {"name": "nixl", "containerPort": NIXL_PORT},
+            {"name": PORT_KV_EVENTS, "containerPort": KV_EVENTS_PORT},
+            {"name": PORT_KV_REPLAY, "containerPort": KV_REPLAY_PORT},
+        ],
         "resources": _resources(pool),
         # The router sees the endpoint terminating and stops sending first;
         # SIGTERM then makes the engine drain (services/engine/server.py).
@@ -162,18 +200,26 @@ def _engine_container(td: str, spec: TandemSpec, role: str, argv: list[str] | No
     else:
         container["command"], container["args"] = ["sh", "-c"], [script]
     container["readinessProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 2}
-    container["livenessProbe"] = {"httpGet": {"path": "/health", "port": "metrics"},
-                                  "periodSeconds": 10, "failureThreshold": 6}
+    container["livenessProbe"] = {
+        "httpGet": {"path": "/health", "port": "metrics"},
+        "periodSeconds": 10,
+        "failureThreshold": 6,
+    }
     # Loading weights and compiling (and, in a group, waiting for the workers
     # to join Ray) may take long; liveness waits for it.
-    container["startupProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5,
-                                 "failureThreshold": 360}
+    container["startupProbe"] = {
+        "grpc": {"port": GRPC_PORT},
+        "periodSeconds": 5,
+        "failureThreshold": 360,
+    }
     if spec.kv_store.enabled:
-        container["volumeMounts"].append({"name": "kvstore", "mountPath": KVSTORE_CONFIG_DIR,
-                                          "readOnly": True})
+        container["volumeMounts"].append(
+            {"name": "kvstore", "mountPath": KVSTORE_CONFIG_DIR, "readOnly": True}
+        )
     if spec.model.volume is not None:
         container["volumeMounts"].append(
-            {"name": "model", "mountPath": "/models", "readOnly": True})
+            {"name": "model", "mountPath": "/models", "readOnly": True}
+        )
     return container
 
 
@@ -199,23 +245,34 @@ def _resources(pool: PoolSpec) -> dict[str, Any]:
     return resources
 
 
-def _pod_spec(td: str, spec: TandemSpec, role: str,
-              containers: list[dict[str, Any]]) -> dict[str, Any]:
+def _pod_spec(
+    td: str, spec: TandemSpec, role: str, containers: list[dict[str, Any]]
+) -> dict[str, Any]:
     pool = spec.pool(role)
     # Memory-backed: it counts against the container's memory limit.
-    volumes: list[dict[str, Any]] = [{"name": "shm", "emptyDir": {"medium": "Memory",
-                                                                  "sizeLimit": pool.shm_size}}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": pool.shm_size}}
+    ]
     if spec.kv_store.enabled:
         volumes.append({"name": "kvstore", "configMap": {"name": f"{td}-kvstore"}})
     vol = spec.model.volume
     if vol is not None and vol.persistent_volume_claim:
-        volumes.append({"name": "model", "persistentVolumeClaim": {
-            "claimName": vol.persistent_volume_claim, "readOnly": True}})
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {
+                    "claimName": vol.persistent_volume_claim,
+                    "readOnly": True,
+                },
+            }
+        )
     elif vol is not None and vol.host_path:
         volumes.append({"name": "model", "hostPath": {"path": vol.host_path}})
-    pod: dict[str, Any] = {"containers": containers,
-                           "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
-                           "volumes": volumes}
+    pod: dict[str, Any] = {
+        "containers": containers,
+        "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
+        "volumes": volumes,
+    }
     if pool.node_selector:
         pod["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
@@ -229,56 +286,81 @@ def pool_workload(
     """One pool's engines (Deployment or LeaderWorkerSet) and its headless Service."""
     pool = spec.pool(role)
     engine_role = ENGINE_ROLE[role]
-    lbls = labels(td, COMPONENT_ENGINE, **{LABEL_ROLE: engine_role, LABEL_LLMD_ROLE: engine_role,
-                                   LABEL_POOL: pool_name(td, role)})
+    lbls = labels(
+        td,
+        COMPONENT_ENGINE,
+        **{LABEL_ROLE: engine_role, LABEL_LLMD_ROLE: engine_role, LABEL_POOL: pool_name(td, role)},
+    )
     name = pool_name(td, role)
     pods = pool_selector(td, role)
     service = {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": meta(name, namespace, owner, lbls),
-        "spec": {"clusterIP": "None", "selector": pods,
-                 # Endpoints stay listed while terminating: the router needs to
-                 # see them go `terminating` to stop new work but let streams end.
-                 "publishNotReadyAddresses": False,
-                 "ports": [{"name": PORT_GRPC, "port": GRPC_PORT, "targetPort": PORT_GRPC},
-                           {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
-                           {"name": PORT_KV_EVENTS, "port": KV_EVENTS_PORT,
-                            "targetPort": PORT_KV_EVENTS},
-                           {"name": PORT_KV_REPLAY, "port": KV_REPLAY_PORT,
-                            "targetPort": PORT_KV_REPLAY}]},
+        "spec": {
+            "clusterIP": "None",
+            "selector": pods,
+            # Endpoints stay listed while terminating: the router needs to
+            # see them go `terminating` to stop new work but let streams end.
+            "publishNotReadyAddresses": False,
+            "ports": [
+                {"name": PORT_GRPC, "port": GRPC_PORT, "targetPort": PORT_GRPC},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
+                {"name": PORT_KV_EVENTS, "port": KV_EVENTS_PORT, "targetPort": PORT_KV_EVENTS},
+                {"name": PORT_KV_REPLAY, "port": KV_REPLAY_PORT, "targetPort": PORT_KV_REPLAY},
+            ],
+        },
     }
     kind = workload_kind(pool)
-    head = {"apiVersion": kind.api_version, "kind": kind.kind,
-            "metadata": meta(name, namespace, owner, lbls)}
+    head = {
+        "apiVersion": kind.api_version,
+        "kind": kind.kind,
+        "metadata": meta(name, namespace, owner, lbls),
+    }
     if kind == DEPLOYMENT:
         container = _engine_container(td, spec, role, engine_argv(td, spec, role), None)
-        workload = {**head, "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": pods},
-            # Never start a second model load beside the first on the same
-            # GPUs; never take an engine down before its replacement is up.
-            "strategy": {"type": "RollingUpdate",
-                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {"metadata": {"labels": lbls},
-                         "spec": _pod_spec(td, spec, role, [container])},
-        }}
+        workload = {
+            **head,
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": pods},
+                # Never start a second model load beside the first on the same
+                # GPUs; never take an engine down before its replacement is up.
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                },
+                "template": {
+                    "metadata": {"labels": lbls},
+                    "spec": _pod_spec(td, spec, role, [container]),
+                },
+            },
+        }
         return [workload, service]
-    leader = _engine_container(td, spec, role, None,
-                               ray_leader_script(engine_argv(td, spec, role, ray=True)))
+    leader = _engine_container(
+        td, spec, role, None, ray_leader_script(engine_argv(td, spec, role, ray=True))
+    )
     worker = _ray_worker_container(td, spec, role)
     worker_labels = {**lbls, LABEL_COMPONENT: "engine-worker"}
-    workload = {**head, "spec": {
-        "replicas": replicas,
-        # The leader is Ready only once its workers joined Ray and the
-        # engine serves; workers start as soon as the leader pod exists.
-        "startupPolicy": "LeaderCreated",
-        "leaderWorkerTemplate": {
-            "size": pool.nodes_per_replica,
-            "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": {"metadata": {"labels": lbls},
-                               "spec": _pod_spec(td, spec, role, [leader])},
-            "workerTemplate": {"metadata": {"labels": worker_labels},
-                               "spec": _pod_spec(td, spec, role, [worker])},
+    workload = {
+        **head,
+        "spec": {
+            "replicas": replicas,
+            # The leader is Ready only once its workers joined Ray and the
+            # engine serves; workers start as soon as the leader pod exists.
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": pool.nodes_per_replica,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {
+                    "metadata": {"labels": lbls},
+                    "spec": _pod_spec(td, spec, role, [leader]),
+                },
+                "workerTemplate": {
+                    "metadata": {"labels": worker_labels},
+                    "spec": _pod_spec(td, spec, role, [worker]),
+                },
+            },
         },
-    }}
+    }
     return [workload, service]

@@ -30,9 +30,13 @@ KVSTORE_CLIENT_CPU = "1"
 
 def kvstore_settings(td: str, spec: TandemSpec, host: str) -> KvStoreSettings:
     store = spec.kv_store
-    return KvStoreSettings(host=host, pool_size=store.ram_pool, disk_size=store.disk.size,
-                           enable_disk=not store.disk.size.startswith("0"),
-                           disk_path=store.disk.host_path)
+    return KvStoreSettings(
+        host=host,
+        pool_size=store.ram_pool,
+        disk_size=store.disk.size,
+        enable_disk=not store.disk.size.startswith("0"),
+        disk_path=store.disk.host_path,
+    )
 
 
 def _mebibytes(size: str) -> int:
@@ -52,29 +56,63 @@ def kvstore_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> 
     master = master_command(kvstore_settings(td, spec, "0.0.0.0"))
     m_lbls = labels(td, "kvstore-master")
     s = kvstore_settings(td, spec, master_host)
-    master_port_names = {"rpc": s.master_port, "metadata": s.metadata_port,
-                         "metrics": s.master_metrics_port}
+    master_port_names = {
+        "rpc": s.master_port,
+        "metadata": s.metadata_port,
+        "metrics": s.master_metrics_port,
+    }
     out: list[Manifest] = [
-        {"apiVersion": "apps/v1", "kind": "Deployment",
-         "metadata": meta(master_host, namespace, owner, m_lbls),
-         "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
-                  "selector": {"matchLabels": selector(m_lbls)},
-                  "template": {"metadata": {"labels": m_lbls}, "spec": {"containers": [{
-                      "name": "master", "image": image, "imagePullPolicy": pull,
-                      "command": master.argv[:1], "args": master.argv[1:],
-                      "ports": [{"name": n, "containerPort": p}
-                                for n, p in master_port_names.items()],
-                      "readinessProbe": {"tcpSocket": {"port": "rpc"}, "periodSeconds": 2},
-                      "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"},
-                                        "periodSeconds": 10, "failureThreshold": 6},
-                      "resources": with_requests(spec.kv_store.master_resources,
-                                                 KVSTORE_MASTER_REQUESTS),
-                  }]}}}},
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": meta(master_host, namespace, owner, m_lbls),
-         "spec": {"selector": selector(m_lbls),
-                  "ports": [{"name": n, "port": p, "targetPort": n}
-                            for n, p in master_port_names.items()]}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta(master_host, namespace, owner, m_lbls),
+            "spec": {
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": selector(m_lbls)},
+                "template": {
+                    "metadata": {"labels": m_lbls},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "master",
+                                "image": image,
+                                "imagePullPolicy": pull,
+                                "command": master.argv[:1],
+                                "args": master.argv[1:],
+                                "ports": [
+                                    {"name": n, "containerPort": p}
+                                    for n, p in master_port_names.items()
+                                ],
+                                "readinessProbe": {
+                                    "tcpSocket": {"port": "rpc"},
+                                    "periodSeconds": 2,
+                                },
+                                "livenessProbe": {
+                                    "httpGet": {"path": "/metrics", "port": "metrics"},
+                                    "periodSeconds": 10,
+                                    "failureThreshold": 6,
+                                },
+                                "resources": with_requests(
+                                    spec.kv_store.master_resources, KVSTORE_MASTER_REQUESTS
+                                ),
+                            }
+                        ]
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta(master_host, namespace, owner, m_lbls),
+            "spec": {
+                "selector": selector(m_lbls),
+                "ports": [
+                    {"name": n, "port": p, "targetPort": n} for n, p in master_port_names.items()
+                ],
+            },
+        },
     ]
     # One pool owner per engine node: it advertises its pod IP to the master
     # and owns that node's RAM pool and disk tier.
@@ -86,41 +124,73 @@ def kvstore_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> 
     # ask for both up front so the node is not overcommitted under it.
     staging = _mebibytes(s.disk_staging_size) if s.enable_disk else 0
     pool_mi = _mebibytes(s.pool_size) + staging + 1024
-    client_resources = with_requests(spec.kv_store.client_resources,
-                                     {"cpu": KVSTORE_CLIENT_CPU, "memory": f"{pool_mi}Mi"})
+    client_resources = with_requests(
+        spec.kv_store.client_resources, {"cpu": KVSTORE_CLIENT_CPU, "memory": f"{pool_mi}Mi"}
+    )
     client_resources.setdefault("limits", {}).setdefault(
-        "memory", client_resources["requests"]["memory"])
-    out.append({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": meta(f"{td}-kvstore-client", namespace, owner, c_lbls),
-        "spec": {"selector": {"matchLabels": selector(c_lbls)},
-                 "template": {"metadata": {"labels": c_lbls}, "spec": {
-                     **store_client_placement(spec),
-                     "containers": [{
-                         "name": "client", "image": image, "imagePullPolicy": pull,
-                         "command": argv[:1], "args": argv[1:],
-                         "env": env_pod_ip() + [{"name": k, "value": v}
-                                                 for k, v in sorted(client.env.items())],
-                         "ports": [{"name": "rpc", "containerPort": s.client_port},
-                                   {"name": "health", "containerPort": s.client_http_port}],
-                         "readinessProbe": {"httpGet": {"path": "/health", "port": "health"},
-                                            "periodSeconds": 5},
-                         "livenessProbe": {"httpGet": {"path": "/health", "port": "health"},
-                                           "periodSeconds": 10, "failureThreshold": 6},
-                         "resources": client_resources,
-                         "volumeMounts": [{"name": "disk", "mountPath": s.disk_path}],
-                     }],
-                     "volumes": [{"name": "disk", "hostPath": {
-                         "path": spec.kv_store.disk.host_path,
-                         "type": "DirectoryOrCreate"}}],
-                 }}},
-    })
-    out.append({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": meta(f"{td}-kvstore", namespace, owner, labels(td, "kvstore-master")),
-        "data": {"mooncake-engine.json": json.dumps(engine_store_config(s), indent=2,
-                                                    sort_keys=True)},
-    })
+        "memory", client_resources["requests"]["memory"]
+    )
+    out.append(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": meta(f"{td}-kvstore-client", namespace, owner, c_lbls),
+            "spec": {
+                "selector": {"matchLabels": selector(c_lbls)},
+                "template": {
+                    "metadata": {"labels": c_lbls},
+                    "spec": {
+                        **store_client_placement(spec),
+                        "containers": [
+                            {
+                                "name": "client",
+                                "image": image,
+                                "imagePullPolicy": pull,
+                                "command": argv[:1],
+                                "args": argv[1:],
+                                "env": env_pod_ip()
+                                + [{"name": k, "value": v} for k, v in sorted(client.env.items())],
+                                "ports": [
+                                    {"name": "rpc", "containerPort": s.client_port},
+                                    {"name": "health", "containerPort": s.client_http_port},
+                                ],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/health", "port": "health"},
+                                    "periodSeconds": 5,
+                                },
+                                "livenessProbe": {
+                                    "httpGet": {"path": "/health", "port": "health"},
+                                    "periodSeconds": 10,
+                                    "failureThreshold": 6,
+                                },
+                                "resources": client_resources,
+                                "volumeMounts": [{"name": "disk", "mountPath": s.disk_path}],
+                            }
+                        ],
+                        "volumes": [
+                            {
+                                "name": "disk",
+                                "hostPath": {
+                                    "path": spec.kv_store.disk.host_path,
+                                    "type": "DirectoryOrCreate",
+                                },
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+    )
+    out.append(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta(f"{td}-kvstore", namespace, owner, labels(td, "kvstore-master")),
+            "data": {
+                "mooncake-engine.json": json.dumps(engine_store_config(s), indent=2, sort_keys=True)
+            },
+        }
+    )
     return out
 
 
@@ -136,16 +206,22 @@ def store_client_placement(spec: TandemSpec) -> dict[str, Any]:
     if selectors and all(selectors):
         terms: list[dict[str, Any]] = []
         for node_selector in selectors:
-            term = {"matchExpressions": [{"key": k, "operator": "In", "values": [v]}
-                                         for k, v in sorted(node_selector.items())]}
+            term = {
+                "matchExpressions": [
+                    {"key": k, "operator": "In", "values": [v]}
+                    for k, v in sorted(node_selector.items())
+                ]
+            }
             if term not in terms:
                 terms.append(term)
-        out["affinity"] = {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+        out["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+            }
+        }
     tolerations: list[Mapping[str, Any]] = []
     for role in spec.roles:
         tolerations += [t for t in spec.pool(role).tolerations or () if t not in tolerations]
     if tolerations:
         out["tolerations"] = tolerations
     return out
-

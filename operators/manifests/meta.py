@@ -46,8 +46,14 @@ class Owner:
     api_version: str = API_VERSION
 
     def ref(self) -> dict[str, Any]:
-        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name,
-                "uid": self.uid, "controller": True, "blockOwnerDeletion": True}
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
 
 def labels(td: str, component: str, **extra: str) -> dict[str, str]:
@@ -62,8 +68,7 @@ def labels(td: str, component: str, **extra: str) -> dict[str, str]:
 
 
 def meta(name: str, namespace: str, owner: Owner, lbls: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "namespace": namespace, "labels": lbls,
-            "ownerReferences": [owner.ref()]}
+    return {"name": name, "namespace": namespace, "labels": lbls, "ownerReferences": [owner.ref()]}
 
 
 def selector(lbls: dict[str, str]) -> dict[str, str]:
@@ -80,12 +85,13 @@ def pool_selector(td: str, role: str) -> dict[str, str]:
 
 
 def env_pod_ip() -> list[dict[str, Any]]:
-    return [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    return [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
 
 
-def with_requests(resources: Mapping[str, Any] | None,
-                  defaults: dict[str, str]) -> dict[str, Any]:
+def with_requests(resources: Mapping[str, Any] | None, defaults: dict[str, str]) -> dict[str, Any]:
     """`resources` with a request for each of `defaults`' keys it lacks (its limit
     where it sets one: what Kubernetes would default the request to)."""
     out: dict[str, Any] = json.loads(json.dumps(resources or {}))

@@ -29,25 +29,38 @@ def redis_url(td: str, spec: TandemSpec) -> str | None:
 def redis_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> list[Manifest]:
     lbls = labels(td, "redis")
     container = {
-        "name": "redis", "image": spec.images.redis,
+        "name": "redis",
+        "image": spec.images.redis,
         "imagePullPolicy": spec.images.pull_policy,
         # Shared router state is soft state: no persistence.
         "args": ["--save", "", "--appendonly", "no"],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
         "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 2},
-        "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10,
-                          "failureThreshold": 3},
+        "livenessProbe": {
+            "tcpSocket": {"port": "redis"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
         "resources": with_requests(spec.redis.resources, REDIS_REQUESTS),
     }
     return [
-        {"apiVersion": "apps/v1", "kind": "Deployment",
-         "metadata": meta(f"{td}-redis", namespace, owner, lbls),
-         "spec": {"replicas": 1, "selector": {"matchLabels": selector(lbls)},
-                  "template": {"metadata": {"labels": lbls},
-                               "spec": {"containers": [container]}}}},
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": meta(f"{td}-redis", namespace, owner, lbls),
-         "spec": {"selector": selector(lbls),
-                  "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"}]}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta(f"{td}-redis", namespace, owner, lbls),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": selector(lbls)},
+                "template": {"metadata": {"labels": lbls}, "spec": {"containers": [container]}},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta(f"{td}-redis", namespace, owner, lbls),
+            "spec": {
+                "selector": selector(lbls),
+                "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"}],
+            },
+        },
     ]
-

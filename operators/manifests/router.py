@@ -29,19 +29,29 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
     lbls = labels(td, "router")
     url = redis_url(td, spec)
     command = RouterCommand(
-        RouterLaunchSettings(host="0.0.0.0", port=ROUTER_PORT, model=spec.model.path,
-                             served_model_name=spec.model.served_name or None),
-        DiscoverySettings(discovery="kubernetes", discovery_namespace=namespace,
-                          discovery_deployment=td),
+        RouterLaunchSettings(
+            host="0.0.0.0",
+            port=ROUTER_PORT,
+            model=spec.model.path,
+            served_model_name=spec.model.served_name or None,
+        ),
+        DiscoverySettings(
+            discovery="kubernetes", discovery_namespace=namespace, discovery_deployment=td
+        ),
         # The routing settings sit beside the policies (services/router/routing),
         # which the operator may not import: the router's parser checks these
         # (tests/operators/test_service_commands.py).
-        (f"--policy={router.policy}", *([f"--redis-url={url}"] if url else [])))
+        (f"--policy={router.policy}", *([f"--redis-url={url}"] if url else [])),
+    )
     env: list[dict[str, Any]] = []
     ref = router.api_key_secret_ref
     if ref is not None:
-        env.append({"name": "TANDEM_ROUTER_API_KEYS", "valueFrom": {
-            "secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        env.append(
+            {
+                "name": "TANDEM_ROUTER_API_KEYS",
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
     container = {
         "name": "router",
         "image": spec.images.router,
@@ -50,56 +60,78 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
         "args": command.argv(joined=True)[3:] + list(router.args or ()),
         "env": env,
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
-                           "periodSeconds": 2},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"},
-                          "periodSeconds": 10, "failureThreshold": 6},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 2},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
         # Keep answering while the Service stops sending here, then drain.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "resources": with_requests(router.resources, ROUTER_REQUESTS),
     }
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": meta(f"{td}-router", namespace, owner, lbls),
         "spec": {
             "replicas": router.replicas,
             "selector": {"matchLabels": selector(lbls)},
             "template": {
                 "metadata": {"labels": lbls},
-                "spec": {"serviceAccountName": f"{td}-router", "containers": [container],
-                         "terminationGracePeriodSeconds": 60},
+                "spec": {
+                    "serviceAccountName": f"{td}-router",
+                    "containers": [container],
+                    "terminationGracePeriodSeconds": 60,
+                },
             },
         },
     }
     service = {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": meta(f"{td}-router", namespace, owner, lbls),
-        "spec": {"selector": selector(lbls),
-                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+        "spec": {
+            "selector": selector(lbls),
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
+        },
     }
     pdb = {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
         "metadata": meta(f"{td}-router", namespace, owner, lbls),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(lbls)}},
     }
     account = {
-        "apiVersion": "v1", "kind": "ServiceAccount",
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
         "metadata": meta(f"{td}-router", namespace, owner, lbls),
     }
     binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
         "metadata": meta(f"{td}-router", namespace, owner, lbls),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "tandem-router"},
-        "subjects": [{"kind": "ServiceAccount", "name": f"{td}-router",
-                      "namespace": namespace}],
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "tandem-router",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": f"{td}-router", "namespace": namespace}],
     }
     out: list[Manifest] = [account, binding, deployment, service, pdb]
     ingress = router.ingress
     if ingress.enabled:
-        rule: dict[str, Any] = {"http": {"paths": [{
-            "path": "/", "pathType": "Prefix",
-            "backend": {"service": {"name": f"{td}-router", "port": {"name": "http"}}}}]}}
+        rule: dict[str, Any] = {
+            "http": {
+                "paths": [
+                    {
+                        "path": "/",
+                        "pathType": "Prefix",
+                        "backend": {"service": {"name": f"{td}-router", "port": {"name": "http"}}},
+                    }
+                ]
+            }
+        }
         if ingress.host:
             rule["host"] = ingress.host
         ing_spec: dict[str, Any] = {"rules": [rule]}
@@ -107,8 +139,12 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
             ing_spec["ingressClassName"] = ingress.class_name
         if ingress.tls_secret_name:
             ing_spec["tls"] = [{"hosts": [ingress.host], "secretName": ingress.tls_secret_name}]
-        out.append({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                    "metadata": meta(f"{td}-router", namespace, owner, lbls),
-                    "spec": ing_spec})
+        out.append(
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "Ingress",
+                "metadata": meta(f"{td}-router", namespace, owner, lbls),
+                "spec": ing_spec,
+            }
+        )
     return out
-

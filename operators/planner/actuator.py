@@ -51,9 +51,15 @@ class VirtualActuator:
     set), then ready ``start_s`` after it is scheduled; a removed pod keeps its
     GPUs for ``drain_s``. Starting pods are removed before ready ones."""
 
-    def __init__(self, pools: list[VirtualPool], clock: Callable[[], float],
-                 schedule_s: float = 5.0, start_s: float = 60.0, drain_s: float = 30.0,
-                 cluster_gpus: int | None = None) -> None:
+    def __init__(
+        self,
+        pools: list[VirtualPool],
+        clock: Callable[[], float],
+        schedule_s: float = 5.0,
+        start_s: float = 60.0,
+        drain_s: float = 30.0,
+        cluster_gpus: int | None = None,
+    ) -> None:
         self.pools = {p.role: p for p in pools}
         self.clock = clock
         self.schedule_s, self.start_s, self.drain_s = schedule_s, start_s, drain_s
@@ -64,37 +70,56 @@ class VirtualActuator:
 
     def held_gpus(self) -> int:
         """GPUs pods hold or wait for: ready, starting (pending too) and draining."""
-        return sum((p.ready + len(p.starting) + len(p.draining)) * p.gpus_per_replica
-                   for p in self.pools.values())
+        return sum(
+            (p.ready + len(p.starting) + len(p.draining)) * p.gpus_per_replica
+            for p in self.pools.values()
+        )
 
     def _scheduled_gpus(self) -> int:
-        return sum((p.ready + len(p.draining)
-                    + sum(1 for pod in p.starting if pod.scheduled is not None))
-                   * p.gpus_per_replica for p in self.pools.values())
+        return sum(
+            (p.ready + len(p.draining) + sum(1 for pod in p.starting if pod.scheduled is not None))
+            * p.gpus_per_replica
+            for p in self.pools.values()
+        )
 
     def advance(self, now: float) -> None:
         for p in self.pools.values():
             p.draining = [t for t in p.draining if t > now]
         for p in self.pools.values():
             for pod in p.starting:
-                if pod.scheduled is None and now >= pod.created + self.schedule_s and (
+                if (
+                    pod.scheduled is None
+                    and now >= pod.created + self.schedule_s
+                    and (
                         self.cluster_gpus is None
-                        or self._scheduled_gpus() + p.gpus_per_replica <= self.cluster_gpus):
-                    pod.scheduled = max(pod.created + self.schedule_s,
-                                        now if self.cluster_gpus is not None else 0.0)
+                        or self._scheduled_gpus() + p.gpus_per_replica <= self.cluster_gpus
+                    )
+                ):
+                    pod.scheduled = max(
+                        pod.created + self.schedule_s, now if self.cluster_gpus is not None else 0.0
+                    )
         for p in self.pools.values():
-            ready = [pod for pod in p.starting
-                     if pod.scheduled is not None and now >= pod.scheduled + self.start_s]
+            ready = [
+                pod
+                for pod in p.starting
+                if pod.scheduled is not None and now >= pod.scheduled + self.start_s
+            ]
             p.ready += len(ready)
             p.starting = [pod for pod in p.starting if pod not in ready]
 
     def status(self) -> tuple[PoolStatus, ...]:
-        return tuple(PoolStatus(role=p.role, config=p.config, spec_replicas=p.spec,
-                                pods=p.ready + len(p.starting) + len(p.draining),
-                                ready=p.ready,
-                                pending=sum(1 for pod in p.starting if pod.scheduled is None),
-                                gpus_per_replica=p.gpus_per_replica)
-                     for p in self.pools.values())
+        return tuple(
+            PoolStatus(
+                role=p.role,
+                config=p.config,
+                spec_replicas=p.spec,
+                pods=p.ready + len(p.starting) + len(p.draining),
+                ready=p.ready,
+                pending=sum(1 for pod in p.starting if pod.scheduled is None),
+                gpus_per_replica=p.gpus_per_replica,
+            )
+            for p in self.pools.values()
+        )
 
     def set_replicas(self, role: PoolRole, replicas: int, now: float) -> None:
         p = self.pools[role]

@@ -66,12 +66,18 @@ class MemoryBudget:
     host_free_gib: float | None = None  # per node; None: host pools not checked
 
     @staticmethod
-    def from_gpu(hbm_gib: float, utilization: float, weights_gib_per_gpu: float,
-                 reserved_gib: float, host_free_gib: float | None = None) -> MemoryBudget:
+    def from_gpu(
+        hbm_gib: float,
+        utilization: float,
+        weights_gib_per_gpu: float,
+        reserved_gib: float,
+        host_free_gib: float | None = None,
+    ) -> MemoryBudget:
         """vLLM's view: ``gpu_memory_utilization`` × HBM, less this GPU's share
         of the weights and the activation/graph reserve."""
-        return MemoryBudget(hbm_gib * utilization - weights_gib_per_gpu - reserved_gib,
-                            host_free_gib)
+        return MemoryBudget(
+            hbm_gib * utilization - weights_gib_per_gpu - reserved_gib, host_free_gib
+        )
 
 
 @dataclass(frozen=True)
@@ -113,54 +119,92 @@ def persistent_kv_gib(shape: KvShape, par: Parallelism, tokens: int) -> float:
 
 def _terms(shape: KvShape, par: Parallelism, ctx: ContextDemand) -> tuple[Term, ...]:
     gather_tokens = ctx.context_tokens if ctx.gather_tokens is None else ctx.gather_tokens
-    gather = (gather_tokens * shape.values_per_token_layer() * shape.compute_bytes
-              / shape.head_shards(par.tp) / GIB)
-    return (Term("persistent KV", persistent_kv_gib(shape, par, ctx.context_tokens * ctx.sequences),
-                 "gpu"),
-            Term("temporary gather", gather, "gpu"),
-            Term("transfer buffers", ctx.transfer_buffer_gib, "gpu"),
-            Term("host pools", ctx.host_pool_gib, "host"))
+    gather = (
+        gather_tokens
+        * shape.values_per_token_layer()
+        * shape.compute_bytes
+        / shape.head_shards(par.tp)
+        / GIB
+    )
+    return (
+        Term(
+            "persistent KV",
+            persistent_kv_gib(shape, par, ctx.context_tokens * ctx.sequences),
+            "gpu",
+        ),
+        Term("temporary gather", gather, "gpu"),
+        Term("transfer buffers", ctx.transfer_buffer_gib, "gpu"),
+        Term("host pools", ctx.host_pool_gib, "host"),
+    )
 
 
 def _fits(shape: KvShape, par: Parallelism, ctx: ContextDemand, memory: MemoryBudget) -> bool:
     terms = _terms(shape, par, ctx)
     gpu = sum(t.gib for t in terms if t.where == "gpu")
     host = sum(t.gib for t in terms if t.where == "host")
-    return gpu <= memory.gpu_free_gib and (memory.host_free_gib is None
-                                           or host <= memory.host_free_gib)
+    return gpu <= memory.gpu_free_gib and (
+        memory.host_free_gib is None or host <= memory.host_free_gib
+    )
 
 
-def check_capacity(shape: KvShape, par: Parallelism, memory: MemoryBudget,
-                   ctx: ContextDemand) -> CapacityVerdict:
+def check_capacity(
+    shape: KvShape, par: Parallelism, memory: MemoryBudget, ctx: ContextDemand
+) -> CapacityVerdict:
     terms = _terms(shape, par, ctx)
     gpu = sum(t.gib for t in terms if t.where == "gpu")
     host = sum(t.gib for t in terms if t.where == "host")
     layout = f"{par.label()}, {shape.kind.upper()} KV at {shape.kv_bytes:g} B/value"
-    what = (f"{ctx.sequences} × {ctx.context_tokens:,}-token sequence"
-            f"{'s' if ctx.sequences > 1 else ''}")
+    what = (
+        f"{ctx.sequences} × {ctx.context_tokens:,}-token sequence{'s' if ctx.sequences > 1 else ''}"
+    )
     if gpu > memory.gpu_free_gib:
         worst = max((t for t in terms if t.where == "gpu"), key=lambda t: t.gib)
         why = ""
-        if worst.name == "persistent KV" and shape.kind == "mla" and par.tp > 1 \
-                and par.dcp == 1:
+        if worst.name == "persistent KV" and shape.kind == "mla" and par.tp > 1 and par.dcp == 1:
             why = " (MLA's latent KV is replicated on every TP rank)"
-        reason = (f"{worst.name} {worst.gib:.1f} GiB per GPU{why} — {gpu:.1f} GiB in all for "
-                  f"{what} — exceeds the {memory.gpu_free_gib:.1f} GiB free per GPU ({layout})")
-        return CapacityVerdict(False, terms, gpu, memory.gpu_free_gib, host, memory.host_free_gib,
-                               worst.name, reason, _suggest(shape, par, memory, ctx))
+        reason = (
+            f"{worst.name} {worst.gib:.1f} GiB per GPU{why} — {gpu:.1f} GiB in all for "
+            f"{what} — exceeds the {memory.gpu_free_gib:.1f} GiB free per GPU ({layout})"
+        )
+        return CapacityVerdict(
+            False,
+            terms,
+            gpu,
+            memory.gpu_free_gib,
+            host,
+            memory.host_free_gib,
+            worst.name,
+            reason,
+            _suggest(shape, par, memory, ctx),
+        )
     if memory.host_free_gib is not None and host > memory.host_free_gib:
-        reason = (f"host pools {host:.1f} GiB per node exceed the {memory.host_free_gib:.1f} GiB "
-                  f"of host memory free")
-        return CapacityVerdict(False, terms, gpu, memory.gpu_free_gib, host, memory.host_free_gib,
-                               "host pools", reason, "shrink the host KV pool or the staging")
-    reason = (f"{what} fits: {gpu:.1f} of {memory.gpu_free_gib:.1f} GiB per GPU "
-              f"(persistent KV {terms[0].gib:.1f} GiB; {layout})")
-    return CapacityVerdict(True, terms, gpu, memory.gpu_free_gib, host, memory.host_free_gib,
-                           None, reason, None)
+        reason = (
+            f"host pools {host:.1f} GiB per node exceed the {memory.host_free_gib:.1f} GiB "
+            f"of host memory free"
+        )
+        return CapacityVerdict(
+            False,
+            terms,
+            gpu,
+            memory.gpu_free_gib,
+            host,
+            memory.host_free_gib,
+            "host pools",
+            reason,
+            "shrink the host KV pool or the staging",
+        )
+    reason = (
+        f"{what} fits: {gpu:.1f} of {memory.gpu_free_gib:.1f} GiB per GPU "
+        f"(persistent KV {terms[0].gib:.1f} GiB; {layout})"
+    )
+    return CapacityVerdict(
+        True, terms, gpu, memory.gpu_free_gib, host, memory.host_free_gib, None, reason, None
+    )
 
 
-def _suggest(shape: KvShape, par: Parallelism, memory: MemoryBudget,
-             ctx: ContextDemand) -> str | None:
+def _suggest(
+    shape: KvShape, par: Parallelism, memory: MemoryBudget, ctx: ContextDemand
+) -> str | None:
     """The least context parallelism that fits: DCP first (it reuses the TP
     group's GPUs), then PCP (which adds GPUs)."""
     max_dcp = par.tp // shape.head_shards(par.tp)
@@ -177,14 +221,19 @@ def _suggest(shape: KvShape, par: Parallelism, memory: MemoryBudget,
         trial = Parallelism(par.tp, par.pp, par.dp, pcp, max_dcp)
         if _fits(shape, trial, ctx, memory):
             kv = persistent_kv_gib(shape, trial, ctx.context_tokens * ctx.sequences)
-            return (f"DCP{max_dcp} with PCP{pcp} ({trial.gpus()} GPUs per replica) brings "
-                    f"persistent KV to {kv:.1f} GiB per GPU and fits")
+            return (
+                f"DCP{max_dcp} with PCP{pcp} ({trial.gpus()} GPUs per replica) brings "
+                f"persistent KV to {kv:.1f} GiB per GPU and fits"
+            )
     return None
 
 
-def capacity_refusals(profiles: Sequence[EngineProfile], shapes: Mapping[str, KvShape],
-                      memory: Mapping[str, MemoryBudget],
-                      ctx: ContextDemand) -> dict[str, str]:
+def capacity_refusals(
+    profiles: Sequence[EngineProfile],
+    shapes: Mapping[str, KvShape],
+    memory: Mapping[str, MemoryBudget],
+    ctx: ContextDemand,
+) -> dict[str, str]:
     """Configurations that cannot hold the context, by name, with the reason
     (the solver's ``Problem.refused``). Profiles whose model or hardware has
     no shape or memory figures are not checked."""

@@ -24,8 +24,11 @@ from .profiles import PoolRole
 from .solver import Demand
 
 # Router role labels → pool roles ("both" is an aggregated pod).
-POOL_OF_LABEL: Mapping[str, PoolRole] = {"prefill": "prefill", "decode": "decode",
-                                         "both": "aggregated"}
+POOL_OF_LABEL: Mapping[str, PoolRole] = {
+    "prefill": "prefill",
+    "decode": "decode",
+    "both": "aggregated",
+}
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,12 @@ def demand_of(w: Window) -> Demand | None:
     prompt_tokens = sum(p.prompt_tokens for p in pools)
     if generations <= 0 or prompts <= 0 or prompt_tokens <= 0:
         return None
-    return Demand(request_rate=generations / w.seconds,
-                  mean_input_tokens=prompt_tokens / prompts,
-                  mean_output_tokens=sum(p.output_tokens for p in pools) / generations,
-                  hit_rate=sum(p.cached_tokens for p in pools) / prompt_tokens)
+    return Demand(
+        request_rate=generations / w.seconds,
+        mean_input_tokens=prompt_tokens / prompts,
+        mean_output_tokens=sum(p.output_tokens for p in pools) / generations,
+        hit_rate=sum(p.cached_tokens for p in pools) / prompt_tokens,
+    )
 
 
 def measurements_of(w: Window, ready: Mapping[PoolRole, int]) -> tuple[PoolMeasurement, ...]:
@@ -109,9 +114,14 @@ def measurements_of(w: Window, ready: Mapping[PoolRole, int]) -> tuple[PoolMeasu
             continue
         per_s = 1.0 / (w.seconds * n)
         finished = c.prompts if role == "prefill" else c.generations
-        out.append(PoolMeasurement(
-            role=role, requests=int(finished), in_flight=c.busy_seconds * per_s,
-            request_rate=finished * per_s,
-            uncached_tokens_per_s=(c.prompt_tokens - c.cached_tokens) * per_s,
-            output_tokens_per_s=c.output_tokens * per_s))
+        out.append(
+            PoolMeasurement(
+                role=role,
+                requests=int(finished),
+                in_flight=c.busy_seconds * per_s,
+                request_rate=finished * per_s,
+                uncached_tokens_per_s=(c.prompt_tokens - c.cached_tokens) * per_s,
+                output_tokens_per_s=c.output_tokens * per_s,
+            )
+        )
     return tuple(out)

@@ -33,8 +33,13 @@ class PoolMeasurement:
     output_tokens_per_s: float
 
 
-def _work(role: PoolRole, request_rate: float, uncached_tokens_per_s: float,
-          output_tokens_per_s: float, token_cost: float | None) -> float:
+def _work(
+    role: PoolRole,
+    request_rate: float,
+    uncached_tokens_per_s: float,
+    output_tokens_per_s: float,
+    token_cost: float | None,
+) -> float:
     if role == "prefill":
         return uncached_tokens_per_s
     if role == "decode":
@@ -45,18 +50,21 @@ def _work(role: PoolRole, request_rate: float, uncached_tokens_per_s: float,
 
 
 def _point_work(role: PoolRole, p: ProfilePoint, token_cost: float | None) -> float:
-    return _work(role, p.request_rate, p.uncached_tokens_per_s, p.output_tokens_per_s,
-                 token_cost)
+    return _work(role, p.request_rate, p.uncached_tokens_per_s, p.output_tokens_per_s, token_cost)
 
 
-def predicted_work(profile: EngineProfile, in_flight: float,
-                   token_cost: float | None = None) -> float:
+def predicted_work(
+    profile: EngineProfile, in_flight: float, token_cost: float | None = None
+) -> float:
     """The profile's throughput at this load: linear between profiled points
     (and from zero at no load), the highest profiled value beyond them; 0
     when the profile gives no load (published figures without it)."""
     role = profile.role
-    curve = sorted((p.in_flight, _point_work(role, p, token_cost)) for p in profile.points
-                   if p.in_flight is not None)
+    curve = sorted(
+        (p.in_flight, _point_work(role, p, token_cost))
+        for p in profile.points
+        if p.in_flight is not None
+    )
     if not curve:
         return 0.0
     prev_x, prev_y = 0.0, 0.0
@@ -68,15 +76,17 @@ def predicted_work(profile: EngineProfile, in_flight: float,
     return max(y for _, y in curve)
 
 
-def measure_efficiency(profile: EngineProfile, m: PoolMeasurement,
-                       token_cost: float | None = None) -> float | None:
+def measure_efficiency(
+    profile: EngineProfile, m: PoolMeasurement, token_cost: float | None = None
+) -> float | None:
     """Measured ÷ profiled throughput at the measured load; None when the
     pool did nothing to compare."""
     if m.in_flight <= 0:
         return None
     expected = predicted_work(profile, m.in_flight, token_cost)
-    measured = _work(m.role, m.request_rate, m.uncached_tokens_per_s, m.output_tokens_per_s,
-                     token_cost)
+    measured = _work(
+        m.role, m.request_rate, m.uncached_tokens_per_s, m.output_tokens_per_s, token_cost
+    )
     if expected <= 0 or measured <= 0:
         return None
     return measured / expected

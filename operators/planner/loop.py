@@ -142,7 +142,7 @@ class Effects:
 
 
 def plan_ratio(replicas: Mapping[str, int]) -> str:
-    """"P:D", or the aggregated pool's size."""
+    """ "P:D", or the aggregated pool's size."""
     if "prefill" in replicas and "decode" in replicas:
         return f"{replicas['prefill']}:{replicas['decode']}"
     return f"{replicas.get('aggregated', 0)} agg"
@@ -152,20 +152,30 @@ def _held_gpus(pools: tuple[PoolStatus, ...], spec: Mapping[str, int]) -> int:
     return sum(max(spec[p.role], p.pods) * p.gpus_per_replica for p in pools)
 
 
-def update_efficiency(settings: LoopSettings, current: Mapping[str, float],
-                      pools: tuple[PoolStatus, ...], profiles: tuple[EngineProfile, ...],
-                      measurements: tuple[PoolMeasurement, ...]) -> dict[str, float]:
+def update_efficiency(
+    settings: LoopSettings,
+    current: Mapping[str, float],
+    pools: tuple[PoolStatus, ...],
+    profiles: tuple[EngineProfile, ...],
+    measurements: tuple[PoolMeasurement, ...],
+) -> dict[str, float]:
     by_name = {p.name: p for p in profiles}
     out = dict(current)
     lo, hi = settings.efficiency_bounds
     for m in measurements:
         pool = next((p for p in pools if p.role == m.role), None)
-        if pool is None or pool.config not in by_name \
-                or m.requests < settings.efficiency_min_requests:
+        if (
+            pool is None
+            or pool.config not in by_name
+            or m.requests < settings.efficiency_min_requests
+        ):
             continue
         profile = by_name[pool.config]
-        cost = prefill_token_cost(profiles, profile.config.model, profile.config.hardware) \
-            if profile.role == "aggregated" else None
+        cost = (
+            prefill_token_cost(profiles, profile.config.model, profile.config.hardware)
+            if profile.role == "aggregated"
+            else None
+        )
         e = measure_efficiency(profile, m, cost)
         if e is None:
             continue
@@ -176,8 +186,9 @@ def update_efficiency(settings: LoopSettings, current: Mapping[str, float],
     return out
 
 
-def on_tick(now: float, state: LoopState, inputs: TickInputs,
-            settings: LoopSettings = LoopSettings()) -> tuple[LoopState, Effects]:
+def on_tick(
+    now: float, state: LoopState, inputs: TickInputs, settings: LoopSettings = LoopSettings()
+) -> tuple[LoopState, Effects]:
     spec: dict[str, int] = {p.role: p.spec_replicas for p in inputs.pools}
     # Someone else (kubectl scale, a previous tick) changed a pool: its cooldown
     # starts now.
@@ -188,63 +199,133 @@ def on_tick(now: float, state: LoopState, inputs: TickInputs,
     state = replace(state, last_spec=spec, last_change_at=last_change)
     if inputs.mode == "Off":
         state = replace(state, below_since={}, window_max={})
-        return state, Effects((), (), (Condition("ScalingActive", "False", "Off",
-                                                 "scaling mode Off: pools follow their "
-                                                 "replicas as set"),), None, None, plan_ratio(spec))
+        return state, Effects(
+            (),
+            (),
+            (
+                Condition(
+                    "ScalingActive",
+                    "False",
+                    "Off",
+                    "scaling mode Off: pools follow their replicas as set",
+                ),
+            ),
+            None,
+            None,
+            plan_ratio(spec),
+        )
 
-    efficiency = update_efficiency(settings, state.efficiency, inputs.pools, inputs.profiles,
-                                   inputs.measurements)
+    efficiency = update_efficiency(
+        settings, state.efficiency, inputs.pools, inputs.profiles, inputs.measurements
+    )
     state = replace(state, efficiency=efficiency)
-    missing = [f"{p.role} pool runs {p.config!r}, which has no profile" for p in inputs.pools
-               if p.config not in {q.name for q in inputs.profiles}]
+    missing = [
+        f"{p.role} pool runs {p.config!r}, which has no profile"
+        for p in inputs.pools
+        if p.config not in {q.name for q in inputs.profiles}
+    ]
     if missing:
-        return _invalid(now, state, inputs, spec, "NoProfile", "; ".join(missing),
-                        "write or take a profile for each pool's configuration", settings)
+        return _invalid(
+            now,
+            state,
+            inputs,
+            spec,
+            "NoProfile",
+            "; ".join(missing),
+            "write or take a profile for each pool's configuration",
+            settings,
+        )
     if inputs.demand is None:
-        return state, Effects((), (), (Condition("ScalingActive", "Unknown", "NoDemand",
-                                                 "no demand measured yet"),), None, None,
-                              plan_ratio(spec))
+        return state, Effects(
+            (),
+            (),
+            (Condition("ScalingActive", "Unknown", "NoDemand", "no demand measured yet"),),
+            None,
+            None,
+            plan_ratio(spec),
+        )
     deployed = {p.config for p in inputs.pools}
-    problem = Problem(profiles=tuple(p for p in inputs.profiles if p.name in deployed),
-                      demand=inputs.demand, slo=inputs.slo, budget_gpus=inputs.budget_gpus,
-                      headroom=inputs.headroom, min_replicas=inputs.min_replicas,
-                      efficiency=efficiency)
+    problem = Problem(
+        profiles=tuple(p for p in inputs.profiles if p.name in deployed),
+        demand=inputs.demand,
+        slo=inputs.slo,
+        budget_gpus=inputs.budget_gpus,
+        headroom=inputs.headroom,
+        min_replicas=inputs.min_replicas,
+        efficiency=efficiency,
+    )
     decision = solve(problem)
     if decision.plan is None:
-        reason = {"slo": "SloUnattainable", "budget": "BudgetBelowMinimum",
-                  "capacity": "ContextDoesNotFit"}.get(decision.binding, "NoProfile")
-        return _invalid(now, state, inputs, spec, reason, "; ".join(decision.reasons),
-                        "; ".join(decision.changes), settings, decision)
+        reason = {
+            "slo": "SloUnattainable",
+            "budget": "BudgetBelowMinimum",
+            "capacity": "ContextDoesNotFit",
+        }.get(decision.binding, "NoProfile")
+        return _invalid(
+            now,
+            state,
+            inputs,
+            spec,
+            reason,
+            "; ".join(decision.reasons),
+            "; ".join(decision.changes),
+            settings,
+            decision,
+        )
 
     targets: dict[str, int] = {p.role: p.replicas for p in decision.plan.pools}
     bounded, held_by_bounds = _within_bounds(targets, inputs.bounds)
     state, replicas, held, reasons = _smooth(now, state, inputs, spec, bounded, settings)
     held = held_by_bounds + held
-    scale = tuple(ScalePool(p.role, replicas[p.role], spec[p.role], reasons[p.role])
-                  for p in sorted(inputs.pools, key=lambda p: replicas[p.role] - spec[p.role])
-                  if replicas[p.role] != spec[p.role])
+    scale = tuple(
+        ScalePool(p.role, replicas[p.role], spec[p.role], reasons[p.role])
+        for p in sorted(inputs.pools, key=lambda p: replicas[p.role] - spec[p.role])
+        if replicas[p.role] != spec[p.role]
+    )
     summary = decision.reasons[0]
     record = DecisionRecord(
-        at=now, mode=inputs.mode, demand_rps=inputs.demand.request_rate,
+        at=now,
+        mode=inputs.mode,
+        demand_rps=inputs.demand.request_rate,
         mean_input_tokens=inputs.demand.mean_input_tokens,
-        mean_output_tokens=inputs.demand.mean_output_tokens, hit_rate=inputs.demand.hit_rate,
-        targets=targets, replicas=replicas, binding=decision.binding, summary=summary,
-        held=tuple(held))
+        mean_output_tokens=inputs.demand.mean_output_tokens,
+        hit_rate=inputs.demand.hit_rate,
+        targets=targets,
+        replicas=replicas,
+        binding=decision.binding,
+        summary=summary,
+        held=tuple(held),
+    )
     events: list[Event] = []
     if inputs.mode == "Auto" and scale:
-        events.append(Event("Normal", "Scaled", "; ".join(
-            f"{s.role} {s.previous} → {s.replicas} ({s.reason})" for s in scale)))
+        events.append(
+            Event(
+                "Normal",
+                "Scaled",
+                "; ".join(f"{s.role} {s.previous} → {s.replicas} ({s.reason})" for s in scale),
+            )
+        )
         last_change = dict(state.last_change_at)
         for s in scale:
             last_change[s.role] = now
-        state = replace(state, last_change_at=last_change,
-                        last_spec={**state.last_spec, **{s.role: s.replicas for s in scale}})
+        state = replace(
+            state,
+            last_change_at=last_change,
+            last_spec={**state.last_spec, **{s.role: s.replicas for s in scale}},
+        )
     message = f"{plan_ratio(replicas)} — {summary}"
     if inputs.mode == "Recommend" and replicas != spec and message != state.last_message:
-        events.append(Event("Normal", "ScalingRecommended", f"recommend {plan_ratio(replicas)} "
-                            f"(now {plan_ratio(spec)}): {summary}"))
-    conditions = [Condition("ScalingActive", "True", inputs.mode, f"scaling mode {inputs.mode}"),
-                  Condition("ScalingSpecValid", "True", "Valid", "a plan meets the SLOs")]
+        events.append(
+            Event(
+                "Normal",
+                "ScalingRecommended",
+                f"recommend {plan_ratio(replicas)} (now {plan_ratio(spec)}): {summary}",
+            )
+        )
+    conditions = [
+        Condition("ScalingActive", "True", inputs.mode, f"scaling mode {inputs.mode}"),
+        Condition("ScalingSpecValid", "True", "Valid", "a plan meets the SLOs"),
+    ]
     if not decision.meets_demand and inputs.demand.request_rate is not None:
         changes = "; ".join(decision.changes)
         conditions.append(Condition("DemandMet", "False", "BudgetBound", f"{summary}. {changes}"))
@@ -257,35 +338,70 @@ def on_tick(now: float, state: LoopState, inputs: TickInputs,
             events.append(Event("Warning", "MaxReplicas", message_capped))
     else:
         conditions.append(Condition("DemandMet", "True", "Met", summary))
-    history = (*state.history, record)[-settings.history:]
+    history = (*state.history, record)[-settings.history :]
     state = replace(state, history=history, last_message=message)
-    return state, Effects(scale if inputs.mode == "Auto" else (), tuple(events),
-                          tuple(conditions), record, decision, plan_ratio(spec))
+    return state, Effects(
+        scale if inputs.mode == "Auto" else (),
+        tuple(events),
+        tuple(conditions),
+        record,
+        decision,
+        plan_ratio(spec),
+    )
 
 
-def _invalid(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str, int],
-             reason: str, why: str, change: str, settings: LoopSettings,
-             decision: Decision | None = None) -> tuple[LoopState, Effects]:
+def _invalid(
+    now: float,
+    state: LoopState,
+    inputs: TickInputs,
+    spec: Mapping[str, int],
+    reason: str,
+    why: str,
+    change: str,
+    settings: LoopSettings,
+    decision: Decision | None = None,
+) -> tuple[LoopState, Effects]:
     message = f"{why}. To fix: {change}" if change else why
-    events = () if message == state.last_message else (
-        Event("Warning", "ScalingSpecInvalid", message),)
+    events = (
+        () if message == state.last_message else (Event("Warning", "ScalingSpecInvalid", message),)
+    )
     record = DecisionRecord(
-        at=now, mode=inputs.mode,
+        at=now,
+        mode=inputs.mode,
         demand_rps=None if inputs.demand is None else inputs.demand.request_rate,
         mean_input_tokens=None if inputs.demand is None else inputs.demand.mean_input_tokens,
         mean_output_tokens=None if inputs.demand is None else inputs.demand.mean_output_tokens,
         hit_rate=None if inputs.demand is None else inputs.demand.hit_rate,
-        targets={}, replicas=dict(spec), binding=reason, summary=why, held=("no valid plan",))
-    state = replace(state, last_message=message, below_since={}, window_max={},
-                    history=(*state.history, record)[-settings.history:])
-    return state, Effects((), events, (
-        Condition("ScalingActive", "True", inputs.mode, f"scaling mode {inputs.mode}"),
-        Condition("ScalingSpecValid", "False", reason, message)), record, decision,
-        plan_ratio(spec))
+        targets={},
+        replicas=dict(spec),
+        binding=reason,
+        summary=why,
+        held=("no valid plan",),
+    )
+    state = replace(
+        state,
+        last_message=message,
+        below_since={},
+        window_max={},
+        history=(*state.history, record)[-settings.history :],
+    )
+    return state, Effects(
+        (),
+        events,
+        (
+            Condition("ScalingActive", "True", inputs.mode, f"scaling mode {inputs.mode}"),
+            Condition("ScalingSpecValid", "False", reason, message),
+        ),
+        record,
+        decision,
+        plan_ratio(spec),
+    )
 
 
-def _within_bounds(targets: Mapping[str, int], bounds: Mapping[str, tuple[int, int]],
-                   ) -> tuple[dict[str, int], list[str]]:
+def _within_bounds(
+    targets: Mapping[str, int],
+    bounds: Mapping[str, tuple[int, int]],
+) -> tuple[dict[str, int], list[str]]:
     out, held = dict(targets), []
     for role, target in targets.items():
         lo, hi = bounds.get(role, (0, target))
@@ -297,17 +413,23 @@ def _within_bounds(targets: Mapping[str, int], bounds: Mapping[str, tuple[int, i
     return out, held
 
 
-def _smooth(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str, int],
-            targets: Mapping[str, int], s: LoopSettings,
-            ) -> tuple[LoopState, dict[str, int], list[str], dict[str, str]]:
+def _smooth(
+    now: float,
+    state: LoopState,
+    inputs: TickInputs,
+    spec: Mapping[str, int],
+    targets: Mapping[str, int],
+    s: LoopSettings,
+) -> tuple[LoopState, dict[str, int], list[str], dict[str, str]]:
     below_since = dict(state.below_since)
     window_max = dict(state.window_max)
     replicas = dict(spec)
     held: list[str] = []
     reasons: dict[str, str] = {}
     budget = inputs.budget_gpus
-    over_budget = budget is not None and sum(
-        spec[p.role] * p.gpus_per_replica for p in inputs.pools) > budget
+    over_budget = (
+        budget is not None and sum(spec[p.role] * p.gpus_per_replica for p in inputs.pools) > budget
+    )
 
     for role, why in inputs.external.items():
         if targets.get(role, spec.get(role)) != spec.get(role):
@@ -329,21 +451,31 @@ def _smooth(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str,
         start = below_since.setdefault(role, now)
         window_max[role] = max(window_max.get(role, target), target)
         if now - start < s.down_window_s:
-            held.append(f"{role}: {current} → {target} waits for the target to stay lower "
-                        f"{s.down_window_s - (now - start):.0f} s more")
+            held.append(
+                f"{role}: {current} → {target} waits for the target to stay lower "
+                f"{s.down_window_s - (now - start):.0f} s more"
+            )
         elif since_change < s.down_cooldown_s:
-            held.append(f"{role}: scale-down cooldown, {s.down_cooldown_s - since_change:.0f} s "
-                        f"left")
+            held.append(
+                f"{role}: scale-down cooldown, {s.down_cooldown_s - since_change:.0f} s left"
+            )
         else:
             replicas[role] = max(window_max[role], current - s.max_step)
-            reasons[role] = (f"target {target} below {current} for {now - start:.0f} s; the "
-                             f"window's highest target is {window_max[role]}")
+            reasons[role] = (
+                f"target {target} below {current} for {now - start:.0f} s; the "
+                f"window's highest target is {window_max[role]}"
+            )
 
     # Scale-ups, the largest relative shortfall first, while the GPUs held
     # (terminating pods included) stay within the budget.
-    ups = sorted((p for p in inputs.pools
-                  if targets[p.role] > spec[p.role] and p.role not in inputs.external),
-                 key=lambda p: -(targets[p.role] / max(spec[p.role], 1)))
+    ups = sorted(
+        (
+            p
+            for p in inputs.pools
+            if targets[p.role] > spec[p.role] and p.role not in inputs.external
+        ),
+        key=lambda p: -(targets[p.role] / max(spec[p.role], 1)),
+    )
     for pool in ups:
         role, current, target = pool.role, spec[pool.role], targets[pool.role]
         since_change = now - state.last_change_at.get(role, -float("inf"))
@@ -358,8 +490,9 @@ def _smooth(now: float, state: LoopState, inputs: TickInputs, spec: Mapping[str,
             room = budget - _held_gpus(inputs.pools, {**replicas, role: current})
             want = min(want, current + max(0, room) // pool.gpus_per_replica)
         if want <= current:
-            held.append(f"{role}: {current} → {target} waits for GPUs to free within the "
-                        f"budget of {budget}")
+            held.append(
+                f"{role}: {current} → {target} waits for GPUs to free within the budget of {budget}"
+            )
             continue
         replicas[role] = want
         reasons[role] = f"target {target}"

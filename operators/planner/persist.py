@@ -23,15 +23,23 @@ def rfc3339(at: float) -> str:
 
 
 def from_rfc3339(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=UTC).timestamp()
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 def record_to_dict(r: DecisionRecord) -> dict[str, Any]:
-    return {"time": rfc3339(r.at), "mode": r.mode, "demandRps": r.demand_rps,
-            "meanInputTokens": r.mean_input_tokens, "meanOutputTokens": r.mean_output_tokens,
-            "hitRate": r.hit_rate, "targets": dict(r.targets), "replicas": dict(r.replicas),
-            "binding": r.binding, "summary": r.summary, "held": list(r.held)}
+    return {
+        "time": rfc3339(r.at),
+        "mode": r.mode,
+        "demandRps": r.demand_rps,
+        "meanInputTokens": r.mean_input_tokens,
+        "meanOutputTokens": r.mean_output_tokens,
+        "hitRate": r.hit_rate,
+        "targets": dict(r.targets),
+        "replicas": dict(r.replicas),
+        "binding": r.binding,
+        "summary": r.summary,
+        "held": list(r.held),
+    }
 
 
 def _optional_float(value: object) -> float | None:
@@ -51,14 +59,18 @@ def record_from_dict(doc: Mapping[str, Any]) -> DecisionRecord:
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}")
     return DecisionRecord(
-        at=from_rfc3339(str(doc["time"])), mode=mode,
+        at=from_rfc3339(str(doc["time"])),
+        mode=mode,
         demand_rps=_optional_float(doc.get("demandRps")),
         mean_input_tokens=_optional_float(doc.get("meanInputTokens")),
         mean_output_tokens=_optional_float(doc.get("meanOutputTokens")),
         hit_rate=_optional_float(doc.get("hitRate")),
-        targets=_ints(doc.get("targets")), replicas=_ints(doc.get("replicas")),
-        binding=str(doc.get("binding", "")), summary=str(doc.get("summary", "")),
-        held=tuple(str(h) for h in doc.get("held", [])))
+        targets=_ints(doc.get("targets")),
+        replicas=_ints(doc.get("replicas")),
+        binding=str(doc.get("binding", "")),
+        summary=str(doc.get("summary", "")),
+        held=tuple(str(h) for h in doc.get("held", [])),
+    )
 
 
 def state_to_dict(state: LoopState) -> dict[str, Any]:
@@ -85,6 +97,7 @@ def state_from_dict(doc: Mapping[str, Any] | None) -> LoopState:
             window_max=_ints(doc.get("windowMax")),
             efficiency={str(k): float(v) for k, v in doc.get("efficiency", {}).items()},
             history=tuple(record_from_dict(r) for r in doc.get("history", [])),
-            last_message=str(doc.get("lastMessage", "")))
+            last_message=str(doc.get("lastMessage", "")),
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         return LoopState()

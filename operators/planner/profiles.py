@@ -56,8 +56,7 @@ class Parallelism:
 
     def label(self) -> str:
         parts = [f"TP{self.tp}"]
-        for name, value in (("PP", self.pp), ("DP", self.dp), ("PCP", self.pcp),
-                            ("DCP", self.dcp)):
+        for name, value in (("PP", self.pp), ("DP", self.dp), ("PCP", self.pcp), ("DCP", self.dcp)):
             if value != 1:
                 parts.append(f"{name}{value}")
         return "×".join(parts)
@@ -173,8 +172,11 @@ def validate(profile: EngineProfile) -> EngineProfile:
             raise ProfileError(f"{at}: outputTokensPerS must be ≥ 0")
         if not 0.0 <= pt.hit_rate < 1.0:
             raise ProfileError(f"{at}: hitRate must be in [0, 1)")
-        if pt.ttft_p90_s is not None and pt.ttft_p50_s is not None \
-                and pt.ttft_p90_s < pt.ttft_p50_s:
+        if (
+            pt.ttft_p90_s is not None
+            and pt.ttft_p50_s is not None
+            and pt.ttft_p90_s < pt.ttft_p50_s
+        ):
             raise ProfileError(f"{at}: ttftP90S is below ttftP50S")
         for name in ("ttft_p50_s", "ttft_p90_s", "in_flight", "itl_s", "interactivity_p90"):
             value = getattr(pt, name)
@@ -187,9 +189,18 @@ def validate(profile: EngineProfile) -> EngineProfile:
 
 # -- documents ------------------------------------------------------------------
 
-_POINT_FIELDS = ("concurrency", "request_rate", "input_tokens_per_s", "output_tokens_per_s",
-                 "ttft_p50_s", "ttft_p90_s", "hit_rate", "in_flight", "itl_s",
-                 "interactivity_p90")
+_POINT_FIELDS = (
+    "concurrency",
+    "request_rate",
+    "input_tokens_per_s",
+    "output_tokens_per_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "hit_rate",
+    "in_flight",
+    "itl_s",
+    "interactivity_p90",
+)
 _OPTIONAL_POINT_FIELDS = ("ttft_p50_s", "ttft_p90_s", "in_flight", "itl_s", "interactivity_p90")
 
 
@@ -210,8 +221,11 @@ def profile_to_dict(profile: EngineProfile) -> dict[str, Any]:
         "takenAt": profile.taken_at,
         "replicasMeasured": profile.replicas_measured,
         "config": {
-            "name": c.name, "role": c.role, "model": c.model,
-            "gpusPerReplica": c.gpus_per_replica, "hardware": c.hardware,
+            "name": c.name,
+            "role": c.role,
+            "model": c.model,
+            "gpusPerReplica": c.gpus_per_replica,
+            "hardware": c.hardware,
             "parallelism": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "pcp": p.pcp, "dcp": p.dcp},
             "schedulerFlags": list(c.scheduler_flags),
             "kvCapacityTokens": c.kv_capacity_tokens,
@@ -225,8 +239,10 @@ def profile_from_dict(doc: Mapping[str, Any]) -> EngineProfile:
     if doc.get("kind") != PROFILE_KIND:
         raise ProfileError(f"profile: kind must be {PROFILE_KIND!r}, got {doc.get('kind')!r}")
     if doc.get("version") != PROFILE_VERSION:
-        raise ProfileError(f"profile: version {doc.get('version')!r} is not supported "
-                           f"(this reader knows {PROFILE_VERSION})")
+        raise ProfileError(
+            f"profile: version {doc.get('version')!r} is not supported "
+            f"(this reader knows {PROFILE_VERSION})"
+        )
     raw_config = _mapping(doc.get("config"), "config")
     raw_par = _mapping(raw_config.get("parallelism", {}), "config.parallelism")
     kv = raw_config.get("kvCapacityTokens")
@@ -236,8 +252,12 @@ def profile_from_dict(doc: Mapping[str, Any]) -> EngineProfile:
         model=_str(raw_config.get("model"), "config.model"),
         gpus_per_replica=_int(raw_config.get("gpusPerReplica"), "config.gpusPerReplica"),
         hardware=str(raw_config.get("hardware", "")),
-        parallelism=Parallelism(**{k: _int(raw_par.get(k, 1), f"config.parallelism.{k}")
-                                   for k in ("tp", "pp", "dp", "pcp", "dcp")}),
+        parallelism=Parallelism(
+            **{
+                k: _int(raw_par.get(k, 1), f"config.parallelism.{k}")
+                for k in ("tp", "pp", "dp", "pcp", "dcp")
+            }
+        ),
         scheduler_flags=tuple(str(f) for f in raw_config.get("schedulerFlags", [])),
         kv_capacity_tokens=None if kv is None else _int(kv, "config.kvCapacityTokens"),
     )
@@ -255,23 +275,35 @@ def profile_from_dict(doc: Mapping[str, Any]) -> EngineProfile:
             else:
                 values[f] = _float(raw.get(key), f"points[{i}].{key}")
         points.append(ProfilePoint(**cast(dict[str, Any], values)))
-    return validate(EngineProfile(
-        config=config, points=tuple(points),
-        source=cast(Source, _str(doc.get("source"), "source")),
-        workload=str(doc.get("workload", "")), note=str(doc.get("note", "")),
-        taken_at=str(doc.get("takenAt", "")),
-        replicas_measured=_int(doc.get("replicasMeasured", 1), "replicasMeasured")))
+    return validate(
+        EngineProfile(
+            config=config,
+            points=tuple(points),
+            source=cast(Source, _str(doc.get("source"), "source")),
+            workload=str(doc.get("workload", "")),
+            note=str(doc.get("note", "")),
+            taken_at=str(doc.get("takenAt", "")),
+            replicas_measured=_int(doc.get("replicasMeasured", 1), "replicasMeasured"),
+        )
+    )
 
 
-def profile_configmap(profile: EngineProfile, name: str,
-                      namespace: str | None = None) -> dict[str, Any]:
+def profile_configmap(
+    profile: EngineProfile, name: str, namespace: str | None = None
+) -> dict[str, Any]:
     """The profile as a ConfigMap manifest the operator reads."""
-    metadata: dict[str, Any] = {"name": name, "labels": {
-        PROFILE_LABEL: profile.role, "tandem.dev/profile-source": profile.source}}
+    metadata: dict[str, Any] = {
+        "name": name,
+        "labels": {PROFILE_LABEL: profile.role, "tandem.dev/profile-source": profile.source},
+    }
     if namespace:
         metadata["namespace"] = namespace
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-            "data": {PROFILE_KEY: json.dumps(profile_to_dict(profile), indent=1)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {PROFILE_KEY: json.dumps(profile_to_dict(profile), indent=1)},
+    }
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -279,8 +311,9 @@ class _BlockDumper(yaml.SafeDumper):
 
 
 def _str_block(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", text,
-                                   style="|" if "\n" in text else None)
+    return dumper.represent_scalar(
+        "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None
+    )
 
 
 _BlockDumper.add_representer(str, _str_block)
@@ -288,16 +321,20 @@ _BlockDumper.add_representer(str, _str_block)
 
 def manifests_yaml(manifests: Iterable[Mapping[str, Any]], header: str = "") -> str:
     """Manifests as one multi-document YAML, ``kubectl apply -f`` ready."""
-    body = yaml.dump_all([dict(m) for m in manifests], Dumper=_BlockDumper, sort_keys=False,
-                         width=100)
+    body = yaml.dump_all(
+        [dict(m) for m in manifests], Dumper=_BlockDumper, sort_keys=False, width=100
+    )
     comment = "".join(f"# {line}\n".replace("# \n", "#\n") for line in header.splitlines())
     return comment + body
 
 
 def profiles_from_yaml(text: str) -> list[EngineProfile]:
     """Every profile ConfigMap in a (multi-document) YAML text."""
-    return [profile_from_configmap(doc) for doc in yaml.safe_load_all(text)
-            if isinstance(doc, Mapping) and doc.get("kind") == "ConfigMap"]
+    return [
+        profile_from_configmap(doc)
+        for doc in yaml.safe_load_all(text)
+        if isinstance(doc, Mapping) and doc.get("kind") == "ConfigMap"
+    ]
 
 
 def profile_from_configmap(obj: Mapping[str, Any]) -> EngineProfile:

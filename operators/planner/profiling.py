@@ -61,14 +61,17 @@ def foreign_prompts(role: PoolRole, w: Window | None) -> str | None:
     if w is None or decode is None or decode.prompts <= 0:
         return None
     prompts = sum(p.prompts for p in w.pools.values())
-    return (f"the decode pool computed {decode.prompts:.0f} of the {prompts:.0f} prompts itself "
-            f"(the router's --remote-prefill-threshold), so the prefill pool saw only the "
-            f"least-cached ones and the decode pool did prompt work: profile P/D pools behind "
-            f"a router run with {' '.join(PD_PROFILE_ROUTER_ARGS)}")
+    return (
+        f"the decode pool computed {decode.prompts:.0f} of the {prompts:.0f} prompts itself "
+        f"(the router's --remote-prefill-threshold), so the prefill pool saw only the "
+        f"least-cached ones and the decode pool did prompt work: profile P/D pools behind "
+        f"a router run with {' '.join(PD_PROFILE_ROUTER_ARGS)}"
+    )
 
 
-def point_from_level(role: PoolRole, replicas: int, concurrency: int, run: dict[str, Any],
-                     w: Window | None) -> ProfilePoint:
+def point_from_level(
+    role: PoolRole, replicas: int, concurrency: int, run: dict[str, Any], w: Window | None
+) -> ProfilePoint:
     """One profile point from a replay run and, when present, the pool's
     counters over the same time."""
     s = run["summary"]
@@ -82,30 +85,61 @@ def point_from_level(role: PoolRole, replicas: int, concurrency: int, run: dict[
         cached_tokens = sum(p.cached_tokens for p in everything)
         own = role != "decode"  # decode pods compute no prompt (foreign_prompts)
         input_tokens = pool.prompt_tokens if own else prompt_tokens
-        hit = (pool.cached_tokens / pool.prompt_tokens if own and pool.prompt_tokens
-               else cached_tokens / prompt_tokens if prompt_tokens else 0.0)
+        hit = (
+            pool.cached_tokens / pool.prompt_tokens
+            if own and pool.prompt_tokens
+            else cached_tokens / prompt_tokens
+            if prompt_tokens
+            else 0.0
+        )
         output = s["output_tokens"] if role == "prefill" else pool.output_tokens
         rate, in_flight = finished / seconds, pool.busy_seconds / seconds
         input_rate, output_rate = input_tokens / seconds, output / seconds
     else:
         seconds = s["duration_s"] * replicas
-        busy = sum(r["ttft"] if role == "prefill" else
-                   r["e2e"] - r["ttft"] if role == "decode" else r["e2e"] for r in ok)
+        busy = sum(
+            r["ttft"]
+            if role == "prefill"
+            else r["e2e"] - r["ttft"]
+            if role == "decode"
+            else r["e2e"]
+            for r in ok
+        )
         rate, in_flight = len(ok) / seconds, busy / seconds
         input_rate = s["prompt_tokens"] / seconds
         output_rate = s["output_tokens"] / seconds
         hit = s["hit_rate"] or 0.0
-    return ProfilePoint(concurrency=float(concurrency), request_rate=rate,
-                        input_tokens_per_s=input_rate, output_tokens_per_s=output_rate,
-                        ttft_p50_s=s["ttft_p50"], ttft_p90_s=s["ttft_p90"],
-                        hit_rate=min(hit, 0.999), in_flight=in_flight, itl_s=s["itl_p50"],
-                        interactivity_p90=s["interactivity_p90"])
+    return ProfilePoint(
+        concurrency=float(concurrency),
+        request_rate=rate,
+        input_tokens_per_s=input_rate,
+        output_tokens_per_s=output_rate,
+        ttft_p50_s=s["ttft_p50"],
+        ttft_p90_s=s["ttft_p90"],
+        hit_rate=min(hit, 0.999),
+        in_flight=in_flight,
+        itl_s=s["itl_p50"],
+        interactivity_p90=s["interactivity_p90"],
+    )
 
 
-def engine_config(role: PoolRole, name: str, model: str, gpus_per_replica: int, hardware: str,
-                  parallelism: Parallelism, scheduler_flags: list[str],
-                  kv_capacity_tokens: int | None) -> EngineConfig:
-    return EngineConfig(name=name, role=role, model=model, gpus_per_replica=gpus_per_replica,
-                        hardware=hardware, parallelism=parallelism,
-                        scheduler_flags=tuple(scheduler_flags),
-                        kv_capacity_tokens=kv_capacity_tokens)
+def engine_config(
+    role: PoolRole,
+    name: str,
+    model: str,
+    gpus_per_replica: int,
+    hardware: str,
+    parallelism: Parallelism,
+    scheduler_flags: list[str],
+    kv_capacity_tokens: int | None,
+) -> EngineConfig:
+    return EngineConfig(
+        name=name,
+        role=role,
+        model=model,
+        gpus_per_replica=gpus_per_replica,
+        hardware=hardware,
+        parallelism=parallelism,
+        scheduler_flags=tuple(scheduler_flags),
+        kv_capacity_tokens=kv_capacity_tokens,
+    )

@@ -27,8 +27,7 @@ class MetricsSource(Protocol):
         """Counts since the previous call (or over the source's own window)."""
         ...
 
-    async def aclose(self) -> None:
-        ...
+    async def aclose(self) -> None: ...
 
 
 def parse_router_metrics(text: str, at: float) -> RouterSample:
@@ -54,8 +53,12 @@ class RouterScrapeSource:
     left out of this round (the others are not kept waiting) and counts from
     its last sample when it is back."""
 
-    def __init__(self, urls: Sequence[str] | None = None, client: httpx.AsyncClient | None = None,
-                 timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str] | None = None,
+        client: httpx.AsyncClient | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
         self.urls = list(urls or [])
         self.timeout_s = timeout_s
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
@@ -103,22 +106,31 @@ class PrometheusSource:
     over ``window_s``, summed by role over the series ``selector`` matches
     (e.g. ``namespace="serving",job="tandem-router"``)."""
 
-    def __init__(self, url: str, selector: str = "", window_s: float = 60.0,
-                 client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        selector: str = "",
+        window_s: float = 60.0,
+        client: httpx.AsyncClient | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
         self.url = url.rstrip("/")
         self.selector = selector
         self.window_s = window_s
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
 
     def query(self, counter: str) -> str:
-        return (f"sum by (role) (increase(tandem_router_pool_{counter}_total"
-                f"{{{self.selector}}}[{self.window_s:g}s]))")
+        return (
+            f"sum by (role) (increase(tandem_router_pool_{counter}_total"
+            f"{{{self.selector}}}[{self.window_s:g}s]))"
+        )
 
     async def window(self, now: float) -> Window | None:
         values: dict[PoolRole, dict[str, float]] = {}
         for counter in COUNTERS:
-            r = await self._client.get(f"{self.url}/api/v1/query",
-                                       params={"query": self.query(counter), "time": now})
+            r = await self._client.get(
+                f"{self.url}/api/v1/query", params={"query": self.query(counter), "time": now}
+            )
             r.raise_for_status()
             body = r.json()
             if body.get("status") != "success":

@@ -44,8 +44,7 @@ from typing import Literal, cast
 
 from .profiles import EngineProfile, PoolRole, ProfilePoint
 
-Limit = Literal["saturation", "profile-end", "one-point", "ttft_p90", "interactivity_p90",
-                "kv"]
+Limit = Literal["saturation", "profile-end", "one-point", "ttft_p90", "interactivity_p90", "kv"]
 Binding = Literal["demand", "budget", "slo", "kv", "capacity", "no-profile"]
 PlanKind = Literal["disaggregated", "aggregated"]
 
@@ -189,16 +188,20 @@ def _uncached(demand: Demand, point: ProfilePoint) -> float:
     return demand.mean_input_tokens * (1.0 - hit)
 
 
-def prefill_token_cost(profiles: Sequence[EngineProfile], model: str,
-                       hardware: str) -> float | None:
+def prefill_token_cost(
+    profiles: Sequence[EngineProfile], model: str, hardware: str
+) -> float | None:
     """Cost of one uncached prefill token in decode tokens on this hardware:
     saturated decode tokens/s per GPU over saturated uncached prefill tokens/s
     per GPU, from the profiles of the same model and hardware (None if either
     is missing)."""
+
     def best(role: PoolRole, rate: str) -> float | None:
-        rates = [max(getattr(pt, rate) for pt in p.points) / p.config.gpus_per_replica
-                 for p in profiles
-                 if p.role == role and p.config.model == model and p.config.hardware == hardware]
+        rates = [
+            max(getattr(pt, rate) for pt in p.points) / p.config.gpus_per_replica
+            for p in profiles
+            if p.role == role and p.config.model == model and p.config.hardware == hardware
+        ]
         return max(rates) if rates else None
 
     prefill = best("prefill", "uncached_tokens_per_s")
@@ -208,15 +211,19 @@ def prefill_token_cost(profiles: Sequence[EngineProfile], model: str,
     return decode / prefill
 
 
-def _sample(profile: EngineProfile, point: ProfilePoint, demand: Demand, e: float,
-            token_cost: float | None) -> _Sample:
+def _sample(
+    profile: EngineProfile, point: ProfilePoint, demand: Demand, e: float, token_cost: float | None
+) -> _Sample:
     role = profile.role
     context = demand.mean_input_tokens + demand.mean_output_tokens / 2.0
     uncached_d = _uncached(demand, point)
     uncached_p = point.mean_uncached_tokens
     hit = point.hit_rate if demand.hit_rate is None else demand.hit_rate
-    ttft = None if point.ttft_p90_s is None else (
-        point.ttft_p90_s * (uncached_d / uncached_p if uncached_p > 0 else 1.0) / e)
+    ttft = (
+        None
+        if point.ttft_p90_s is None
+        else (point.ttft_p90_s * (uncached_d / uncached_p if uncached_p > 0 else 1.0) / e)
+    )
     if role == "prefill":
         capacity = point.uncached_tokens_per_s * e / max(uncached_d, 1.0)
         return _Sample(capacity, point.in_flight, ttft, None, None, hit)
@@ -246,32 +253,55 @@ def _violations(s: _Sample, slo: Slo, kv_capacity: int | None) -> list[tuple[Lim
     return out
 
 
-def operating_point(profile: EngineProfile, demand: Demand, slo: Slo, efficiency: float = 1.0,
-                    token_cost: float | None = None) -> OperatingPoint | Rejection:
+def operating_point(
+    profile: EngineProfile,
+    demand: Demand,
+    slo: Slo,
+    efficiency: float = 1.0,
+    token_cost: float | None = None,
+) -> OperatingPoint | Rejection:
     """A replica's capacity for this demand at the highest load within the
     SLOs and KV, or why no load is."""
     c = profile.config
-    if c.role in ("decode", "aggregated") and slo.interactivity_p90 is not None \
-            and any(p.interactivity_p90 is None for p in profile.points):
-        return Rejection(c.name, f"{c.name}: the profile has no P90 interactivity to check the "
-                         f"SLO against", "profile")
-    if c.role in ("prefill", "aggregated") and slo.ttft_p90_s is not None \
-            and any(p.ttft_p90_s is None for p in profile.points):
-        return Rejection(c.name, f"{c.name}: the profile has no TTFT p90 to check the SLO "
-                         f"against", "profile")
+    if (
+        c.role in ("decode", "aggregated")
+        and slo.interactivity_p90 is not None
+        and any(p.interactivity_p90 is None for p in profile.points)
+    ):
+        return Rejection(
+            c.name,
+            f"{c.name}: the profile has no P90 interactivity to check the SLO against",
+            "profile",
+        )
+    if (
+        c.role in ("prefill", "aggregated")
+        and slo.ttft_p90_s is not None
+        and any(p.ttft_p90_s is None for p in profile.points)
+    ):
+        return Rejection(
+            c.name, f"{c.name}: the profile has no TTFT p90 to check the SLO against", "profile"
+        )
     context = demand.mean_input_tokens + demand.mean_output_tokens / 2.0
-    if c.role != "prefill" and c.kv_capacity_tokens is not None \
-            and context > c.kv_capacity_tokens:
-        return Rejection(c.name, f"{c.name}: one request of {context:,.0f} tokens exceeds the "
-                         f"replica's KV capacity of {c.kv_capacity_tokens:,} tokens", "kv")
+    if c.role != "prefill" and c.kv_capacity_tokens is not None and context > c.kv_capacity_tokens:
+        return Rejection(
+            c.name,
+            f"{c.name}: one request of {context:,.0f} tokens exceeds the "
+            f"replica's KV capacity of {c.kv_capacity_tokens:,} tokens",
+            "kv",
+        )
     measured = [_sample(profile, p, demand, efficiency, token_cost) for p in profile.points]
     # Below the lowest profiled load: nothing in flight, latencies at their
     # lowest profiled values (they do not fall further with less load), so
     # only the KV limit can be met there by serving less.
     first = measured[0]
-    idle = _Sample(0.0, None if first.in_flight is None else 0.0, first.ttft_p90_s,
-                   first.interactivity_p90,
-                   None if first.kv_tokens is None else 0.0, first.hit_rate)
+    idle = _Sample(
+        0.0,
+        None if first.in_flight is None else 0.0,
+        first.ttft_p90_s,
+        first.interactivity_p90,
+        None if first.kv_tokens is None else 0.0,
+        first.hit_rate,
+    )
     samples = [idle, *measured]
     margins = [_violations(s, slo, c.kv_capacity_tokens) for s in samples]
     if any(m < 0 for _, m in margins[0]):
@@ -298,12 +328,20 @@ def operating_point(profile: EngineProfile, demand: Demand, slo: Slo, efficiency
         elif best is samples[-1] and best.capacity_rps > 1.05 * samples[-2].capacity_rps:
             best_limit = "profile-end"
     saturation = _saturation(samples, margins)
-    return OperatingPoint(config=c.name, role=c.role, gpus_per_replica=c.gpus_per_replica,
-                          capacity_rps=best.capacity_rps, saturation_rps=saturation,
-                          unconstrained_rps=max(s.capacity_rps for s in samples),
-                          limit=best_limit, in_flight=best.in_flight,
-                          ttft_p90_s=best.ttft_p90_s, interactivity_p90=best.interactivity_p90,
-                          hit_rate=best.hit_rate, efficiency=efficiency)
+    return OperatingPoint(
+        config=c.name,
+        role=c.role,
+        gpus_per_replica=c.gpus_per_replica,
+        capacity_rps=best.capacity_rps,
+        saturation_rps=saturation,
+        unconstrained_rps=max(s.capacity_rps for s in samples),
+        limit=best_limit,
+        in_flight=best.in_flight,
+        ttft_p90_s=best.ttft_p90_s,
+        interactivity_p90=best.interactivity_p90,
+        hit_rate=best.hit_rate,
+        efficiency=efficiency,
+    )
 
 
 def _saturation(samples: list[_Sample], margins: list[list[tuple[Limit, float]]]) -> float:
@@ -324,26 +362,38 @@ def _interpolate(a: _Sample, b: _Sample, t: float) -> _Sample:
     def lerp(x: float | None, y: float | None) -> float | None:
         return None if x is None or y is None else x + (y - x) * t
 
-    return _Sample(capacity_rps=a.capacity_rps + (b.capacity_rps - a.capacity_rps) * t,
-                   in_flight=lerp(a.in_flight, b.in_flight),
-                   ttft_p90_s=lerp(a.ttft_p90_s, b.ttft_p90_s),
-                   interactivity_p90=lerp(a.interactivity_p90, b.interactivity_p90),
-                   kv_tokens=lerp(a.kv_tokens, b.kv_tokens),
-                   hit_rate=a.hit_rate + (b.hit_rate - a.hit_rate) * t)
+    return _Sample(
+        capacity_rps=a.capacity_rps + (b.capacity_rps - a.capacity_rps) * t,
+        in_flight=lerp(a.in_flight, b.in_flight),
+        ttft_p90_s=lerp(a.ttft_p90_s, b.ttft_p90_s),
+        interactivity_p90=lerp(a.interactivity_p90, b.interactivity_p90),
+        kv_tokens=lerp(a.kv_tokens, b.kv_tokens),
+        hit_rate=a.hit_rate + (b.hit_rate - a.hit_rate) * t,
+    )
 
 
-def _rejection(profile: EngineProfile, s: _Sample, margins: list[tuple[Limit, float]],
-               slo: Slo) -> Rejection:
+def _rejection(
+    profile: EngineProfile, s: _Sample, margins: list[tuple[Limit, float]], slo: Slo
+) -> Rejection:
     name = profile.config.name
     limit = min(margins, key=lambda nm: nm[1])[0]
     if limit == "ttft_p90":
         assert s.ttft_p90_s is not None and slo.ttft_p90_s is not None
-        return Rejection(name, f"{name}: TTFT p90 is {s.ttft_p90_s:.2f} s already at the lowest "
-                         f"profiled load (SLO {slo.ttft_p90_s:g} s)", limit, s.ttft_p90_s)
+        return Rejection(
+            name,
+            f"{name}: TTFT p90 is {s.ttft_p90_s:.2f} s already at the lowest "
+            f"profiled load (SLO {slo.ttft_p90_s:g} s)",
+            limit,
+            s.ttft_p90_s,
+        )
     assert s.interactivity_p90 is not None and slo.interactivity_p90 is not None
-    return Rejection(name, f"{name}: P90 interactivity is {s.interactivity_p90:.1f} tok/s "
-                     f"already at the lowest profiled load (SLO {slo.interactivity_p90:g})",
-                     limit, s.interactivity_p90)
+    return Rejection(
+        name,
+        f"{name}: P90 interactivity is {s.interactivity_p90:.1f} tok/s "
+        f"already at the lowest profiled load (SLO {slo.interactivity_p90:g})",
+        limit,
+        s.interactivity_p90,
+    )
 
 
 # -- sizing -----------------------------------------------------------------------
@@ -351,19 +401,29 @@ def _rejection(profile: EngineProfile, s: _Sample, margins: list[tuple[Limit, fl
 
 def _pool(point: OperatingPoint, replicas: int, demand_rps: float | None) -> PoolPlan:
     capacity = replicas * point.capacity_rps
-    return PoolPlan(role=point.role, config=point.config, replicas=replicas,
-                    gpus=replicas * point.gpus_per_replica, capacity_rps=capacity,
-                    utilization=None if demand_rps is None else demand_rps / capacity,
-                    point=point)
+    return PoolPlan(
+        role=point.role,
+        config=point.config,
+        replicas=replicas,
+        gpus=replicas * point.gpus_per_replica,
+        capacity_rps=capacity,
+        utilization=None if demand_rps is None else demand_rps / capacity,
+        point=point,
+    )
 
 
 def _groups(need_rps: float, per_group_rps: float) -> int:
     return math.ceil(need_rps / per_group_rps * (1 - _EPS))
 
 
-def size_disaggregated(prefill: OperatingPoint, decode: OperatingPoint, need_rps: float | None,
-                       budget: int | None, min_replicas: int,
-                       demand_rps: float | None) -> Plan | None:
+def size_disaggregated(
+    prefill: OperatingPoint,
+    decode: OperatingPoint,
+    need_rps: float | None,
+    budget: int | None,
+    min_replicas: int,
+    demand_rps: float | None,
+) -> Plan | None:
     """The integer (P, D): with a need that fits the budget, the fewest GPUs
     meeting it; otherwise the most capacity within the budget (ties: fewer
     GPUs). None when even the minimum pools exceed the budget."""
@@ -373,8 +433,9 @@ def size_disaggregated(prefill: OperatingPoint, decode: OperatingPoint, need_rps
         p = max(min_replicas, _groups(need_rps, a))
         d = max(min_replicas, _groups(need_rps, b))
         if budget is None or p * gp + d * gd <= budget:
-            return Plan("disaggregated", (_pool(prefill, p, demand_rps),
-                                          _pool(decode, d, demand_rps)))
+            return Plan(
+                "disaggregated", (_pool(prefill, p, demand_rps), _pool(decode, d, demand_rps))
+            )
     if budget is None:
         raise ValueError("nothing to size against: neither a request rate nor a GPU budget")
     best: tuple[float, int, int, int] | None = None  # (capacity, gpus, p, d)
@@ -382,20 +443,28 @@ def size_disaggregated(prefill: OperatingPoint, decode: OperatingPoint, need_rps
     while p * gp + min_replicas * gd <= budget:
         d_max = (budget - p * gp) // gd
         balanced = p * a / b
-        for d in {min(d_max, max(min_replicas, math.floor(balanced))),
-                  min(d_max, max(min_replicas, math.ceil(balanced)))}:
+        for d in {
+            min(d_max, max(min_replicas, math.floor(balanced))),
+            min(d_max, max(min_replicas, math.ceil(balanced))),
+        }:
             cap, gpus = min(p * a, d * b), p * gp + d * gd
             if best is None or _outranks(cap, gpus, best[0], best[1], None):
                 best = (cap, gpus, p, d)
         p += 1
     if best is None:
         return None
-    return Plan("disaggregated", (_pool(prefill, best[2], demand_rps),
-                                  _pool(decode, best[3], demand_rps)))
+    return Plan(
+        "disaggregated", (_pool(prefill, best[2], demand_rps), _pool(decode, best[3], demand_rps))
+    )
 
 
-def size_aggregated(point: OperatingPoint, need_rps: float | None, budget: int | None,
-                    min_replicas: int, demand_rps: float | None) -> Plan | None:
+def size_aggregated(
+    point: OperatingPoint,
+    need_rps: float | None,
+    budget: int | None,
+    min_replicas: int,
+    demand_rps: float | None,
+) -> Plan | None:
     g = point.gpus_per_replica
     if need_rps is not None:
         n = max(min_replicas, _groups(need_rps, point.capacity_rps))
@@ -409,8 +478,7 @@ def size_aggregated(point: OperatingPoint, need_rps: float | None, budget: int |
     return Plan("aggregated", (_pool(point, n, demand_rps),))
 
 
-def _outranks(cap_a: float, gpus_a: int, cap_b: float, gpus_b: int,
-              need_rps: float | None) -> bool:
+def _outranks(cap_a: float, gpus_a: int, cap_b: float, gpus_b: int, need_rps: float | None) -> bool:
     """Does (capacity a, GPUs a) beat b: meeting the need first, then fewer
     GPUs (more goodput per GPU), then more capacity; unmet, more capacity
     then fewer GPUs. Capacities within rounding count as equal."""
@@ -431,20 +499,28 @@ def _better(a: Plan, b: Plan, need_rps: float | None) -> bool:
 # -- the decision -----------------------------------------------------------------
 
 
-def _operating_points(problem: Problem) -> tuple[dict[PoolRole, list[tuple[OperatingPoint, str]]],
-                                                 list[Rejection]]:
+def _operating_points(
+    problem: Problem,
+) -> tuple[dict[PoolRole, list[tuple[OperatingPoint, str]]], list[Rejection]]:
     rejected: list[Rejection] = []
     points: dict[PoolRole, list[tuple[OperatingPoint, str]]] = {
-        "prefill": [], "decode": [], "aggregated": []}
+        "prefill": [],
+        "decode": [],
+        "aggregated": [],
+    }
     for profile in problem.profiles:
         c = profile.config
         if c.name in problem.refused:
             rejected.append(Rejection(c.name, problem.refused[c.name], "capacity"))
             continue
-        cost = prefill_token_cost(problem.profiles, c.model, c.hardware) \
-            if c.role == "aggregated" else None
-        op = operating_point(profile, problem.demand, problem.slo,
-                             problem.efficiency.get(c.name, 1.0), cost)
+        cost = (
+            prefill_token_cost(problem.profiles, c.model, c.hardware)
+            if c.role == "aggregated"
+            else None
+        )
+        op = operating_point(
+            profile, problem.demand, problem.slo, problem.efficiency.get(c.name, 1.0), cost
+        )
         if isinstance(op, Rejection):
             rejected.append(op)
         else:
@@ -452,8 +528,9 @@ def _operating_points(problem: Problem) -> tuple[dict[PoolRole, list[tuple[Opera
     return points, rejected
 
 
-def fixed_plan(problem: Problem, replicas: Mapping[str, int],
-               configs: Mapping[str, str]) -> Plan | Rejection:
+def fixed_plan(
+    problem: Problem, replicas: Mapping[str, int], configs: Mapping[str, str]
+) -> Plan | Rejection:
     """What a given sizing (role → replicas, role → configuration name)
     serves within the SLOs for the problem's demand, or why it cannot."""
     points, rejected = _operating_points(problem)
@@ -484,8 +561,9 @@ def solve(problem: Problem) -> Decision:
         for dec, dec_model in points["decode"]:
             if dec_model != model:
                 continue
-            plan = size_disaggregated(pre, dec, need, problem.budget_gpus,
-                                      problem.min_replicas, demand_rps)
+            plan = size_disaggregated(
+                pre, dec, need, problem.budget_gpus, problem.min_replicas, demand_rps
+            )
             if plan is None:
                 over_budget.append(f"{pre.config} + {dec.config}")
             elif best_disagg is None or _better(plan, best_disagg, need):
@@ -506,11 +584,19 @@ def solve(problem: Problem) -> Decision:
             plan = other
     meets = need is not None and plan.capacity_rps >= need * (1 - _EPS)
     binding = _binding(plan, meets, need, problem.min_replicas)
-    reasons, changes = _explain(problem, plan, binding, meets, need, best_disagg, best_agg,
-                                rejected)
-    return Decision(plan=plan, meets_demand=meets, binding=binding, reasons=tuple(reasons),
-                    changes=tuple(changes), best_disaggregated=best_disagg,
-                    best_aggregated=best_agg, rejected=tuple(rejected))
+    reasons, changes = _explain(
+        problem, plan, binding, meets, need, best_disagg, best_agg, rejected
+    )
+    return Decision(
+        plan=plan,
+        meets_demand=meets,
+        binding=binding,
+        reasons=tuple(reasons),
+        changes=tuple(changes),
+        best_disaggregated=best_disagg,
+        best_aggregated=best_agg,
+        rejected=tuple(rejected),
+    )
 
 
 def _binding(plan: Plan, meets: bool, need: float | None, min_replicas: int) -> Binding:
@@ -522,8 +608,10 @@ def _binding(plan: Plan, meets: bool, need: float | None, min_replicas: int) -> 
     for pool in plan.pools:
         pt = pool.point
         without = pt.unconstrained_rps if pt.limit == "kv" else pt.saturation_rps
-        if pt.limit in ("ttft_p90", "interactivity_p90", "kv") \
-                and max(min_replicas, _groups(need, without)) < pool.replicas:
+        if (
+            pt.limit in ("ttft_p90", "interactivity_p90", "kv")
+            and max(min_replicas, _groups(need, without)) < pool.replicas
+        ):
             return "kv" if pt.limit == "kv" else "slo"
     return "demand"
 
@@ -535,19 +623,25 @@ def _no_plan(problem: Problem, rejected: list[Rejection], over_budget: list[str]
     if over_budget:
         binding = "budget"
         smallest = _smallest_gpus(problem)
-        reasons.append(f"the GPU budget ({problem.budget_gpus}) is below the minimum pools of "
-                       f"every configuration ({', '.join(over_budget)})")
+        reasons.append(
+            f"the GPU budget ({problem.budget_gpus}) is below the minimum pools of "
+            f"every configuration ({', '.join(over_budget)})"
+        )
         changes.append(f"raise the GPU budget to at least {smallest}")
     elif not problem.profiles:
         binding = "no-profile"
         reasons.append("no engine profile to size from")
-        changes.append("take a profile (tandem profile --role …) or write one from published "
-                       "figures, and list it in the scaling spec")
+        changes.append(
+            "take a profile (tandem profile --role …) or write one from published "
+            "figures, and list it in the scaling spec"
+        )
     elif rejected and all(r.limit == "capacity" for r in rejected):
         binding = "capacity"
         reasons.extend(r.reason for r in rejected)
-        changes.append("use more context parallelism (DCP/PCP), a smaller KV dtype, or a "
-                       "shorter longest context")
+        changes.append(
+            "use more context parallelism (DCP/PCP), a smaller KV dtype, or a "
+            "shorter longest context"
+        )
     else:
         binding = "slo"
         reasons.extend(r.reason for r in rejected)
@@ -555,10 +649,18 @@ def _no_plan(problem: Problem, rejected: list[Rejection], over_budget: list[str]
     roles = {p.role for p in problem.profiles}
     if binding == "slo" and not ({"prefill", "decode"} <= roles or "aggregated" in roles):
         binding = "no-profile"
-        reasons.append(f"profiles cover only {sorted(roles)}: a plan needs prefill and decode "
-                       f"profiles, or an aggregated one")
-    return Decision(plan=None, meets_demand=False, binding=binding, reasons=tuple(reasons),
-                    changes=tuple(changes), rejected=tuple(rejected))
+        reasons.append(
+            f"profiles cover only {sorted(roles)}: a plan needs prefill and decode "
+            f"profiles, or an aggregated one"
+        )
+    return Decision(
+        plan=None,
+        meets_demand=False,
+        binding=binding,
+        reasons=tuple(reasons),
+        changes=tuple(changes),
+        rejected=tuple(rejected),
+    )
 
 
 def _smallest_gpus(problem: Problem) -> int:
@@ -577,16 +679,22 @@ def _slo_changes(problem: Problem, rejected: list[Rejection]) -> list[str]:
     ttft = [r.best_value for r in rejected if r.limit == "ttft_p90" and r.best_value]
     inter = [r.best_value for r in rejected if r.limit == "interactivity_p90" and r.best_value]
     if ttft:
-        out.append(f"relax the TTFT p90 SLO to at least {min(ttft):.2f} s (the best any "
-                   f"profile reaches), or profile a faster prefill configuration")
+        out.append(
+            f"relax the TTFT p90 SLO to at least {min(ttft):.2f} s (the best any "
+            f"profile reaches), or profile a faster prefill configuration"
+        )
     if inter:
-        out.append(f"relax the P90 interactivity SLO to at most {max(inter):.1f} tok/s (the "
-                   f"best any profile reaches), or profile a faster decode configuration")
+        out.append(
+            f"relax the P90 interactivity SLO to at most {max(inter):.1f} tok/s (the "
+            f"best any profile reaches), or profile a faster decode configuration"
+        )
     if any(r.limit == "kv" for r in rejected):
         out.append("give decode replicas more KV capacity, or serve shorter contexts")
     if any(r.limit == "profile" for r in rejected):
-        out.append("measure the configurations (tandem profile) so the SLO can be checked, or "
-                   "drop that SLO")
+        out.append(
+            "measure the configurations (tandem profile) so the SLO can be checked, or "
+            "drop that SLO"
+        )
     return out
 
 
@@ -594,93 +702,149 @@ def _fmt_rps(x: float) -> str:
     return f"{x:,.0f} req/s" if x >= 100 else f"{x:.3g} req/s"
 
 
-def _explain(problem: Problem, plan: Plan, binding: Binding, meets: bool, need: float | None,
-             best_disagg: Plan | None, best_agg: Plan | None,
-             rejected: list[Rejection]) -> tuple[list[str], list[str]]:
+def _explain(
+    problem: Problem,
+    plan: Plan,
+    binding: Binding,
+    meets: bool,
+    need: float | None,
+    best_disagg: Plan | None,
+    best_agg: Plan | None,
+    rejected: list[Rejection],
+) -> tuple[list[str], list[str]]:
     demand_rps = problem.demand.request_rate
     reasons: list[str] = []
     changes: list[str] = []
     if demand_rps is None:
-        reasons.append(f"sized for the GPU budget alone ({problem.budget_gpus} GPUs): "
-                       f"{plan.label()} serves {_fmt_rps(plan.capacity_rps)} within the SLOs")
+        reasons.append(
+            f"sized for the GPU budget alone ({problem.budget_gpus} GPUs): "
+            f"{plan.label()} serves {_fmt_rps(plan.capacity_rps)} within the SLOs"
+        )
     elif meets:
-        bound = {"demand": "demand-bound", "slo": "SLO-bound (the SLOs cost groups)",
-                 "kv": "KV-bound (the context length costs decode groups)"}[binding]
-        reasons.append(f"{bound}: {_fmt_rps(demand_rps)} × headroom {problem.headroom:g} "
-                       f"= {_fmt_rps(need or 0)} met by {plan.label()} on {plan.gpus} GPUs "
-                       f"({_fmt_rps(plan.capacity_rps / plan.gpus)} per GPU)")
+        bound = {
+            "demand": "demand-bound",
+            "slo": "SLO-bound (the SLOs cost groups)",
+            "kv": "KV-bound (the context length costs decode groups)",
+        }[binding]
+        reasons.append(
+            f"{bound}: {_fmt_rps(demand_rps)} × headroom {problem.headroom:g} "
+            f"= {_fmt_rps(need or 0)} met by {plan.label()} on {plan.gpus} GPUs "
+            f"({_fmt_rps(plan.capacity_rps / plan.gpus)} per GPU)"
+        )
     else:
-        reasons.append(f"budget-bound: {problem.budget_gpus} GPUs serve at most "
-                       f"{_fmt_rps(plan.capacity_rps)} ({plan.label()}) of the "
-                       f"{_fmt_rps(need or 0)} needed")
+        reasons.append(
+            f"budget-bound: {problem.budget_gpus} GPUs serve at most "
+            f"{_fmt_rps(plan.capacity_rps)} ({plan.label()}) of the "
+            f"{_fmt_rps(need or 0)} needed"
+        )
     for pool in plan.pools:
         pt = pool.point
-        limit = {"saturation": "saturation (throughput stops growing)",
-                 "profile-end": "the highest profiled load (throughput was still growing: "
-                                "profile further)",
-                 "one-point": "its one profiled operating point (no load sweep)",
-                 "ttft_p90": "the TTFT p90 SLO",
-                 "interactivity_p90": "the P90 interactivity SLO",
-                 "kv": "KV capacity at this context"}[pt.limit]
+        limit = {
+            "saturation": "saturation (throughput stops growing)",
+            "profile-end": "the highest profiled load (throughput was still growing: "
+            "profile further)",
+            "one-point": "its one profiled operating point (no load sweep)",
+            "ttft_p90": "the TTFT p90 SLO",
+            "interactivity_p90": "the P90 interactivity SLO",
+            "kv": "KV capacity at this context",
+        }[pt.limit]
         util = "" if pool.utilization is None else f", utilization {pool.utilization:.0%}"
-        reasons.append(f"{pool.role} ({pool.config}): {pool.replicas} × "
-                       f"{_fmt_rps(pt.capacity_rps)} per group, limited by {limit}{util}")
+        reasons.append(
+            f"{pool.role} ({pool.config}): {pool.replicas} × "
+            f"{_fmt_rps(pt.capacity_rps)} per group, limited by {limit}{util}"
+        )
         if pt.limit in ("ttft_p90", "interactivity_p90") and pt.saturation_rps > pt.capacity_rps:
-            changes.append(f"{pool.role}: without the {pt.limit.replace('_', ' ')} SLO a group "
-                           f"would take {_fmt_rps(pt.saturation_rps)} instead of "
-                           f"{_fmt_rps(pt.capacity_rps)}")
+            changes.append(
+                f"{pool.role}: without the {pt.limit.replace('_', ' ')} SLO a group "
+                f"would take {_fmt_rps(pt.saturation_rps)} instead of "
+                f"{_fmt_rps(pt.capacity_rps)}"
+            )
         if pt.limit == "kv" and pt.unconstrained_rps > pt.capacity_rps:
-            changes.append(f"{pool.role}: with KV for more concurrent requests at this context a "
-                           f"group would take up to {_fmt_rps(pt.unconstrained_rps)} instead of "
-                           f"{_fmt_rps(pt.capacity_rps)}")
+            changes.append(
+                f"{pool.role}: with KV for more concurrent requests at this context a "
+                f"group would take up to {_fmt_rps(pt.unconstrained_rps)} instead of "
+                f"{_fmt_rps(pt.capacity_rps)}"
+            )
     ratio = plan.ratio
     if ratio is not None:
         pre, dec = plan.pool("prefill"), plan.pool("decode")
         assert pre is not None and dec is not None
-        gpus = "" if pre.point.gpus_per_replica == dec.point.gpus_per_replica else (
-            f"; GPUs {pre.gpus}:{dec.gpus}")
-        reasons.append(f"P/D = {pre.replicas}/{dec.replicas} = {ratio:.2f} (per-group capacities "
-                       f"{_fmt_rps(pre.point.capacity_rps)} prefill vs "
-                       f"{_fmt_rps(dec.point.capacity_rps)} decode: the faster side gets fewer "
-                       f"groups; balance at {dec.point.capacity_rps / pre.point.capacity_rps:.2f}"
-                       f"{gpus})")
+        gpus = (
+            ""
+            if pre.point.gpus_per_replica == dec.point.gpus_per_replica
+            else (f"; GPUs {pre.gpus}:{dec.gpus}")
+        )
+        reasons.append(
+            f"P/D = {pre.replicas}/{dec.replicas} = {ratio:.2f} (per-group capacities "
+            f"{_fmt_rps(pre.point.capacity_rps)} prefill vs "
+            f"{_fmt_rps(dec.point.capacity_rps)} decode: the faster side gets fewer "
+            f"groups; balance at {dec.point.capacity_rps / pre.point.capacity_rps:.2f}"
+            f"{gpus})"
+        )
     if meets and demand_rps is not None:
         first = min(plan.pools, key=lambda p: p.capacity_rps)
         holds = plan.capacity_rps / problem.headroom
-        changes.append(f"holds up to {_fmt_rps(holds)} of demand (+{holds / demand_rps - 1:.0%});"
-                       f" beyond it the {first.role} pool needs another group")
+        changes.append(
+            f"holds up to {_fmt_rps(holds)} of demand (+{holds / demand_rps - 1:.0%});"
+            f" beyond it the {first.role} pool needs another group"
+        )
         for pool in plan.pools:
             if pool.replicas > problem.min_replicas:
                 drop = (pool.replicas - 1) * pool.point.capacity_rps / problem.headroom
-                changes.append(f"below {_fmt_rps(drop)} of demand the {pool.role} pool can drop "
-                               f"a group")
+                changes.append(
+                    f"below {_fmt_rps(drop)} of demand the {pool.role} pool can drop a group"
+                )
     elif need is not None and problem.budget_gpus is not None:
-        unbounded = solve(Problem(problem.profiles, problem.demand, problem.slo, None,
-                                  problem.headroom, problem.min_replicas, problem.efficiency,
-                                  problem.refused))
+        unbounded = solve(
+            Problem(
+                problem.profiles,
+                problem.demand,
+                problem.slo,
+                None,
+                problem.headroom,
+                problem.min_replicas,
+                problem.efficiency,
+                problem.refused,
+            )
+        )
         if unbounded.plan is not None:
             extra = unbounded.plan.gpus - problem.budget_gpus
-            changes.append(f"meeting {_fmt_rps(need)} needs {unbounded.plan.gpus} GPUs "
-                           f"({unbounded.plan.label()}): raise the budget by {extra}")
+            changes.append(
+                f"meeting {_fmt_rps(need)} needs {unbounded.plan.gpus} GPUs "
+                f"({unbounded.plan.label()}): raise the budget by {extra}"
+            )
     _compare_kinds(plan, best_disagg, best_agg, need, reasons)
     for r in rejected:
         reasons.append(f"not used: {r.reason}")
     return reasons, changes
 
 
-def _compare_kinds(plan: Plan, best_disagg: Plan | None, best_agg: Plan | None,
-                   need: float | None, reasons: list[str]) -> None:
+def _compare_kinds(
+    plan: Plan,
+    best_disagg: Plan | None,
+    best_agg: Plan | None,
+    need: float | None,
+    reasons: list[str],
+) -> None:
     def summary(p: Plan) -> str:
-        return (f"{p.label()}: {_fmt_rps(p.capacity_rps)} on {p.gpus} GPUs "
-                f"({_fmt_rps(p.capacity_rps / p.gpus)} per GPU)")
+        return (
+            f"{p.label()}: {_fmt_rps(p.capacity_rps)} on {p.gpus} GPUs "
+            f"({_fmt_rps(p.capacity_rps / p.gpus)} per GPU)"
+        )
 
     if plan.kind == "aggregated":
         if best_disagg is not None:
-            reasons.append(f"disaggregation does not pay here: best P/D plan {summary(best_disagg)}"
-                           f" against {summary(plan)}")
+            reasons.append(
+                f"disaggregation does not pay here: best P/D plan {summary(best_disagg)}"
+                f" against {summary(plan)}"
+            )
         else:
-            reasons.append("no disaggregated plan meets the SLOs (or no prefill and decode "
-                           "profiles of one model): aggregated it is")
+            reasons.append(
+                "no disaggregated plan meets the SLOs (or no prefill and decode "
+                "profiles of one model): aggregated it is"
+            )
     elif best_agg is not None:
-        reasons.append(f"disaggregation pays: {summary(plan)} against the best aggregated plan "
-                       f"{summary(best_agg)}")
+        reasons.append(
+            f"disaggregation pays: {summary(plan)} against the best aggregated plan "
+            f"{summary(best_agg)}"
+        )

@@ -50,13 +50,17 @@ class EngineSettings(EngineHostSettings):
         decode consumes it and, when the pull fails (prefill gone), recomputes
         the prompt locally instead of failing the request.
         """
-        nixl = None if self.role == Role.BOTH else {
-            "kv_connector": "NixlConnector",
-            "kv_role": "kv_producer" if self.role == Role.PREFILL else "kv_consumer",
-            "kv_buffer_device": device,
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"kv_lease_duration": self.kv_lease_s},
-        }
+        nixl = (
+            None
+            if self.role == Role.BOTH
+            else {
+                "kv_connector": "NixlConnector",
+                "kv_role": "kv_producer" if self.role == Role.PREFILL else "kv_consumer",
+                "kv_buffer_device": device,
+                "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {"kv_lease_duration": self.kv_lease_s},
+            }
+        )
         if self.kv_store_config is None:
             return nixl
         # With the shared KV store: NIXL for the hand-off plus the store for
@@ -85,15 +89,21 @@ def build_parser(default_role: Role | None = None) -> Any:
     )
     own = parser.add_argument_group("engine host")
     # vLLM's help formatter prints every default itself.
-    add_arguments(own, EngineSettings, ENV_PREFIX,
-                  defaults={"role": default_role} if default_role else None,
-                  show_defaults=False)
+    add_arguments(
+        own,
+        EngineSettings,
+        ENV_PREFIX,
+        defaults={"role": default_role} if default_role else None,
+        show_defaults=False,
+    )
     AsyncEngineArgs.add_cli_args(parser)
     return parser
 
 
-def parse_settings(argv: list[str] | None = None, default_role: Role | None = None,
-                   ) -> EngineSettings:
+def parse_settings(
+    argv: list[str] | None = None,
+    default_role: Role | None = None,
+) -> EngineSettings:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from common.model import resolve_model
@@ -117,13 +127,15 @@ def parse_settings(argv: list[str] | None = None, default_role: Role | None = No
     if role != Role.BOTH and engine_args.kv_transfer_config is not None:
         # An explicit --kv-transfer-config wins; it must still fit the role.
         kv_role = engine_args.kv_transfer_config.kv_role
-        if kv_role not in ("kv_both",
-                           "kv_producer" if role == Role.PREFILL else "kv_consumer"):
+        if kv_role not in ("kv_both", "kv_producer" if role == Role.PREFILL else "kv_consumer"):
             parser.error(f"--kv-transfer-config kv_role={kv_role!r} does not fit --role {role}")
     if engine_args.prefill_schedule_interval > 1 and engine_args.data_parallel_size <= 1:
-        log.warning("--prefill-schedule-interval %d has no effect: vLLM applies it only "
-                    "across the data-parallel ranks of a mixture-of-experts model "
-                    "(--data-parallel-size > 1)", engine_args.prefill_schedule_interval)
+        log.warning(
+            "--prefill-schedule-interval %d has no effect: vLLM applies it only "
+            "across the data-parallel ranks of a mixture-of-experts model "
+            "(--data-parallel-size > 1)",
+            engine_args.prefill_schedule_interval,
+        )
     if args.kv_store_config is not None and engine_args.kv_transfer_config is None:
         from services.kvstore.engine import check_store
 
@@ -137,5 +149,11 @@ def parse_settings(argv: list[str] | None = None, default_role: Role | None = No
 
 def describe(settings: EngineSettings) -> str:
     ea = settings.engine_args
-    return json.dumps({"role": settings.role, "grpc": f"{settings.host}:{settings.grpc_port}",
-                       "metrics_port": settings.metrics_port, "model": ea.model})
+    return json.dumps(
+        {
+            "role": settings.role,
+            "grpc": f"{settings.host}:{settings.grpc_port}",
+            "metrics_port": settings.metrics_port,
+            "model": ea.model,
+        }
+    )

@@ -35,8 +35,10 @@ class KvLeaseWorkerExtension:
         connector = get_kv_transfer_group()
         # A MultiConnector (NIXL beside the KV store) holds its connectors.
         connectors = [connector, *getattr(connector, "sub_connectors", [])]
-        return sum(len(getattr(getattr(c, "connector_worker", None), "_reqs_to_send", ()))
-                   for c in connectors)
+        return sum(
+            len(getattr(getattr(c, "connector_worker", None), "_reqs_to_send", ()))
+            for c in connectors
+        )
 
 
 async def held_kv_leases(engine: Any) -> int:
@@ -56,18 +58,19 @@ async def wait_kv_leases(engine: Any, timeout_s: float, poll_s: float = 0.2) -> 
         async with asyncio.timeout(timeout_s):
             held = await held_kv_leases(engine)
             if held:
-                log.info("waiting for %d KV lease(s) to be pulled or released (up to %.0fs)",
-                         held, timeout_s)
+                log.info(
+                    "waiting for %d KV lease(s) to be pulled or released (up to %.0fs)",
+                    held,
+                    timeout_s,
+                )
             while held:
                 await asyncio.sleep(poll_s)
                 held = await held_kv_leases(engine)
     except TimeoutError:
         if held is None:
-            log.warning("the engine did not say which KV leases it holds within %.1fs",
-                        timeout_s)
+            log.warning("the engine did not say which KV leases it holds within %.1fs", timeout_s)
         else:
-            log.warning("grace period over with %d KV lease(s) held: their KV is dropped",
-                        held)
+            log.warning("grace period over with %d KV lease(s) held: their KV is dropped", held)
         return held
     except EngineDeadError:
         log.warning("the engine died: the KV leases it held are gone")

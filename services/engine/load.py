@@ -61,8 +61,9 @@ class LoadTracker:
             def __init__(self, vllm_config, engine_index: int = 0):
                 pass
 
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
-                       engine_idx: int = 0):
+            def record(
+                self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0
+            ):
                 tracker.engine_stepped(time.monotonic())
                 if scheduler_stats is not None:
                     tracker.latest = LoadSnapshot(

@@ -33,12 +33,26 @@ from common.scheduler import SETTINGS
 
 # From a few milliseconds (a cached prompt) to minutes (a long prompt queued
 # behind others on a busy CPU).
-_PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
-                  40.0, 80.0, 160.0)
+_PHASE_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
 
 
-def request_phases(stats: Any, remote_kv: bool,
-                   received: float | None = None) -> dict[str, float]:
+def request_phases(stats: Any, remote_kv: bool, received: float | None = None) -> dict[str, float]:
     """Seconds per phase of one request from vLLM's ``RequestStateStats`` as
     it stands at the request's first output, and from `received`, the
     host's ``time.monotonic()`` when the request reached it; empty when vLLM
@@ -56,54 +70,84 @@ def request_phases(stats: Any, remote_kv: bool,
 class EngineMetrics:
     def __init__(self, role: str, registry: CollectorRegistry = REGISTRY) -> None:
         self.role = role
-        self.requests = Counter("tandem_engine_requests_total",
-                                "Requests received, by kind (prefill or generate)", ["kind"],
-                                registry=registry)
-        self.cancelled = Counter("tandem_engine_requests_cancelled_total",
-                                 "Requests whose caller went away (aborted in vLLM)", ["kind"],
-                                 registry=registry)
-        self.errors = Counter("tandem_engine_request_errors_total",
-                              "Requests that ended in an error, by kind and reason",
-                              ["kind", "reason"], registry=registry)
-        self.kv_released = Counter("tandem_engine_kv_released_total",
-                                   "Prefill KV leases released early through ReleaseKv",
-                                   registry=registry)
+        self.requests = Counter(
+            "tandem_engine_requests_total",
+            "Requests received, by kind (prefill or generate)",
+            ["kind"],
+            registry=registry,
+        )
+        self.cancelled = Counter(
+            "tandem_engine_requests_cancelled_total",
+            "Requests whose caller went away (aborted in vLLM)",
+            ["kind"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "tandem_engine_request_errors_total",
+            "Requests that ended in an error, by kind and reason",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.kv_released = Counter(
+            "tandem_engine_kv_released_total",
+            "Prefill KV leases released early through ReleaseKv",
+            registry=registry,
+        )
         self.phases = {
             "admission": Histogram(
                 "tandem_engine_admission_seconds",
                 "Every request: from the engine host receiving it to vLLM's scheduler "
-                "queueing it (new requests wait out the engine step in progress)", ["role"],
-                buckets=_PHASE_BUCKETS, registry=registry),
+                "queueing it (new requests wait out the engine step in progress)",
+                ["role"],
+                buckets=_PHASE_BUCKETS,
+                registry=registry,
+            ),
             "queue": Histogram(
                 "tandem_engine_queue_seconds",
                 "Requests that compute their prompt here: time in vLLM's waiting queue "
-                "before first scheduled", ["role"], buckets=_PHASE_BUCKETS,
-                registry=registry),
+                "before first scheduled",
+                ["role"],
+                buckets=_PHASE_BUCKETS,
+                registry=registry,
+            ),
             "prefill": Histogram(
                 "tandem_engine_prefill_seconds",
                 "Requests that compute their prompt here: first scheduled to first token "
-                "(every chunk of the uncached part)", ["role"], buckets=_PHASE_BUCKETS,
-                registry=registry),
+                "(every chunk of the uncached part)",
+                ["role"],
+                buckets=_PHASE_BUCKETS,
+                registry=registry,
+            ),
             "kv_pull": Histogram(
                 "tandem_engine_kv_pull_seconds",
                 "Decode requests with a prefill engine's KV: queued until the KV is pulled "
-                "over NIXL and the request scheduled", ["role"], buckets=_PHASE_BUCKETS,
-                registry=registry),
+                "over NIXL and the request scheduled",
+                ["role"],
+                buckets=_PHASE_BUCKETS,
+                registry=registry,
+            ),
             "first_decode_step": Histogram(
                 "tandem_engine_first_decode_step_seconds",
                 "Decode requests with a prefill engine's KV: scheduled to first token",
-                ["role"], buckets=_PHASE_BUCKETS, registry=registry),
+                ["role"],
+                buckets=_PHASE_BUCKETS,
+                registry=registry,
+            ),
         }
-        self.scheduler = Info("tandem_engine_scheduler",
-                              "The vLLM scheduler settings this engine runs with",
-                              registry=registry)
+        self.scheduler = Info(
+            "tandem_engine_scheduler",
+            "The vLLM scheduler settings this engine runs with",
+            registry=registry,
+        )
         # A gauge rather than a count of stalls: the host exits right after
         # one, before a scrape would see the count (Kubernetes counts restarts).
         self.without_progress = Gauge(
             "tandem_engine_seconds_without_progress",
             "Seconds the engine has had requests in flight without taking an engine step "
             "(0 when idle or stepping); at --stall-timeout-s the host fails them and exits",
-            ["role"], registry=registry)
+            ["role"],
+            registry=registry,
+        )
 
     def watch_progress(self, seconds_without_progress: Callable[[], float]) -> None:
         """Read the gauge from ``seconds_without_progress`` at each scrape."""
@@ -115,9 +159,11 @@ class EngineMetrics:
 
     def describe_scheduler(self, scheduler_config: Any) -> None:
         """Publish the scheduler settings in effect (vLLM's defaults resolved)."""
+
         def text(value: Any) -> str:
             return str(value).lower() if isinstance(value, bool) else str(value)
 
-        settings = {s: text(getattr(scheduler_config, s))
-                    for s in (*SETTINGS, "enable_chunked_prefill")}
+        settings = {
+            s: text(getattr(scheduler_config, s)) for s in (*SETTINGS, "enable_chunked_prefill")
+        }
         self.scheduler.info({"role": self.role, **settings})

@@ -7,8 +7,14 @@ from typing import Any
 
 from common.proto import engine_pb2 as pb
 
-_OPTIONAL_FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty",
-                    "presence_penalty", "repetition_penalty")
+_OPTIONAL_FLOATS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
 
 
 # The model's generation_config defaults that apply when a request leaves a
@@ -16,10 +22,14 @@ _OPTIONAL_FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty",
 DEFAULTABLE = (*_OPTIONAL_FLOATS, "top_k")
 
 
-def to_vllm(params: pb.SamplingParams, *, defaults: dict[str, Any] | None = None,
-            max_tokens: int | None = None,
-            kv_transfer_params: dict[str, Any] | None = None,
-            constrained: bool = True):
+def to_vllm(
+    params: pb.SamplingParams,
+    *,
+    defaults: dict[str, Any] | None = None,
+    max_tokens: int | None = None,
+    kv_transfer_params: dict[str, Any] | None = None,
+    constrained: bool = True,
+):
     """Build vLLM SamplingParams; raises ValueError on invalid values.
 
     `constrained=False` drops the structured-output constraint: a prefill
@@ -64,8 +74,7 @@ def structured_to_vllm(structured: pb.StructuredOutput):
     if kind == "choice":
         value = list(value.values)
     name = {"json_schema": "json"}.get(kind, kind)
-    return StructuredOutputsParams(**{name: value},
-                                   disable_any_whitespace=structured.compact)
+    return StructuredOutputsParams(**{name: value}, disable_any_whitespace=structured.compact)
 
 
 def parse_kv_transfer_params(raw: str) -> dict[str, Any] | None:

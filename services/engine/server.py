@@ -78,11 +78,16 @@ async def serve(settings: EngineSettings) -> int:
     ea = settings.engine_args
     metrics.describe_scheduler(engine.vllm_config.scheduler_config)
     metrics.watch_progress(lambda: load.seconds_without_progress(time.monotonic()))
-    servicer = EngineServicer(engine, settings.role, ea.model, ea.served_model_name[0],
-                              load, metrics)
+    servicer = EngineServicer(
+        engine, settings.role, ea.model, ea.served_model_name[0], load, metrics
+    )
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ]
+    )
     pb_grpc.add_EngineServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -96,8 +101,13 @@ async def serve(settings: EngineSettings) -> int:
             await health_servicer.set(name, status)
 
     await set_health(health_pb2.HealthCheckResponse.SERVING)
-    log.info("engine ready: role=%s grpc=%s metrics=http://%s:%d/metrics",
-             settings.role, address, settings.host, settings.metrics_port)
+    log.info(
+        "engine ready: role=%s grpc=%s metrics=http://%s:%d/metrics",
+        settings.role,
+        address,
+        settings.host,
+        settings.metrics_port,
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -117,8 +127,9 @@ async def serve(settings: EngineSettings) -> int:
     servicer.draining = True
     await set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
     if not servicer.failed:
-        log.info("shutting down: draining in-flight requests (up to %.0fs)",
-                 settings.shutdown_grace_s)
+        log.info(
+            "shutting down: draining in-flight requests (up to %.0fs)", settings.shutdown_grace_s
+        )
         deadline = time.monotonic() + settings.shutdown_grace_s
         # Ends early if the watcher fails every request meanwhile.
         if not await servicer.wait_idle(settings.shutdown_grace_s):
@@ -137,8 +148,9 @@ async def serve(settings: EngineSettings) -> int:
     return 1 if servicer.failed else 0
 
 
-async def watch_engine(engine: Any, load: LoadTracker, stall_timeout_s: float,
-                       period_s: float = _HEALTH_PERIOD_S) -> tuple[str, str]:
+async def watch_engine(
+    engine: Any, load: LoadTracker, stall_timeout_s: float, period_s: float = _HEALTH_PERIOD_S
+) -> tuple[str, str]:
     """Wait until the engine fails; returns (metric reason, message): its
     engine core died, or it stalled (``LoadTracker.stalled``)."""
     while True:
@@ -151,7 +163,8 @@ async def watch_engine(engine: Any, load: LoadTracker, stall_timeout_s: float,
             return "engine_stalled", (
                 f"engine stalled: no engine step for {load.seconds_without_progress(now):.0f}s "
                 f"with {load.in_flight} request(s) in flight (--stall-timeout-s "
-                f"{stall_timeout_s:g})")
+                f"{stall_timeout_s:g})"
+            )
         await asyncio.sleep(period_s)
 
 

@@ -32,14 +32,26 @@ from services.kvstore.retention import with_hint
 log = logging.getLogger(__name__)
 
 # Parameters that make a prefill engine keep the KV for a remote decode.
-_REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False,
-                  "remote_engine_id": None, "remote_block_ids": None,
-                  "remote_host": None, "remote_port": None}
+_REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
 
 
 class EngineServicer(pb_grpc.EngineServicer):
-    def __init__(self, engine: Any, role: Role, model_path: str, served_model_name: str,
-                 load: LoadTracker, metrics: EngineMetrics) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        role: Role,
+        model_path: str,
+        served_model_name: str,
+        load: LoadTracker,
+        metrics: EngineMetrics,
+    ) -> None:
         self._engine = engine
         self._role = role
         self._model_path = model_path
@@ -79,8 +91,9 @@ class EngineServicer(pb_grpc.EngineServicer):
         for task in self._active.values():
             task.cancel()
 
-    async def _run(self, request_id: str, prompt: dict, params, context,
-                   kind: str, remote_kv: bool = False) -> AsyncIterator[Any]:
+    async def _run(
+        self, request_id: str, prompt: dict, params, context, kind: str, remote_kv: bool = False
+    ) -> AsyncIterator[Any]:
         """Run one request in vLLM, keeping the in-flight count, timing its
         phases (`remote_kv`: its KV comes from a prefill engine) and mapping
         errors."""
@@ -92,8 +105,9 @@ class EngineServicer(pb_grpc.EngineServicer):
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
         if request_id in self._active:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                                f"request {request_id} is already running")
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} is already running"
+            )
         task = asyncio.current_task()
         assert task is not None  # gRPC runs every call in a task
         self._active[request_id] = task
@@ -108,9 +122,14 @@ class EngineServicer(pb_grpc.EngineServicer):
                     first = False
                     phases = request_phases(out.metrics, remote_kv, received)
                     self._metrics.observe_phases(phases)
-                    log.debug("request %s (%s, %d prompt tokens, %s cached): %s", request_id,
-                              kind, len(prompt["prompt_token_ids"]), out.num_cached_tokens,
-                              " ".join(f"{k} {v:.3f}s" for k, v in phases.items()))
+                    log.debug(
+                        "request %s (%s, %d prompt tokens, %s cached): %s",
+                        request_id,
+                        kind,
+                        len(prompt["prompt_token_ids"]),
+                        out.num_cached_tokens,
+                        " ".join(f"{k} {v:.3f}s" for k, v in phases.items()),
+                    )
                 yield out
         except asyncio.CancelledError:
             # vLLM's generator already aborted the request.
@@ -161,22 +180,35 @@ class EngineServicer(pb_grpc.EngineServicer):
     # -- RPCs --------------------------------------------------------------
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
         if self._role == Role.DECODE:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "this engine is a decode engine; send Prefill to a prefill engine")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this engine is a decode engine; send Prefill to a prefill engine",
+            )
         if not request.token_ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
         hint = await self._retention(context, request)
-        params = await self._sampling(context, request, max_tokens=1, constrained=False,
-                                      kv_transfer_params=with_hint(dict(_REMOTE_DECODE), hint))
+        params = await self._sampling(
+            context,
+            request,
+            max_tokens=1,
+            constrained=False,
+            kv_transfer_params=with_hint(dict(_REMOTE_DECODE), hint),
+        )
         final = None
-        async for out in self._run(request.request_id,
-                                   self._prompt(request.token_ids, request.cache_salt or None),
-                                   params, context, "prefill"):
+        async for out in self._run(
+            request.request_id,
+            self._prompt(request.token_ids, request.cache_salt or None),
+            params,
+            context,
+            "prefill",
+        ):
             final = out
         if final is None or final.kv_transfer_params is None:
-            await context.abort(grpc.StatusCode.INTERNAL,
-                                "prefill produced no kv_transfer_params "
-                                "(is a KV connector configured for role prefill?)")
+            await context.abort(
+                grpc.StatusCode.INTERNAL,
+                "prefill produced no kv_transfer_params "
+                "(is a KV connector configured for role prefill?)",
+            )
         return pb.PrefillResponse(
             kv_transfer_params_json=json.dumps(final.kv_transfer_params),
             prompt_tokens=len(final.prompt_token_ids or request.token_ids),
@@ -191,15 +223,23 @@ class EngineServicer(pb_grpc.EngineServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv_transfer_params: {exc}")
         if kv_params and self._role == Role.PREFILL:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "this engine is a prefill engine; it cannot pull remote KV")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this engine is a prefill engine; it cannot pull remote KV",
+            )
         hint = await self._retention(context, request)
-        params = await self._sampling(context, request,
-                                      kv_transfer_params=with_hint(kv_params, hint))
+        params = await self._sampling(
+            context, request, kv_transfer_params=with_hint(kv_params, hint)
+        )
         completion_tokens = 0
-        async for out in self._run(request.request_id,
-                                   self._prompt(request.token_ids, request.cache_salt or None),
-                                   params, context, "generate", remote_kv=bool(kv_params)):
+        async for out in self._run(
+            request.request_id,
+            self._prompt(request.token_ids, request.cache_salt or None),
+            params,
+            context,
+            "generate",
+            remote_kv=bool(kv_params),
+        ):
             choice = out.outputs[0]
             completion_tokens += len(choice.token_ids)
             message = pb.GenerateResponse(token_ids=list(choice.token_ids), text=choice.text)
@@ -207,17 +247,21 @@ class EngineServicer(pb_grpc.EngineServicer):
                 message.logprobs.extend(_logprobs(choice.token_ids, choice.logprobs))
             if out.finished:
                 message.finish_reason = choice.finish_reason or "stop"
-                message.usage.CopyFrom(pb.Usage(
-                    prompt_tokens=len(out.prompt_token_ids or request.token_ids),
-                    completion_tokens=completion_tokens,
-                    cached_tokens=out.num_cached_tokens or 0,
-                ))
+                message.usage.CopyFrom(
+                    pb.Usage(
+                        prompt_tokens=len(out.prompt_token_ids or request.token_ids),
+                        completion_tokens=completion_tokens,
+                        cached_tokens=out.num_cached_tokens or 0,
+                    )
+                )
             yield message
 
     async def ReleaseKv(self, request: pb.ReleaseKvRequest, context) -> pb.ReleaseKvResponse:
         if self._role != Role.DECODE:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "ReleaseKv goes to a decode engine (the KV consumer)")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "ReleaseKv goes to a decode engine (the KV consumer)",
+            )
         try:
             kv_params = parse_kv_transfer_params(request.kv_transfer_params_json)
         except ValueError as exc:
@@ -227,16 +271,22 @@ class EngineServicer(pb_grpc.EngineServicer):
         # A pre-aborted request runs the connector's cleanup, which tells the
         # prefill engine to free the blocks it keeps for this request.
         await self._engine.notify_kv_transfer_request_rejected(
-            f"release-{request.request_id}", kv_params)
+            f"release-{request.request_id}", kv_params
+        )
         self._metrics.kv_released.inc()
         return pb.ReleaseKvResponse()
 
     async def GetLoad(self, request, context) -> pb.GetLoadResponse:
         snap = self._load.latest
         blocks = self._engine.vllm_config.cache_config.num_gpu_blocks or 0
-        return pb.GetLoadResponse(in_flight=self._load.in_flight, running=snap.running,
-                                  waiting=snap.waiting, kv_cache_usage=snap.kv_cache_usage,
-                                  draining=self.draining, kv_capacity_blocks=blocks)
+        return pb.GetLoadResponse(
+            in_flight=self._load.in_flight,
+            running=snap.running,
+            waiting=snap.waiting,
+            kv_cache_usage=snap.kv_cache_usage,
+            draining=self.draining,
+            kv_capacity_blocks=blocks,
+        )
 
     async def GetModelInfo(self, request, context) -> pb.GetModelInfoResponse:
         cfg = self._engine.vllm_config
@@ -254,12 +304,17 @@ def _logprobs(token_ids, logprobs) -> list[pb.TokenLogprob]:
     result = []
     for token_id, candidates in zip(token_ids, logprobs):
         chosen = candidates.get(token_id)
-        entry = pb.TokenLogprob(token_id=token_id,
-                                token=(chosen.decoded_token or "") if chosen else "",
-                                logprob=chosen.logprob if chosen else float("-inf"))
+        entry = pb.TokenLogprob(
+            token_id=token_id,
+            token=(chosen.decoded_token or "") if chosen else "",
+            logprob=chosen.logprob if chosen else float("-inf"),
+        )
         for cand_id, cand in sorted(candidates.items(), key=lambda kv: kv[1].rank or 0):
             if cand.rank is not None and cand.rank >= 1:
-                entry.top.append(pb.TopLogprob(token_id=cand_id, token=cand.decoded_token or "",
-                                               logprob=cand.logprob))
+                entry.top.append(
+                    pb.TopLogprob(
+                        token_id=cand_id, token=cand.decoded_token or "", logprob=cand.logprob
+                    )
+                )
         result.append(entry)
     return result

@@ -107,4 +107,3 @@ def _set_nixl_progress_delay(delay_us: int) -> None:
         api.nixlBind.delay_us = delay_us
     else:
         api.nixlBind = BindingsWithDelay(api.nixlBind, delay_us)
-

@@ -22,8 +22,14 @@ import httpx
 from common.mooncake import KvStoreSettings
 from common.settings import to_argv
 
-_PORT_FIELDS = ("master_port", "metadata_port", "master_metrics_port", "client_port",
-                "client_http_port", "http_port")
+_PORT_FIELDS = (
+    "master_port",
+    "metadata_port",
+    "master_metrics_port",
+    "client_port",
+    "client_http_port",
+    "http_port",
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,9 @@ class StoreLaunch:
         return ["--kv-store-config", self.settings.engine_config_path]
 
 
-def store_launch(state_dir: str | Path, host: str = "127.0.0.1",
-                 ports: list[int] | None = None, **overrides) -> StoreLaunch:
+def store_launch(
+    state_dir: str | Path, host: str = "127.0.0.1", ports: list[int] | None = None, **overrides
+) -> StoreLaunch:
     """The command line for ``python -m services.kvstore`` with these settings.
 
     ``ports``: six ports in the order master RPC, metadata HTTP, master
@@ -63,13 +70,20 @@ def store_launch(state_dir: str | Path, host: str = "127.0.0.1",
         values.update(zip(_PORT_FIELDS, ports))
     values.update(overrides)
     settings = KvStoreSettings(**values)
-    argv = [sys.executable, "-m", "services.kvstore",
-            *to_argv(settings, always=("state_dir", "disk_path"))]
+    argv = [
+        sys.executable,
+        "-m",
+        "services.kvstore",
+        *to_argv(settings, always=("state_dir", "disk_path")),
+    ]
     return StoreLaunch(settings, argv, {})
 
 
-def wait_ready(health_url: str, timeout: float, alive: Callable[[], bool] = lambda: True,
-               ) -> dict:
+def wait_ready(
+    health_url: str,
+    timeout: float,
+    alive: Callable[[], bool] = lambda: True,
+) -> dict:
     """Block until the store reports healthy; RuntimeError if it died first."""
     deadline = time.monotonic() + timeout
     last = None

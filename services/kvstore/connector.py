@@ -71,13 +71,15 @@ _MAX_PIN_CONFIGS = 64
 def retention_of(config: dict[str, Any]) -> dict[str, Any]:
     block = config.get("tandem") or {}
     session_ttl_ms = int(block.get("session_ttl_ms", 1_800_000))
-    return {"retention": block.get("retention", "lru"),
-            "session_ttl_ms": session_ttl_ms,
-            # The master refuses pins longer than its max_kv_soft_pin_ttl.
-            "max_pin_ttl_ms": int(block.get("max_pin_ttl_ms", max(session_ttl_ms, 86_400_000))),
-            # A removal waits for the lease the write path's existence check
-            # granted (master default_kv_lease_ttl).
-            "lease_ttl_ms": int(block.get("lease_ttl_ms", 10_000))}
+    return {
+        "retention": block.get("retention", "lru"),
+        "session_ttl_ms": session_ttl_ms,
+        # The master refuses pins longer than its max_kv_soft_pin_ttl.
+        "max_pin_ttl_ms": int(block.get("max_pin_ttl_ms", max(session_ttl_ms, 86_400_000))),
+        # A removal waits for the lease the write path's existence check
+        # granted (master default_kv_lease_ttl).
+        "lease_ttl_ms": int(block.get("lease_ttl_ms", 10_000)),
+    }
 
 
 def packing_of(config: dict[str, Any]) -> int | None:
@@ -101,8 +103,13 @@ def apply_retention(replicate_config: Any, retention: dict[str, Any]) -> bool:
 
 
 def _copy_placement(src: Any, dst: Any) -> Any:
-    for name in ("replica_num", "preferred_segment", "preferred_segments",
-                 "prefer_alloc_in_same_node", "data_type"):
+    for name in (
+        "replica_num",
+        "preferred_segment",
+        "preferred_segments",
+        "prefer_alloc_in_same_node",
+        "data_type",
+    ):
         if hasattr(src, name):
             setattr(dst, name, getattr(src, name))
     return dst
@@ -186,8 +193,9 @@ class Reaper(threading.Thread):
         with self._cv:
             if not self.is_alive() and not self._stopped:
                 self.start()
-            heapq.heappush(self._heap, (time.monotonic() + self.delay_s, next(self._seq),
-                                        keys, 1, label))
+            heapq.heappush(
+                self._heap, (time.monotonic() + self.delay_s, next(self._seq), keys, 1, label)
+            )
             self._cv.notify()
 
     def stop(self) -> None:
@@ -198,8 +206,7 @@ class Reaper(threading.Thread):
     def run(self) -> None:
         while True:
             with self._cv:
-                while not self._stopped and (
-                        not self._heap or self._heap[0][0] > time.monotonic()):
+                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
                     timeout = self._heap[0][0] - time.monotonic() if self._heap else None
                     self._cv.wait(timeout)
                 if self._stopped:
@@ -216,17 +223,30 @@ class Reaper(threading.Thread):
             self.removed += removed
             if leased and attempt < self.attempts:
                 with self._cv:  # back off: someone is reading these blocks
-                    heapq.heappush(self._heap, (time.monotonic() + self.delay_s * (attempt + 1),
-                                                next(self._seq), leased, attempt + 1, label))
+                    heapq.heappush(
+                        self._heap,
+                        (
+                            time.monotonic() + self.delay_s * (attempt + 1),
+                            next(self._seq),
+                            leased,
+                            attempt + 1,
+                            label,
+                        ),
+                    )
                     self._cv.notify()
             elif leased:
                 self.kept_leased += len(leased)
-            log.info("%s: removed %d of %d released blocks from the store%s%s", label, removed,
-                     len(keys),
-                     f", {len(leased)} still leased" + (" (retrying)" if attempt < self.attempts
-                                                       else " (left to the LRU)")
-                     if leased else "",
-                     f", errors {sorted(set(other))}" if other else "")
+            log.info(
+                "%s: removed %d of %d released blocks from the store%s%s",
+                label,
+                removed,
+                len(keys),
+                f", {len(leased)} still leased"
+                + (" (retrying)" if attempt < self.attempts else " (left to the LRU)")
+                if leased
+                else "",
+                f", errors {sorted(set(other))}" if other else "",
+            )
 
 
 class _RetentionSendingThread(KVCacheStoreSendingThread):
@@ -251,12 +271,17 @@ class _RetentionSendingThread(KVCacheStoreSendingThread):
             # Once, at the job that completes the prompt (chunked prefills
             # write it in several jobs).
             done, prompt = req_meta.completed_token_len, req_meta.prefill_end_tokens
-            if (done is None or prompt is None or done >= prompt) and \
-                    self.tandem.first_release(req_meta.req_id):
+            if (done is None or prompt is None or done >= prompt) and self.tandem.first_release(
+                req_meta.req_id
+            ):
                 keys = self.release_keys(req_meta, hint.keep_tokens)
-                log.info("session %s ended (request %s): %d blocks after the first %d "
-                         "tokens to remove", hint.session, req_meta.req_id, len(keys),
-                         hint.keep_tokens)
+                log.info(
+                    "session %s ended (request %s): %d blocks after the first %d tokens to remove",
+                    hint.session,
+                    req_meta.req_id,
+                    len(keys),
+                    hint.keep_tokens,
+                )
                 self.tandem.reaper.remove_later(keys, f"session {hint.session}")
 
     def release_keys(self, req_meta: Any, keep_tokens: int) -> list[str]:
@@ -272,8 +297,12 @@ class _RetentionSendingThread(KVCacheStoreSendingThread):
                 continue
             put_step = self.group_put_steps[g_idx]
             for _, _, block_hash in db.process_tokens(
-                    token_len, req_meta.block_hashes, mask_num=keep_tokens,
-                    put_step=put_step, put_step_rank=(self.tp_rank + g_idx) % put_step):
+                token_len,
+                req_meta.block_hashes,
+                mask_num=keep_tokens,
+                put_step=put_step,
+                put_step_rank=(self.tp_rank + g_idx) % put_step,
+            ):
                 for shard_id in db.store_layout.local_shard_ids:
                     keys.append(db.store_layout.key_for(shard_id, block_hash))
         return keys
@@ -289,7 +318,8 @@ class TandemStoreConnector(MooncakeStoreConnector):
         if not path or not os.path.exists(path):
             raise ValueError(
                 f"KV store config {path!r} not found: start the KV store "
-                "(python -m services.kvstore) before the engine, or fix --kv-store-config")
+                "(python -m services.kvstore) before the engine, or fix --kv-store-config"
+            )
         super().__init__(vllm_config, role, kv_cache_config)
         # Scheduler side: request id → its router hint, until it finishes.
         self._hints: OrderedDict[str, RetentionHint] = OrderedDict()
@@ -303,11 +333,13 @@ class TandemStoreConnector(MooncakeStoreConnector):
             retention = retention_of(config)
             self._pack_staging_bytes = packing_of(config)
             if apply_retention(worker.store_replicate_config, retention):
-                log.info("KV store retention: soft-pin every put for %d ms",
-                         retention["session_ttl_ms"])
+                log.info(
+                    "KV store retention: soft-pin every put for %d ms", retention["session_ttl_ms"]
+                )
             if worker.can_put:
-                self._retention = RequestRetention(worker.store,
-                                                   worker.store_replicate_config, retention)
+                self._retention = RequestRetention(
+                    worker.store, worker.store_replicate_config, retention
+                )
         log.info("Tandem store connector (%s) loaded from %s", role, __file__)
 
     # -- scheduler side ---------------------------------------------------
@@ -343,8 +375,10 @@ class TandemStoreConnector(MooncakeStoreConnector):
         thread = getattr(self.connector_worker, "kv_send_thread", None)
         if thread is not None and self._retention is not None:
             if type(thread) is not KVCacheStoreSendingThread:
-                raise RuntimeError(f"unexpected vLLM store sending thread {type(thread)!r}: "
-                                   "per-request retention needs vLLM's own class")
+                raise RuntimeError(
+                    f"unexpected vLLM store sending thread {type(thread)!r}: "
+                    "per-request retention needs vLLM's own class"
+                )
             thread.tandem = self._retention
             thread.__class__ = _RetentionSendingThread
         if self._pack_staging_bytes is not None:
@@ -359,23 +393,27 @@ class TandemStoreConnector(MooncakeStoreConnector):
                 raise ValueError(f"{len(dbs)} KV cache groups (packing handles one)")
             layout = dbs[0].store_layout
             if not hasattr(layout, "kv_caches_base_addr"):
-                raise ValueError(f"vLLM store layout {type(layout).__name__} (packing handles "
-                                 "the rank-local layout)")
+                raise ValueError(
+                    f"vLLM store layout {type(layout).__name__} (packing handles "
+                    "the rank-local layout)"
+                )
             caches = [c if isinstance(c, torch.Tensor) else c[0] for c in kv_caches.values()]
-            packer = BlockPacker.for_regions(caches, layout.kv_caches_base_addr,
-                                             layout.block_len)
+            packer = BlockPacker.for_regions(caches, layout.kv_caches_base_addr, layout.block_len)
         except ValueError as exc:
-            log.warning("KV store: not packing blocks, one buffer per layer as vLLM does: %s",
-                        exc)
+            log.warning("KV store: not packing blocks, one buffer per layer as vLLM does: %s", exc)
             return
         threads = [worker.kv_send_thread, *worker.kv_recv_threads]
         for thread in threads:
             if thread is not None:
                 thread.store = PackingStore(thread.store, packer, self._pack_staging_bytes)
                 self._packing_stores.append(thread.store)
-        log.info("KV store: packing blocks, 1 buffer per block instead of %d (%d-byte rows, "
-                 "up to %d blocks per store call)", packer.descriptors_per_block,
-                 packer.row_bytes, self._packing_stores[0].rows_per_call)
+        log.info(
+            "KV store: packing blocks, 1 buffer per block instead of %d (%d-byte rows, "
+            "up to %d blocks per store call)",
+            packer.descriptors_per_block,
+            packer.row_bytes,
+            self._packing_stores[0].rows_per_call,
+        )
 
     def shutdown(self):
         if getattr(self, "_retention", None) is not None:

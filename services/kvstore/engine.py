@@ -31,8 +31,9 @@ def register_connector() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     try:
-        KVConnectorFactory.register_connector(STORE_CONNECTOR, STORE_CONNECTOR_MODULE,
-                                              STORE_CONNECTOR)
+        KVConnectorFactory.register_connector(
+            STORE_CONNECTOR, STORE_CONNECTOR_MODULE, STORE_CONNECTOR
+        )
     except ValueError:  # already registered in this process
         pass
 
@@ -51,13 +52,18 @@ def store_connector(kv_role: str, config_path: str, lookup_port: int) -> dict[st
     }
 
 
-def with_store(base: dict[str, Any] | None, config_path: str, lookup_port: int,
-               ) -> dict[str, Any]:
+def with_store(
+    base: dict[str, Any] | None,
+    config_path: str,
+    lookup_port: int,
+) -> dict[str, Any]:
     """``base`` (a NIXL role config, or None for an aggregated engine) plus the store."""
     register_connector()
     if base is None:
-        return {**store_connector("kv_both", config_path, lookup_port),
-                "kv_load_failure_policy": "recompute"}
+        return {
+            **store_connector("kv_both", config_path, lookup_port),
+            "kv_load_failure_policy": "recompute",
+        }
     child = {k: v for k, v in base.items() if k not in _TOP_LEVEL}
     top = {k: base[k] for k in _TOP_LEVEL if k in base}
     return {
@@ -76,8 +82,10 @@ def check_store(config_path: str, timeout: float = 2.0) -> None:
         with open(config_path) as f:
             config = json.load(f)
     except OSError as exc:
-        raise ValueError(f"--kv-store-config {config_path!r}: cannot read it ({exc.strerror}); "
-                         "start the KV store first (python -m services.kvstore)") from None
+        raise ValueError(
+            f"--kv-store-config {config_path!r}: cannot read it ({exc.strerror}); "
+            "start the KV store first (python -m services.kvstore)"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"--kv-store-config {config_path!r}: not JSON ({exc})") from None
     for key in ("master_server_address", "metadata_server"):
@@ -85,12 +93,15 @@ def check_store(config_path: str, timeout: float = 2.0) -> None:
             raise ValueError(f"--kv-store-config {config_path!r}: missing {key!r}")
     host, _, port = config["master_server_address"].rpartition(":")
     meta = urlparse(config["metadata_server"])
-    for what, h, p in (("master_server_address", host, port),
-                       ("metadata_server", meta.hostname, meta.port)):
+    for what, h, p in (
+        ("master_server_address", host, port),
+        ("metadata_server", meta.hostname, meta.port),
+    ):
         try:
             with socket.create_connection((h, int(p)), timeout=timeout):
                 pass
         except (OSError, ValueError, TypeError) as exc:
             raise ValueError(
                 f"--kv-store-config {config_path!r}: KV store unreachable at {what}="
-                f"{h}:{p} ({exc}); is the KV store running on those ports?") from None
+                f"{h}:{p} ({exc}); is the KV store running on those ports?"
+            ) from None

@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 @dataclass(frozen=True)
 class Translation:
-    source: str          # master sample name
-    target: str          # Tandem metric name (counters without the _total suffix)
-    kind: str            # "gauge" or "counter"
+    source: str  # master sample name
+    target: str  # Tandem metric name (counters without the _total suffix)
+    kind: str  # "gauge" or "counter"
     help: str
     labels: dict[str, str] | None = None
 
@@ -28,56 +28,162 @@ class Translation:
 # One row per exported series. Several sources may feed one target name with
 # different labels (tier="memory"/"disk").
 TRANSLATIONS: tuple[Translation, ...] = (
-    Translation("master_key_count", "tandem_kvstore_objects", "gauge",
-                "Objects (KV blocks) the store holds"),
-    Translation("mem_cache_nums_", "tandem_kvstore_tier_objects", "gauge",
-                "Objects per tier", {"tier": "memory"}),
-    Translation("file_cache_nums_", "tandem_kvstore_tier_objects", "gauge",
-                "Objects per tier", {"tier": "disk"}),
-    Translation("master_soft_pin_key_count", "tandem_kvstore_pinned_objects", "gauge",
-                "Soft-pinned objects (retention policy soft-pin)"),
-    Translation("master_allocated_bytes", "tandem_kvstore_used_bytes", "gauge",
-                "Bytes in use per tier", {"tier": "memory"}),
-    Translation("master_total_capacity_bytes", "tandem_kvstore_capacity_bytes", "gauge",
-                "Capacity per tier", {"tier": "memory"}),
-    Translation("master_active_clients", "tandem_kvstore_clients", "gauge",
-                "Clients (pool owner and engines) with a live heartbeat"),
-    Translation("mem_cache_hit_nums_", "tandem_kvstore_hits", "counter",
-                "Reads served, per tier", {"tier": "memory"}),
-    Translation("file_cache_hit_nums_", "tandem_kvstore_hits", "counter",
-                "Reads served, per tier", {"tier": "disk"}),
-    Translation("mem_cache_hit_bytes_total", "tandem_kvstore_hit_bytes", "counter",
-                "Bytes of reads served, per tier", {"tier": "memory"}),
-    Translation("file_cache_hit_bytes_total", "tandem_kvstore_hit_bytes", "counter",
-                "Bytes of reads served, per tier", {"tier": "disk"}),
-    Translation("total_get_nums_", "tandem_kvstore_lookups", "counter",
-                "Object reads asked of the master (replica-list lookups)"),
-    Translation("master_exist_key_requests_total", "tandem_kvstore_exist_requests", "counter",
-                "Existence checks (single)"),
-    Translation("master_batch_exist_key_items_total", "tandem_kvstore_exist_keys", "counter",
-                "Keys checked for existence in batches (engines' prefix lookups)"),
-    Translation("master_put_start_requests_total", "tandem_kvstore_puts", "counter",
-                "Object writes started", {"kind": "single"}),
-    Translation("master_batch_put_start_items_total", "tandem_kvstore_puts", "counter",
-                "Object writes started", {"kind": "batch"}),
-    Translation("master_put_start_failures_total", "tandem_kvstore_put_failures", "counter",
-                "Object writes refused", {"kind": "single"}),
-    Translation("master_batch_put_start_failed_items_total", "tandem_kvstore_put_failures",
-                "counter", "Object writes refused", {"kind": "batch"}),
-    Translation("master_put_start_alloc_failures_total", "tandem_kvstore_alloc_failures",
-                "counter", "Writes refused because no pool space could be allocated"),
-    Translation("master_successful_evictions_total", "tandem_kvstore_eviction_rounds",
-                "counter", "Eviction rounds that freed space"),
-    Translation("master_evicted_key_count", "tandem_kvstore_evicted_objects", "counter",
-                "Objects evicted from the memory tier"),
-    Translation("master_evicted_size_bytes", "tandem_kvstore_evicted_bytes", "counter",
-                "Bytes evicted from the memory tier"),
-    Translation("master_evict_disk_replica_requests_total", "tandem_kvstore_disk_evictions",
-                "counter", "Disk replicas evicted"),
-    Translation("master_promotion_completed_total", "tandem_kvstore_promotions", "counter",
-                "Objects promoted from disk back to memory"),
-    Translation("master_remove_requests_total", "tandem_kvstore_removes", "counter",
-                "Explicit removals"),
+    Translation(
+        "master_key_count", "tandem_kvstore_objects", "gauge", "Objects (KV blocks) the store holds"
+    ),
+    Translation(
+        "mem_cache_nums_",
+        "tandem_kvstore_tier_objects",
+        "gauge",
+        "Objects per tier",
+        {"tier": "memory"},
+    ),
+    Translation(
+        "file_cache_nums_",
+        "tandem_kvstore_tier_objects",
+        "gauge",
+        "Objects per tier",
+        {"tier": "disk"},
+    ),
+    Translation(
+        "master_soft_pin_key_count",
+        "tandem_kvstore_pinned_objects",
+        "gauge",
+        "Soft-pinned objects (retention policy soft-pin)",
+    ),
+    Translation(
+        "master_allocated_bytes",
+        "tandem_kvstore_used_bytes",
+        "gauge",
+        "Bytes in use per tier",
+        {"tier": "memory"},
+    ),
+    Translation(
+        "master_total_capacity_bytes",
+        "tandem_kvstore_capacity_bytes",
+        "gauge",
+        "Capacity per tier",
+        {"tier": "memory"},
+    ),
+    Translation(
+        "master_active_clients",
+        "tandem_kvstore_clients",
+        "gauge",
+        "Clients (pool owner and engines) with a live heartbeat",
+    ),
+    Translation(
+        "mem_cache_hit_nums_",
+        "tandem_kvstore_hits",
+        "counter",
+        "Reads served, per tier",
+        {"tier": "memory"},
+    ),
+    Translation(
+        "file_cache_hit_nums_",
+        "tandem_kvstore_hits",
+        "counter",
+        "Reads served, per tier",
+        {"tier": "disk"},
+    ),
+    Translation(
+        "mem_cache_hit_bytes_total",
+        "tandem_kvstore_hit_bytes",
+        "counter",
+        "Bytes of reads served, per tier",
+        {"tier": "memory"},
+    ),
+    Translation(
+        "file_cache_hit_bytes_total",
+        "tandem_kvstore_hit_bytes",
+        "counter",
+        "Bytes of reads served, per tier",
+        {"tier": "disk"},
+    ),
+    Translation(
+        "total_get_nums_",
+        "tandem_kvstore_lookups",
+        "counter",
+        "Object reads asked of the master (replica-list lookups)",
+    ),
+    Translation(
+        "master_exist_key_requests_total",
+        "tandem_kvstore_exist_requests",
+        "counter",
+        "Existence checks (single)",
+    ),
+    Translation(
+        "master_batch_exist_key_items_total",
+        "tandem_kvstore_exist_keys",
+        "counter",
+        "Keys checked for existence in batches (engines' prefix lookups)",
+    ),
+    Translation(
+        "master_put_start_requests_total",
+        "tandem_kvstore_puts",
+        "counter",
+        "Object writes started",
+        {"kind": "single"},
+    ),
+    Translation(
+        "master_batch_put_start_items_total",
+        "tandem_kvstore_puts",
+        "counter",
+        "Object writes started",
+        {"kind": "batch"},
+    ),
+    Translation(
+        "master_put_start_failures_total",
+        "tandem_kvstore_put_failures",
+        "counter",
+        "Object writes refused",
+        {"kind": "single"},
+    ),
+    Translation(
+        "master_batch_put_start_failed_items_total",
+        "tandem_kvstore_put_failures",
+        "counter",
+        "Object writes refused",
+        {"kind": "batch"},
+    ),
+    Translation(
+        "master_put_start_alloc_failures_total",
+        "tandem_kvstore_alloc_failures",
+        "counter",
+        "Writes refused because no pool space could be allocated",
+    ),
+    Translation(
+        "master_successful_evictions_total",
+        "tandem_kvstore_eviction_rounds",
+        "counter",
+        "Eviction rounds that freed space",
+    ),
+    Translation(
+        "master_evicted_key_count",
+        "tandem_kvstore_evicted_objects",
+        "counter",
+        "Objects evicted from the memory tier",
+    ),
+    Translation(
+        "master_evicted_size_bytes",
+        "tandem_kvstore_evicted_bytes",
+        "counter",
+        "Bytes evicted from the memory tier",
+    ),
+    Translation(
+        "master_evict_disk_replica_requests_total",
+        "tandem_kvstore_disk_evictions",
+        "counter",
+        "Disk replicas evicted",
+    ),
+    Translation(
+        "master_promotion_completed_total",
+        "tandem_kvstore_promotions",
+        "counter",
+        "Objects promoted from disk back to memory",
+    ),
+    Translation(
+        "master_remove_requests_total", "tandem_kvstore_removes", "counter", "Explicit removals"
+    ),
 )
 
 # Misses are derived: lookups minus lookups that found a valid replica.
@@ -119,8 +225,9 @@ def translate(raw: dict[str, float]) -> list:
         family.add_metric(list(labels.values()), raw[row.source])
     total, valid = (raw.get(name) for name in _MISS_SOURCES)
     if total is not None and valid is not None:
-        misses = CounterMetricFamily("tandem_kvstore_misses",
-                                     "Object reads that found no valid replica")
+        misses = CounterMetricFamily(
+            "tandem_kvstore_misses", "Object reads that found no valid replica"
+        )
         misses.add_metric([], max(0.0, total - valid))
         families["tandem_kvstore_misses"] = misses
     return list(families.values())
@@ -130,24 +237,29 @@ class StoreCollector:
     """A prometheus_client collector: scrapes the master on each collect."""
 
     def __init__(self, fetch, supervisor_status) -> None:
-        self._fetch = fetch                      # () -> str | None (master text)
-        self._status = supervisor_status         # () -> dict[name, ProcessStatus]
+        self._fetch = fetch  # () -> str | None (master text)
+        self._status = supervisor_status  # () -> dict[name, ProcessStatus]
 
     def collect(self):
-        up = GaugeMetricFamily("tandem_kvstore_process_up",
-                               "1 when the supervised Mooncake process is running and ready",
-                               labels=["process"])
-        restarts = CounterMetricFamily("tandem_kvstore_process_restarts",
-                                       "Restarts of a supervised Mooncake process after it died",
-                                       labels=["process"])
+        up = GaugeMetricFamily(
+            "tandem_kvstore_process_up",
+            "1 when the supervised Mooncake process is running and ready",
+            labels=["process"],
+        )
+        restarts = CounterMetricFamily(
+            "tandem_kvstore_process_restarts",
+            "Restarts of a supervised Mooncake process after it died",
+            labels=["process"],
+        )
         for name, status in self._status().items():
             up.add_metric([name], 1.0 if status.ready else 0.0)
             restarts.add_metric([name], float(status.restarts))
         yield up
         yield restarts
         text = self._fetch()
-        scrape_ok = GaugeMetricFamily("tandem_kvstore_master_scrape_ok",
-                                      "1 when the master's metrics could be read")
+        scrape_ok = GaugeMetricFamily(
+            "tandem_kvstore_master_scrape_ok", "1 when the master's metrics could be read"
+        )
         scrape_ok.add_metric([], 0.0 if text is None else 1.0)
         yield scrape_ok
         if text:

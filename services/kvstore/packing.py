@@ -51,8 +51,9 @@ class BlockPacker:
         self.row_bytes = packed_block_bytes(self.layers)
 
     @classmethod
-    def for_regions(cls, caches: Iterable[torch.Tensor], bases: Sequence[int],
-                    block_lens: Sequence[int]) -> BlockPacker:
+    def for_regions(
+        cls, caches: Iterable[torch.Tensor], bases: Sequence[int], block_lens: Sequence[int]
+    ) -> BlockPacker:
         """The packer for the connector's region list (``bases``, ``block_lens``)
         over the engine's KV cache tensors; ValueError if a region is not one
         cache's pages laid out at its block length."""
@@ -65,8 +66,10 @@ class BlockPacker:
             pages = block_pages(cache)
             stride = pages.stride(0) if pages.shape[0] > 1 else pages.shape[1]
             if pages.shape[1] != block_len or stride != block_len:
-                raise ValueError(f"region {base:#x}: {block_len}-byte blocks, but the cache "
-                                 f"has {pages.shape[1]}-byte pages {stride} bytes apart")
+                raise ValueError(
+                    f"region {base:#x}: {block_len}-byte blocks, but the cache "
+                    f"has {pages.shape[1]}-byte pages {stride} bytes apart"
+                )
             layers.append(cache)
         if not layers:
             raise ValueError("no KV cache regions")
@@ -76,8 +79,11 @@ class BlockPacker:
     def descriptors_per_block(self) -> int:
         return len(self.layers)
 
-    def block_ids(self, addrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]],
-                  ) -> list[int] | None:
+    def block_ids(
+        self,
+        addrs: Sequence[Sequence[int]],
+        sizes: Sequence[Sequence[int]],
+    ) -> list[int] | None:
         """The block each key's buffers are, or None unless every key's buffers
         are exactly one whole block of every region."""
         if not addrs:
@@ -92,9 +98,13 @@ class BlockPacker:
             return None
         offsets = a[:, 0] - self.bases[0]
         ids = offsets // self.block_lens[0]
-        if (np.any(offsets % self.block_lens[0]) or np.any(ids < 0)
-                or np.any(ids >= self.num_blocks) or np.any(s != self.block_lens)
-                or np.any(a != self.bases + ids[:, None] * self.block_lens)):
+        if (
+            np.any(offsets % self.block_lens[0])
+            or np.any(ids < 0)
+            or np.any(ids >= self.num_blocks)
+            or np.any(s != self.block_lens)
+            or np.any(a != self.bases + ids[:, None] * self.block_lens)
+        ):
             return None
         return ids.tolist()
 
@@ -116,8 +126,10 @@ class PackingStore:
         self._staging = torch.empty((rows, packer.row_bytes), dtype=torch.uint8, device=device)
         rc = store.register_buffer(self._staging.data_ptr(), self._staging.numel())
         if rc != 0:
-            raise RuntimeError(f"Mooncake register_buffer failed for the {self._staging.numel()}"
-                               f"-byte packing staging buffer: {rc}")
+            raise RuntimeError(
+                f"Mooncake register_buffer failed for the {self._staging.numel()}"
+                f"-byte packing staging buffer: {rc}"
+            )
         self._lock = threading.Lock()
         self.packed_keys = 0
         self.passed_through_calls = 0
@@ -134,8 +146,9 @@ class PackingStore:
         allocation at the same address fails to register)."""
         self._store.unregister_buffer(self._staging.data_ptr())
 
-    def batch_put_from_multi_buffers(self, keys: list[str], addrs: list[list[int]],
-                                     sizes: list[list[int]], config: Any) -> list[int]:
+    def batch_put_from_multi_buffers(
+        self, keys: list[str], addrs: list[list[int]], sizes: list[list[int]], config: Any
+    ) -> list[int]:
         ids = self.packer.block_ids(addrs, sizes)
         if ids is None:
             self.passed_through_calls += 1
@@ -144,16 +157,18 @@ class PackingStore:
         with self._lock:
             for start in range(0, len(keys), self.rows_per_call):
                 chunk = slice(start, start + self.rows_per_call)
-                rows = self._staging[:len(keys[chunk])]
+                rows = self._staging[: len(keys[chunk])]
                 pack_blocks(self.packer.layers, ids[chunk], out=rows)
                 _settle(rows)
-                results += self._store.batch_put_from(keys[chunk], _row_addresses(rows),
-                                                      [rows.shape[1]] * rows.shape[0], config)
+                results += self._store.batch_put_from(
+                    keys[chunk], _row_addresses(rows), [rows.shape[1]] * rows.shape[0], config
+                )
         self.packed_keys += len(keys)
         return results
 
-    def batch_get_into_multi_buffers(self, keys: list[str], addrs: list[list[int]],
-                                     sizes: list[list[int]]) -> list[int]:
+    def batch_get_into_multi_buffers(
+        self, keys: list[str], addrs: list[list[int]], sizes: list[list[int]]
+    ) -> list[int]:
         ids = self.packer.block_ids(addrs, sizes)
         if ids is None:
             self.passed_through_calls += 1
@@ -162,13 +177,20 @@ class PackingStore:
         with self._lock:
             for start in range(0, len(keys), self.rows_per_call):
                 chunk = slice(start, start + self.rows_per_call)
-                rows = self._staging[:len(keys[chunk])]
-                got = list(self._store.batch_get_into(keys[chunk], _row_addresses(rows),
-                                                      [rows.shape[1]] * rows.shape[0]))
+                rows = self._staging[: len(keys[chunk])]
+                got = list(
+                    self._store.batch_get_into(
+                        keys[chunk], _row_addresses(rows), [rows.shape[1]] * rows.shape[0]
+                    )
+                )
                 for i, value in enumerate(got):
                     if 0 <= value != rows.shape[1]:
-                        log.warning("store object %s has %d bytes, a packed block %d: not "
-                                    "loaded", keys[chunk][i], value, rows.shape[1])
+                        log.warning(
+                            "store object %s has %d bytes, a packed block %d: not loaded",
+                            keys[chunk][i],
+                            value,
+                            rows.shape[1],
+                        )
                         got[i] = SIZE_MISMATCH
                 loaded = [i for i, value in enumerate(got) if value >= 0]
                 if loaded:

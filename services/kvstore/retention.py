@@ -44,8 +44,12 @@ class RetentionHint:
         return self.pin_ttl_ms > 0 and not self.release
 
     def to_params(self) -> dict[str, Any]:
-        return {"session": self.session, "pin_ttl_ms": self.pin_ttl_ms,
-                "release": self.release, "keep_tokens": self.keep_tokens}
+        return {
+            "session": self.session,
+            "pin_ttl_ms": self.pin_ttl_ms,
+            "release": self.release,
+            "keep_tokens": self.keep_tokens,
+        }
 
     @classmethod
     def from_params(cls, kv_transfer_params: Mapping[str, Any] | None) -> RetentionHint | None:
@@ -65,10 +69,12 @@ class RetentionHint:
         if unknown:
             raise ValueError(f"{HINT_KEY}: unknown fields {sorted(unknown)}")
         try:
-            return cls(session=str(raw.get("session", "")),
-                       pin_ttl_ms=int(raw.get("pin_ttl_ms", 0)),
-                       release=bool(raw.get("release", False)),
-                       keep_tokens=int(raw.get("keep_tokens", 0)))
+            return cls(
+                session=str(raw.get("session", "")),
+                pin_ttl_ms=int(raw.get("pin_ttl_ms", 0)),
+                release=bool(raw.get("release", False)),
+                keep_tokens=int(raw.get("keep_tokens", 0)),
+            )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{HINT_KEY}: {exc}") from None
 
@@ -79,12 +85,12 @@ def from_proto(message: Any) -> RetentionHint | None:
         return None
     if not (message.session or message.pin_ttl_ms or message.release):
         return None
-    return RetentionHint(message.session, message.pin_ttl_ms, message.release,
-                         message.keep_tokens)
+    return RetentionHint(message.session, message.pin_ttl_ms, message.release, message.keep_tokens)
 
 
-def with_hint(kv_transfer_params: dict[str, Any] | None,
-              hint: RetentionHint | None) -> dict[str, Any] | None:
+def with_hint(
+    kv_transfer_params: dict[str, Any] | None, hint: RetentionHint | None
+) -> dict[str, Any] | None:
     """``kv_transfer_params`` plus the hint (a new dict; the input is not changed)."""
     if hint is None:
         return kv_transfer_params

@@ -51,9 +51,11 @@ def build_supervisor(s: KvStoreSettings) -> Supervisor:
     client_cmd = client_command(s, find_binary("mooncake_client"))
 
     async def master_ready() -> bool:
-        return (tcp_open(s.host, s.master_port)
-                and await http_ok(s.metadata_url + "?key=tandem-probe")
-                and await http_ok(f"http://{s.host}:{s.master_metrics_port}/metrics"))
+        return (
+            tcp_open(s.host, s.master_port)
+            and await http_ok(s.metadata_url + "?key=tandem-probe")
+            and await http_ok(f"http://{s.host}:{s.master_metrics_port}/metrics")
+        )
 
     async def client_ready() -> bool:
         return await http_ok(f"http://{s.host}:{s.client_http_port}/health", expect="healthy")
@@ -89,11 +91,15 @@ def build_app(s: KvStoreSettings, supervisor: Supervisor) -> FastAPI:
 
     @app.get("/health")
     def health() -> JSONResponse:
-        procs = {name: {"ready": st.ready, "pid": st.pid, "restarts": st.restarts}
-                 for name, st in supervisor.statuses().items()}
+        procs = {
+            name: {"ready": st.ready, "pid": st.pid, "restarts": st.restarts}
+            for name, st in supervisor.statuses().items()
+        }
         ok = supervisor.ready
-        return JSONResponse({"status": "ok" if ok else "unavailable", "processes": procs},
-                            status_code=200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "unavailable", "processes": procs},
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/metrics")
     def metrics() -> Response:  # sync: runs in the thread pool (blocking scrape)
@@ -114,12 +120,25 @@ async def serve(s: KvStoreSettings) -> int:
         log.error("store did not start: %s", exc)
         return 1
     path = write_engine_config(s)
-    log.info("kv store ready: master=%s metadata=%s pool=%s disk=%s retention=%s; "
-             "engines: MOONCAKE_CONFIG_PATH=%s", s.master_address, s.metadata_url,
-             s.pool_size, s.disk_path if s.enable_disk else "off", s.retention, path)
+    log.info(
+        "kv store ready: master=%s metadata=%s pool=%s disk=%s retention=%s; "
+        "engines: MOONCAKE_CONFIG_PATH=%s",
+        s.master_address,
+        s.metadata_url,
+        s.pool_size,
+        s.disk_path if s.enable_disk else "off",
+        s.retention,
+        path,
+    )
 
-    config = uvicorn.Config(build_app(s, supervisor), host=s.host, port=s.http_port,
-                            log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        build_app(s, supervisor),
+        host=s.host,
+        port=s.http_port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+    )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # we own SIGTERM handling
     stop = asyncio.Event()

@@ -35,8 +35,15 @@ def _invalid(flag: str, message: str) -> SettingError:
     return SettingError(flag, message, env_name(ENV_PREFIX, flag))
 
 
-_PORTS = ("master_port", "metadata_port", "master_metrics_port", "client_port",
-          "client_http_port", "http_port")
+_PORTS = (
+    "master_port",
+    "metadata_port",
+    "master_metrics_port",
+    "client_port",
+    "client_http_port",
+    "http_port",
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -48,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
             "(vLLM MooncakeStoreConnector, standalone-store mode) and read the "
             "config file this service writes (see --state-dir). Either Mooncake "
             "process is restarted when it dies. Every flag also reads the "
-            f"environment variable {ENV_PREFIX}<FLAG>."))
+            f"environment variable {ENV_PREFIX}<FLAG>."
+        ),
+    )
     add_arguments(parser, KvStoreSettings, ENV_PREFIX)
     return parser
 
@@ -57,8 +66,11 @@ def parse_settings(argv: list[str] | None = None) -> KvStoreSettings:
     settings: KvStoreSettings = from_arguments(KvStoreSettings, build_parser().parse_args(argv))
     # Absolute: Mooncake's file storage refuses a relative disk path (it
     # aborts the pool owner), and the engines read both from another cwd.
-    return replace(settings, state_dir=os.path.abspath(settings.state_dir),
-                   disk_path=os.path.abspath(settings.disk_path))
+    return replace(
+        settings,
+        state_dir=os.path.abspath(settings.state_dir),
+        disk_path=os.path.abspath(settings.disk_path),
+    )
 
 
 def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
@@ -70,11 +82,18 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
         if not 0 < port < 65536:
             raise _invalid(flag, f"port {port} is out of range 1-65535")
         if port in seen:
-            raise _invalid(flag, f"port {port} is already used by "
-                                 f"{flag_of(KvStoreSettings, seen[port])}")
+            raise _invalid(
+                flag, f"port {port} is already used by {flag_of(KvStoreSettings, seen[port])}"
+            )
         seen[port] = name
-    for name in ("pool_size", "disk_size", "disk_bucket_size", "disk_staging_size",
-                 "engine_buffer_size", "pack_staging_size"):
+    for name in (
+        "pool_size",
+        "disk_size",
+        "disk_bucket_size",
+        "disk_staging_size",
+        "engine_buffer_size",
+        "pack_staging_size",
+    ):
         flag = flag_of(KvStoreSettings, name)
         try:
             size = parse_size(getattr(settings, name))
@@ -83,10 +102,12 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
         if size <= 0:
             raise _invalid(flag, "must be greater than zero")
     if settings.enable_disk and parse_size(settings.disk_staging_size) < VLLM_DISK_READ_BUDGET:
-        raise _invalid("--disk-staging-size",
-                           "must be at least 1280MB: vLLM's MooncakeStoreConnector batches "
-                           "disk-tier reads up to that size, and a read larger than the "
-                           "pool owner's staging buffer fails (BUFFER_OVERFLOW)")
+        raise _invalid(
+            "--disk-staging-size",
+            "must be at least 1280MB: vLLM's MooncakeStoreConnector batches "
+            "disk-tier reads up to that size, and a read larger than the "
+            "pool owner's staging buffer fails (BUFFER_OVERFLOW)",
+        )
     if parse_size(settings.pool_size) < 16 << 20:
         raise _invalid("--pool-size", "must be at least 16MB")
     if settings.retention not in RETENTION_POLICIES:
@@ -106,8 +127,7 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
         _check_writable("--disk-path", settings.disk_path)
     if check_ports:
         for name in _PORTS:
-            _check_port_free(flag_of(KvStoreSettings, name), settings.host,
-                             getattr(settings, name))
+            _check_port_free(flag_of(KvStoreSettings, name), settings.host, getattr(settings, name))
 
 
 def _check_writable(flag: str, path: str) -> None:
@@ -117,8 +137,9 @@ def _check_writable(flag: str, path: str) -> None:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        raise _invalid(flag, f"{path!r} is not a writable directory: "
-                             f"{exc.strerror or exc}") from None
+        raise _invalid(
+            flag, f"{path!r} is not a writable directory: {exc.strerror or exc}"
+        ) from None
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
@@ -127,5 +148,8 @@ def _check_port_free(flag: str, host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise _invalid(flag, f"cannot listen on {host}:{port}: {exc.strerror or exc} "
-                               "(another process holds it? pick another port)") from None
+            raise _invalid(
+                flag,
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                "(another process holds it? pick another port)",
+            ) from None

@@ -32,7 +32,7 @@ from common.mooncake import Command
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 30.0
-_STABLE_AFTER_S = 60.0   # a process up this long resets its backoff
+_STABLE_AFTER_S = 60.0  # a process up this long resets its backoff
 
 
 class StartupError(RuntimeError):
@@ -76,8 +76,14 @@ def tcp_open(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 class ManagedProcess:
-    def __init__(self, command: Command, ready: Callable[[], Awaitable[bool]],
-                 log_dir: Path, start_timeout_s: float, backoff_s: float) -> None:
+    def __init__(
+        self,
+        command: Command,
+        ready: Callable[[], Awaitable[bool]],
+        log_dir: Path,
+        start_timeout_s: float,
+        backoff_s: float,
+    ) -> None:
         self.command = command
         self.name = command.name
         self._ready_check = ready
@@ -101,9 +107,13 @@ class ManagedProcess:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         self._tail.clear()
         self._proc = await asyncio.create_subprocess_exec(
-            *self.command.argv, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=_set_pdeathsig)
+            *self.command.argv,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=_set_pdeathsig,
+        )
         self.status.pid = self._proc.pid
         self._started_at = time.monotonic()
         self._pump = asyncio.create_task(self._pump_output(self._proc))
@@ -112,16 +122,20 @@ class ManagedProcess:
         while time.monotonic() < deadline:
             if self._proc.returncode is not None:
                 await asyncio.sleep(0.1)  # let the pump drain the last lines
-                raise StartupError(f"{self.name} exited with code {self._proc.returncode} "
-                                   f"during start-up:\n{self.tail()}")
+                raise StartupError(
+                    f"{self.name} exited with code {self._proc.returncode} "
+                    f"during start-up:\n{self.tail()}"
+                )
             if await self._ready_check():
                 self.status.ready = True
                 log.info("%s ready", self.name)
                 return
             await asyncio.sleep(0.2)
         await self.stop()
-        raise StartupError(f"{self.name} not ready after {self._start_timeout_s:.0f}s "
-                           f"(see {self._log_path}):\n{self.tail()}")
+        raise StartupError(
+            f"{self.name} not ready after {self._start_timeout_s:.0f}s "
+            f"(see {self._log_path}):\n{self.tail()}"
+        )
 
     def tail(self) -> str:
         return "\n".join(self._tail)
@@ -153,7 +167,7 @@ class ManagedProcess:
             self._backoff_n = 0
         n = self._backoff_n
         self._backoff_n = n + 1
-        return min(_MAX_BACKOFF_S, self._backoff_s * (2 ** n))
+        return min(_MAX_BACKOFF_S, self._backoff_s * (2**n))
 
     async def stop(self, grace_s: float = 5.0) -> None:
         proc = self._proc
@@ -200,8 +214,10 @@ class Supervisor:
 
     async def _watch(self) -> None:
         while not self._stopping:
-            waits = {asyncio.create_task(self.master.wait_exit()): self.master,
-                     asyncio.create_task(self.client.wait_exit()): self.client}
+            waits = {
+                asyncio.create_task(self.master.wait_exit()): self.master,
+                asyncio.create_task(self.client.wait_exit()): self.client,
+            }
             done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
@@ -210,14 +226,18 @@ class Supervisor:
             died = [waits[t] for t in done]
             if self.master in died:
                 # The pool owner's registration lived in the master: restart both.
-                log.error("mooncake master died (exit %s); restarting master and pool owner",
-                          self.master.status.last_exit)
+                log.error(
+                    "mooncake master died (exit %s); restarting master and pool owner",
+                    self.master.status.last_exit,
+                )
                 await self.client.stop()
                 await self._restart(self.master)
                 await self._restart(self.client)
             else:
-                log.error("mooncake pool owner died (exit %s); restarting it",
-                          self.client.status.last_exit)
+                log.error(
+                    "mooncake pool owner died (exit %s); restarting it",
+                    self.client.status.last_exit,
+                )
                 await self._restart(self.client)
 
     async def _restart(self, proc: ManagedProcess) -> None:

@@ -1,4 +1,5 @@
 """The prefill role of the engine host (see services/engine)."""
+
 import sys
 
 from common.roles import Role

@@ -16,8 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("router")
     # uvicorn stops accepting on SIGTERM and lets in-flight requests finish
     # for the grace period before closing connections.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="warning", timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
     return 0
 
 

@@ -21,28 +21,34 @@ from services.router.metrics import RouterMetrics
 
 # Requests that generate: only these hold engine capacity, so only these
 # queue. /health, /metrics and /v1/models must answer under any load.
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages",
-                              "/v1/responses"})
+GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
+)
 _RECENT = 64  # request durations kept for the Retry-After estimate
 
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    max_concurrent_requests: int = setting(256, "generation requests served at once (0: no "
-                                           "limit, no queue)", metavar="N")
-    max_queued_requests: int = setting(512, "generation requests that may wait for a slot "
-                                       "(0: refuse at once)", metavar="N")
-    queue_timeout_s: float = setting(30.0, "seconds a request may wait for a slot before it "
-                                     "gets 429")
+    max_concurrent_requests: int = setting(
+        256, "generation requests served at once (0: no limit, no queue)", metavar="N"
+    )
+    max_queued_requests: int = setting(
+        512, "generation requests that may wait for a slot (0: refuse at once)", metavar="N"
+    )
+    queue_timeout_s: float = setting(
+        30.0, "seconds a request may wait for a slot before it gets 429"
+    )
 
     def validate(self) -> None:
         for name in ("max_concurrent_requests", "max_queued_requests"):
             if getattr(self, name) < 0:
                 raise SettingError(flag_of(AdmissionSettings, name), "cannot be negative")
         if self.queue_timeout_s <= 0:
-            raise SettingError(flag_of(AdmissionSettings, "queue_timeout_s"),
-                               f"{self.queue_timeout_s:g}: must be positive (use "
-                               "--max-queued-requests 0 to refuse instead of queueing)")
+            raise SettingError(
+                flag_of(AdmissionSettings, "queue_timeout_s"),
+                f"{self.queue_timeout_s:g}: must be positive (use "
+                "--max-queued-requests 0 to refuse instead of queueing)",
+            )
 
 
 class Rejected(Exception):
@@ -75,8 +81,9 @@ class Limiter:
     newcomer can never overtake the queue. ``max_running == 0`` means no
     limit (requests are still counted)."""
 
-    def __init__(self, max_running: int, max_queued: int, queue_timeout_s: float,
-                 metrics: RouterMetrics) -> None:
+    def __init__(
+        self, max_running: int, max_queued: int, queue_timeout_s: float, metrics: RouterMetrics
+    ) -> None:
         self.max_running = max_running
         self.max_queued = max_queued
         self.queue_timeout_s = queue_timeout_s
@@ -102,8 +109,11 @@ class Limiter:
         if slot is not None:
             return slot
         if len(self._waiters) >= self.max_queued:
-            raise self._reject("queue_full", f"the server is at capacity ({self.running} "
-                               f"requests running, {self.queued} queued)")
+            raise self._reject(
+                "queue_full",
+                f"the server is at capacity ({self.running} "
+                f"requests running, {self.queued} queued)",
+            )
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._update_gauges()
@@ -120,8 +130,10 @@ class Limiter:
                     self._waiters.remove(waiter)
                 self._update_gauges()
             if isinstance(exc, TimeoutError):
-                raise self._reject("queue_timeout", f"no capacity freed up within "
-                                   f"{self.queue_timeout_s:g}s in the queue") from None
+                raise self._reject(
+                    "queue_timeout",
+                    f"no capacity freed up within {self.queue_timeout_s:g}s in the queue",
+                ) from None
             raise
         return self._admitted(start)
 
@@ -151,9 +163,15 @@ class Limiter:
     def _reject(self, reason: str, message: str) -> Rejected:
         self._metrics.rejected.labels(reason).inc()
         seconds = self.retry_after_s()
-        return Rejected(reason, OpenAIError(
-            429, f"{message}; retry after {seconds}s", code="too_many_requests",
-            headers={"Retry-After": str(seconds)}))
+        return Rejected(
+            reason,
+            OpenAIError(
+                429,
+                f"{message}; retry after {seconds}s",
+                code="too_many_requests",
+                headers={"Retry-After": str(seconds)},
+            ),
+        )
 
     def _update_gauges(self) -> None:
         self._metrics.running.set(self.running)
@@ -191,8 +209,7 @@ class AdmissionMiddleware:
         self.paths = paths
 
     async def __call__(self, scope, receive, send):
-        if (scope["type"] != "http" or scope["method"] != "POST"
-                or scope["path"] not in self.paths):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
             return await self.app(scope, receive, send)
         body = await _read_body(receive)
         if body is None:

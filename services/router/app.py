@@ -97,7 +97,8 @@ async def _model_info(addresses: list[str]) -> pb.GetModelInfoResponse:
             async with grpc.aio.insecure_channel(address) as channel:
                 try:
                     return await pb_grpc.EngineStub(channel).GetModelInfo(
-                        pb.GetModelInfoRequest(), timeout=2.0)
+                        pb.GetModelInfoRequest(), timeout=2.0
+                    )
                 except grpc.aio.AioRpcError:
                     continue
         if time.monotonic() > deadline:
@@ -109,28 +110,39 @@ async def _model_info(addresses: list[str]) -> pb.GetModelInfoResponse:
 def shared_state(routing: RoutingSettings) -> LocalState:
     """Redis when configured (router replicas share bindings and load), else local."""
     if routing.redis_url:
-        return RedisState(routing.redis_url, routing.replica_id,
-                          binding_ttl_s=routing.session_ttl_s, timeout_s=routing.redis_timeout_s)
+        return RedisState(
+            routing.redis_url,
+            routing.replica_id,
+            binding_ttl_s=routing.session_ttl_s,
+            timeout_s=routing.redis_timeout_s,
+        )
     return LocalState(routing.session_ttl_s)
 
 
 def _routing_settings(routing: RoutingSettings, engine_block_size: int) -> RoutingSettings:
     """The prefix index must hash blocks of the engines' size: theirs wins."""
     if engine_block_size and engine_block_size != routing.block_size:
-        log.warning("engines use KV blocks of %d tokens, not --block-size %d: using %d",
-                    engine_block_size, routing.block_size, engine_block_size)
+        log.warning(
+            "engines use KV blocks of %d tokens, not --block-size %d: using %d",
+            engine_block_size,
+            routing.block_size,
+            engine_block_size,
+        )
         return replace(routing, block_size=engine_block_size)
     return routing
 
 
-def install_middleware(app: FastAPI, settings: RouterSettings,
-                       metrics: RouterMetrics) -> Limiter:
+def install_middleware(app: FastAPI, settings: RouterSettings, metrics: RouterMetrics) -> Limiter:
     """Outermost first: accounting (so 401s and 429s are counted too), then
     API keys (an unauthenticated request never takes a queue place), then
     admission. Starlette wraps in reverse order of `add_middleware`."""
     admission = settings.admission
-    limiter = Limiter(admission.max_concurrent_requests, admission.max_queued_requests,
-                      admission.queue_timeout_s, metrics)
+    limiter = Limiter(
+        admission.max_concurrent_requests,
+        admission.max_queued_requests,
+        admission.queue_timeout_s,
+        metrics,
+    )
     app.add_middleware(AdmissionMiddleware, limiter=limiter)
     app.add_middleware(ApiKeyAuth, keys=settings.api_keys, metrics=metrics)
     app.add_middleware(RequestAccounting, metrics=metrics)
@@ -147,8 +159,11 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         # gRPC channels belong to the serving event loop: create them here.
         specs = await source.initial()
         info = await _model_info([s.name for s in specs])
-        card = ModelCard(name=settings.served_model_name or info.served_model_name,
-                         max_model_len=info.max_model_len, created=int(time.time()))
+        card = ModelCard(
+            name=settings.served_model_name or info.served_model_name,
+            max_model_len=info.max_model_len,
+            created=int(time.time()),
+        )
         routing = _routing_settings(settings.routing, info.block_size)
         core = RoutingCore(routing)
         state = shared_state(routing)
@@ -158,19 +173,28 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         metrics.watch(core, pool, state)
         retention = SessionRetention(settings.retention, routing.block_size)
         replica = Replica(core, state)
-        prefetcher = (SessionPrefetcher(routing.prefetch, pool, replica, metrics,
-                                        settings.poll_interval_s)
-                      if routing.prefetch.session_prefetch else None)
+        prefetcher = (
+            SessionPrefetcher(routing.prefetch, pool, replica, metrics, settings.poll_interval_s)
+            if routing.prefetch.session_prefetch
+            else None
+        )
         orchestrator = Orchestrator(pool, replica, metrics, retention, prefetcher)
         template = Path(settings.chat_template).read_text() if settings.chat_template else None
-        tokenizer = await asyncio.to_thread(ChatTokenizer, Path(settings.model or info.model_path),
-                                            template)
-        tool_parser = (await asyncio.to_thread(AutoParser, settings.tool_call_parser,
-                                               tokenizer.hf_tokenizer)
-                       if settings.tool_call_parser else None)
-        reasoning = (await asyncio.to_thread(ReasoningParsers, settings.reasoning_parser,
-                                             tokenizer.hf_tokenizer)
-                     if settings.reasoning_parser else None)
+        tokenizer = await asyncio.to_thread(
+            ChatTokenizer, Path(settings.model or info.model_path), template
+        )
+        tool_parser = (
+            await asyncio.to_thread(AutoParser, settings.tool_call_parser, tokenizer.hf_tokenizer)
+            if settings.tool_call_parser
+            else None
+        )
+        reasoning = (
+            await asyncio.to_thread(
+                ReasoningParsers, settings.reasoning_parser, tokenizer.hf_tokenizer
+            )
+            if settings.reasoning_parser
+            else None
+        )
         await state.start()
         await pool.poll_once()
         pool.start()
@@ -181,19 +205,32 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         responder = Responder(orchestrator, metrics, settings.request_timeout_s)
         chat_serving = ChatServing(requests, responder, tokenizer, tool_parser, reasoning)
         app.state.parts = RouterParts(
-            card=card, core=core, chat=chat_serving,
+            card=card,
+            core=core,
+            chat=chat_serving,
             completions=CompletionsServing(requests, responder, tokenizer),
-            messages=MessagesServing(chat_serving), responses=ResponsesServing(chat_serving),
-            tokenize=TokenizeServing(requests, tokenizer))
-        log.info("router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
-                 "policy %s, KV events from %d pods; KV retention %s, pins %gs; "
-                 "admission %s running, %d queued; API keys %s)", settings.host,
-                 settings.port, card.name, settings.prefill, settings.decode, settings.engines,
-                 routing.policy.policy, sum(1 for s in specs if s.kv_events),
-                 settings.retention.policy, settings.retention.ttl_s,
-                 settings.admission.max_concurrent_requests or "unlimited",
-                 settings.admission.max_queued_requests,
-                 f"required ({len(settings.api_keys)})" if settings.api_keys else "off")
+            messages=MessagesServing(chat_serving),
+            responses=ResponsesServing(chat_serving),
+            tokenize=TokenizeServing(requests, tokenizer),
+        )
+        log.info(
+            "router ready on http://%s:%d serving %s (prefill=%s decode=%s engines=%s, "
+            "policy %s, KV events from %d pods; KV retention %s, pins %gs; "
+            "admission %s running, %d queued; API keys %s)",
+            settings.host,
+            settings.port,
+            card.name,
+            settings.prefill,
+            settings.decode,
+            settings.engines,
+            routing.policy.policy,
+            sum(1 for s in specs if s.kv_events),
+            settings.retention.policy,
+            settings.retention.ttl_s,
+            settings.admission.max_concurrent_requests or "unlimited",
+            settings.admission.max_queued_requests,
+            f"required ({len(settings.api_keys)})" if settings.api_keys else "off",
+        )
         try:
             yield
         finally:

@@ -29,8 +29,9 @@ def read_keys_file(path: str | Path) -> list[str]:
         if any(c.isspace() for c in line):
             # A bearer token has no whitespace: most likely a trailing comment,
             # which would otherwise become part of a key no client can send.
-            raise ValueError(f"{path}:{number}: a key cannot contain whitespace "
-                             "(put comments on their own line)")
+            raise ValueError(
+                f"{path}:{number}: a key cannot contain whitespace (put comments on their own line)"
+            )
         keys.append(line)
     return keys
 
@@ -44,36 +45,40 @@ def _digest(key: str | bytes) -> bytes:
 class ApiKeyAuth:
     """Pure ASGI middleware; a pass-through when no key is configured."""
 
-    def __init__(self, app, keys: list[str] | tuple[str, ...], metrics: RouterMetrics,
-                 open_paths=OPEN_PATHS) -> None:
+    def __init__(
+        self, app, keys: list[str] | tuple[str, ...], metrics: RouterMetrics, open_paths=OPEN_PATHS
+    ) -> None:
         self.app = app
         self._digests = [_digest(k) for k in keys]
         self._metrics = metrics
         self._open_paths = open_paths
 
     async def __call__(self, scope, receive, send):
-        if (not self._digests or scope["type"] != "http"
-                or scope["path"] in self._open_paths):
+        if not self._digests or scope["type"] != "http" or scope["path"] in self._open_paths:
             return await self.app(scope, receive, send)
         failure = self._check(dict(scope["headers"]).get(b"authorization"))
         if failure is None:
             return await self.app(scope, receive, send)
         reason, message = failure
         self._metrics.auth_failures.labels(reason).inc()
-        error = OpenAIError(401, message, code="invalid_api_key",
-                            headers={"WWW-Authenticate": "Bearer"})
+        error = OpenAIError(
+            401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+        )
         await error.response(scope["path"])(scope, receive, send)
 
     def _check(self, header: bytes | None) -> tuple[str, str] | None:
         """None if the request may pass, else (metric reason, client message)."""
         if not header:
-            return "missing", ("Missing API key: send it in the Authorization header as "
-                               "'Authorization: Bearer <key>'")
+            return "missing", (
+                "Missing API key: send it in the Authorization header as "
+                "'Authorization: Bearer <key>'"
+            )
         scheme, _, token = header.partition(b" ")
         token = token.strip()
         if scheme.lower() != b"bearer" or not token:
-            return "missing", ("Malformed Authorization header: expected "
-                               "'Authorization: Bearer <key>'")
+            return "missing", (
+                "Malformed Authorization header: expected 'Authorization: Bearer <key>'"
+            )
         digest = _digest(token)
         # Check every key (no early exit), so timing says nothing about which matched.
         matched = False

@@ -40,48 +40,66 @@ class RouterSettings(RouterLaunchSettings):
     stack and the operator render it) and the rest."""
 
     chat_template: str | None = setting(
-        None, "Jinja chat template file replacing the model's own, e.g. one that renders "
+        None,
+        "Jinja chat template file replacing the model's own, e.g. one that renders "
         "`tools` (services/router/chat_templates/chatml_tools.jinja does, for ChatML models "
-        "such as SmolLM2)", metavar="PATH")
+        "such as SmolLM2)",
+        metavar="PATH",
+    )
     tool_call_parser: str | None = setting(
-        None, "vLLM tool parser (as vLLM names them, e.g. hermes) reading tool calls from the "
+        None,
+        "vLLM tool parser (as vLLM names them, e.g. hermes) reading tool calls from the "
         "model's text under tool_choice auto; without it, auto returns the text as content. "
-        "Forced calls (required, a named function) need no parser", metavar="NAME")
+        "Forced calls (required, a named function) need no parser",
+        metavar="NAME",
+    )
     reasoning_parser: str | None = setting(
-        None, "vLLM reasoning parser (as vLLM names them, e.g. deepseek_r1, qwen3, olmo3) "
+        None,
+        "vLLM reasoning parser (as vLLM names them, e.g. deepseek_r1, qwen3, olmo3) "
         "splitting a thinking model's reasoning from its answer: chat's reasoning_content, "
         "Anthropic thinking blocks, Responses reasoning items; without it, reasoning stays "
-        "in the content", metavar="NAME")
+        "in the content",
+        metavar="NAME",
+    )
     poll_interval_s: float = setting(1.0, "seconds between health/load polls of each pod")
     request_timeout_s: float = setting(600.0, "seconds a request may take end to end")
-    shutdown_grace_s: float = setting(30.0, "on SIGTERM, seconds in-flight requests may "
-                                      "finish; also how long a removed pod's calls may")
+    shutdown_grace_s: float = setting(
+        30.0,
+        "on SIGTERM, seconds in-flight requests may "
+        "finish; also how long a removed pod's calls may",
+    )
     admission: AdmissionSettings = group(
-        AdmissionSettings, "admission and API keys",
+        AdmissionSettings,
+        "admission and API keys",
         "Generation requests (POST /v1/chat/completions, /v1/completions, /v1/messages, "
         "/v1/responses) beyond "
         "--max-concurrent-requests wait in FIFO order; beyond --max-queued-requests, or "
         "after --queue-timeout-s, they get 429 with Retry-After. With any API key set, "
         "every request except /health and /metrics needs 'Authorization: Bearer <key>' "
-        "(else 401).")
+        "(else 401).",
+    )
     # Not in repr: settings must be printable without leaking keys. Not a
     # derived flag either: --api-key, --api-keys-file and the environment merge.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     discovery: DiscoverySettings = group(
-        DiscoverySettings, "pod discovery",
+        DiscoverySettings,
+        "pod discovery",
         "With --discovery static (the default) the engine pods are the --prefill, --decode "
         "and --engine flags. With --discovery kubernetes the router follows the "
         "EndpointSlices of a TandemDeployment's engine pools (what the operator deploys): "
         "a pod joins once its endpoint is ready, gets no new requests once it is "
-        "terminating (its streams finish) and leaves once it is gone.")
+        "terminating (its streams finish) and leaves once it is gone.",
+    )
     routing: RoutingSettings = group(RoutingSettings, "routing")
     retention: RetentionSettings = group(
-        RetentionSettings, "KV store retention hints",
+        RetentionSettings,
+        "KV store retention hints",
         "With the shared KV store (services/kvstore), tell the engines which KV to keep: "
         "blocks written by an active session's requests are soft-pinned (evicted only "
         "after unpinned KV) for --kv-retention-ttl-s; a request carrying the session-end "
         "header releases the session (its blocks that no other active session shares are "
-        "removed). Engines without the store ignore the hints.")
+        "removed). Engines without the store ignore the hints.",
+    )
 
     def pods(self) -> list[PodSpec]:
         """The pods the flags name."""
@@ -90,12 +108,19 @@ class RouterSettings(RouterLaunchSettings):
         def spec(item: str, role: Role) -> PodSpec:
             pool, address = split_pool(item)
             source = events.get(address)
-            return PodSpec(address, role, source.endpoint if source else None,
-                           source.replay_endpoint if source else None, pool)
+            return PodSpec(
+                address,
+                role,
+                source.endpoint if source else None,
+                source.replay_endpoint if source else None,
+                pool,
+            )
 
-        return ([spec(a, Role.PREFILL) for a in self.prefill]
-                + [spec(a, Role.DECODE) for a in self.decode]
-                + [spec(a, Role.BOTH) for a in self.engines])
+        return (
+            [spec(a, Role.PREFILL) for a in self.prefill]
+            + [spec(a, Role.DECODE) for a in self.decode]
+            + [spec(a, Role.BOTH) for a in self.engines]
+        )
 
     def validate(self) -> None:
         self.admission.validate()
@@ -104,13 +129,19 @@ class RouterSettings(RouterLaunchSettings):
         self.discovery.validate()
         if self.discovery.kubernetes:
             if self.prefill or self.decode or self.engines or self.kv_events:
-                raise SettingError("--discovery", "kubernetes finds the pods itself: drop "
-                                   "--prefill, --decode, --engine and --kv-events")
+                raise SettingError(
+                    "--discovery",
+                    "kubernetes finds the pods itself: drop "
+                    "--prefill, --decode, --engine and --kv-events",
+                )
         elif self.prefill and not self.decode:
             raise SettingError("--prefill", "needs at least one --decode pod to hand KV to")
         elif not (self.decode or self.engines):
-            raise SettingError("--decode", "no engine pods: give --decode (with --prefill "
-                               "for P/D) or --engine for aggregated engines")
+            raise SettingError(
+                "--decode",
+                "no engine pods: give --decode (with --prefill "
+                "for P/D) or --engine for aggregated engines",
+            )
         if not 0 < self.port < 65536:
             raise SettingError("--port", f"{self.port}: not a TCP port")
         pods = {split_pool(item)[1] for item in self.prefill + self.decode + self.engines}
@@ -123,11 +154,14 @@ class RouterSettings(RouterLaunchSettings):
         if len(named) != len(set(named)):
             raise SettingError("--kv-events", "names a pod twice")
         prefill_pools = {split_pool(item)[0] for item in self.prefill}
-        missing = [str(a) for a in self.routing.policy.prefill_pool_for
-                   if a.pool not in prefill_pools]
+        missing = [
+            str(a) for a in self.routing.policy.prefill_pool_for if a.pool not in prefill_pools
+        ]
         if missing and not self.discovery.kubernetes:
-            raise SettingError("--prefill-pool-for", f"{', '.join(missing)}: no --prefill "
-                               "pod of that pool (--prefill POOL=ADDR)")
+            raise SettingError(
+                "--prefill-pool-for",
+                f"{', '.join(missing)}: no --prefill pod of that pool (--prefill POOL=ADDR)",
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,19 +173,29 @@ def build_parser() -> argparse.ArgumentParser:
             "Tokenizes once with the model's chat template and sends token ids over "
             "gRPC: Prefill on a prefill pod, then Generate on a decode pod with the "
             "KV hand-off parameters. Pods are host:port gRPC addresses. Every flag "
-            f"also reads an environment variable {ENV_PREFIX}<FLAG>."))
+            f"also reads an environment variable {ENV_PREFIX}<FLAG>."
+        ),
+    )
     groups = add_arguments(parser, RouterSettings, ENV_PREFIX)
     keys = groups["admission and API keys"]
     # The environment's keys are merged in parse_settings, not used as the
     # default here: --help prints defaults, and must never print a key.
-    keys.add_argument("--api-key", action="append", dest="api_keys", metavar="KEY",
-                      help="accepted API key (repeat or comma-separate; env "
-                      f"{ENV_PREFIX}API_KEYS). Visible in the process list: prefer "
-                      "--api-keys-file or the environment variable")
-    keys.add_argument("--api-keys-file", metavar="PATH",
-                      help="file of accepted API keys, one per line; blank lines and lines "
-                      "starting with '#' are skipped "
-                      f"(env {env_name(ENV_PREFIX, '--api-keys-file')})")
+    keys.add_argument(
+        "--api-key",
+        action="append",
+        dest="api_keys",
+        metavar="KEY",
+        help="accepted API key (repeat or comma-separate; env "
+        f"{ENV_PREFIX}API_KEYS). Visible in the process list: prefer "
+        "--api-keys-file or the environment variable",
+    )
+    keys.add_argument(
+        "--api-keys-file",
+        metavar="PATH",
+        help="file of accepted API keys, one per line; blank lines and lines "
+        "starting with '#' are skipped "
+        f"(env {env_name(ENV_PREFIX, '--api-keys-file')})",
+    )
     return parser
 
 
@@ -169,7 +213,8 @@ def parse_settings(argv: list[str] | None = None) -> RouterSettings:
         if keys_file:
             api_keys += read_keys_file(keys_file)
         settings: RouterSettings = from_arguments(
-            RouterSettings, args, api_keys=tuple(dict.fromkeys(api_keys)))
+            RouterSettings, args, api_keys=tuple(dict.fromkeys(api_keys))
+        )
         settings.validate()
     except (ValueError, OSError) as exc:
         parser.error(str(exc))

@@ -48,6 +48,7 @@ from services.router.routing import PodSpec
 
 log = logging.getLogger(__name__)
 
+
 class PodSource(Protocol):
     async def initial(self) -> list[PodSpec]:
         """The pods there are now (the router asks them what model they serve)."""
@@ -92,8 +93,9 @@ def slice_endpoints(endpoint_slice: Mapping[str, Any]) -> list[Endpoint]:
     its pod's."""
     labels = (endpoint_slice.get("metadata") or {}).get("labels") or {}
     role_label = labels.get(LABEL_ROLE)
-    ports = {p.get("name"): p.get("port") for p in endpoint_slice.get("ports") or []
-             if p.get("port")}
+    ports = {
+        p.get("name"): p.get("port") for p in endpoint_slice.get("ports") or [] if p.get("port")
+    }
     if role_label not in tuple(Role) or PORT_GRPC not in ports:
         return []
     role = Role(role_label)
@@ -107,12 +109,17 @@ def slice_endpoints(endpoint_slice: Mapping[str, Any]) -> list[Endpoint]:
         terminating = bool(conditions.get("terminating"))
         # Kubernetes: a nil `ready` means ready, unless terminating.
         ready = conditions.get("ready", True) is not False and not terminating
-        events = (f"tcp://{_host_port(ip, ports[PORT_KV_EVENTS])}"
-                  if PORT_KV_EVENTS in ports else None)
-        replay = (f"tcp://{_host_port(ip, ports[PORT_KV_REPLAY])}"
-                  if events and PORT_KV_REPLAY in ports else None)
-        spec = PodSpec(_host_port(ip, ports[PORT_GRPC]), role, events, replay,
-                       labels.get(LABEL_POOL, ""))
+        events = (
+            f"tcp://{_host_port(ip, ports[PORT_KV_EVENTS])}" if PORT_KV_EVENTS in ports else None
+        )
+        replay = (
+            f"tcp://{_host_port(ip, ports[PORT_KV_REPLAY])}"
+            if events and PORT_KV_REPLAY in ports
+            else None
+        )
+        spec = PodSpec(
+            _host_port(ip, ports[PORT_GRPC]), role, events, replay, labels.get(LABEL_POOL, "")
+        )
         out.append(Endpoint(spec, ready, terminating, (ep.get("targetRef") or {}).get("name", "")))
     return out
 
@@ -165,8 +172,9 @@ def plan_changes(present: Mapping[str, bool], endpoints: Mapping[str, Endpoint])
 class KubernetesPods:
     """The engine pods of one TandemDeployment, from its pools' EndpointSlices."""
 
-    def __init__(self, settings: DiscoverySettings, metrics: RouterMetrics,
-                 retry_s: float = 1.0) -> None:
+    def __init__(
+        self, settings: DiscoverySettings, metrics: RouterMetrics, retry_s: float = 1.0
+    ) -> None:
         assert settings.discovery_deployment
         self._namespace = settings.discovery_namespace or own_namespace()
         self._selector = engine_selector(settings.discovery_deployment)
@@ -186,8 +194,11 @@ class KubernetesPods:
 
     async def initial(self) -> list[PodSpec]:
         """The ready engine pods; waits until there is at least one."""
-        log.info("discovery: following EndpointSlices %s in namespace %s",
-                 self._selector, self._namespace)
+        log.info(
+            "discovery: following EndpointSlices %s in namespace %s",
+            self._selector,
+            self._namespace,
+        )
 
         async def any_ready() -> bool:
             if any(ep.ready for ep in merge_endpoints(self._slices).values()):
@@ -226,20 +237,31 @@ class KubernetesPods:
         for spec in changes.add:
             pool.add_pod(spec)
             self._metrics.discovery_changes.labels("added").inc()
-            log.info("discovery: pod %s ready, added as %s (%s)", endpoints[spec.name].pod,
-                     spec.name, spec.role)
+            log.info(
+                "discovery: pod %s ready, added as %s (%s)",
+                endpoints[spec.name].pod,
+                spec.name,
+                spec.role,
+            )
         for address in changes.drain:
             pool.set_draining(address)
             self._drained.add(address)
             self._metrics.discovery_changes.labels("draining").inc()
-            log.info("discovery: pod %s %s: draining %s", endpoints[address].pod,
-                     "terminating" if endpoints[address].terminating else "not ready", address)
+            log.info(
+                "discovery: pod %s %s: draining %s",
+                endpoints[address].pod,
+                "terminating" if endpoints[address].terminating else "not ready",
+                address,
+            )
         for address in changes.undrain:
             pool.set_draining(address, False)
             self._drained.discard(address)
             self._metrics.discovery_changes.labels("ready_again").inc()
-            log.info("discovery: pod %s ready again: %s takes new requests",
-                     endpoints[address].pod, address)
+            log.info(
+                "discovery: pod %s ready again: %s takes new requests",
+                endpoints[address].pod,
+                address,
+            )
         for address in changes.remove:
             self._drained.discard(address)
             self._metrics.discovery_changes.labels("removed").inc()
@@ -251,8 +273,11 @@ class KubernetesPods:
     async def _list(self, api: client.DiscoveryV1Api) -> None:
         # Raw: the slices stay the dicts the watch events carry.
         response: Any = await api.list_namespaced_endpoint_slice(
-            self._namespace, label_selector=self._selector, _preload_content=False,
-            _request_timeout=30)
+            self._namespace,
+            label_selector=self._selector,
+            _preload_content=False,
+            _request_timeout=30,
+        )
         try:
             found = await response.json()
         finally:
@@ -284,26 +309,39 @@ class KubernetesPods:
                     log.info("discovery: watch history expired (410 Gone): listing again")
                     continue
                 self._metrics.discovery_restarts.labels("error").inc()
-                log.warning("discovery: API server answered %s %s: listing again in %gs",
-                            exc.status, exc.reason, self._retry_s)
+                log.warning(
+                    "discovery: API server answered %s %s: listing again in %gs",
+                    exc.status,
+                    exc.reason,
+                    self._retry_s,
+                )
                 await asyncio.sleep(self._retry_s)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 self._rv = None
                 self._metrics.discovery_restarts.labels("error").inc()
-                log.warning("discovery: EndpointSlice watch failed (%s: %s): listing again "
-                            "in %gs", type(exc).__name__, exc, self._retry_s)
+                log.warning(
+                    "discovery: EndpointSlice watch failed (%s: %s): listing again in %gs",
+                    type(exc).__name__,
+                    exc,
+                    self._retry_s,
+                )
                 await asyncio.sleep(self._retry_s)
 
-    async def _watch_once(self, api: client.DiscoveryV1Api,
-                          on_change: Callable[[], Awaitable[bool]]) -> bool:
+    async def _watch_once(
+        self, api: client.DiscoveryV1Api, on_change: Callable[[], Awaitable[bool]]
+    ) -> bool:
         """One watch from ``self._rv`` until the server ends it; True once
         ``on_change`` is."""
         async with watch.Watch(return_type="object") as stream:
             async for event in stream.stream(
-                    api.list_namespaced_endpoint_slice, self._namespace,
-                    label_selector=self._selector, resource_version=self._rv,
-                    allow_watch_bookmarks=True, timeout_seconds=int(self._watch_timeout_s),
-                    _request_timeout=self._watch_timeout_s + 30):
+                api.list_namespaced_endpoint_slice,
+                self._namespace,
+                label_selector=self._selector,
+                resource_version=self._rv,
+                allow_watch_bookmarks=True,
+                timeout_seconds=int(self._watch_timeout_s),
+                _request_timeout=self._watch_timeout_s + 30,
+            ):
                 obj = event["raw_object"]
                 kind = event["type"]
                 self._rv = obj["metadata"]["resourceVersion"]
@@ -320,8 +358,9 @@ class KubernetesPods:
         return False
 
 
-def pod_source(settings: DiscoverySettings, static: list[PodSpec],
-               metrics: RouterMetrics) -> PodSource:
+def pod_source(
+    settings: DiscoverySettings, static: list[PodSpec], metrics: RouterMetrics
+) -> PodSource:
     """The source ``--discovery`` names."""
     if settings.kubernetes:
         return KubernetesPods(settings, metrics)

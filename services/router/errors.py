@@ -20,19 +20,35 @@ log = logging.getLogger(__name__)
 
 # 401 is invalid_request_error because that is what OpenAI's API answers for
 # a missing or wrong key (with code invalid_api_key); clients match on it.
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
-          404: "invalid_request_error", 405: "invalid_request_error",
-          413: "invalid_request_error", 429: "rate_limit_error",
-          499: "invalid_request_error", 500: "server_error",
-          502: "server_error", 503: "service_unavailable", 504: "timeout"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "invalid_request_error",
+    500: "server_error",
+    502: "server_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 
 # Anthropic's error types, by status (its SDK maps statuses to exception
 # classes; the type is what clients log).
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                    403: "permission_error", 404: "not_found_error",
-                    413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                    502: "api_error", 503: "overloaded_error", 504: "timeout_error"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 # The path of the Anthropic Messages API: errors there take Anthropic's format.
 ANTHROPIC_MESSAGES_PATH = "/v1/messages"
 
@@ -42,8 +58,15 @@ def speaks_anthropic(path: str) -> bool:
 
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -52,14 +75,24 @@ class OpenAIError(Exception):
         self.headers = headers
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def anthropic_body(self) -> dict:
-        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500
-                                    else "invalid_request_error")
-        message = f"{self.param}: {self.message}" if self.param and \
-            self.param not in self.message else self.message
+        kind = _ANTHROPIC_TYPES.get(
+            self.status, "api_error" if self.status >= 500 else "invalid_request_error"
+        )
+        message = (
+            f"{self.param}: {self.message}"
+            if self.param and self.param not in self.message
+            else self.message
+        )
         return {"type": "error", "error": {"type": kind, "message": message}}
 
     def response(self, path: str = "") -> JSONResponse:
@@ -111,5 +144,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error")
-        return OpenAIError(500, f"internal error: {type(exc).__name__}").response(
-            request.url.path)
+        return OpenAIError(500, f"internal error: {type(exc).__name__}").response(request.url.path)

@@ -41,8 +41,7 @@ from services.router.routing.replica import Replica
 
 log = logging.getLogger(__name__)
 
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN,
-              grpc.StatusCode.CANCELLED}
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
 _RELEASE_TIMEOUT_S = 5.0
 
 
@@ -75,6 +74,7 @@ def _to_openai_error(exc: grpc.aio.AioRpcError, pod: EnginePod) -> OpenAIError:
 class _Routing:
     """One request's routing: the current decision, and every decision made
     for it (all released when the request ends)."""
+
     request: RouteRequest
     decision: RouteDecision | None = None
     decisions: list[RouteDecision] = field(default_factory=list)
@@ -84,9 +84,14 @@ class _Routing:
 
 
 class Orchestrator:
-    def __init__(self, pool: PodPool, replica: Replica, metrics: RouterMetrics,
-                 retention: SessionRetention | None = None,
-                 prefetcher: SessionPrefetcher | None = None) -> None:
+    def __init__(
+        self,
+        pool: PodPool,
+        replica: Replica,
+        metrics: RouterMetrics,
+        retention: SessionRetention | None = None,
+        prefetcher: SessionPrefetcher | None = None,
+    ) -> None:
         self._pool = pool
         self._prefetcher = prefetcher
         self._replica = replica
@@ -104,14 +109,16 @@ class Orchestrator:
             decision = await self._replica.route(routing.request, time.monotonic())
         except NoPodAvailable as exc:
             raise OpenAIError(503, f"{exc} ({tried} tried)" if tried else str(exc)) from None
-        self._metrics.count_decision(self._core.settings.policy.policy, decision,
-                                     time.perf_counter() - start)
+        self._metrics.count_decision(
+            self._core.settings.policy.policy, decision, time.perf_counter() - start
+        )
         routing.decision = decision
         routing.decisions.append(decision)
         return decision
 
-    async def _prefill_done(self, decision: RouteDecision, pod: str,
-                            cached_tokens: int | None) -> None:
+    async def _prefill_done(
+        self, decision: RouteDecision, pod: str, cached_tokens: int | None
+    ) -> None:
         """``pod`` computed the prompt; ``cached_tokens``: its count, if it came."""
         await self._replica.report_prefill(decision, time.monotonic(), pod)
         if cached_tokens is not None:
@@ -129,9 +136,14 @@ class Orchestrator:
 
     async def stream(self, req: EngineRequest) -> AsyncIterator[pb.GenerateResponse]:
         """Run a request; yields the decode's messages, the last one final."""
-        routing = _Routing(RouteRequest(req.token_ids, session=req.session,
-                                        cache_salt=req.cache_salt,
-                                        session_end=req.session_end))
+        routing = _Routing(
+            RouteRequest(
+                req.token_ids,
+                session=req.session,
+                cache_salt=req.cache_salt,
+                session_end=req.session_end,
+            )
+        )
         prefetcher, session = self._prefetcher, req.session
         if prefetcher is not None and session:
             prefetcher.turn_started(session)
@@ -146,26 +158,36 @@ class Orchestrator:
             for decision in routing.decisions:
                 await self._replica.release(decision, time.monotonic())
             if prefetcher is not None and session:
-                prefetcher.turn_ended(session, req.token_ids, req.cache_salt,
-                                      last=req.session_end)
+                prefetcher.turn_ended(session, req.token_ids, req.cache_salt, last=req.session_end)
 
-    def _retention_hint(self, req: EngineRequest,
-                        decision: RouteDecision) -> pb.RetentionHint | None:
+    def _retention_hint(
+        self, req: EngineRequest, decision: RouteDecision
+    ) -> pb.RetentionHint | None:
         """What the engine that writes this request's KV to the store should
         keep (services/router/retention.py); once per request, not per retry."""
         if self._retention is None:
             return None
-        hint = self._retention.hint(req.session, req.session_source, decision.block_hashes,
-                                    time.monotonic(), end=req.session_end)
+        hint = self._retention.hint(
+            req.session,
+            req.session_source,
+            decision.block_hashes,
+            time.monotonic(),
+            end=req.session_end,
+        )
         self._metrics.retention_sessions.set(self._retention.active_sessions)
         if hint is None:
             return None
         self._metrics.retention_hints.labels("release" if hint.release else "pin").inc()
-        return pb.RetentionHint(session=hint.session, pin_ttl_ms=hint.pin_ttl_ms,
-                                release=hint.release, keep_tokens=hint.keep_tokens)
+        return pb.RetentionHint(
+            session=hint.session,
+            pin_ttl_ms=hint.pin_ttl_ms,
+            release=hint.release,
+            keep_tokens=hint.keep_tokens,
+        )
 
-    async def _prefill(self, req: EngineRequest, routing: _Routing,
-                       hint: pb.RetentionHint | None = None) -> str:
+    async def _prefill(
+        self, req: EngineRequest, routing: _Routing, hint: pb.RetentionHint | None = None
+    ) -> str:
         """KV hand-off parameters from a prefill pod, or "" when the decode
         (or aggregated) pod computes the prompt itself."""
         tried = 0
@@ -181,10 +203,15 @@ class Orchestrator:
             else:
                 started = time.perf_counter()
                 try:
-                    reply = await pod.stub.Prefill(pb.PrefillRequest(
-                        request_id=req.request_id, token_ids=req.token_ids,
-                        sampling_params=req.sampling, cache_salt=req.cache_salt,
-                        retention=hint))
+                    reply = await pod.stub.Prefill(
+                        pb.PrefillRequest(
+                            request_id=req.request_id,
+                            token_ids=req.token_ids,
+                            sampling_params=req.sampling,
+                            cache_salt=req.cache_salt,
+                            retention=hint,
+                        )
+                    )
                     await self._prefill_done(routing.decision, address, reply.cached_tokens)
                     self._metrics.count_prompt(pod.role, len(req.token_ids), reply.cached_tokens)
                     return reply.kv_transfer_params_json
@@ -202,14 +229,20 @@ class Orchestrator:
             if reason == "prefill_unavailable":
                 log.warning("no prefill pod can serve; the decode pod prefills locally")
             elif reason == "class_pool_unavailable":
-                log.warning("no prefill pod of the %s pool can serve; the decode pod "
-                            "prefills locally", routing.decision.request_class)
+                log.warning(
+                    "no prefill pod of the %s pool can serve; the decode pod prefills locally",
+                    routing.decision.request_class,
+                )
             self._metrics.local_prefill.labels(reason).inc()
         return ""
 
-    async def _generate(self, req: EngineRequest, routing: _Routing, kv_params: str,
-                        hint: pb.RetentionHint | None = None,
-                        ) -> AsyncIterator[pb.GenerateResponse]:
+    async def _generate(
+        self,
+        req: EngineRequest,
+        routing: _Routing,
+        kv_params: str,
+        hint: pb.RetentionHint | None = None,
+    ) -> AsyncIterator[pb.GenerateResponse]:
         tried: set[str] = set()
         first_byte = False
         try:
@@ -230,36 +263,43 @@ class Orchestrator:
                 started = time.perf_counter()
                 # The hint goes along when this pod computes the prompt (no
                 # prefill pod, or an aggregated pod): then it writes the KV.
-                call = pod.stub.Generate(pb.GenerateRequest(
-                    request_id=req.request_id, token_ids=req.token_ids,
-                    sampling_params=req.sampling, kv_transfer_params_json=kv_params,
-                    cache_salt=req.cache_salt, retention=None if kv_params else hint))
+                call = pod.stub.Generate(
+                    pb.GenerateRequest(
+                        request_id=req.request_id,
+                        token_ids=req.token_ids,
+                        sampling_params=req.sampling,
+                        kv_transfer_params_json=kv_params,
+                        cache_salt=req.cache_salt,
+                        retention=None if kv_params else hint,
+                    )
+                )
                 try:
                     async for message in call:
                         if not first_byte:
                             first_byte = True
-                            self._metrics.observe_ttft(decision,
-                                                       time.perf_counter() - req.arrival)
+                            self._metrics.observe_ttft(decision, time.perf_counter() - req.arrival)
                             if not kv_params:
                                 # The prompt is computed: it no longer queues
                                 # ahead of others there (its count comes last).
                                 await self._prefill_done(decision, pod.address, None)
                         if message.finish_reason and not kv_params:
                             # This pod computed the prompt: its count is the truth.
-                            await self._prefill_done(decision, pod.address,
-                                                     message.usage.cached_tokens)
-                            self._metrics.count_prompt(pod.role, message.usage.prompt_tokens,
-                                                       message.usage.cached_tokens)
+                            await self._prefill_done(
+                                decision, pod.address, message.usage.cached_tokens
+                            )
+                            self._metrics.count_prompt(
+                                pod.role, message.usage.prompt_tokens, message.usage.cached_tokens
+                            )
                         if message.finish_reason:
-                            self._metrics.count_generation(pod.role,
-                                                           message.usage.completion_tokens)
+                            self._metrics.count_generation(
+                                pod.role, message.usage.completion_tokens
+                            )
                         yield message
                     return
                 except grpc.aio.AioRpcError as exc:
                     if first_byte or exc.code() not in _RETRYABLE:
                         raise _to_openai_error(exc, pod) from None
-                    await self._failed(routing, pod.address,
-                                       f"Generate failed: {exc.code().name}")
+                    await self._failed(routing, pod.address, f"Generate failed: {exc.code().name}")
                 finally:
                     call.cancel()  # no-op when finished; aborts the request otherwise
                     self._metrics.pool_busy.labels(pod.role).inc(time.perf_counter() - started)
@@ -271,7 +311,8 @@ class Orchestrator:
     def _release_kv_soon(self, request_id: str, kv_params: str, exclude: set[str]) -> None:
         """Free a prefill's leased KV in the background (works while cancelled)."""
         task = asyncio.get_running_loop().create_task(
-            self._release_kv(request_id, kv_params, exclude))
+            self._release_kv(request_id, kv_params, exclude)
+        )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -279,21 +320,24 @@ class Orchestrator:
         # Prefer a pod that did not just fail; the one the request was on is
         # fine too if it is still up (a client disconnect, not a pod failure).
         now = time.monotonic()
-        pods = sorted(self._pool.of_role(Role.DECODE),
-                      key=lambda p: (not self._core.available(p.address, now),
-                                     p.address in exclude))
+        pods = sorted(
+            self._pool.of_role(Role.DECODE),
+            key=lambda p: (not self._core.available(p.address, now), p.address in exclude),
+        )
         for pod in pods:
             try:
-                await pod.stub.ReleaseKv(pb.ReleaseKvRequest(
-                    request_id=request_id, kv_transfer_params_json=kv_params),
-                    timeout=_RELEASE_TIMEOUT_S)
+                await pod.stub.ReleaseKv(
+                    pb.ReleaseKvRequest(request_id=request_id, kv_transfer_params_json=kv_params),
+                    timeout=_RELEASE_TIMEOUT_S,
+                )
                 self._metrics.kv_released.inc()
                 log.info("request %s: released prefill KV via %s", request_id, pod.address)
                 return
             except grpc.aio.AioRpcError as exc:
                 log.debug("ReleaseKv via %s failed: %s", pod.address, exc.code().name)
-        log.warning("request %s: could not release prefill KV early; its lease will expire",
-                    request_id)
+        log.warning(
+            "request %s: could not release prefill KV early; its lease will expire", request_id
+        )
 
     async def drain_background(self) -> None:
         if self._background:

@@ -26,10 +26,12 @@ from services.router.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
-                    ("grpc.max_send_message_length", 64 << 20),
-                    ("grpc.keepalive_time_ms", 10_000),
-                    ("grpc.keepalive_timeout_ms", 5_000)]
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+]
 
 # Consecutive timed-out polls after which a pod counts as unhealthy.
 _SLOW_POLLS_BEFORE_UNHEALTHY = 3
@@ -56,8 +58,7 @@ class EnginePod:
 
     async def check(self, timeout: float) -> tuple[bool, pb.GetLoadResponse]:
         """(serving, load) from the pod's health service and GetLoad."""
-        reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""),
-                                         timeout=timeout)
+        reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
         load = await self.stub.GetLoad(pb.GetLoadRequest(), timeout=timeout)
         return reply.status == health_pb2.HealthCheckResponse.SERVING, load
 
@@ -70,8 +71,9 @@ class EnginePod:
 
 
 class PodPool:
-    def __init__(self, core: RoutingCore, poll_interval_s: float,
-                 remove_grace_s: float = 30.0) -> None:
+    def __init__(
+        self, core: RoutingCore, poll_interval_s: float, remove_grace_s: float = 30.0
+    ) -> None:
         self.core = core
         self._pods: dict[str, EnginePod] = {}
         self._poll_interval_s = poll_interval_s
@@ -87,12 +89,17 @@ class PodPool:
         self.core.add_pod(spec)
         events = None
         if spec.kv_events:
-            events = KvEventSubscriber(spec.name, spec.kv_events, spec.kv_events_replay,
-                                       self.core.index)
+            events = KvEventSubscriber(
+                spec.name, spec.kv_events, spec.kv_events_replay, self.core.index
+            )
             events.start()
         pod = self._pods[spec.name] = EnginePod(spec, events)
-        log.info("pod %s (%s) added%s", spec.name, spec.role,
-                 f", KV events from {spec.kv_events}" if spec.kv_events else "")
+        log.info(
+            "pod %s (%s) added%s",
+            spec.name,
+            spec.role,
+            f", KV events from {spec.kv_events}" if spec.kv_events else "",
+        )
         return pod
 
     async def remove_pod(self, name: str) -> None:
@@ -129,16 +136,24 @@ class PodPool:
             # A refused connection is a dead pod; a slow answer from a busy
             # one is not, unless it keeps happening.
             pod.slow_polls += 1
-            if (exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
-                    or pod.slow_polls >= _SLOW_POLLS_BEFORE_UNHEALTHY):
+            if (
+                exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                or pod.slow_polls >= _SLOW_POLLS_BEFORE_UNHEALTHY
+            ):
                 self.core.mark_unhealthy(pod.address, exc.code().name)
             return
         pod.slow_polls = 0
-        self.core.update_pod(pod.address, time.monotonic(), healthy=serving,
-                             draining=load.draining, running=load.running,
-                             waiting=load.waiting, kv_cache_usage=load.kv_cache_usage,
-                             kv_capacity_blocks=load.kv_capacity_blocks,
-                             why="" if serving else "health check says NOT_SERVING")
+        self.core.update_pod(
+            pod.address,
+            time.monotonic(),
+            healthy=serving,
+            draining=load.draining,
+            running=load.running,
+            waiting=load.waiting,
+            kv_cache_usage=load.kv_cache_usage,
+            kv_capacity_blocks=load.kv_capacity_blocks,
+            why="" if serving else "health check says NOT_SERVING",
+        )
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(p) for p in self.pods))

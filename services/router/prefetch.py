@@ -47,8 +47,14 @@ class _Turn:
 
 
 class SessionPrefetcher:
-    def __init__(self, settings: PrefetchSettings, pool: PodPool, replica: Replica,
-                 metrics: RouterMetrics, interval_s: float) -> None:
+    def __init__(
+        self,
+        settings: PrefetchSettings,
+        pool: PodPool,
+        replica: Replica,
+        metrics: RouterMetrics,
+        interval_s: float,
+    ) -> None:
         self._settings = settings
         self._pool = pool
         self._replica = replica
@@ -71,11 +77,13 @@ class SessionPrefetcher:
         if running is not None:
             running[1].cancel()
             self._metrics.prefetches.labels("cancelled").inc()
-            log.info("prefetch of session %s on %s cancelled: its turn came first",
-                     session, running[0])
+            log.info(
+                "prefetch of session %s on %s cancelled: its turn came first", session, running[0]
+            )
 
-    def turn_ended(self, session: str, token_ids: Sequence[int], cache_salt: str | None,
-                   last: bool = False) -> None:
+    def turn_ended(
+        self, session: str, token_ids: Sequence[int], cache_salt: str | None, last: bool = False
+    ) -> None:
         """A request of ``session`` ended; ``last``: the client ended the session."""
         left = self._turns.get(session, 1) - 1
         if left > 0:
@@ -104,14 +112,21 @@ class SessionPrefetcher:
             if turn.warmed:
                 continue
             binding = (await self._replica.state.read(session, now)).binding
-            target = self._core.next_turn(self._hashes(turn), len(turn.token_ids), session,
-                                          binding, now)
+            target = self._core.next_turn(
+                self._hashes(turn), len(turn.token_ids), session, binding, now
+            )
             if target is None:
                 continue
-            candidates.append(Candidate(session, len(turn.token_ids), target.name,
-                                        target.cached_tokens,
-                                        binding is not None and binding.pod != target.name,
-                                        target.kv_free_tokens))
+            candidates.append(
+                Candidate(
+                    session,
+                    len(turn.token_ids),
+                    target.name,
+                    target.cached_tokens,
+                    binding is not None and binding.pod != target.name,
+                    target.kv_free_tokens,
+                )
+            )
         if not candidates:
             return []
         prefetching: dict[str, int] = {}
@@ -120,8 +135,7 @@ class SessionPrefetcher:
         gates = {}
         for name, st in self._core.pods.items():
             queued = st.waiting + self._core.local_load(name).pending_prefill_tokens
-            gates[name] = PodGate(self._core.available(name, now), queued,
-                                  prefetching.get(name, 0))
+            gates[name] = PodGate(self._core.available(name, now), queued, prefetching.get(name, 0))
         chosen = plan(candidates, gates, self._settings)
         for p in chosen:
             self._start(p, self._idle[p.session])
@@ -134,22 +148,32 @@ class SessionPrefetcher:
 
     def _start(self, p: Prefetch, turn: _Turn) -> None:
         turn.warmed = True
-        task = asyncio.get_running_loop().create_task(self._run(p, turn),
-                                                      name=f"prefetch-{p.session}")
+        task = asyncio.get_running_loop().create_task(
+            self._run(p, turn), name=f"prefetch-{p.session}"
+        )
         self._running[p.session] = (p.pod, task)
         self._metrics.prefetches.labels("started").inc()
-        log.info("prefetch of session %s on %s (%s): %d tokens missing there",
-                 p.session, p.pod, p.reason, p.tokens)
+        log.info(
+            "prefetch of session %s on %s (%s): %d tokens missing there",
+            p.session,
+            p.pod,
+            p.reason,
+            p.tokens,
+        )
 
     async def _run(self, p: Prefetch, turn: _Turn) -> None:
         pod = self._pool.get(p.pod)
         try:
             if pod is None:
                 raise RuntimeError("the pod was removed")
-            call = pod.stub.Generate(pb.GenerateRequest(
-                request_id=f"prefetch-{uuid.uuid4().hex}", token_ids=list(turn.token_ids),
-                sampling_params=pb.SamplingParams(max_tokens=1),
-                cache_salt=turn.cache_salt))
+            call = pod.stub.Generate(
+                pb.GenerateRequest(
+                    request_id=f"prefetch-{uuid.uuid4().hex}",
+                    token_ids=list(turn.token_ids),
+                    sampling_params=pb.SamplingParams(max_tokens=1),
+                    cache_salt=turn.cache_salt,
+                )
+            )
             try:
                 async for _ in call:
                     pass

@@ -36,32 +36,49 @@ from services.kvstore.retention import RetentionHint
 
 POLICIES = ("off", "named-sessions", "all-sessions")
 # Session key sources (services/router/routing/sessions.py) a policy pins.
-_PINNED_SOURCES = {"off": frozenset(),
-                   "named-sessions": frozenset({"header", "user"}),
-                   "all-sessions": frozenset({"header", "user", "derived"})}
+_PINNED_SOURCES = {
+    "off": frozenset(),
+    "named-sessions": frozenset({"header", "user"}),
+    "all-sessions": frozenset({"header", "user", "derived"}),
+}
 
 
 @dataclass(frozen=True)
 class RetentionSettings:
-    policy: str = setting("named-sessions", "which sessions are pinned: sessions the client "
-                          "names (session header or `user`), all sessions (also those derived "
-                          "from the opening messages), or none", flag="--kv-retention",
-                          choices=POLICIES)
-    ttl_s: float = setting(1800.0, "how long a session's KV blocks stay pinned after they "
-                           "are written; a session idle this long is released (its pins "
-                           "have lapsed)", flag="--kv-retention-ttl-s")
-    end_header: str = setting("x-session-end", "request header (value 1/true/yes) marking a "
-                              "session's last request", flag="--session-end-header")
+    policy: str = setting(
+        "named-sessions",
+        "which sessions are pinned: sessions the client "
+        "names (session header or `user`), all sessions (also those derived "
+        "from the opening messages), or none",
+        flag="--kv-retention",
+        choices=POLICIES,
+    )
+    ttl_s: float = setting(
+        1800.0,
+        "how long a session's KV blocks stay pinned after they "
+        "are written; a session idle this long is released (its pins "
+        "have lapsed)",
+        flag="--kv-retention-ttl-s",
+    )
+    end_header: str = setting(
+        "x-session-end",
+        "request header (value 1/true/yes) marking a session's last request",
+        flag="--session-end-header",
+    )
     max_sessions: int = 100_000
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
-            raise SettingError(flag_of(RetentionSettings, "policy"),
-                               f"{self.policy!r}: must be one of {', '.join(POLICIES)}")
+            raise SettingError(
+                flag_of(RetentionSettings, "policy"),
+                f"{self.policy!r}: must be one of {', '.join(POLICIES)}",
+            )
         if not 0 < self.ttl_s <= 86400:
             # The KV store's master refuses pins longer than a day by default.
-            raise SettingError(flag_of(RetentionSettings, "ttl_s"),
-                               f"{self.ttl_s:g}: must be in (0, 86400] seconds")
+            raise SettingError(
+                flag_of(RetentionSettings, "ttl_s"),
+                f"{self.ttl_s:g}: must be in (0, 86400] seconds",
+            )
 
 
 @dataclass
@@ -86,8 +103,14 @@ class SessionRetention:
     def active_sessions(self) -> int:
         return len(self._sessions)
 
-    def hint(self, session: str | None, source: str | None, hashes: Sequence[int],
-             now: float, end: bool = False) -> RetentionHint | None:
+    def hint(
+        self,
+        session: str | None,
+        source: str | None,
+        hashes: Sequence[int],
+        now: float,
+        end: bool = False,
+    ) -> RetentionHint | None:
         """The hint for one request (None: nothing to say).
 
         ``session``/``source`` come from ``session_key``; ``hashes`` are the

@@ -40,12 +40,19 @@ class ChatTokenizer:
     def hf_tokenizer(self):
         return self._tok
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None,
-               add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """Chat messages as the prompt text the model sees."""
-        return self._tok.apply_chat_template(messages, tools=tools or None,
-                                             add_generation_prompt=add_generation_prompt,
-                                             tokenize=False)
+        return self._tok.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
 
     def ids(self, text: str, add_special_tokens: bool) -> list[int]:
         if self._encoder is not None:
@@ -64,15 +71,17 @@ class ChatTokenizer:
         finally:
             self._lock.release()
 
-    def chat(self, messages: list[dict], session: str | None = None,
-             tools: list[dict] | None = None) -> list[int]:
+    def chat(
+        self, messages: list[dict], session: str | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         return self._encode(self.render(messages, tools), session)
 
     def prompt(self, text: str) -> list[int]:
         return self.ids(text, add_special_tokens=True)
 
-    async def chat_async(self, messages: list[dict], session: str | None = None,
-                         tools: list[dict] | None = None) -> list[int]:
+    async def chat_async(
+        self, messages: list[dict], session: str | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         if not tools and sum(len(m["content"] or "") for m in messages) <= INLINE_MAX_CHARS:
             # Never wait on the loop for a worker thread's (long) encode.
             ids = self._encode(self.render(messages), session, blocking=False)

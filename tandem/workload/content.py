@@ -37,7 +37,7 @@ _MARK = "\u2063MARK\u2063"
 @dataclass(frozen=True)
 class BuiltPrompt:
     messages: list[dict[str, str]]
-    token_ids: list[int]      # exactly what the engine will see
+    token_ids: list[int]  # exactly what the engine will see
     expected_prompt_tokens: int
 
 
@@ -50,14 +50,17 @@ class PromptBuilder:
         self.verify = verify
         self.words = self._single_token_words()
         if len(self.words) < 256:
-            raise RuntimeError(f"tokenizer has only {len(self.words)} single-token words; "
-                               f"cannot build block-exact filler")
+            raise RuntimeError(
+                f"tokenizer has only {len(self.words)} single-token words; "
+                f"cannot build block-exact filler"
+            )
         self.header, self.suffix = self._template_frame()
         self._blocks: dict[tuple, np.ndarray] = {}
 
     @classmethod
     def from_model(cls, model_dir: str, salt: str = "", verify: bool = True) -> PromptBuilder:
         from transformers import AutoTokenizer
+
         return cls(AutoTokenizer.from_pretrained(str(model_dir)), salt=salt, verify=verify)
 
     # -- set-up
@@ -75,8 +78,9 @@ class PromptBuilder:
         return np.array(sorted(ids), dtype=np.int64)
 
     def _template_frame(self) -> tuple[list[int], list[int]]:
-        text = self.tok.apply_chat_template([{"role": "user", "content": _MARK}],
-                                            add_generation_prompt=True, tokenize=False)
+        text = self.tok.apply_chat_template(
+            [{"role": "user", "content": _MARK}], add_generation_prompt=True, tokenize=False
+        )
         if text.count(_MARK) != 1:
             raise RuntimeError("chat template does not place the user content verbatim")
         head, tail = text.split(_MARK)
@@ -84,23 +88,23 @@ class PromptBuilder:
 
     def check_block_size(self, block_size: int) -> None:
         if block_size <= len(self.header):
-            raise ValueError(f"block_size {block_size} must exceed the chat template "
-                             f"header ({len(self.header)} tokens) of this tokenizer")
+            raise ValueError(
+                f"block_size {block_size} must exceed the chat template "
+                f"header ({len(self.header)} tokens) of this tokenizer"
+            )
 
     # -- blocks
     def _block(self, scope: str, h: int, n: int) -> np.ndarray:
         key = (scope, h)
         blk = self._blocks.get(key)
         if blk is None or len(blk) < n:
-            digest = hashlib.blake2b(f"{self.salt}\0{scope}\0{h}".encode(),
-                                     digest_size=8).digest()
+            digest = hashlib.blake2b(f"{self.salt}\0{scope}\0{h}".encode(), digest_size=8).digest()
             rng = np.random.default_rng(int.from_bytes(digest, "big"))
             blk = self.words[rng.integers(0, len(self.words), size=max(n, 1))]
             self._blocks[key] = blk
         return blk[:n]
 
-    def content_ids(self, scope: str, hash_ids: list[int], n_in: int,
-                    block_size: int) -> list[int]:
+    def content_ids(self, scope: str, hash_ids: list[int], n_in: int, block_size: int) -> list[int]:
         """The filler token ids (everything between header and suffix)."""
         self.check_block_size(block_size)
         hdr = len(self.header)
@@ -111,33 +115,40 @@ class PromptBuilder:
             end = min(n_in, start + block_size)
             if end <= start:
                 break
-            lo = max(start, hdr)         # block 0 begins with the header
+            lo = max(start, hdr)  # block 0 begins with the header
             parts.append(self._block(scope, h, end - lo)[: end - lo])
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return ids.tolist()
 
-    def build(self, scope: str, hash_ids: list[int], n_in: int,
-              block_size: int) -> BuiltPrompt:
+    def build(self, scope: str, hash_ids: list[int], n_in: int, block_size: int) -> BuiltPrompt:
         content = self.content_ids(scope, hash_ids, n_in, block_size)
         text = self.tok.decode(content)
         messages = [{"role": "user", "content": text}]
         expected = self.header + content + self.suffix
         if self.verify:
-            rendered = self.tok.apply_chat_template(messages, add_generation_prompt=True,
-                                                    tokenize=False)
+            rendered = self.tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
             got = self._encode(rendered)
             if got != expected:
-                at = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
-                          min(len(got), len(expected)))
-                raise RuntimeError(f"prompt for hash ids {hash_ids[:3]}... does not "
-                                   f"tokenize as built (first difference at token {at})")
-        return BuiltPrompt(messages=messages, token_ids=expected,
-                           expected_prompt_tokens=len(expected))
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
+                    min(len(got), len(expected)),
+                )
+                raise RuntimeError(
+                    f"prompt for hash ids {hash_ids[:3]}... does not "
+                    f"tokenize as built (first difference at token {at})"
+                )
+        return BuiltPrompt(
+            messages=messages, token_ids=expected, expected_prompt_tokens=len(expected)
+        )
 
     def blocks_of(self, token_ids: list[int], block_size: int) -> list[tuple[int, ...]]:
         """Full blocks of the first ``in`` tokens (tests use it)."""
-        return [tuple(token_ids[i:i + block_size])
-                for i in range(0, len(token_ids) - block_size + 1, block_size)]
+        return [
+            tuple(token_ids[i : i + block_size])
+            for i in range(0, len(token_ids) - block_size + 1, block_size)
+        ]
 
 
 def scope_key(session_id: str, hash_id_scope: str) -> str:

@@ -25,8 +25,10 @@ def served_model(url: str, timeout: float = 30.0) -> str:
         r.raise_for_status()
         data = r.json().get("data") or []
     except (httpx.HTTPError, ValueError) as e:
-        raise RuntimeError(f"cannot list models at {url}/v1/models ({e}); is the "
-                           f"server up? pass --model to skip the lookup") from None
+        raise RuntimeError(
+            f"cannot list models at {url}/v1/models ({e}); is the "
+            f"server up? pass --model to skip the lookup"
+        ) from None
     if not data:
         raise RuntimeError(f"{url}/v1/models lists no model; pass --model")
     return data[0]["id"]

@@ -37,24 +37,24 @@ class GenParams:
     sessions: int = 12
     seed: int = 0
     block_size: int = 64
-    turns_median: float = 8.0        # main-agent model calls per session
-    turns_sigma: float = 0.5         # lognormal spread of the turn count
+    turns_median: float = 8.0  # main-agent model calls per session
+    turns_sigma: float = 0.5  # lognormal spread of the turn count
     turns_min: int = 2
     turns_max: int = 400
-    shared_prefix: int = 512         # tokens common to all sessions (global ids)
-    first_in_median: int = 1536      # first request's input, shared prefix included
+    shared_prefix: int = 512  # tokens common to all sessions (global ids)
+    first_in_median: int = 1536  # first request's input, shared prefix included
     first_in_sigma: float = 0.25
-    reuse: float = 0.96              # mean block-level prefix reuse vs the previous turn
-    reuse_sigma: float = 0.5         # lognormal spread of the per-turn new fraction
+    reuse: float = 0.96  # mean block-level prefix reuse vs the previous turn
+    reuse_sigma: float = 0.5  # lognormal spread of the per-turn new fraction
     out_median: int = 24
     out_sigma: float = 0.5
     out_max: int = 128
-    max_context: int = 3072          # compaction threshold (input + output)
-    subagent_share: float = 0.44     # sessions that spawn sub-agents
-    subagents_median: int = 4        # sub-agents per fan-out (1 + Poisson(median - 1))
+    max_context: int = 3072  # compaction threshold (input + output)
+    subagent_share: float = 0.44  # sessions that spawn sub-agents
+    subagents_median: int = 4  # sub-agents per fan-out (1 + Poisson(median - 1))
     subagent_turns_median: float = 3.0
     subagent_task_median: int = 128  # new tokens a sub-agent adds to the forked context
-    think_median: float = 0.5        # seconds between a response and the next request
+    think_median: float = 0.5  # seconds between a response and the next request
     think_sigma: float = 0.8
     think_max: float = 5.0
     model: str = "agentx-synthetic"
@@ -63,21 +63,32 @@ class GenParams:
         def need(ok: bool, name: str, why: str) -> None:
             if not ok:
                 raise ValueError(f"generator parameter {name}: {why}")
+
         need(self.sessions >= 1, "sessions", "must be >= 1")
         need(self.block_size >= 1, "block_size", "must be >= 1")
         need(0.0 < self.reuse < 1.0, "reuse", "must be in (0, 1)")
         need(0.0 <= self.subagent_share <= 1.0, "subagent_share", "must be in [0, 1]")
-        need(self.turns_min >= 1 and self.turns_max >= self.turns_min,
-             "turns_min/turns_max", "need 1 <= turns_min <= turns_max")
+        need(
+            self.turns_min >= 1 and self.turns_max >= self.turns_min,
+            "turns_min/turns_max",
+            "need 1 <= turns_min <= turns_max",
+        )
         need(self.turns_median >= 1, "turns_median", "must be >= 1")
         need(self.subagents_median >= 1, "subagents_median", "must be >= 1")
         need(self.out_median >= 1 and self.out_max >= 1, "out_median/out_max", "must be >= 1")
-        need(0 <= self.shared_prefix < self.first_in_median, "shared_prefix",
-             "must be below first_in_median")
-        need(self.first_in_median + self.out_max < self.max_context, "max_context",
-             "must exceed first_in_median + out_max")
-        need(self.think_median >= 0 and self.think_max >= 0, "think_median/think_max",
-             "must be >= 0")
+        need(
+            0 <= self.shared_prefix < self.first_in_median,
+            "shared_prefix",
+            "must be below first_in_median",
+        )
+        need(
+            self.first_in_median + self.out_max < self.max_context,
+            "max_context",
+            "must exceed first_in_median + out_max",
+        )
+        need(
+            self.think_median >= 0 and self.think_max >= 0, "think_median/think_max", "must be >= 0"
+        )
 
 
 PROFILES: dict[str, GenParams] = {
@@ -85,11 +96,23 @@ PROFILES: dict[str, GenParams] = {
     # Published AgentX medians (SemiAnalysis cc-traces): 43 turns, starts around
     # 20K tokens, grows past 100K, a few hundred output tokens, 44% of sessions
     # with sub-agents (median 4). Not servable on CPU; for statistics and GPUs.
-    "agentx": GenParams(sessions=100, turns_median=43, turns_sigma=0.8, shared_prefix=14848,
-                        first_in_median=20160, first_in_sigma=0.5, out_median=300,
-                        out_sigma=0.9, out_max=4096, max_context=200_000,
-                        subagent_turns_median=8, subagent_task_median=2048,
-                        think_median=3.0, think_sigma=1.2, think_max=60.0),
+    "agentx": GenParams(
+        sessions=100,
+        turns_median=43,
+        turns_sigma=0.8,
+        shared_prefix=14848,
+        first_in_median=20160,
+        first_in_sigma=0.5,
+        out_median=300,
+        out_sigma=0.9,
+        out_max=4096,
+        max_context=200_000,
+        subagent_turns_median=8,
+        subagent_task_median=2048,
+        think_median=3.0,
+        think_sigma=1.2,
+        think_max=60.0,
+    ),
 }
 
 
@@ -118,14 +141,16 @@ class _Gen:
         return float(median * math.exp(sigma * self.rng.standard_normal()))
 
     def out_tokens(self) -> int:
-        return int(min(self.p.out_max, max(1, round(self.lognormal(self.p.out_median,
-                                                                  self.p.out_sigma)))))
+        return int(
+            min(self.p.out_max, max(1, round(self.lognormal(self.p.out_median, self.p.out_sigma))))
+        )
 
     def think(self) -> float:
         if self.p.think_median <= 0:
             return 0.0
-        return round(min(self.p.think_max, self.lognormal(self.p.think_median,
-                                                          self.p.think_sigma)), 3)
+        return round(
+            min(self.p.think_max, self.lognormal(self.p.think_median, self.p.think_sigma)), 3
+        )
 
     def turn_reuse(self) -> float:
         # new fraction (1 - r) is lognormal with mean (1 - reuse)
@@ -149,8 +174,15 @@ class _Gen:
         return round(0.05 + new_tokens * 1e-4 + out * 0.02, 3)
 
     # -- one agent (main or sub-agent)
-    def agent(self, sid: str, n_turns: int, carried: list[int], first_in: int,
-              t0: float, spawn_at: int | None) -> tuple[list, float]:
+    def agent(
+        self,
+        sid: str,
+        n_turns: int,
+        carried: list[int],
+        first_in: int,
+        t0: float,
+        spawn_at: int | None,
+    ) -> tuple[list, float]:
         entries: list = []
         t = t0
         n_in = first_in
@@ -166,7 +198,7 @@ class _Gen:
                 n_in = max(prev_in + grow_min, math.ceil(base / r))
                 carried = prev_full
                 pending_join_tokens = 0
-                if n_in + self.p.out_max > self.p.max_context:   # compaction
+                if n_in + self.p.out_max > self.p.max_context:  # compaction
                     carried = list(range(1, self.shared_blocks + 1))
                     n_in = min(self.p.first_in_median, self.p.max_context - self.p.out_max - 1)
             think = 0.0 if k == 0 else self.think()
@@ -175,9 +207,18 @@ class _Gen:
             out = self.out_tokens()
             new_tokens = n_in - len(carried[: n_in // self.bs]) * self.bs
             api = self.api_time(new_tokens, out)
-            entries.append(Request(t=round(t, 3), in_tokens=n_in, out_tokens=out,
-                                   hash_ids=ids, type="s", think_time=think,
-                                   api_time=api, extra={"model": self.p.model}))
+            entries.append(
+                Request(
+                    t=round(t, 3),
+                    in_tokens=n_in,
+                    out_tokens=out,
+                    hash_ids=ids,
+                    type="s",
+                    think_time=think,
+                    api_time=api,
+                    extra={"model": self.p.model},
+                )
+            )
             t += api
             prev_in, prev_out, prev_full = n_in, out, ids[: n_in // self.bs]
             if spawn_at is not None and k == spawn_at:
@@ -206,19 +247,26 @@ class _Gen:
     def session(self, i: int) -> Session:
         p = self.p
         sid = f"s{p.seed:04d}-{i:05d}"
-        turns = int(min(p.turns_max, max(p.turns_min,
-                                         round(self.lognormal(p.turns_median, p.turns_sigma)))))
-        first_in = int(max(p.shared_prefix + 1,
-                           round(self.lognormal(p.first_in_median, p.first_in_sigma))))
+        turns = int(
+            min(p.turns_max, max(p.turns_min, round(self.lognormal(p.turns_median, p.turns_sigma))))
+        )
+        first_in = int(
+            max(p.shared_prefix + 1, round(self.lognormal(p.first_in_median, p.first_in_sigma)))
+        )
         first_in = min(first_in, p.max_context - p.out_max - 1)
         spawn_at = None
         if turns >= 2 and self.rng.random() < p.subagent_share:
             spawn_at = int(self.rng.integers(0, turns - 1))  # a later parent turn joins
         shared = list(range(1, self.shared_blocks + 1))
         entries, _ = self.agent(sid, turns, shared, first_in, 0.0, spawn_at)
-        return Session(id=sid, block_size=self.bs, requests=entries,
-                       hash_id_scope="global", models=[p.model],
-                       extra={"generator": {"seed": p.seed, "index": i}})
+        return Session(
+            id=sid,
+            block_size=self.bs,
+            requests=entries,
+            hash_id_scope="global",
+            models=[p.model],
+            extra={"generator": {"seed": p.seed, "index": i}},
+        )
 
 
 def generate(p: GenParams) -> list[Session]:
@@ -229,6 +277,7 @@ def generate(p: GenParams) -> list[Session]:
 
 
 # ------------------------------------------------------------------ statistics
+
 
 def _agents(entries, out: list[list[Request]]) -> None:
     own = [e for e in entries if isinstance(e, Request)]
@@ -284,8 +333,11 @@ def generated_trace(profile: str, **overrides: Any) -> tuple[list[Session], dict
     carry (where they came from, the parameters, the shape statistics)."""
     p = params_for(profile, **overrides)
     sessions = generate(p)
-    return sessions, {"path": f"<generated profile={profile} seed={p.seed}>",
-                      "params": params_dict(p), "stats": trace_stats(sessions)}
+    return sessions, {
+        "path": f"<generated profile={profile} seed={p.seed}>",
+        "params": params_dict(p),
+        "stats": trace_stats(sessions),
+    }
 
 
 def trace_stats(sessions: list[Session]) -> dict[str, Any]:
@@ -312,8 +364,9 @@ def trace_stats(sessions: list[Session]) -> dict[str, Any]:
         _agents(s.requests, agents)
         for reqs in agents:
             for prev, cur in zip(reqs, reqs[1:]):
-                shared = _common_prefix(prev.hash_ids[: prev.in_tokens // s.block_size],
-                                        cur.hash_ids)
+                shared = _common_prefix(
+                    prev.hash_ids[: prev.in_tokens // s.block_size], cur.hash_ids
+                )
                 reuses.append(shared * s.block_size / cur.in_tokens)
         for _, _, r in s.iter_requests():
             n_requests += 1
@@ -337,10 +390,14 @@ def trace_stats(sessions: list[Session]) -> dict[str, Any]:
         "reuse_median": statistics.median(reuses) if reuses else 0.0,
         "reuse_bound": reuse_bound(sessions),
         "reuse_bound_engine128": reuse_bound(sessions, 128),
-        "in_p50": pct(ins, 50), "in_p99": pct(ins, 99), "in_max": max(ins, default=0),
-        "out_p50": pct(outs, 50), "out_max": max(outs, default=0),
+        "in_p50": pct(ins, 50),
+        "in_p99": pct(ins, 99),
+        "in_max": max(ins, default=0),
+        "out_p50": pct(outs, 50),
+        "out_max": max(outs, default=0),
         "think_p50": pct(thinks, 50),
-        "total_in_tokens": int(sum(ins)), "total_out_tokens": int(sum(outs)),
+        "total_in_tokens": int(sum(ins)),
+        "total_out_tokens": int(sum(outs)),
     }
 
 

@@ -81,8 +81,12 @@ def summarize(records: list[dict], duration_s: float | None = None) -> dict[str,
         "output_tokens": output,
         "hit_rate": cached / prompt if prompt and reported_cached else None,
         "cached_tokens_reported": reported_cached,
-        "prompt_tokens_mismatch": sum(1 for r in ok if r.get("prompt_tokens") is not None
-                                      and r["prompt_tokens"] != r["expected_prompt_tokens"]),
+        "prompt_tokens_mismatch": sum(
+            1
+            for r in ok
+            if r.get("prompt_tokens") is not None
+            and r["prompt_tokens"] != r["expected_prompt_tokens"]
+        ),
     }
 
 
@@ -103,8 +107,14 @@ def per_turn(records: list[dict]) -> list[dict[str, Any]]:
     rows = []
     for turn in sorted(by):
         rs = by[turn]
-        rows.append({"turn": turn, "requests": len(rs), "hit_rate": hit_rate(rs),
-                     "ttft_p50": percentile([r["ttft"] for r in rs], 50)})
+        rows.append(
+            {
+                "turn": turn,
+                "requests": len(rs),
+                "hit_rate": hit_rate(rs),
+                "ttft_p50": percentile([r["ttft"] for r in rs], 50),
+            }
+        )
     return rows
 
 

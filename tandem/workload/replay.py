@@ -65,10 +65,10 @@ class ReplayConfig:
 @dataclass
 class RequestRecord:
     session: str
-    agent: str                       # "" for the main agent, "sa1", "sa1/sa2", ...
-    turn: int                        # index of the call within its agent
+    agent: str  # "" for the main agent, "sa1", "sa1/sa2", ...
+    turn: int  # index of the call within its agent
     lane: int
-    start: float                     # seconds since the run started
+    start: float  # seconds since the run started
     trace_in: int
     trace_out: int
     max_tokens: int
@@ -82,8 +82,8 @@ class RequestRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     output_tokens: int | None = None
-    max_gap: float | None = None     # the longest pause between two output chunks
-    response_id: str | None = None   # the server's id (the router's: its engines log it)
+    max_gap: float | None = None  # the longest pause between two output chunks
+    response_id: str | None = None  # the server's id (the router's: its engines log it)
 
 
 @dataclass
@@ -98,14 +98,20 @@ class ReplayResult:
     errors: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"config": self.config, "started_at": self.started_at,
-                "duration_s": self.duration_s, "interrupted": self.interrupted,
-                "salt": self.salt, "sessions_done": self.sessions_done,
-                "records": [asdict(r) for r in self.records]}
+        return {
+            "config": self.config,
+            "started_at": self.started_at,
+            "duration_s": self.duration_s,
+            "interrupted": self.interrupted,
+            "salt": self.salt,
+            "sessions_done": self.sessions_done,
+            "records": [asdict(r) for r in self.records],
+        }
 
 
-def build_prompts(sessions: list[Session], builder: PromptBuilder,
-                  on_progress: Callable[[], None] | None = None) -> dict[int, BuiltPrompt]:
+def build_prompts(
+    sessions: list[Session], builder: PromptBuilder, on_progress: Callable[[], None] | None = None
+) -> dict[int, BuiltPrompt]:
     """Every request's prompt, keyed by id(request); verifies tokenization."""
     out: dict[int, BuiltPrompt] = {}
     for s in sessions:
@@ -123,8 +129,13 @@ class _Stop(Exception):
 
 
 class Replayer:
-    def __init__(self, cfg: ReplayConfig, sessions: list[Session],
-                 prompts: dict[int, BuiltPrompt], salt: str = ""):
+    def __init__(
+        self,
+        cfg: ReplayConfig,
+        sessions: list[Session],
+        prompts: dict[int, BuiltPrompt],
+        salt: str = "",
+    ):
         if cfg.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.cfg = cfg
@@ -139,11 +150,22 @@ class Replayer:
         self.failures = 0
 
     # -- one HTTP call
-    async def _call(self, client: httpx.AsyncClient, rec: RequestRecord,
-                    prompt: BuiltPrompt, session_key: str, last: bool = False) -> None:
-        body = {"model": self.cfg.model, "messages": prompt.messages,
-                "max_tokens": rec.max_tokens, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}}
+    async def _call(
+        self,
+        client: httpx.AsyncClient,
+        rec: RequestRecord,
+        prompt: BuiltPrompt,
+        session_key: str,
+        last: bool = False,
+    ) -> None:
+        body = {
+            "model": self.cfg.model,
+            "messages": prompt.messages,
+            "max_tokens": rec.max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.cfg.ignore_eos:
             body["ignore_eos"] = True
         headers = {self.cfg.session_header: session_key} if self.cfg.session_header else {}
@@ -157,8 +179,9 @@ class Replayer:
         chunks = 0
         max_gap = 0.0
         try:
-            async with client.stream("POST", "/v1/chat/completions", json=body,
-                                     headers=headers) as resp:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=headers
+            ) as resp:
                 rec.status = resp.status_code
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
@@ -214,8 +237,7 @@ class Replayer:
             rec.error = f"{type(e).__name__}: {e}"
 
     # -- an agent: its requests in order, sub-agent groups in parallel
-    async def _agent(self, client, s: Session, entries: list[Entry], path: str,
-                     lane: int) -> None:
+    async def _agent(self, client, s: Session, entries: list[Entry], path: str, lane: int) -> None:
         turn = 0
         i = 0
         last = max((j for j, e in enumerate(entries) if isinstance(e, Request)), default=-1)
@@ -228,8 +250,11 @@ class Replayer:
                 while i < len(entries) and isinstance(entries[i], Subagent):
                     sub = entries[i]
                     name = sub.agent_id or f"sa{i}"
-                    group.append(self._agent(client, s, sub.requests,
-                                             f"{path}/{name}" if path else name, lane))
+                    group.append(
+                        self._agent(
+                            client, s, sub.requests, f"{path}/{name}" if path else name, lane
+                        )
+                    )
                     i += 1
                 results = await asyncio.gather(*group, return_exceptions=True)
                 for r in results:
@@ -252,16 +277,24 @@ class Replayer:
             except TimeoutError:
                 pass
 
-    async def _request(self, client, s: Session, r: Request, path: str, turn: int,
-                       lane: int, last: bool = False) -> None:
+    async def _request(
+        self, client, s: Session, r: Request, path: str, turn: int, lane: int, last: bool = False
+    ) -> None:
         prompt = self.prompts[id(r)]
         max_tokens = max(1, r.out_tokens)
         if self.cfg.max_tokens_cap:
             max_tokens = min(max_tokens, self.cfg.max_tokens_cap)
-        rec = RequestRecord(session=s.id, agent=path, turn=turn, lane=lane, start=0.0,
-                            trace_in=r.in_tokens, trace_out=r.out_tokens,
-                            max_tokens=max_tokens,
-                            expected_prompt_tokens=prompt.expected_prompt_tokens)
+        rec = RequestRecord(
+            session=s.id,
+            agent=path,
+            turn=turn,
+            lane=lane,
+            start=0.0,
+            trace_in=r.in_tokens,
+            trace_out=r.out_tokens,
+            max_tokens=max_tokens,
+            expected_prompt_tokens=prompt.expected_prompt_tokens,
+        )
         self.records.append(rec)
         key = f"{self.salt}:{s.id}:{path}" if path else f"{self.salt}:{s.id}"
         try:
@@ -293,8 +326,10 @@ class Replayer:
         total = sum(1 for s in self.sessions for _ in s.iter_requests())
         if cfg.progress:
             from tqdm import tqdm
-            self.bar = tqdm(total=total, unit="req", desc=f"replay c={cfg.concurrency}",
-                            dynamic_ncols=True)
+
+            self.bar = tqdm(
+                total=total, unit="req", desc=f"replay c={cfg.concurrency}", dynamic_ncols=True
+            )
         loop = asyncio.get_running_loop()
         interrupted = False
         tasks: list[asyncio.Task] = []
@@ -318,15 +353,25 @@ class Replayer:
         self.t0 = time.perf_counter()
         try:
             async with contextlib.AsyncExitStack() as stack:
-                client = Spread([await stack.enter_async_context(httpx.AsyncClient(
-                    base_url=url, timeout=timeout, limits=limits)) for url in urls(cfg.url)])
-                tasks = [asyncio.create_task(self._lane(client, i, queue))
-                         for i in range(cfg.concurrency)]
+                client = Spread(
+                    [
+                        await stack.enter_async_context(
+                            httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits)
+                        )
+                        for url in urls(cfg.url)
+                    ]
+                )
+                tasks = [
+                    asyncio.create_task(self._lane(client, i, queue))
+                    for i in range(cfg.concurrency)
+                ]
                 watchdog = None
                 if cfg.duration_s:
+
                     async def stop_later():
                         await asyncio.sleep(cfg.duration_s)
                         self.stopping.set()
+
                     watchdog = asyncio.create_task(stop_later())
                 try:
                     results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -334,8 +379,7 @@ class Replayer:
                     if watchdog:
                         watchdog.cancel()
                 for r in results:
-                    if isinstance(r, BaseException) and not isinstance(
-                            r, asyncio.CancelledError):
+                    if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                         raise r
         finally:
             if installed:
@@ -345,10 +389,15 @@ class Replayer:
         ends = [r.start + r.e2e for r in self.records if r.e2e is not None]
         starts = [r.start for r in self.records]
         duration = (max(ends) - min(starts)) if ends else 0.0
-        return ReplayResult(config=_config_json(cfg), records=self.records,
-                            started_at=started_at, duration_s=duration,
-                            interrupted=interrupted, salt=self.salt,
-                            sessions_done=self.sessions_done)
+        return ReplayResult(
+            config=_config_json(cfg),
+            records=self.records,
+            started_at=started_at,
+            duration_s=duration,
+            interrupted=interrupted,
+            salt=self.salt,
+            sessions_done=self.sessions_done,
+        )
 
 
 class Spread:
@@ -383,8 +432,11 @@ def new_salt() -> str:
     return uuid.uuid4().hex[:12]
 
 
-async def replay(cfg: ReplayConfig, sessions: list[Session], builder: PromptBuilder,
-                 ) -> ReplayResult:
+async def replay(
+    cfg: ReplayConfig,
+    sessions: list[Session],
+    builder: PromptBuilder,
+) -> ReplayResult:
     """Build every prompt (verified), then play the sessions."""
     prompts = build_prompts(sessions, builder)
     return await Replayer(cfg, sessions, prompts, salt=builder.salt).run()

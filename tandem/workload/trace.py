@@ -59,8 +59,13 @@ class Request:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"t": self.t, "type": self.type, "in": self.in_tokens,
-                             "out": self.out_tokens, "hash_ids": list(self.hash_ids)}
+        d: dict[str, Any] = {
+            "t": self.t,
+            "type": self.type,
+            "in": self.in_tokens,
+            "out": self.out_tokens,
+            "hash_ids": list(self.hash_ids),
+        }
         if self.think_time is not None:
             d["think_time"] = self.think_time
         if self.api_time is not None:
@@ -104,8 +109,11 @@ class Session:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.id, "block_size": self.block_size,
-                             "hash_id_scope": self.hash_id_scope}
+        d: dict[str, Any] = {
+            "id": self.id,
+            "block_size": self.block_size,
+            "hash_id_scope": self.hash_id_scope,
+        }
         if self.models:
             d["models"] = list(self.models)
         d.update(self.extra)
@@ -130,13 +138,13 @@ def _walk(entries: list[Entry], path: tuple[str, ...]):
 
 # --------------------------------------------------------------------- parsing
 
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_num(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v))
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 class _Ctx:
@@ -151,8 +159,7 @@ def parse_session(obj: Any, where: str = "<trace>") -> Session:
     """Validate one decoded JSON object and build a Session (TraceError if bad)."""
     ctx = _Ctx(where)
     if not isinstance(obj, dict):
-        raise TraceError(f"{where}: expected a JSON object per session, "
-                         f"got {type(obj).__name__}")
+        raise TraceError(f"{where}: expected a JSON object per session, got {type(obj).__name__}")
     sid = obj.get("id")
     if not isinstance(sid, str) or not sid:
         raise ctx.fail("id", f"must be a non-empty string, got {sid!r}")
@@ -172,8 +179,9 @@ def parse_session(obj: Any, where: str = "<trace>") -> Session:
     if not any(True for _ in _walk(entries, ())):
         raise ctx.fail("requests", "holds no model call")
     extra = {k: v for k, v in obj.items() if k not in _SESSION_KEYS}
-    return Session(id=sid, block_size=bs, requests=entries, hash_id_scope=scope,
-                   models=models, extra=extra)
+    return Session(
+        id=sid, block_size=bs, requests=entries, hash_id_scope=scope, models=models, extra=extra
+    )
 
 
 def _parse_entries(raw: Any, path: str, bs: int, ctx: _Ctx) -> list[Entry]:
@@ -230,8 +238,10 @@ def _parse_request(r: dict, p: str, bs: int, ctx: _Ctx) -> Request:
             raise ctx.fail(f"{p}.hash_ids[{j}]", f"must be an integer, got {h!r}")
     want = math.ceil(n_in / bs)
     if len(ids) != want:
-        raise ctx.fail(f"{p}.hash_ids", f"has {len(ids)} ids, expected "
-                       f"ceil(in={n_in} / block_size={bs}) = {want}")
+        raise ctx.fail(
+            f"{p}.hash_ids",
+            f"has {len(ids)} ids, expected ceil(in={n_in} / block_size={bs}) = {want}",
+        )
     opt: dict[str, float | None] = {}
     for key in ("think_time", "api_time"):
         v = r.get(key)
@@ -239,22 +249,30 @@ def _parse_request(r: dict, p: str, bs: int, ctx: _Ctx) -> Request:
             raise ctx.fail(f"{p}.{key}", f"must be a number >= 0, got {v!r}")
         opt[key] = float(v) if v is not None else None
     extra = {k: v for k, v in r.items() if k not in _REQUEST_KEYS}
-    return Request(t=float(t), in_tokens=n_in, out_tokens=n_out, hash_ids=list(ids),
-                   type=r["type"], think_time=opt["think_time"],
-                   api_time=opt["api_time"], extra=extra)
+    return Request(
+        t=float(t),
+        in_tokens=n_in,
+        out_tokens=n_out,
+        hash_ids=list(ids),
+        type=r["type"],
+        think_time=opt["think_time"],
+        api_time=opt["api_time"],
+        extra=extra,
+    )
 
 
 # ------------------------------------------------------------------ file I/O
+
 
 def _decode(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        truncated = (e.pos >= len(text.rstrip()) - 1
-                     or e.msg.startswith("Unterminated string"))
+        truncated = e.pos >= len(text.rstrip()) - 1 or e.msg.startswith("Unterminated string")
         kind = "truncated" if truncated else "invalid"
-        raise TraceError(f"{where}: {kind} JSON at line {e.lineno} column {e.colno}: "
-                         f"{e.msg}") from None
+        raise TraceError(
+            f"{where}: {kind} JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
 
 
 def _load_file(path: Path) -> list[Session]:
@@ -281,8 +299,11 @@ def load(path: str | Path) -> list[Session]:
     """Read traces from a .jsonl/.json file or a directory of them."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*")
-                       if p.suffix in (".json", ".jsonl") and p.name != "manifest.json")
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.suffix in (".json", ".jsonl") and p.name != "manifest.json"
+        )
         if not files:
             raise TraceError(f"{path}: directory holds no .json or .jsonl trace file")
     elif path.is_file():
@@ -294,8 +315,7 @@ def load(path: str | Path) -> list[Session]:
     for f in files:
         for s in _load_file(f):
             if s.id in seen:
-                raise TraceError(f"{f}: session {s.id!r}: id: duplicate "
-                                 f"(also in {seen[s.id]})")
+                raise TraceError(f"{f}: session {s.id!r}: id: duplicate (also in {seen[s.id]})")
             seen[s.id] = str(f)
             sessions.append(s)
     return sessions

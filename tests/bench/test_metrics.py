@@ -14,20 +14,34 @@ from tandem.workload.runs import make_run, write_run
 
 
 def rec(start, ttft, e2e, out, prompt, cached, turn=0, ok=True, error=None):
-    return {"session": "s", "agent": "", "turn": turn, "lane": 0, "start": start,
-            "trace_in": prompt - 6, "trace_out": out, "max_tokens": out,
-            "expected_prompt_tokens": prompt, "ok": ok, "status": 200 if ok else 500,
-            "error": error, "ttft": ttft if ok else None, "e2e": e2e if ok else None,
-            "itl": (e2e - ttft) / (out - 1) if ok and out > 1 else None,
-            "prompt_tokens": prompt if ok else None, "cached_tokens": cached if ok else None,
-            "output_tokens": out if ok else None, "max_gap": None}
+    return {
+        "session": "s",
+        "agent": "",
+        "turn": turn,
+        "lane": 0,
+        "start": start,
+        "trace_in": prompt - 6,
+        "trace_out": out,
+        "max_tokens": out,
+        "expected_prompt_tokens": prompt,
+        "ok": ok,
+        "status": 200 if ok else 500,
+        "error": error,
+        "ttft": ttft if ok else None,
+        "e2e": e2e if ok else None,
+        "itl": (e2e - ttft) / (out - 1) if ok and out > 1 else None,
+        "prompt_tokens": prompt if ok else None,
+        "cached_tokens": cached if ok else None,
+        "output_tokens": out if ok else None,
+        "max_gap": None,
+    }
 
 
 RECORDS = [
-    rec(0.0, 0.5, 2.5, 11, 1000, 0, turn=0),      # e2e/out = 0.227
-    rec(1.0, 0.1, 1.1, 11, 1000, 900, turn=1),    # 0.1
-    rec(2.0, 0.2, 4.2, 21, 2000, 1800, turn=1),   # 0.2
-    rec(3.0, 1.0, 7.0, 5, 500, 0, turn=2),        # 1.4
+    rec(0.0, 0.5, 2.5, 11, 1000, 0, turn=0),  # e2e/out = 0.227
+    rec(1.0, 0.1, 1.1, 11, 1000, 900, turn=1),  # 0.1
+    rec(2.0, 0.2, 4.2, 21, 2000, 1800, turn=1),  # 0.2
+    rec(3.0, 1.0, 7.0, 5, 500, 0, turn=2),  # 1.4
     rec(4.0, None, None, 0, 0, 0, ok=False, error="HTTP 500: boom"),
     rec(5.0, None, None, 0, 0, 0, ok=False, error="interrupted"),
 ]
@@ -74,9 +88,15 @@ def test_per_turn_and_pareto():
 
 def _run(label, conc, scale):
     rs = [dict(r, ttft=r["ttft"] * scale if r["ttft"] else None) for r in RECORDS]
-    replay = {"config": {"concurrency": conc, "url": "http://x", "model": "m"},
-              "duration_s": 10.0, "interrupted": False, "salt": "s", "sessions_done": 1,
-              "started_at": 0.0, "records": rs}
+    replay = {
+        "config": {"concurrency": conc, "url": "http://x", "model": "m"},
+        "duration_s": 10.0,
+        "interrupted": False,
+        "salt": "s",
+        "sessions_done": 1,
+        "started_at": 0.0,
+        "records": rs,
+    }
     return make_run(label, replay, {"path": "t.jsonl", "stats": {"sessions": 1}})
 
 
@@ -95,7 +115,11 @@ def test_report_with_baseline_ratios(tmp_path):
         assert f"]({img})" in md
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert {(s["label"], s["concurrency"]) for s in summary} == {
-        ("agg", 1), ("pd", 1), ("agg", 2), ("pd", 2)}
+        ("agg", 1),
+        ("pd", 1),
+        ("agg", 2),
+        ("pd", 2),
+    }
 
 
 def test_load_runs_rejects_other_files(tmp_path):
@@ -108,6 +132,6 @@ def test_load_runs_rejects_other_files(tmp_path):
 def test_percentile_interpolates_linearly_and_skips_missing():
     values = [0.3, 0.1, None, 0.4, 0.2]
     assert metrics.percentile(values, 50) == pytest.approx(0.25)
-    expected = float(np.percentile([.1, .2, .3, .4], 90))
+    expected = float(np.percentile([0.1, 0.2, 0.3, 0.4], 90))
     assert metrics.percentile(values, 90) == pytest.approx(expected)
     assert metrics.percentile([], 50) is None and metrics.percentile([None], 99) is None

@@ -19,18 +19,51 @@ pytestmark = pytest.mark.stack
 
 # Two sessions of ~3 turns, each fanning out to ~2 sub-agents: about 14 short
 # requests, a couple of minutes on a loaded 2-core machine.
-TRACE_ARGS = ["--profile", "small", "--sessions", "2", "--turns-median", "3", "--seed", "7",
-              "--subagent-share", "1.0", "--subagents-median", "2", "--think-median", "0.05",
-              "--out-max", "16", "--out-median", "6"]
+TRACE_ARGS = [
+    "--profile",
+    "small",
+    "--sessions",
+    "2",
+    "--turns-median",
+    "3",
+    "--seed",
+    "7",
+    "--subagent-share",
+    "1.0",
+    "--subagents-median",
+    "2",
+    "--think-median",
+    "0.05",
+    "--out-max",
+    "16",
+    "--out-median",
+    "6",
+]
 # Generous: the first cold requests on a loaded 2-core machine have taken minutes.
 TIMEOUT = "900"
 
 
 def test_short_replay_completes_with_zero_failures(stack, tmp_path):
     out = tmp_path / "replay"
-    rc = cli.main(["replay", "--url", stack.router_url, "--model", stack.model,
-                   "--concurrency", "2", "--no-progress", "--timeout", TIMEOUT,
-                   "--out", str(out), "--label", "stack", *TRACE_ARGS])
+    rc = cli.main(
+        [
+            "replay",
+            "--url",
+            stack.router_url,
+            "--model",
+            stack.model,
+            "--concurrency",
+            "2",
+            "--no-progress",
+            "--timeout",
+            TIMEOUT,
+            "--out",
+            str(out),
+            "--label",
+            "stack",
+            *TRACE_ARGS,
+        ]
+    )
     run = json.loads((out / "run.json").read_text())
     s = run["summary"]
     failures = [r for r in run["records"] if not r["ok"]]
@@ -41,7 +74,7 @@ def test_short_replay_completes_with_zero_failures(stack, tmp_path):
     for r in run["records"]:
         # the server tokenized exactly what the replay built (block structure kept)
         assert r["prompt_tokens"] == r["expected_prompt_tokens"], r
-        assert r["output_tokens"] == r["max_tokens"], r       # ignore_eos honoured
+        assert r["output_tokens"] == r["max_tokens"], r  # ignore_eos honoured
         assert r["cached_tokens"] is not None, "usage lacks prompt_tokens_details.cached_tokens"
         assert r["ttft"] is not None and r["e2e"] >= r["ttft"]
     assert s["hit_rate"] is not None and s["hit_rate"] > 0
@@ -70,8 +103,7 @@ def _check_fork_join(records):
         # which delays its start and end stamps alike.)
         first_end = min(r["start"] + r["e2e"] for r in first_reqs)
         assert max(firsts) < first_end, "sub-agents did not run in parallel"
-        spawned_after = max((r for r in main if r["start"] < min(firsts)),
-                            key=lambda r: r["start"])
+        spawned_after = max((r for r in main if r["start"] < min(firsts)), key=lambda r: r["start"])
         later = [r for r in main if r["turn"] > spawned_after["turn"]]
         sub_end = max(r["start"] + r["e2e"] for r in subs)
         assert later, "the parent has no turn after its sub-agents"
@@ -82,10 +114,34 @@ def _check_fork_join(records):
 def test_aiperf_sends_the_same_prompts(stack, tmp_path):
     # Needs aiperf in its own venv: bench/setup_aiperf.sh (fails loudly if absent).
     out = tmp_path / "crosscheck"
-    cli.main(["crosscheck", "--url", stack.router_url, "--model", stack.model,
-              "--concurrency", "2", "--no-progress", "--timeout", TIMEOUT, "--out", str(out),
-              "--sessions", "2", "--turns-median", "3", "--seed", "8",
-              "--subagent-share", "0", "--out-max", "16", "--out-median", "8"])
+    cli.main(
+        [
+            "crosscheck",
+            "--url",
+            stack.router_url,
+            "--model",
+            stack.model,
+            "--concurrency",
+            "2",
+            "--no-progress",
+            "--timeout",
+            TIMEOUT,
+            "--out",
+            str(out),
+            "--sessions",
+            "2",
+            "--turns-median",
+            "3",
+            "--seed",
+            "8",
+            "--subagent-share",
+            "0",
+            "--out-max",
+            "16",
+            "--out-median",
+            "8",
+        ]
+    )
     path = out / "crosscheck.json"
     assert path.is_file(), "cross-check did not run (is aiperf installed? bench/setup_aiperf.sh)"
     doc = json.loads(path.read_text())

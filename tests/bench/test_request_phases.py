@@ -27,8 +27,7 @@ first_decode_step 0.100s
 
 
 def _entries():
-    return (parse_engine_log(PREFILL_LOG, "prefill-0")
-            + parse_engine_log(DECODE_LOG, "decode-0"))
+    return parse_engine_log(PREFILL_LOG, "prefill-0") + parse_engine_log(DECODE_LOG, "decode-0")
 
 
 def test_phase_lines_parse_with_their_arrival_and_unknown_cached_counts():
@@ -48,22 +47,44 @@ def test_queue_ahead_counts_what_had_not_produced_output_on_the_same_engine():
 
 
 def _record(rid: str, ttft: float, agent: str = "", ok: bool = True) -> dict:
-    return {"ok": ok, "ttft": ttft, "response_id": rid, "session": "s1", "agent": agent,
-            "turn": 0, "start": 3.0, "prompt_tokens": 2540, "cached_tokens": 0}
+    return {
+        "ok": ok,
+        "ttft": ttft,
+        "response_id": rid,
+        "session": "s1",
+        "agent": agent,
+        "turn": 0,
+        "start": 3.0,
+        "prompt_tokens": 2540,
+        "cached_tokens": 0,
+    }
 
 
 def test_records_join_prefill_and_decode_phases_and_the_rest_is_other():
-    rows = join([_record("first", 11.7), _record("append", 0.5), _record("lost", 1.0),
-                 _record("failed", None, ok=False)], _entries())
+    rows = join(
+        [
+            _record("first", 11.7),
+            _record("append", 0.5),
+            _record("lost", 1.0),
+            _record("failed", None, ok=False),
+        ],
+        _entries(),
+    )
     assert [r["ttft"] for r in rows] == [11.7, 0.5, 1.0]
     first, append, lost = rows
-    assert first["phases"] == {"prefill.queue": 5.0, "prefill.prefill": 6.0,
-                               "decode.admission": 0.2, "decode.kv_pull": 0.3,
-                               "decode.first_decode_step": 0.1}
+    assert first["phases"] == {
+        "prefill.queue": 5.0,
+        "prefill.prefill": 6.0,
+        "decode.admission": 0.2,
+        "decode.kv_pull": 0.3,
+        "decode.first_decode_step": 0.1,
+    }
     assert first["prefilled_on"] == "prefill-0" and first["ahead"]["requests"] == 2
     assert first["other"] == pytest.approx(0.1)
     assert append["prefilled_on"] == "decode-0" and append["phases"] == {
-        "prefill.queue": 0.05, "prefill.prefill": 0.4}
+        "prefill.queue": 0.05,
+        "prefill.prefill": 0.4,
+    }
     assert lost["phases"] == {} and lost["other"] is None and lost["ahead"] is None
 
 
@@ -71,6 +92,8 @@ def test_slowest_table_lists_the_slowest_first_in_the_header_columns():
     rows = join([_record("first", 11.7, agent="sa1"), _record("append", 0.5)], _entries())
     lines = slowest_table("pd-off", rows, 1)
     assert len(lines) == 1
-    assert lines[0].startswith("| pd-off | s1/sa1/0 | 3.0 | 11.70 | 2540 (0 cached) | prefill-0 "
-                               "| — | 5.00 | 6.00 | 0.20 | 0.30 | 0.10 | 0.10 | 2 (2176 tok) |")
+    assert lines[0].startswith(
+        "| pd-off | s1/sa1/0 | 3.0 | 11.70 | 2540 (0 cached) | prefill-0 "
+        "| — | 5.00 | 6.00 | 0.20 | 0.30 | 0.10 | 0.10 | 2 (2176 tok) |"
+    )
     assert lines[0].count("|") == SLOWEST_HEADER[0].count("|")

@@ -30,11 +30,16 @@ FAST = Timing(first_token_ms=30.0, token_delay_ms=2.0, tokens=8)
 
 
 def S(ttft_ms, e2e_ms, error=None):
-    return ro.Sample(ttft=None if ttft_ms is None else ttft_ms / 1000,
-                     e2e=None if e2e_ms is None else e2e_ms / 1000, tokens=1, error=error)
+    return ro.Sample(
+        ttft=None if ttft_ms is None else ttft_ms / 1000,
+        e2e=None if e2e_ms is None else e2e_ms / 1000,
+        tokens=1,
+        error=error,
+    )
 
 
 # -- statistics -----------------------------------------------------------------
+
 
 def test_summarize_percentiles_over_successful_requests():
     samples = [S(10, 100), S(20, 200), S(30, 300), S(40, 400), S(None, None, error="HTTP 500")]
@@ -57,9 +62,12 @@ def test_added_latency_is_router_minus_direct_per_percentile():
     routed = {"ttft_p50_ms": 25.0, "ttft_p99_ms": 40.0, "e2e_p50_ms": 110.0, "e2e_p99_ms": 130.0}
     direct = {"ttft_p50_ms": 21.0, "ttft_p99_ms": 30.0, "e2e_p50_ms": 100.0, "e2e_p99_ms": None}
     added = ro.added_latency(routed, direct)
-    assert added == {"added_ttft_p50_ms": pytest.approx(4.0),
-                     "added_ttft_p99_ms": pytest.approx(10.0),
-                     "added_e2e_p50_ms": pytest.approx(10.0), "added_e2e_p99_ms": None}
+    assert added == {
+        "added_ttft_p50_ms": pytest.approx(4.0),
+        "added_ttft_p99_ms": pytest.approx(10.0),
+        "added_e2e_p50_ms": pytest.approx(10.0),
+        "added_e2e_p99_ms": None,
+    }
 
 
 def test_rate_counts_only_the_window():
@@ -76,25 +84,51 @@ def test_ratio_and_what_limited_the_rate():
     assert ro.rate_limit(950, 40.0, 1000, 980) == "concurrency"
     assert ro.rate_limit(560, 40.0, 1000, 600) == "client/backend"
     assert ro.rate_limit(300, 40.0, 1000, 600, load_busy_pct=95.0) == "client/backend"
-    assert ro.rate_limit(300, 40.0, 1000, 600, load_busy_pct=50.0,
-                         router_core_busy_pct=99.0) == "core shared"
-    assert ro.rate_limit(300, 40.0, 1000, 600, load_busy_pct=50.0,
-                         router_core_busy_pct=45.0) == "router latency"
+    assert (
+        ro.rate_limit(300, 40.0, 1000, 600, load_busy_pct=50.0, router_core_busy_pct=99.0)
+        == "core shared"
+    )
+    assert (
+        ro.rate_limit(300, 40.0, 1000, 600, load_busy_pct=50.0, router_core_busy_pct=45.0)
+        == "router latency"
+    )
 
 
 def test_table_and_ratios():
-    rows = [{"router": "tandem", "policy": "round-robin", "added_ttft_p50_ms": 4.0,
-             "added_ttft_p99_ms": 8.0, "added_e2e_p50_ms": 5.0, "added_e2e_p99_ms": 10.0,
-             "max_rps": 200.0, "router_cpu_pct": 99.0, "router_core_busy_pct": 100.0,
-             "load_cpu_busy_pct": 70.0, "limited_by": "router CPU", "errors": 0},
-            {"router": "vllm-router", "policy": "round_robin", "added_ttft_p50_ms": 1.0,
-             "added_ttft_p99_ms": 2.0, "added_e2e_p50_ms": 1.0, "added_e2e_p99_ms": None,
-             "max_rps": 600.0, "router_cpu_pct": 30.0, "limited_by": "client/backend",
-             "errors": 0}]
+    rows = [
+        {
+            "router": "tandem",
+            "policy": "round-robin",
+            "added_ttft_p50_ms": 4.0,
+            "added_ttft_p99_ms": 8.0,
+            "added_e2e_p50_ms": 5.0,
+            "added_e2e_p99_ms": 10.0,
+            "max_rps": 200.0,
+            "router_cpu_pct": 99.0,
+            "router_core_busy_pct": 100.0,
+            "load_cpu_busy_pct": 70.0,
+            "limited_by": "router CPU",
+            "errors": 0,
+        },
+        {
+            "router": "vllm-router",
+            "policy": "round_robin",
+            "added_ttft_p50_ms": 1.0,
+            "added_ttft_p99_ms": 2.0,
+            "added_e2e_p50_ms": 1.0,
+            "added_e2e_p99_ms": None,
+            "max_rps": 600.0,
+            "router_cpu_pct": 30.0,
+            "limited_by": "client/backend",
+            "errors": 0,
+        },
+    ]
     table = ro.markdown_table(rows).splitlines()
     assert len(table) == 4 and table[0].startswith("| router | policy | added TTFT p50 ms")
-    assert ("| tandem | round-robin | 4.00 | 8.00 | 5.00 | 10.00 | 200.0 | 99% / 100% / 70% "
-            "| router CPU |") in table[2]
+    assert (
+        "| tandem | round-robin | 4.00 | 8.00 | 5.00 | 10.00 | 200.0 | 99% / 100% / 70% "
+        "| router CPU |"
+    ) in table[2]
     # Not limited by the router: its maximum is only a lower bound.
     assert "| ≥ 600.0 | 30% / n/a / n/a |" in table[3]
     (line,) = ro.ratio_lines(rows)
@@ -107,15 +141,19 @@ def test_parse_sse_line():
     assert ro.parse_sse_line(b"data: [DONE]\n") == (True, 0)
     assert ro.parse_sse_line(b"\n") == (False, 0)
     assert ro.parse_sse_line(b'data: {"choices":[{"delta":{"content":" a"}}]}\n') == (False, 1)
-    assert ro.parse_sse_line(b'data: {"choices":[{"delta":{"role":"assistant",'
-                             b'"content":""}}]}\n') == (False, 0)
-    assert ro.parse_sse_line(b'data: {"choices":[],"usage":{"completion_tokens":3}}\n') \
-        == (False, 0)
+    assert ro.parse_sse_line(
+        b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n'
+    ) == (False, 0)
+    assert ro.parse_sse_line(b'data: {"choices":[],"usage":{"completion_tokens":3}}\n') == (
+        False,
+        0,
+    )
     with pytest.raises(RuntimeError, match="error event"):
         ro.parse_sse_line(b'data: {"error":{"message":"no pod"}}\n')
 
 
 # -- command lines --------------------------------------------------------------
+
 
 def test_router_commands_use_round_robin(monkeypatch):
     monkeypatch.setattr(routers, "find_binary", lambda spec: f"/bin/{spec.binary}")
@@ -124,10 +162,12 @@ def test_router_commands_use_round_robin(monkeypatch):
     assert tandem[tandem.index("--routing-policy") + 1] == "round-robin"
     assert tandem[tandem.index("--engine") + 1] == "127.0.0.1:9001"
     assert tandem[tandem.index("--model") + 1] == "/m"
-    for name, first in (("vllm-router", ["/bin/vllm-router"]),
-                        ("sglang-router", ["/bin/sglang-router", "launch"])):
+    for name, first in (
+        ("vllm-router", ["/bin/vllm-router"]),
+        ("sglang-router", ["/bin/sglang-router", "launch"]),
+    ):
         argv = ro.router_argv(ROUTERS[name], 9000, "http://127.0.0.1:9001", "/m")
-        assert argv[:len(first)] == first
+        assert argv[: len(first)] == first
         assert argv[argv.index("--policy") + 1] == "round_robin"
         assert argv[argv.index("--worker-urls") + 1] == "http://127.0.0.1:9001"
         assert argv[argv.index("--port") + 1] == "9000"
@@ -151,8 +191,9 @@ def test_missing_router_names_its_pip_package(monkeypatch):
 
 
 def test_config_checks_routers_and_cpus():
-    args = ro.build_parser().parse_args(["--routers", "tandem", "--load-cpus", "0",
-                                         "--router-cpu", "0"])
+    args = ro.build_parser().parse_args(
+        ["--routers", "tandem", "--load-cpus", "0", "--router-cpu", "0"]
+    )
     config = ro.config_from_args(args)
     assert config.routers == ["tandem"] and config.router_cpu == 0 and config.load_cpus == [0]
     with pytest.raises(SystemExit, match="unknown"):
@@ -160,6 +201,7 @@ def test_config_checks_routers_and_cpus():
 
 
 # -- drivers, on a stand-in target -----------------------------------------------
+
 
 class FixedTarget:
     def __init__(self, delay_s: float) -> None:
@@ -181,8 +223,13 @@ async def test_latency_phase_runs_both_paths_equally():
 
 async def test_closed_loop_rate_and_cpu_window():
     ticks = iter([{"router": 10.0}, {"router": 10.05}])
-    result = await ro.closed_loop(FixedTarget(0.01), concurrency=4, warmup_s=0.05,
-                                  duration_s=0.2, cpu_seconds=lambda: next(ticks))
+    result = await ro.closed_loop(
+        FixedTarget(0.01),
+        concurrency=4,
+        warmup_s=0.05,
+        duration_s=0.2,
+        cpu_seconds=lambda: next(ticks),
+    )
     # 4 workers × 1 request per 10 ms: at most ~400 req/s, less on a busy machine
     assert 40 < result["rps"] <= 420
     assert result["errors"] == 0 and result["completed"] > 0
@@ -190,6 +237,7 @@ async def test_closed_loop_rate_and_cpu_window():
 
 
 # -- fake OpenAI server ---------------------------------------------------------
+
 
 def test_sse_chunks_shape():
     chunks = sse_chunks("chatcmpl-1", "chat", 3, prompt_tokens=5, include_usage=True)
@@ -237,13 +285,21 @@ async def test_fake_openai_endpoints(openai_url):
         models = (await client.get("/v1/models")).json()
         assert models["data"][0]["id"] == MODEL_NAME
         assert (await client.get("/get_model_info")).json()["is_generation"] is True
-        whole = (await client.post("/v1/chat/completions", json={
-            "model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 3})).json()
+        whole = (
+            await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL_NAME,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3,
+                },
+            )
+        ).json()
         assert whole["choices"][0]["message"]["content"] == TOKEN_TEXT * 3
         assert whole["usage"]["completion_tokens"] == 3
-        completion = (await client.post("/v1/completions", json={
-            "prompt": "hi", "stream": True})).text
+        completion = (
+            await client.post("/v1/completions", json={"prompt": "hi", "stream": True})
+        ).text
         # no max_tokens: the server's default count; no role chunk for completions
         assert completion.count('"text":" tok"') == FAST.tokens
         assert completion.endswith("data: [DONE]\n\n")
@@ -254,6 +310,7 @@ async def test_fake_openai_endpoints(openai_url):
 
 
 # -- fake gRPC engine -----------------------------------------------------------
+
 
 async def test_fake_grpc_engine_answers_like_the_engine():
     import grpc
@@ -267,20 +324,33 @@ async def test_fake_grpc_engine_answers_like_the_engine():
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             health = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=5)
+                health_pb2.HealthCheckRequest(service=""), timeout=5
+            )
             assert health.status == health_pb2.HealthCheckResponse.SERVING
             stub = pb_grpc.EngineStub(channel)
             info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
-            assert (info.served_model_name, info.model_path, info.block_size, info.role) == \
-                (MODEL_NAME, "/models/smol", 128, "both")
+            assert (info.served_model_name, info.model_path, info.block_size, info.role) == (
+                MODEL_NAME,
+                "/models/smol",
+                128,
+                "both",
+            )
             assert info.max_model_len > 0
             load = await stub.GetLoad(pb.GetLoadRequest(), timeout=5)
             assert load.in_flight == 0 and not load.draining
 
             start = time.perf_counter()
-            messages = [m async for m in stub.Generate(pb.GenerateRequest(
-                request_id="r1", token_ids=[1, 2, 3],
-                sampling_params=pb.SamplingParams(max_tokens=4)), timeout=5)]
+            messages = [
+                m
+                async for m in stub.Generate(
+                    pb.GenerateRequest(
+                        request_id="r1",
+                        token_ids=[1, 2, 3],
+                        sampling_params=pb.SamplingParams(max_tokens=4),
+                    ),
+                    timeout=5,
+                )
+            ]
             elapsed = time.perf_counter() - start
             assert [m.text for m in messages] == [TOKEN_TEXT] * 4
             assert [m.finish_reason for m in messages] == ["", "", "", "length"]
@@ -307,6 +377,7 @@ async def test_fake_grpc_engine_answers_like_the_engine():
 
 # -- the real Tandem router in front of the fake engine ----------------------------
 
+
 @pytest.mark.timeout(120)
 async def test_tandem_router_serves_through_the_fake_engine(tmp_path):
     """The fake engine is enough for the real router: it starts, polls it
@@ -318,13 +389,13 @@ async def test_tandem_router_serves_through_the_fake_engine(tmp_path):
     procs = Processes(tmp_path)
     try:
         port = free_port()
-        argv = ro.router_argv(ROUTERS["tandem"], port, f"127.0.0.1:{server.bound_port}",
-                              str(resolve_model(None)))
+        argv = ro.router_argv(
+            ROUTERS["tandem"], port, f"127.0.0.1:{server.bound_port}", str(resolve_model(None))
+        )
         proc, _ = procs.launch("tandem", argv, os.sched_getaffinity(0))
         url = f"http://127.0.0.1:{port}"
         # Blocking wait off the loop: the fake engine answers on this loop.
-        await asyncio.to_thread(wait_http_ok, f"{url}/health", proc,
-                                time.monotonic() + 90)
+        await asyncio.to_thread(wait_http_ok, f"{url}/health", proc, time.monotonic() + 90)
         target = ro.HttpTarget(url, tokens=5)
         await target.open()
         try:

@@ -39,25 +39,47 @@ tandem_router_prefetch_tokens_total 1536.0
 
 def test_engine_counters_by_source_and_operation():
     c = counters(ENGINE_TEXT)
-    assert (c["prompt_tokens"], c["computed_tokens"], c["local_hit_tokens"],
-            c["store_tokens"]) == (1000, 300, 500, 200)
+    assert (c["prompt_tokens"], c["computed_tokens"], c["local_hit_tokens"], c["store_tokens"]) == (
+        1000,
+        300,
+        500,
+        200,
+    )
     assert c["store_get_bytes"] == 6e6 and c["store_put_bytes"] == 9e6
     assert c["generation_tokens"] == 0  # absent: zero, not missing
 
 
 def test_prefetch_counts():
-    assert prefetch_counts(ROUTER_TEXT) == {"started": 3, "completed": 2, "cancelled": 1,
-                                            "failed": 0, "tokens": 1536}
+    assert prefetch_counts(ROUTER_TEXT) == {
+        "started": 3,
+        "completed": 2,
+        "cancelled": 1,
+        "failed": 0,
+        "tokens": 1536,
+    }
 
 
 def rec(session, agent, start, e2e, ttft=0.5, prompt=1000, cached=900, ok=True):
-    return {"session": session, "agent": agent, "start": start, "e2e": e2e, "ttft": ttft,
-            "prompt_tokens": prompt, "cached_tokens": cached, "ok": ok}
+    return {
+        "session": session,
+        "agent": agent,
+        "start": start,
+        "e2e": e2e,
+        "ttft": ttft,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "ok": ok,
+    }
 
 
 def test_gap_is_the_agents_idle_time_since_its_previous_response():
-    records = [rec("s", "", 0.0, 2.0), rec("s", "sa1", 3.0, 1.0), rec("s", "", 10.0, 1.0),
-               rec("t", "", 4.0, 1.0, ok=False) | {"e2e": None}, rec("t", "", 20.0, 1.0)]
+    records = [
+        rec("s", "", 0.0, 2.0),
+        rec("s", "sa1", 3.0, 1.0),
+        rec("s", "", 10.0, 1.0),
+        rec("t", "", 4.0, 1.0, ok=False) | {"e2e": None},
+        rec("t", "", 20.0, 1.0),
+    ]
     gaps = {(r["session"], r["agent"], r["start"]): r["gap"] for r in with_gaps(records)}
     assert gaps[("s", "", 0.0)] is None  # first turn
     assert gaps[("s", "sa1", 3.0)] is None  # a sub-agent is its own session
@@ -66,22 +88,59 @@ def test_gap_is_the_agents_idle_time_since_its_previous_response():
 
 
 def run(label, records, prefetch=None, **engines):
-    return {"label": label, "records": records, "summary": {"duration_s": 30.0},
-            "prefetch": {"started": 0, "completed": 0, "cancelled": 0, "failed": 0,
-                         "tokens": 0, **(prefetch or {})},
-            "engines": {"prompt_tokens": 0, "computed_tokens": 0, "local_hit_tokens": 0,
-                        "store_tokens": 0, "generation_tokens": 0, "requests": 0,
-                        "store_get_bytes": 0, "store_put_bytes": 0, **engines}}
+    return {
+        "label": label,
+        "records": records,
+        "summary": {"duration_s": 30.0},
+        "prefetch": {
+            "started": 0,
+            "completed": 0,
+            "cancelled": 0,
+            "failed": 0,
+            "tokens": 0,
+            **(prefetch or {}),
+        },
+        "engines": {
+            "prompt_tokens": 0,
+            "computed_tokens": 0,
+            "local_hit_tokens": 0,
+            "store_tokens": 0,
+            "generation_tokens": 0,
+            "requests": 0,
+            "store_get_bytes": 0,
+            "store_put_bytes": 0,
+            **engines,
+        },
+    }
 
 
 def test_rows_and_ratios():
-    off = [rec("s", "", 0.0, 1.0, ttft=1.0), rec("s", "", 10.0, 1.0, ttft=2.0, cached=0),
-           rec("s", "", 12.0, 1.0, ttft=0.2)]  # a 1 s gap: not "after a gap"
-    on = [rec("s", "", 0.0, 1.0, ttft=1.0), rec("s", "", 10.0, 1.0, ttft=0.5, cached=900),
-          rec("s", "", 12.0, 1.0, ttft=0.2)]
-    rows = [summarize("off", [run("off", off, prompt_tokens=3000, computed_tokens=2000)], 5.0),
-            summarize("on", [run("on", on, {"started": 1, "completed": 1, "tokens": 900},
-                                 prompt_tokens=4000, computed_tokens=2100)], 5.0)]
+    off = [
+        rec("s", "", 0.0, 1.0, ttft=1.0),
+        rec("s", "", 10.0, 1.0, ttft=2.0, cached=0),
+        rec("s", "", 12.0, 1.0, ttft=0.2),
+    ]  # a 1 s gap: not "after a gap"
+    on = [
+        rec("s", "", 0.0, 1.0, ttft=1.0),
+        rec("s", "", 10.0, 1.0, ttft=0.5, cached=900),
+        rec("s", "", 12.0, 1.0, ttft=0.2),
+    ]
+    rows = [
+        summarize("off", [run("off", off, prompt_tokens=3000, computed_tokens=2000)], 5.0),
+        summarize(
+            "on",
+            [
+                run(
+                    "on",
+                    on,
+                    {"started": 1, "completed": 1, "tokens": 900},
+                    prompt_tokens=4000,
+                    computed_tokens=2100,
+                )
+            ],
+            5.0,
+        ),
+    ]
     off_row, on_row = rows
     assert off_row["gap_turns"] == 1 and off_row["gap_ttft_p50"] == 2.0
     assert off_row["gap_cached_share"] == 0.0 and on_row["gap_cached_share"] == 0.9

@@ -9,14 +9,18 @@ from common.procs import Proc, group_alive, launch, stop_process_groups
 from services.stack import stop_tiers
 
 # On SIGTERM: note it, take a second to "drain", note the exit.
-DRAINS = 'trap \'echo term >> "$0"; sleep 1; echo exit >> "$0"; exit 0\' TERM; ' \
-         'while true; do sleep 0.05; done'
+DRAINS = (
+    'trap \'echo term >> "$0"; sleep 1; echo exit >> "$0"; exit 0\' TERM; '
+    "while true; do sleep 0.05; done"
+)
 
 
 def test_peers_drain_side_by_side(tmp_path):
     events = tmp_path / "events"
-    started = [launch(f"engine-{i}", ["bash", "-c", DRAINS, str(events)], tmp_path / f"{i}.log")
-               for i in range(2)]
+    started = [
+        launch(f"engine-{i}", ["bash", "-c", DRAINS, str(events)], tmp_path / f"{i}.log")
+        for i in range(2)
+    ]
     time.sleep(0.3)  # both have set their trap
     stop_process_groups([proc for proc, _ in started], grace_s=10)
     for _, popen in started:
@@ -27,8 +31,9 @@ def test_peers_drain_side_by_side(tmp_path):
 
 def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     # The child ignores SIGTERM too and would outlive its parent.
-    proc, popen = launch("stubborn", ["bash", "-c", "trap '' TERM; sleep 600 & wait"],
-                         tmp_path / "log")
+    proc, popen = launch(
+        "stubborn", ["bash", "-c", "trap '' TERM; sleep 600 & wait"], tmp_path / "log"
+    )
     time.sleep(0.3)
     stop_process_groups([proc], grace_s=0.5)
     popen.wait(timeout=5)
@@ -39,10 +44,15 @@ def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
 
 
 def test_a_stack_stops_router_then_engines_together_then_store():
-    procs = [Proc(name=n, argv=[], log="") for n in
-             ("kvstore", "prefill-0", "router", "decode-0", "decode-1")]
+    procs = [
+        Proc(name=n, argv=[], log="")
+        for n in ("kvstore", "prefill-0", "router", "decode-0", "decode-1")
+    ]
     assert [[p.name for p in tier] for tier in stop_tiers(procs)] == [
-        ["router"], ["prefill-0", "decode-0", "decode-1"], ["kvstore"]]
+        ["router"],
+        ["prefill-0", "decode-0", "decode-1"],
+        ["kvstore"],
+    ]
 
 
 def test_nothing_to_stop_returns_at_once():

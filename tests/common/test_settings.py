@@ -48,10 +48,35 @@ def parse(argv, environ=None, **kw):
 def test_defaults_flags_and_units():
     s, parser = parse([])
     assert s == Outer()
-    s, _ = parse(["--port", "9", "--wait-s", "2", "--role", "prefill", "--name", "a,b",
-                  "--name", "c", "--token", "t", "--fast", "yes", "--depth", "7"])
-    assert s == Outer(port=9, wait_s=2.0, role=Role.PREFILL, names=["a", "b", "c"],
-                      token="t", fast=True, inner=Inner(depth=7))
+    s, _ = parse(
+        [
+            "--port",
+            "9",
+            "--wait-s",
+            "2",
+            "--role",
+            "prefill",
+            "--name",
+            "a,b",
+            "--name",
+            "c",
+            "--token",
+            "t",
+            "--fast",
+            "yes",
+            "--depth",
+            "7",
+        ]
+    )
+    assert s == Outer(
+        port=9,
+        wait_s=2.0,
+        role=Role.PREFILL,
+        names=["a", "b", "c"],
+        token="t",
+        fast=True,
+        inner=Inner(depth=7),
+    )
     text = parser.format_help()
     assert "--wait-s SECONDS" in text and "env T_WAIT_S" in text and "default: 1.5" in text
     assert "inner things" in text and "--not-a-flag" not in text and "--internal" not in text
@@ -79,16 +104,38 @@ def test_per_entry_point_default_and_flag_names():
 def test_to_argv_round_trips():
     changed = Outer(port=9, names=["a", "b"], fast=True)
     argv = to_argv(changed, always=("wait_s",))
-    assert argv == ["--port", "9", "--wait-s", "1.5", "--name", "a", "--name", "b",
-                    "--fast", "true"]
+    assert argv == [
+        "--port",
+        "9",
+        "--wait-s",
+        "1.5",
+        "--name",
+        "a",
+        "--name",
+        "b",
+        "--fast",
+        "true",
+    ]
     assert parse(argv)[0] == changed
 
 
 def test_router_flags_come_from_the_settings():
     from services.router.config import parse_settings
 
-    s = parse_settings(["--engine", "e:1", "--poll-interval-s", "0.5", "--policy", "prefix",
-                        "--redis-timeout-s", "2", "--block-size", "32"])
+    s = parse_settings(
+        [
+            "--engine",
+            "e:1",
+            "--poll-interval-s",
+            "0.5",
+            "--policy",
+            "prefix",
+            "--redis-timeout-s",
+            "2",
+            "--block-size",
+            "32",
+        ]
+    )
     assert s.poll_interval_s == 0.5 and s.routing.redis_timeout_s == 2.0
     assert s.routing.policy.policy == "prefix" and s.routing.block_size == 32
     assert [(p.name, p.role) for p in s.pods()] == [("e:1", Role.BOTH)]

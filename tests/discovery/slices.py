@@ -20,28 +20,50 @@ from common.kube import (
 
 def endpoint(ip: str, pod: str, state: str = "ready") -> dict:
     """state: ready, terminating (serving while it drains) or unready."""
-    conditions = {"ready": {"ready": True, "serving": True, "terminating": False},
-                  "terminating": {"ready": False, "serving": True, "terminating": True},
-                  "unready": {"ready": False, "serving": False, "terminating": False}}[state]
-    return {"addresses": [ip], "conditions": conditions,
-            "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"}}
+    conditions = {
+        "ready": {"ready": True, "serving": True, "terminating": False},
+        "terminating": {"ready": False, "serving": True, "terminating": True},
+        "unready": {"ready": False, "serving": False, "terminating": False},
+    }[state]
+    return {
+        "addresses": [ip],
+        "conditions": conditions,
+        "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"},
+    }
 
 
-def endpoint_slice(name: str, role: str, grpc_port: int, endpoints: list[dict],
-                   deployment: str = "demo", kv_events_port: int | None = None,
-                   kv_replay_port: int | None = None, namespace: str = "default") -> dict:
+def endpoint_slice(
+    name: str,
+    role: str,
+    grpc_port: int,
+    endpoints: list[dict],
+    deployment: str = "demo",
+    kv_events_port: int | None = None,
+    kv_replay_port: int | None = None,
+    namespace: str = "default",
+) -> dict:
     ports = [{"name": PORT_GRPC, "port": grpc_port, "protocol": "TCP"}]
     if kv_events_port:
         ports.append({"name": PORT_KV_EVENTS, "port": kv_events_port, "protocol": "TCP"})
     if kv_replay_port:
         ports.append({"name": PORT_KV_REPLAY, "port": kv_replay_port, "protocol": "TCP"})
     return {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": namespace, "labels": {
-            LABEL_DEPLOYMENT: deployment, LABEL_COMPONENT: COMPONENT_ENGINE, LABEL_ROLE: role,
-            "kubernetes.io/service-name": f"{deployment}-{role}",
-            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4", "ports": ports, "endpoints": endpoints,
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                LABEL_DEPLOYMENT: deployment,
+                LABEL_COMPONENT: COMPONENT_ENGINE,
+                LABEL_ROLE: role,
+                "kubernetes.io/service-name": f"{deployment}-{role}",
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            },
+        },
+        "addressType": "IPv4",
+        "ports": ports,
+        "endpoints": endpoints,
     }
 
 
@@ -61,8 +83,8 @@ class Slices:
         def write() -> None:
             store, kind = self._api.store, self._kind()
             if (kind.key, meta["namespace"], meta["name"]) in store.objects or any(
-                    o["metadata"]["name"] == meta["name"]
-                    for o in store.list(kind, meta["namespace"])):
+                o["metadata"]["name"] == meta["name"] for o in store.list(kind, meta["namespace"])
+            ):
                 store.replace(kind, meta["namespace"], meta["name"], endpoint_slice)
             else:
                 store.create(kind, meta["namespace"], endpoint_slice)
@@ -76,6 +98,21 @@ class Slices:
 def discovery_router_argv(host: str, port: int, kubeconfig: Path, *flags: str) -> list[str]:
     """A router that finds the `demo` deployment's pools in namespace default
     through the fake API server, plus the test's own flags."""
-    return [sys.executable, "-m", "services.router", "--host", host, "--port", str(port),
-            "--discovery", "kubernetes", "--kubeconfig", str(kubeconfig),
-            "--discovery-namespace", "default", "--discovery-deployment", "demo", *flags]
+    return [
+        sys.executable,
+        "-m",
+        "services.router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--discovery",
+        "kubernetes",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--discovery-namespace",
+        "default",
+        "--discovery-deployment",
+        "demo",
+        *flags,
+    ]

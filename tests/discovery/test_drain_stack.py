@@ -42,10 +42,17 @@ from tests.kube.plugin import start_operator, wait_for
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1800)]
 
 HOST = "127.0.0.1"
-TD = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
-      "metadata": {"name": "demo", "namespace": "default"},
-      "spec": {"model": {"path": "/models/smollm2"}, "prefill": {"replicas": 1},
-               "decode": {"replicas": 2}, "kvStore": {"enabled": False}}}
+TD = {
+    "apiVersion": "tandem.dev/v1alpha1",
+    "kind": "TandemDeployment",
+    "metadata": {"name": "demo", "namespace": "default"},
+    "spec": {
+        "model": {"path": "/models/smollm2"},
+        "prefill": {"replicas": 1},
+        "decode": {"replicas": 2},
+        "kvStore": {"enabled": False},
+    },
+}
 # A stranded lease would show for minutes; drained ones go at once. Longer
 # than the slowest KV pull seen on a loaded 2-core machine (~3 min, with two
 # engines bound to one core: docs/known-problems.md), during which the
@@ -61,10 +68,18 @@ PRESTOP_S = 1.0  # the pod's preStop sleep: the router sees `terminating` first
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     state = tmp_path_factory.mktemp("drain-stack")
-    stack = Stack(StackConfig(prefill=1, decode=2, kv_store=False, router=False,
-                              kv_cache_gib=1, max_model_len=2048, state_dir=state,
-                              engine_args=["--kv-lease-s", str(KV_LEASE_S),
-                                           "--shutdown-grace-s", "400"]))
+    stack = Stack(
+        StackConfig(
+            prefill=1,
+            decode=2,
+            kv_store=False,
+            router=False,
+            kv_cache_gib=1,
+            max_model_len=2048,
+            state_dir=state,
+            engine_args=["--kv-lease-s", str(KV_LEASE_S), "--shutdown-grace-s", "400"],
+        )
+    )
     stack.start()
     try:
         yield stack
@@ -96,35 +111,50 @@ class Cluster:
         self.pod_kind = kube_api.store.kind("", "v1", "pods")
 
     def template(self, deployment: str) -> dict:
-        return self.api.get("apps", "v1", "deployments", "default", deployment)[
-            "spec"]["template"]
+        return self.api.get("apps", "v1", "deployments", "default", deployment)["spec"]["template"]
 
     def create_pod(self, name: str, deployment: str, ports: dict[str, int]) -> None:
         template = json.loads(json.dumps(self.template(deployment)))
         container = template["spec"]["containers"][0]
         container["ports"] = [{"name": n, "containerPort": p} for n, p in ports.items()]
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": "default",
-                            "labels": template["metadata"]["labels"]},
-               "spec": {**template["spec"], "nodeName": "node-1"},
-               "status": {"phase": "Running", "podIP": HOST, "podIPs": [{"ip": HOST}]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "labels": template["metadata"]["labels"],
+            },
+            "spec": {**template["spec"], "nodeName": "node-1"},
+            "status": {"phase": "Running", "podIP": HOST, "podIPs": [{"ip": HOST}]},
+        }
         self.api.call(lambda: self.api.store.create(self.pod_kind, "default", pod))
 
     def engine_pod(self, proc, role: str) -> str:
         """The Pod and EndpointSlice of a running engine process; the pod's name."""
         name = f"demo-{role}-{proc.name.split('-')[1]}"
         pub, replay = kv_ports(proc)
-        self.create_pod(name, f"demo-{role}", {"grpc": port_of(proc.grpc), "kv-events": pub,
-                                               "kv-replay": replay})
+        self.create_pod(
+            name,
+            f"demo-{role}",
+            {"grpc": port_of(proc.grpc), "kv-events": pub, "kv-replay": replay},
+        )
         self.put_slice(proc, role, name, "ready")
         return name
 
     def put_slice(self, proc, role: str, pod: str, state: str) -> None:
         # One slice per engine: they share an IP, so each needs its own ports.
         pub, replay = kv_ports(proc)
-        self.slices.put(endpoint_slice(f"{pod}-slice", role, port_of(proc.grpc),
-                                       [endpoint(HOST, pod, state)], kv_events_port=pub,
-                                       kv_replay_port=replay))
+        self.slices.put(
+            endpoint_slice(
+                f"{pod}-slice",
+                role,
+                port_of(proc.grpc),
+                [endpoint(HOST, pod, state)],
+                kv_events_port=pub,
+                kv_replay_port=replay,
+            )
+        )
 
     def pod(self, name: str) -> dict:
         return self.api.get("", "v1", "pods", "default", name)
@@ -136,13 +166,18 @@ class Cluster:
 
 async def stream(client: httpx.AsyncClient, url: str, sid: str, outcomes: list) -> None:
     """One long streamed answer; records (ok, detail)."""
-    body = {"model": MODEL_NAME, "stream": True, "max_tokens": STREAM_TOKENS,
-            "ignore_eos": True, "messages": [
-                {"role": "user", "content": f"Session {sid}: tell me a long story."}]}
+    body = {
+        "model": MODEL_NAME,
+        "stream": True,
+        "max_tokens": STREAM_TOKENS,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"Session {sid}: tell me a long story."}],
+    }
     finish, tokens = None, 0
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
-                                 headers={"x-session-id": sid}) as r:
+        async with client.stream(
+            "POST", f"{url}/v1/chat/completions", json=body, headers={"x-session-id": sid}
+        ) as r:
             if r.status_code != 200:
                 outcomes.append((False, f"stream {sid}: {r.status_code} {await r.aread()}"))
                 return
@@ -161,16 +196,22 @@ async def stream(client: httpx.AsyncClient, url: str, sid: str, outcomes: list) 
     outcomes.append((finish == "length", f"stream {sid}: finish {finish}, {tokens} chunks"))
 
 
-async def short_requests(client: httpx.AsyncClient, url: str, stop: asyncio.Event,
-                         outcomes: list) -> None:
+async def short_requests(
+    client: httpx.AsyncClient, url: str, stop: asyncio.Event, outcomes: list
+) -> None:
     """New requests one after another until ``stop``: each must succeed."""
     i = 0
     while not stop.is_set():
         i += 1
         try:
-            r = await client.post(f"{url}/v1/chat/completions", json={
-                "model": MODEL_NAME, "max_tokens": 4,
-                "messages": [{"role": "user", "content": f"Short question {i}?"}]})
+            r = await client.post(
+                f"{url}/v1/chat/completions",
+                json={
+                    "model": MODEL_NAME,
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": f"Short question {i}?"}],
+                },
+            )
             outcomes.append((r.status_code == 200, f"short {i}: {r.status_code} {r.text[:200]}"))
         except httpx.HTTPError as exc:
             outcomes.append((False, f"short {i}: {exc!r}"))
@@ -186,22 +227,44 @@ def test_scale_down_while_streaming(engines, kube_api, kubectl, tmp_path):
     try:
         operator.wait_ready()
         kube_api.install(TD)
-        wait_for(lambda: {d["metadata"]["name"] for d in kube_api.list(
-            "apps", "v1", "deployments", "default")} >= {"demo-router", "demo-decode",
-                                                         "demo-prefill"}, what="workloads")
+        wait_for(
+            lambda: (
+                {
+                    d["metadata"]["name"]
+                    for d in kube_api.list("apps", "v1", "deployments", "default")
+                }
+                >= {"demo-router", "demo-decode", "demo-prefill"}
+            ),
+            what="workloads",
+        )
         cluster = Cluster(kube_api, engines)
         prefill = proc_of(engines, "prefill-0")
-        decodes = {cluster.engine_pod(proc_of(engines, f"decode-{i}"), "decode"):
-                   proc_of(engines, f"decode-{i}") for i in (0, 1)}
+        decodes = {
+            cluster.engine_pod(proc_of(engines, f"decode-{i}"), "decode"): proc_of(
+                engines, f"decode-{i}"
+            )
+            for i in (0, 1)
+        }
         cluster.engine_pod(prefill, "prefill")
 
         port = free_port()
         url = f"http://{HOST}:{port}"
-        router, _ = procs.launch("router", discovery_router_argv(
-            HOST, port, kube_api.kubeconfig,
-            # Every prompt through the prefill pod: each leaves a KV lease there.
-            "--remote-prefill-threshold", "0", "--poll-interval-s", "0.5",
-            "--shutdown-grace-s", "30"), env={"TANDEM_LOG_LEVEL": "INFO"})
+        router, _ = procs.launch(
+            "router",
+            discovery_router_argv(
+                HOST,
+                port,
+                kube_api.kubeconfig,
+                # Every prompt through the prefill pod: each leaves a KV lease there.
+                "--remote-prefill-threshold",
+                "0",
+                "--poll-interval-s",
+                "0.5",
+                "--shutdown-grace-s",
+                "30",
+            ),
+            env={"TANDEM_LOG_LEVEL": "INFO"},
+        )
         wait_http_ok(f"{url}/health", router, time.monotonic() + 600)
         cluster.create_pod("demo-router-0", "demo-router", {"http": port})
 
@@ -209,8 +272,7 @@ def test_scale_down_while_streaming(engines, kube_api, kubectl, tmp_path):
         print(f"\ndrain figures: {figures}")
         # No lease left behind: the prefill engine is idle with no KV held
         # long before the leases (KV_LEASE_S) could have run out.
-        wait_for(lambda: engine_load(prefill.grpc).kv_cache_usage == 0.0, 15,
-                 "prefill KV freed")
+        wait_for(lambda: engine_load(prefill.grpc).kv_cache_usage == 0.0, 15, "prefill KV freed")
     finally:
         procs.stop_all()
         operator.stop()
@@ -236,17 +298,26 @@ async def drive(cluster: Cluster, kubectl, url: str, decodes: dict) -> dict:
         # Scale down: the operator prices the pods before lowering replicas.
         scaled = time.monotonic()
         await asyncio.to_thread(kubectl, "scale", "enginepool/demo-decode", "--replicas", "1")
-        costs = await asyncio.to_thread(wait_for, lambda: _costs(cluster, decodes), 60,
-                                        "deletion costs")
+        costs = await asyncio.to_thread(
+            wait_for, lambda: _costs(cluster, decodes), 60, "deletion costs"
+        )
         # New requests keep coming from now until the pod is gone.
         stop = asyncio.Event()
         shorts = asyncio.create_task(short_requests(client, url, stop, outcomes))
         pods = await router_pods(client, url)
         in_flight_at_scale = sum(pods[a]["in_flight"] for a in address.values())
         # Costs first, then the lower count: the order the operator writes them.
-        await asyncio.to_thread(wait_for, lambda: cluster.api.get(
-            "apps", "v1", "deployments", "default", "demo-decode")["spec"]["replicas"] == 1,
-            30, "decode Deployment at 1 replica")
+        await asyncio.to_thread(
+            wait_for,
+            lambda: (
+                cluster.api.get("apps", "v1", "deployments", "default", "demo-decode")["spec"][
+                    "replicas"
+                ]
+                == 1
+            ),
+            30,
+            "decode Deployment at 1 replica",
+        )
         # The ReplicaSet controller deletes the pod with the lowest cost.
         victim = min(costs, key=lambda n: costs[n])
         assert victim == cheaper, (costs, loads)
@@ -268,12 +339,18 @@ async def drive(cluster: Cluster, kubectl, url: str, decodes: dict) -> dict:
         await shorts
     failures = [detail for ok, detail in outcomes if not ok]
     assert failures == []
-    return {"sessions_streaming": len(streams), "loads_before": loads, "deletion_costs": costs,
-            "removed": victim, "in_flight_at_scale_down": in_flight_at_scale,
-            "in_flight_on_removed_at_sigterm": in_flight_on_victim,
-            "requests": len(outcomes), "failed": len(failures),
-            "sigterm_to_exit_s": round(drained_s, 2),
-            "scale_to_exit_s": round(time.monotonic() - scaled, 2)}
+    return {
+        "sessions_streaming": len(streams),
+        "loads_before": loads,
+        "deletion_costs": costs,
+        "removed": victim,
+        "in_flight_at_scale_down": in_flight_at_scale,
+        "in_flight_on_removed_at_sigterm": in_flight_on_victim,
+        "requests": len(outcomes),
+        "failed": len(failures),
+        "sigterm_to_exit_s": round(drained_s, 2),
+        "scale_to_exit_s": round(time.monotonic() - scaled, 2),
+    }
 
 
 async def until_async(check, timeout: float) -> None:
@@ -328,8 +405,10 @@ def test_prefill_waits_for_its_kv_leases_on_sigterm(engines):
     tokens = list(range(1000, 1400))  # 400 prompt tokens: several KV blocks
     sampling = pb.SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
     with grpc.insecure_channel(prefill.grpc) as channel:
-        reply = pb_grpc.EngineStub(channel).Prefill(pb.PrefillRequest(
-            request_id="lease-1", token_ids=tokens, sampling_params=sampling), timeout=120)
+        reply = pb_grpc.EngineStub(channel).Prefill(
+            pb.PrefillRequest(request_id="lease-1", token_ids=tokens, sampling_params=sampling),
+            timeout=120,
+        )
     assert reply.kv_transfer_params_json
     sigterm = time.monotonic()
     os.kill(prefill.pid, signal.SIGTERM)
@@ -341,23 +420,36 @@ def test_prefill_waits_for_its_kv_leases_on_sigterm(engines):
     assert "waiting for 1 KV lease(s)" in log
     asked = time.monotonic()
     with grpc.insecure_channel(decode.grpc) as channel:
-        out = list(pb_grpc.EngineStub(channel).Generate(pb.GenerateRequest(
-            request_id="lease-1", token_ids=tokens, sampling_params=sampling,
-            kv_transfer_params_json=reply.kv_transfer_params_json), timeout=KV_LEASE_S))
+        out = list(
+            pb_grpc.EngineStub(channel).Generate(
+                pb.GenerateRequest(
+                    request_id="lease-1",
+                    token_ids=tokens,
+                    sampling_params=sampling,
+                    kv_transfer_params_json=reply.kv_transfer_params_json,
+                ),
+                timeout=KV_LEASE_S,
+            )
+        )
     assert out[-1].finish_reason == "length"
     pulled = time.monotonic()
     wait_for(lambda: not _alive(prefill.pid), 30, "prefill exit")
     exited = time.monotonic()
-    print(f"\nprefill SIGTERM -> exit {exited - sigterm:.1f}s; decode pull + 4 tokens "
-          f"{pulled - asked:.1f}s; KV pulled -> exit {exited - pulled:.1f}s")
+    print(
+        f"\nprefill SIGTERM -> exit {exited - sigterm:.1f}s; decode pull + 4 tokens "
+        f"{pulled - asked:.1f}s; KV pulled -> exit {exited - pulled:.1f}s"
+    )
     with open(prefill.log) as f:
         log = f.read()
     # The waiting decode's heartbeats renew the lease, so a slow pull (a
     # loaded machine) does not expire it: the prefill must leave because the
     # KV was pulled, and right after. (The log also holds the scale-down
     # test's requests; vLLM suffixes request ids.)
-    expired = [line for line in log.splitlines()
-               if "Releasing expired KV blocks for request lease-1" in line]
+    expired = [
+        line
+        for line in log.splitlines()
+        if "Releasing expired KV blocks for request lease-1" in line
+    ]
     assert expired == []
     assert exited - pulled < 20
     stop_process_group(prefill, 5)

@@ -11,18 +11,30 @@ from tests.discovery.slices import endpoint, endpoint_slice
 
 
 def test_endpoints_carry_address_role_and_kv_event_endpoints():
-    s = endpoint_slice("demo-decode-x", "decode", 50061,
-                       [endpoint("10.0.0.5", "demo-decode-0"),
-                        endpoint("10.0.0.6", "demo-decode-1", "terminating"),
-                        endpoint("10.0.0.7", "demo-decode-2", "unready")],
-                       kv_events_port=5557, kv_replay_port=5558)
+    s = endpoint_slice(
+        "demo-decode-x",
+        "decode",
+        50061,
+        [
+            endpoint("10.0.0.5", "demo-decode-0"),
+            endpoint("10.0.0.6", "demo-decode-1", "terminating"),
+            endpoint("10.0.0.7", "demo-decode-2", "unready"),
+        ],
+        kv_events_port=5557,
+        kv_replay_port=5558,
+    )
     eps = slice_endpoints(s)
     assert [e.spec for e in eps] == [
-        PodSpec(f"10.0.0.{i}:50061", Role.DECODE, f"tcp://10.0.0.{i}:5557",
-                f"tcp://10.0.0.{i}:5558") for i in (5, 6, 7)]
+        PodSpec(
+            f"10.0.0.{i}:50061", Role.DECODE, f"tcp://10.0.0.{i}:5557", f"tcp://10.0.0.{i}:5558"
+        )
+        for i in (5, 6, 7)
+    ]
     assert [(e.ready, e.terminating, e.pod) for e in eps] == [
-        (True, False, "demo-decode-0"), (False, True, "demo-decode-1"),
-        (False, False, "demo-decode-2")]
+        (True, False, "demo-decode-0"),
+        (False, True, "demo-decode-1"),
+        (False, False, "demo-decode-2"),
+    ]
 
 
 def test_ipv6_addresses_are_bracketed_and_kv_events_optional():
@@ -42,8 +54,9 @@ def test_slices_without_grpc_port_role_or_addresses_name_no_engines():
     no_port["ports"] = [{"name": "metrics", "port": 9061}]
     bad_role = endpoint_slice("b", "decoder", 1, [endpoint("10.0.0.1", "b")])
     no_address = endpoint_slice("c", "decode", 1, [{"addresses": [], "conditions": {}}])
-    assert slice_endpoints(no_port) == slice_endpoints(bad_role) == \
-        slice_endpoints(no_address) == []
+    assert (
+        slice_endpoints(no_port) == slice_endpoints(bad_role) == slice_endpoints(no_address) == []
+    )
 
 
 def test_a_pod_listed_twice_while_moving_between_slices_is_ready_if_either_says_so():
@@ -54,17 +67,28 @@ def test_a_pod_listed_twice_while_moving_between_slices_is_ready_if_either_says_
 
 
 def test_plan_adds_ready_drains_terminating_and_removes_gone():
-    s = endpoint_slice("d", "decode", 50061, [
-        endpoint("10.0.0.1", "d-1"),                    # new, ready: add
-        endpoint("10.0.0.2", "d-2", "terminating"),     # in the pool: drain
-        endpoint("10.0.0.3", "d-3", "terminating"),     # new but terminating: never added
-        endpoint("10.0.0.4", "d-4"),                    # drained before, ready again
-        endpoint("10.0.0.5", "d-5", "unready"),         # in the pool, not ready: drain
-        endpoint("10.0.0.6", "d-6"),                    # in the pool, ready: nothing
-        endpoint("10.0.0.8", "d-8", "terminating"),     # already drained: nothing
-    ])
-    present = {"10.0.0.2:50061": False, "10.0.0.4:50061": True, "10.0.0.5:50061": False,
-               "10.0.0.6:50061": False, "10.0.0.7:50061": True, "10.0.0.8:50061": True}
+    s = endpoint_slice(
+        "d",
+        "decode",
+        50061,
+        [
+            endpoint("10.0.0.1", "d-1"),  # new, ready: add
+            endpoint("10.0.0.2", "d-2", "terminating"),  # in the pool: drain
+            endpoint("10.0.0.3", "d-3", "terminating"),  # new but terminating: never added
+            endpoint("10.0.0.4", "d-4"),  # drained before, ready again
+            endpoint("10.0.0.5", "d-5", "unready"),  # in the pool, not ready: drain
+            endpoint("10.0.0.6", "d-6"),  # in the pool, ready: nothing
+            endpoint("10.0.0.8", "d-8", "terminating"),  # already drained: nothing
+        ],
+    )
+    present = {
+        "10.0.0.2:50061": False,
+        "10.0.0.4:50061": True,
+        "10.0.0.5:50061": False,
+        "10.0.0.6:50061": False,
+        "10.0.0.7:50061": True,
+        "10.0.0.8:50061": True,
+    }
     changes = plan_changes(present, merge_endpoints({"d": s}))
     assert [p.name for p in changes.add] == ["10.0.0.1:50061"]
     assert changes.drain == ["10.0.0.2:50061", "10.0.0.5:50061"]

@@ -24,8 +24,13 @@ OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")
 
 
 def rendered() -> list[dict]:
-    spec = with_defaults({"model": {"path": "/models/llama", "servedName": "llama"},
-                          "prefill": {"replicas": 1}, "decode": {"replicas": 2}})
+    spec = with_defaults(
+        {
+            "model": {"path": "/models/llama", "servedName": "llama"},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 2},
+        }
+    )
     out = manifests.shared_objects("demo", "prod", parse(spec), OWNER)
     for role in ("prefill", "decode"):
         out += manifests.pool_workload("demo", "prod", parse(spec), role, 1, OWNER)
@@ -33,8 +38,11 @@ def rendered() -> list[dict]:
 
 
 def test_the_router_accepts_the_operators_flags():
-    [router] = [o for o in rendered()
-                if o["kind"] == "Deployment" and o["metadata"]["name"] == "demo-router"]
+    [router] = [
+        o
+        for o in rendered()
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "demo-router"
+    ]
     container = router["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "services.router"]
     settings = parse_settings(container["args"])
@@ -48,18 +56,23 @@ def test_pool_endpoint_slices_match_the_routers_selector_and_name_the_pools_role
     matches, _ = Store.matchers(engine_selector("demo"), None)
     for role in ("prefill", "decode"):
         name = manifests.pool_name("demo", role)
-        service = next(o for o in objs if o["kind"] == "Service"
-                       and o["metadata"]["name"] == name)
-        deployment = next(o for o in objs if o["kind"] == "Deployment"
-                          and o["metadata"]["name"] == name)
+        service = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == name)
+        deployment = next(
+            o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == name
+        )
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         endpoint_slice = {
-            "metadata": {"name": f"{name}-abcde", "labels": {
-                **service["metadata"]["labels"], "kubernetes.io/service-name": name}},
-            "ports": [{"name": p["name"], "port": container_ports[p["targetPort"]]}
-                      for p in service["spec"]["ports"]],
-            "endpoints": [endpoint("10.1.2.3", f"{name}-0")]}
+            "metadata": {
+                "name": f"{name}-abcde",
+                "labels": {**service["metadata"]["labels"], "kubernetes.io/service-name": name},
+            },
+            "ports": [
+                {"name": p["name"], "port": container_ports[p["targetPort"]]}
+                for p in service["spec"]["ports"]
+            ],
+            "endpoints": [endpoint("10.1.2.3", f"{name}-0")],
+        }
         assert matches(endpoint_slice["metadata"]["labels"])
         [ep] = slice_endpoints(endpoint_slice)
         assert ep.spec.role == ENGINE_ROLE[role]
@@ -67,25 +80,36 @@ def test_pool_endpoint_slices_match_the_routers_selector_and_name_the_pools_role
         assert ep.spec.kv_events == f"tcp://10.1.2.3:{manifests.KV_EVENTS_PORT}"
         assert ep.spec.kv_events_replay == f"tcp://10.1.2.3:{manifests.KV_REPLAY_PORT}"
     # Other components' Services never match.
-    others = [o for o in objs if o["kind"] == "Service"
-              and o["metadata"]["labels"][manifests.LABEL_COMPONENT] != "engine"]
+    others = [
+        o
+        for o in objs
+        if o["kind"] == "Service" and o["metadata"]["labels"][manifests.LABEL_COMPONENT] != "engine"
+    ]
     assert others and not any(matches(o["metadata"]["labels"]) for o in others)
 
 
 def test_the_routers_role_lets_it_list_and_watch_endpoint_slices():
-    [role] = [d for d in yaml.safe_load_all((REPO / "operators/rbac/router.yaml").read_text())
-              if d]
-    assert any("discovery.k8s.io" in rule["apiGroups"] and "endpointslices" in rule["resources"]
-               and {"list", "watch"} <= set(rule["verbs"]) for rule in role["rules"])
+    [role] = [d for d in yaml.safe_load_all((REPO / "operators/rbac/router.yaml").read_text()) if d]
+    assert any(
+        "discovery.k8s.io" in rule["apiGroups"]
+        and "endpointslices" in rule["resources"]
+        and {"list", "watch"} <= set(rule["verbs"])
+        for rule in role["rules"]
+    )
 
 
 def test_the_engine_host_accepts_the_operators_engine_flags():
     from services.engine.config import parse_settings as engine_settings
 
     # Without the KV store: with it, the engine reads the store's config file at start.
-    spec = with_defaults({"model": {"path": "/models/llama", "servedName": "llama"},
-                          "prefill": {"replicas": 1}, "decode": {"replicas": 1},
-                          "kvStore": {"enabled": False}})
+    spec = with_defaults(
+        {
+            "model": {"path": "/models/llama", "servedName": "llama"},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1},
+            "kvStore": {"enabled": False},
+        }
+    )
     for role in ("prefill", "decode"):
         argv = manifests.engine_argv("demo", parse(spec), role)
         assert argv[:3] == ["python", "-m", "services.engine"]

@@ -36,8 +36,14 @@ pytestmark = pytest.mark.timeout(300)
 
 
 async def answered_by(client: httpx.AsyncClient, url: str) -> str:
-    r = await client.post(f"{url}/v1/chat/completions", json={
-        "model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    r = await client.post(
+        f"{url}/v1/chat/completions",
+        json={
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"]
 
@@ -45,9 +51,16 @@ async def answered_by(client: httpx.AsyncClient, url: str) -> str:
 async def stream_pods(client: httpx.AsyncClient, url: str) -> tuple[list[str], str]:
     """(the text of every chunk, the finish reason) of one long streamed answer."""
     texts, finish = [], ""
-    async with client.stream("POST", f"{url}/v1/chat/completions", json={
-            "model": MODEL_NAME, "messages": [{"role": "user", "content": "a long one"}],
-            "max_tokens": STREAM_TOKENS, "stream": True}) as r:
+    async with client.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "a long one"}],
+            "max_tokens": STREAM_TOKENS,
+            "stream": True,
+        },
+    ) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -79,26 +92,58 @@ async def test_router_follows_endpoint_slices(kube_api, tmp_path):
         ports = {}
         for name in ("pod-a", "pod-b"):
             ports[name] = free_port()
-            proc, _ = procs.launch(name, [
-                sys.executable, "-m", "bench.router_fakes", "grpc", "--host", HOST,
-                "--port", str(ports[name]), "--model-path", model_dir, "--token-text", name,
-                "--first-token-ms", "5", "--token-delay-ms", str(TOKEN_DELAY_MS)], cpus)
+            proc, _ = procs.launch(
+                name,
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.router_fakes",
+                    "grpc",
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(ports[name]),
+                    "--model-path",
+                    model_dir,
+                    "--token-text",
+                    name,
+                    "--first-token-ms",
+                    "5",
+                    "--token-delay-ms",
+                    str(TOKEN_DELAY_MS),
+                ],
+                cpus,
+            )
             wait_grpc_serving(f"{HOST}:{ports[name]}", proc, time.monotonic() + STARTUP_S)
         address = {name: f"{HOST}:{port}" for name, port in ports.items()}
 
         def pool_slice(name: str, state: str) -> dict:
             # One slice per fake: they listen on one IP, so each needs its own port.
-            return endpoint_slice(f"demo-both-{name}", "both", ports[name],
-                                  [endpoint(HOST, name, state)])
+            return endpoint_slice(
+                f"demo-both-{name}", "both", ports[name], [endpoint(HOST, name, state)]
+            )
 
         slices.put(pool_slice("pod-a", "ready"))
         port = free_port()
         url = f"http://{HOST}:{port}"
-        router, _ = procs.launch("router", discovery_router_argv(
-            HOST, port, kube_api.kubeconfig,
-            "--model", model_dir, "--routing-policy", "round-robin",
-            "--poll-interval-s", "0.5", "--shutdown-grace-s", "5"), cpus,
-            env={"TANDEM_LOG_LEVEL": "INFO", "TANDEM_LOG_FORMAT": "text"})
+        router, _ = procs.launch(
+            "router",
+            discovery_router_argv(
+                HOST,
+                port,
+                kube_api.kubeconfig,
+                "--model",
+                model_dir,
+                "--routing-policy",
+                "round-robin",
+                "--poll-interval-s",
+                "0.5",
+                "--shutdown-grace-s",
+                "5",
+            ),
+            cpus,
+            env={"TANDEM_LOG_LEVEL": "INFO", "TANDEM_LOG_FORMAT": "text"},
+        )
         wait_http_ok(f"{url}/health", router, time.monotonic() + STARTUP_S)
 
         async with httpx.AsyncClient(timeout=30) as client:
@@ -117,8 +162,10 @@ async def test_router_follows_endpoint_slices(kube_api, tmp_path):
             while await answered_by(client, url) != "pod-b":
                 assert time.perf_counter() - written < 15, "pod-b never got a request"
             first_request_s = time.perf_counter() - written
-            print(f"\nendpoint ready in the API server -> first request answered by it: "
-                  f"{first_request_s * 1000:.0f} ms")
+            print(
+                f"\nendpoint ready in the API server -> first request answered by it: "
+                f"{first_request_s * 1000:.0f} ms"
+            )
 
             # pod-a terminates while it streams: no new requests, the stream finishes.
             assert not long_stream.done()
@@ -143,7 +190,11 @@ async def test_router_follows_endpoint_slices(kube_api, tmp_path):
             assert await answered_by(client, url) == "pod-b"
             metrics = (await client.get(f"{url}/metrics")).text
             for change, n in (("added", 1), ("draining", 1), ("removed", 1)):
-                assert metric_value(metrics, "tandem_router_discovery_changes_total",
-                                    f'change="{change}"') == n
+                assert (
+                    metric_value(
+                        metrics, "tandem_router_discovery_changes_total", f'change="{change}"'
+                    )
+                    == n
+                )
     finally:
         procs.stop_all()

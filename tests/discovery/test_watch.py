@@ -21,10 +21,17 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def source(kube_api, metrics: RouterMetrics, watch_timeout_s: float = 300.0) -> KubernetesPods:
-    return KubernetesPods(DiscoverySettings(
-        discovery="kubernetes", discovery_namespace="default", discovery_deployment="demo",
-        kubeconfig=str(kube_api.kubeconfig), watch_timeout_s=watch_timeout_s), metrics,
-        retry_s=0.1)
+    return KubernetesPods(
+        DiscoverySettings(
+            discovery="kubernetes",
+            discovery_namespace="default",
+            discovery_deployment="demo",
+            kubeconfig=str(kube_api.kubeconfig),
+            watch_timeout_s=watch_timeout_s,
+        ),
+        metrics,
+        retry_s=0.1,
+    )
 
 
 async def until(predicate, timeout: float = 10.0) -> None:
@@ -44,10 +51,18 @@ def count(metrics: RouterMetrics, name: str, **labels: str) -> float:
 
 async def test_follows_slices_and_relists_after_410(kube_api):
     slices = Slices(kube_api)
-    slices.put(endpoint_slice("demo-decode-a", "decode", 50061,
-                              [endpoint("10.0.0.1", "d-0", "unready")]))
-    slices.put(endpoint_slice("other-decode-a", "decode", 50061,  # another deployment's
-                              [endpoint("10.0.0.9", "o-0")], deployment="other"))
+    slices.put(
+        endpoint_slice("demo-decode-a", "decode", 50061, [endpoint("10.0.0.1", "d-0", "unready")])
+    )
+    slices.put(
+        endpoint_slice(
+            "other-decode-a",
+            "decode",
+            50061,  # another deployment's
+            [endpoint("10.0.0.9", "o-0")],
+            deployment="other",
+        )
+    )
     metrics = RouterMetrics()
     pods = source(kube_api, metrics)
     core = RoutingCore(RoutingSettings())
@@ -57,8 +72,14 @@ async def test_follows_slices_and_relists_after_410(kube_api):
     first = asyncio.create_task(pods.initial())
     await asyncio.sleep(0.5)
     assert not first.done()
-    slices.put(endpoint_slice("demo-decode-a", "decode", 50061,
-                              [endpoint("10.0.0.1", "d-0"), endpoint("10.0.0.2", "d-1")]))
+    slices.put(
+        endpoint_slice(
+            "demo-decode-a",
+            "decode",
+            50061,
+            [endpoint("10.0.0.1", "d-0"), endpoint("10.0.0.2", "d-1")],
+        )
+    )
     specs = await asyncio.wait_for(first, 10)
     assert sorted(s.name for s in specs) == ["10.0.0.1:50061", "10.0.0.2:50061"]
     for spec in specs:
@@ -66,31 +87,37 @@ async def test_follows_slices_and_relists_after_410(kube_api):
 
     # Changes while nobody watches, then the history is compacted: the watch
     # that resumes from the old resourceVersion gets 410 and lists again.
-    slices.put(endpoint_slice("demo-decode-a", "decode", 50061,
-                              [endpoint("10.0.0.1", "d-0", "terminating"),
-                               endpoint("10.0.0.2", "d-1")]))
-    slices.put(endpoint_slice("demo-prefill-a", "prefill", 50061,
-                              [endpoint("10.0.0.3", "p-0")]))
+    slices.put(
+        endpoint_slice(
+            "demo-decode-a",
+            "decode",
+            50061,
+            [endpoint("10.0.0.1", "d-0", "terminating"), endpoint("10.0.0.2", "d-1")],
+        )
+    )
+    slices.put(endpoint_slice("demo-prefill-a", "prefill", 50061, [endpoint("10.0.0.3", "p-0")]))
     kube_api.call(kube_api.store.compact)
     watching = asyncio.create_task(pods.watch(pool))
     try:
-        await until(lambda: pod_set(core) == {"10.0.0.1:50061": "draining",
-                                              "10.0.0.2:50061": "in",
-                                              "10.0.0.3:50061": "in"})
-        assert count(metrics, "tandem_router_discovery_watch_restarts_total",
-                     reason="gone") == 1
+        await until(
+            lambda: (
+                pod_set(core)
+                == {"10.0.0.1:50061": "draining", "10.0.0.2:50061": "in", "10.0.0.3:50061": "in"}
+            )
+        )
+        assert count(metrics, "tandem_router_discovery_watch_restarts_total", reason="gone") == 1
         assert count(metrics, "tandem_router_discovery_lists_total") == 2
 
         # Live: the terminating pod goes, a slice is deleted, another arrives.
-        slices.put(endpoint_slice("demo-decode-a", "decode", 50061,
-                                  [endpoint("10.0.0.2", "d-1")]))
+        slices.put(endpoint_slice("demo-decode-a", "decode", 50061, [endpoint("10.0.0.2", "d-1")]))
         slices.delete("demo-prefill-a")
-        slices.put(endpoint_slice("demo-decode-b", "decode", 50062,
-                                  [endpoint("10.0.0.4", "d-2")]))
+        slices.put(endpoint_slice("demo-decode-b", "decode", 50062, [endpoint("10.0.0.4", "d-2")]))
         await until(lambda: pod_set(core) == {"10.0.0.2:50061": "in", "10.0.0.4:50062": "in"})
         assert pool.get("10.0.0.1:50061") is None
-        changes = {c: count(metrics, "tandem_router_discovery_changes_total", change=c)
-                   for c in ("added", "draining", "removed")}
+        changes = {
+            c: count(metrics, "tandem_router_discovery_changes_total", change=c)
+            for c in ("added", "draining", "removed")
+        }
         assert changes == {"added": 2, "draining": 1, "removed": 2}
     finally:
         watching.cancel()
@@ -109,10 +136,20 @@ async def test_a_server_ended_watch_resumes_without_a_relist(kube_api):
         pool.add_pod(spec)
     watching = asyncio.create_task(pods.watch(pool))
     try:
-        await until(lambda: count(metrics, "tandem_router_discovery_watch_restarts_total",
-                                  reason="timeout") >= 2)
-        slices.put(endpoint_slice("demo-both-a", "both", 50061,
-                                  [endpoint("10.0.0.1", "b-0"), endpoint("10.0.0.2", "b-1")]))
+        await until(
+            lambda: (
+                count(metrics, "tandem_router_discovery_watch_restarts_total", reason="timeout")
+                >= 2
+            )
+        )
+        slices.put(
+            endpoint_slice(
+                "demo-both-a",
+                "both",
+                50061,
+                [endpoint("10.0.0.1", "b-0"), endpoint("10.0.0.2", "b-1")],
+            )
+        )
         await until(lambda: len(pod_set(core)) == 2)
         assert count(metrics, "tandem_router_discovery_lists_total") == 1
     finally:
@@ -125,11 +162,19 @@ async def test_an_unreachable_api_server_is_retried(tmp_path):
     """Connection refused: logged, counted and retried until the source is cancelled."""
     metrics = RouterMetrics()
     kubeconfig = write_kubeconfig(f"http://127.0.0.1:{free_port()}", tmp_path / "kubeconfig")
-    pods = KubernetesPods(DiscoverySettings(
-        discovery="kubernetes", discovery_namespace="default", discovery_deployment="demo",
-        kubeconfig=str(kubeconfig)), metrics, retry_s=0.05)
+    pods = KubernetesPods(
+        DiscoverySettings(
+            discovery="kubernetes",
+            discovery_namespace="default",
+            discovery_deployment="demo",
+            kubeconfig=str(kubeconfig),
+        ),
+        metrics,
+        retry_s=0.05,
+    )
     task = asyncio.create_task(pods.initial())
-    await until(lambda: count(metrics, "tandem_router_discovery_watch_restarts_total",
-                              reason="error") >= 2)
+    await until(
+        lambda: count(metrics, "tandem_router_discovery_watch_restarts_total", reason="error") >= 2
+    )
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

@@ -10,8 +10,9 @@ from services.engine.metrics import EngineMetrics, request_phases
 
 
 def _stats(queued: float, scheduled: float, first_token: float) -> RequestStateStats:
-    return RequestStateStats(arrival_time=1.7e9, queued_ts=queued, scheduled_ts=scheduled,
-                             first_token_ts=first_token)
+    return RequestStateStats(
+        arrival_time=1.7e9, queued_ts=queued, scheduled_ts=scheduled, first_token_ts=first_token
+    )
 
 
 def test_a_prompt_computed_here_splits_into_queue_and_prefill():

@@ -9,14 +9,20 @@ from common.proto import engine_pb2 as pb
 from services.engine.sampling import to_vllm
 
 
-@pytest.mark.parametrize("structured, field, value", [
-    (pb.StructuredOutput(json_schema='{"type":"object"}', compact=True), "json",
-     '{"type":"object"}'),
-    (pb.StructuredOutput(json_object=True), "json_object", True),
-    (pb.StructuredOutput(regex="[a-z]+"), "regex", "[a-z]+"),
-    (pb.StructuredOutput(choice=pb.Choices(values=["y", "n"])), "choice", ["y", "n"]),
-    (pb.StructuredOutput(grammar='root ::= "a"'), "grammar", 'root ::= "a"'),
-])
+@pytest.mark.parametrize(
+    "structured, field, value",
+    [
+        (
+            pb.StructuredOutput(json_schema='{"type":"object"}', compact=True),
+            "json",
+            '{"type":"object"}',
+        ),
+        (pb.StructuredOutput(json_object=True), "json_object", True),
+        (pb.StructuredOutput(regex="[a-z]+"), "regex", "[a-z]+"),
+        (pb.StructuredOutput(choice=pb.Choices(values=["y", "n"])), "choice", ["y", "n"]),
+        (pb.StructuredOutput(grammar='root ::= "a"'), "grammar", 'root ::= "a"'),
+    ],
+)
 def test_structured_output_reaches_vllm(structured, field, value):
     params = pb.SamplingParams(max_tokens=4, structured=structured)
     out = to_vllm(params).structured_outputs

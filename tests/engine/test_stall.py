@@ -33,6 +33,7 @@ TIMEOUT_S = 60.0
 
 # ----- the rule -------------------------------------------------------------
 
+
 def test_an_idle_engine_never_stalls():
     load = LoadTracker()
     assert load.seconds_without_progress(1e6) == 0.0
@@ -94,6 +95,7 @@ def test_every_call_of_vllms_stat_logger_is_progress():
 
 # ----- the watch loop -------------------------------------------------------
 
+
 class _Engine:
     """Just what the host's watch loop and the servicer use of vLLM's AsyncLLM."""
 
@@ -126,7 +128,8 @@ async def test_watch_reports_a_stall_with_requests_in_flight():
     load = LoadTracker()
     load.request_started(time.monotonic())
     reason, message = await asyncio.wait_for(
-        watch_engine(_Engine(), load, stall_timeout_s=0.2, period_s=0.02), TIMEOUT_S)
+        watch_engine(_Engine(), load, stall_timeout_s=0.2, period_s=0.02), TIMEOUT_S
+    )
     assert reason == "engine_stalled"
     assert "no engine step" in message and "1 request(s) in flight" in message
 
@@ -134,18 +137,21 @@ async def test_watch_reports_a_stall_with_requests_in_flight():
 async def test_watch_reports_a_dead_engine():
     reason, message = await asyncio.wait_for(
         watch_engine(_Engine(dead=True), LoadTracker(), stall_timeout_s=0.2, period_s=0.02),
-        TIMEOUT_S)
+        TIMEOUT_S,
+    )
     assert reason == "engine_dead" and "EngineCore encountered an issue" in message
 
 
 # ----- failing what is in flight ----------------------------------------------
 
+
 @pytest.fixture
 async def served():
     engine, load = _Engine(), LoadTracker()
     registry = CollectorRegistry()
-    servicer = EngineServicer(engine, Role.BOTH, "model", "model", load,
-                              EngineMetrics("both", registry))
+    servicer = EngineServicer(
+        engine, Role.BOTH, "model", "model", load, EngineMetrics("both", registry)
+    )
     server = grpc.aio.server()
     pb_grpc.add_EngineServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
@@ -158,8 +164,9 @@ async def served():
 
 async def test_failing_the_engine_ends_calls_in_flight_with_unavailable(served):
     engine, load, servicer, stub, registry = served
-    prefill = asyncio.ensure_future(stub.Prefill(pb.PrefillRequest(
-        request_id="p1", token_ids=[1, 2, 3])))
+    prefill = asyncio.ensure_future(
+        stub.Prefill(pb.PrefillRequest(request_id="p1", token_ids=[1, 2, 3]))
+    )
     generate = stub.Generate(pb.GenerateRequest(request_id="g1", token_ids=[1, 2, 3]))
     streamed = asyncio.ensure_future(generate.read())
     while load.in_flight < 2:
@@ -175,15 +182,20 @@ async def test_failing_the_engine_ends_calls_in_flight_with_unavailable(served):
     assert sorted(engine.aborted) == ["g1", "p1"]  # vLLM frees their KV
     assert await servicer.wait_idle(TIMEOUT_S) and load.in_flight == 0
     for kind in ("prefill", "generate"):
-        assert registry.get_sample_value("tandem_engine_request_errors_total",
-                                         {"kind": kind, "reason": "engine_stalled"}) == 1
-    assert registry.get_sample_value("tandem_engine_requests_cancelled_total",
-                                     {"kind": "prefill"}) is None
+        assert (
+            registry.get_sample_value(
+                "tandem_engine_request_errors_total", {"kind": kind, "reason": "engine_stalled"}
+            )
+            == 1
+        )
+    assert (
+        registry.get_sample_value("tandem_engine_requests_cancelled_total", {"kind": "prefill"})
+        is None
+    )
 
     # A request that comes after is refused at once, with the same reason.
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.Prefill(pb.PrefillRequest(request_id="p2", token_ids=[1]),
-                           timeout=TIMEOUT_S)
+        await stub.Prefill(pb.PrefillRequest(request_id="p2", token_ids=[1]), timeout=TIMEOUT_S)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "engine stalled" in err.value.details()
 
@@ -198,5 +210,7 @@ async def test_a_caller_that_leaves_is_still_a_cancellation(served):
         await read
     assert await servicer.wait_idle(TIMEOUT_S) and not servicer.failed
     assert engine.aborted == ["g1"]
-    assert registry.get_sample_value("tandem_engine_requests_cancelled_total",
-                                     {"kind": "generate"}) == 1
+    assert (
+        registry.get_sample_value("tandem_engine_requests_cancelled_total", {"kind": "generate"})
+        == 1
+    )

@@ -8,36 +8,71 @@ from tests.helm.chart import example
 EXAMPLE_NAMES = ("minimal", "one-node-8gpu-1p1d-tp4", "two-nodes", "multinode-lws")
 
 FEATURES: dict[str, dict] = {
-    "monitoring": {"monitoring": {
-        "enabled": True, "labels": {"release": "kube-prometheus-stack"},
-        "engines": {"interval": "5s", "scrapeTimeout": "4s"},
-        "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "LLM"}}}},
+    "monitoring": {
+        "monitoring": {
+            "enabled": True,
+            "labels": {"release": "kube-prometheus-stack"},
+            "engines": {"interval": "5s", "scrapeTimeout": "4s"},
+            "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "LLM"}},
+        }
+    },
     "network-policy": {"networkPolicy": {"enabled": True}},
-    "network-policy-restricted": {"networkPolicy": {
-        "enabled": True,
-        "routerFrom": [{"namespaceSelector": {"matchLabels": {
-            "kubernetes.io/metadata.name": "ingress-nginx"}}}],
-        "metricsFrom": [{"namespaceSelector": {"matchLabels": {
-            "kubernetes.io/metadata.name": "monitoring"}}}]}},
-    "inference-pool": {"inferencePool": {"enabled": True,
-                                         "endpointPicker": {"name": "tandem-epp"}}},
-    "inference-pool-engines": {"inferencePool": {
-        "enabled": True, "selects": "engines",
-        "endpointPicker": {"name": "tandem-epp", "port": 9002, "failureMode": "FailOpen"}}},
+    "network-policy-restricted": {
+        "networkPolicy": {
+            "enabled": True,
+            "routerFrom": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}
+                    }
+                }
+            ],
+            "metricsFrom": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+                    }
+                }
+            ],
+        }
+    },
+    "inference-pool": {
+        "inferencePool": {"enabled": True, "endpointPicker": {"name": "tandem-epp"}}
+    },
+    "inference-pool-engines": {
+        "inferencePool": {
+            "enabled": True,
+            "selects": "engines",
+            "endpointPicker": {"name": "tandem-epp", "port": 9002, "failureMode": "FailOpen"},
+        }
+    },
     "external-redis": {"redis": {"managed": False, "url": "rediss://redis.cache.svc:6380/0"}},
-    "multi-node": {"decode": {"nodesPerReplica": 2, "gpusPerPod": 8,
-                              "parallelism": {"tensor": 8, "pipeline": 2}}},
-    "rdma": {"rdma": {"enabled": True,
-                      "env": [{"name": "UCX_NET_DEVICES", "value": "mlx5_0:1"}]}},
+    "multi-node": {
+        "decode": {
+            "nodesPerReplica": 2,
+            "gpusPerPod": 8,
+            "parallelism": {"tensor": 8, "pipeline": 2},
+        }
+    },
+    "rdma": {"rdma": {"enabled": True, "env": [{"name": "UCX_NET_DEVICES", "value": "mlx5_0:1"}]}},
     "api-keys": {"router": {"apiKeys": {"keys": ["sk-test-0001", "sk-test-0002"]}}},
-    "ingress-tls": {"router": {"ingress": {"enabled": True, "className": "nginx",
-                                           "host": "llm.example.com",
-                                           "tlsSecretName": "llm-tls"}}},
-    "model-volume": {"model": {"path": "/models/llama", "volume": {
-        "persistentVolumeClaim": "llama-weights"}}},
+    "ingress-tls": {
+        "router": {
+            "ingress": {
+                "enabled": True,
+                "className": "nginx",
+                "host": "llm.example.com",
+                "tlsSecretName": "llm-tls",
+            }
+        }
+    },
+    "model-volume": {
+        "model": {"path": "/models/llama", "volume": {"persistentVolumeClaim": "llama-weights"}}
+    },
     "watch-all-namespaces": {"operator": {"watchAllNamespaces": True}},
-    "scaling-auto": {"scaling": {"mode": "Auto", "gpuBudget": 8,
-                                 "slo": {"ttftP90Ms": 1500, "itlP90Ms": 40}}},
+    "scaling-auto": {
+        "scaling": {"mode": "Auto", "gpuBudget": 8, "slo": {"ttftP90Ms": 1500, "itlP90Ms": 40}}
+    },
     "no-kv-store": {"kvStore": {"enabled": False}},
     "no-helm-test": {"helmTest": {"enabled": False}},
 }

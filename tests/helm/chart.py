@@ -48,15 +48,18 @@ def chart() -> helm.Chart:
     return helm.Chart.load(CHART_DIR)
 
 
-def render_files(values: dict | None = None, release: str = RELEASE,
-                 namespace: str = NAMESPACE) -> dict[str, str]:
+def render_files(
+    values: dict | None = None, release: str = RELEASE, namespace: str = NAMESPACE
+) -> dict[str, str]:
     """Template path → rendered text, as `helm install` renders them."""
-    return chart().render(copy.deepcopy(values or {}), name=release, namespace=namespace,
-                          is_install=True)
+    return chart().render(
+        copy.deepcopy(values or {}), name=release, namespace=namespace, is_install=True
+    )
 
 
-def render(values: dict | None = None, release: str = RELEASE,
-           namespace: str = NAMESPACE) -> list[Manifest]:
+def render(
+    values: dict | None = None, release: str = RELEASE, namespace: str = NAMESPACE
+) -> list[Manifest]:
     """Every object the chart renders (templates and test hooks; not NOTES.txt)."""
     docs: list[Manifest] = []
     for path, text in sorted(render_files(values, release, namespace).items()):
@@ -114,8 +117,10 @@ def problems(obj: Manifest) -> list[str]:
     for version in KUBE_VERSIONS:
         validator = builtin_validator(version, obj["apiVersion"], obj["kind"])
         if validator is None:
-            out.append(f"{ref}: no schema for {obj['apiVersion']} {obj['kind']} in Kubernetes "
-                       f"{version} and no CRD for it")
+            out.append(
+                f"{ref}: no schema for {obj['apiVersion']} {obj['kind']} in Kubernetes "
+                f"{version} and no CRD for it"
+            )
             continue
         for error in validator.iter_errors(obj):
             where = ".".join(str(p) for p in error.absolute_path) or "<root>"
@@ -124,8 +129,9 @@ def problems(obj: Manifest) -> list[str]:
 
 
 @cache
-def builtin_validator(version: str, api_version: str, kind: str
-                      ) -> jsonschema.Draft202012Validator | None:
+def builtin_validator(
+    version: str, api_version: str, kind: str
+) -> jsonschema.Draft202012Validator | None:
     """kubernetes-validate's strict schema for one kind, as its `validate` builds it."""
     folder = f"kubernetes-json-schema/v{version}-local-strict"
     # rbac.authorization.k8s.io/v1 -> rbac-v1, as kubernetes-validate names its files.
@@ -136,7 +142,8 @@ def builtin_validator(version: str, api_version: str, kind: str
         return None
     definitions = schema_contents(f"{folder}/_definitions.json", version)
     registry = referencing.Resource.from_contents(definitions) @ (
-        referencing.Resource.from_contents(schema) @ referencing.Registry())
+        referencing.Resource.from_contents(schema) @ referencing.Registry()
+    )
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 

@@ -31,7 +31,7 @@ _STRING_MAP: Schema = {"type": "object", "additionalProperties": {"type": "strin
 _DURATION: Schema = {
     "type": "string",
     "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
-               r"(([0-9]+)s)?(([0-9]+)ms)?)$",
+    r"(([0-9]+)s)?(([0-9]+)ms)?)$",
 }
 _LABEL_SELECTOR: Schema = {
     "type": "object",
@@ -46,8 +46,10 @@ _LABEL_SELECTOR: Schema = {
                 "additionalProperties": False,
                 "properties": {
                     "key": {"type": "string"},
-                    "operator": {"type": "string",
-                                 "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                    "operator": {
+                        "type": "string",
+                        "enum": ["In", "NotIn", "Exists", "DoesNotExist"],
+                    },
                     "values": {"type": "array", "items": {"type": "string"}},
                 },
             },
@@ -73,13 +75,14 @@ _SCRAPE_ENDPOINT: Schema = {
     "additionalProperties": False,
     "properties": {
         "port": {"type": "string"},
-        "portNumber": {"type": "integer", "format": "int32", "minimum": 1,
-                       "maximum": 65535},
+        "portNumber": {"type": "integer", "format": "int32", "minimum": 1, "maximum": 65535},
         "targetPort": _INT_OR_STRING,
         "path": {"type": "string"},
         "scheme": {"type": "string", "enum": ["http", "https", "HTTP", "HTTPS"]},
-        "params": {"type": "object", "additionalProperties": {
-            "type": "array", "items": {"type": "string"}}},
+        "params": {
+            "type": "object",
+            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+        },
         "interval": _DURATION,
         "scrapeTimeout": _DURATION,
         "honorLabels": {"type": "boolean"},
@@ -121,8 +124,11 @@ def _monitor_spec(endpoints_field: str, only_here: dict[str, Schema]) -> Schema:
 SERVICE_MONITOR: Schema = {
     "type": "object",
     "required": ["spec"],
-    "properties": {"spec": _monitor_spec(
-        "endpoints", {"targetLabels": {"type": "array", "items": {"type": "string"}}})},
+    "properties": {
+        "spec": _monitor_spec(
+            "endpoints", {"targetLabels": {"type": "array", "items": {"type": "string"}}}
+        )
+    },
 }
 
 # A PodMonitor has no Service, so no targetLabels.
@@ -149,13 +155,21 @@ INFERENCE_POOL: Schema = {
                     "properties": {"matchLabels": _STRING_MAP},
                 },
                 "targetPorts": {
-                    "type": "array", "minItems": 1, "maxItems": 8,
-                    "items": {"type": "object", "required": ["number"],
-                              "additionalProperties": False,
-                              "properties": {"number": _PORT_NUMBER}},
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 8,
+                    "items": {
+                        "type": "object",
+                        "required": ["number"],
+                        "additionalProperties": False,
+                        "properties": {"number": _PORT_NUMBER},
+                    },
                 },
-                "appProtocol": {"type": "string", "enum": ["http", "kubernetes.io/h2c"],
-                                "default": "http"},
+                "appProtocol": {
+                    "type": "string",
+                    "enum": ["http", "kubernetes.io/h2c"],
+                    "default": "http",
+                },
                 "endpointPickerRef": {
                     "type": "object",
                     "required": ["name"],
@@ -164,11 +178,17 @@ INFERENCE_POOL: Schema = {
                         "group": {"type": "string", "default": ""},
                         "kind": {"type": "string", "default": "Service"},
                         "name": {"type": "string", "minLength": 1, "maxLength": 253},
-                        "port": {"type": "object", "required": ["number"],
-                                 "additionalProperties": False,
-                                 "properties": {"number": _PORT_NUMBER}},
-                        "failureMode": {"type": "string", "enum": ["FailOpen", "FailClose"],
-                                        "default": "FailClose"},
+                        "port": {
+                            "type": "object",
+                            "required": ["number"],
+                            "additionalProperties": False,
+                            "properties": {"number": _PORT_NUMBER},
+                        },
+                        "failureMode": {
+                            "type": "string",
+                            "enum": ["FailOpen", "FailClose"],
+                            "default": "FailClose",
+                        },
                     },
                 },
             },
@@ -186,10 +206,20 @@ def _crd(group: str, version: str, kind: str, plural: str, schema: Schema) -> di
         "spec": {
             "group": group,
             "scope": "Namespaced",
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
-                      "listKind": f"{kind}List"},
-            "versions": [{"name": version, "served": True, "storage": True,
-                          "schema": {"openAPIV3Schema": schema}}],
+            "names": {
+                "kind": kind,
+                "plural": plural,
+                "singular": kind.lower(),
+                "listKind": f"{kind}List",
+            },
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
         },
     }
 
@@ -199,9 +229,9 @@ def crds() -> list[dict[str, Any]]:
     lws_group, _, lws_version = lws_schema.API_VERSION.rpartition("/")
     return [
         _crd(lws_group, lws_version, lws_schema.KIND, "leaderworkersets", lws_schema.SCHEMA),
-        _crd("inference.networking.k8s.io", "v1", "InferencePool", "inferencepools",
-             INFERENCE_POOL),
-        _crd("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors",
-             SERVICE_MONITOR),
+        _crd(
+            "inference.networking.k8s.io", "v1", "InferencePool", "inferencepools", INFERENCE_POOL
+        ),
+        _crd("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", SERVICE_MONITOR),
         _crd("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors", POD_MONITOR),
     ]

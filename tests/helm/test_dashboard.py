@@ -28,8 +28,9 @@ from services.router.metrics import RouterMetrics
 from tests.helm.chart import CHART_DIR, one, render
 
 DASHBOARD = json.loads((CHART_DIR / "files" / "dashboards" / "tandem.json").read_text())
-KSM_CONFIG = yaml.safe_load((CHART_DIR / "files" / "kube-state-metrics" /
-                             "enginepools.yaml").read_text())
+KSM_CONFIG = yaml.safe_load(
+    (CHART_DIR / "files" / "kube-state-metrics" / "enginepools.yaml").read_text()
+)
 COUNTER, GAUGE = "counter", "gauge"
 # The panel plugins built into Grafana that this dashboard uses.
 PANEL_TYPES = {"timeseries", "stat"}
@@ -43,17 +44,19 @@ def exported_metrics() -> dict[str, str]:
     """Sample name → counter or gauge, for every metric the dashboard may read."""
     out: dict[str, str] = {}
     for family in RouterMetrics().registry.collect():
-        for suffix, kind in {"counter": [("_total", COUNTER)],
-                             "histogram": [("_bucket", COUNTER), ("_sum", COUNTER),
-                                           ("_count", COUNTER)],
-                             "gauge": [("", GAUGE)]}[family.type]:
+        for suffix, kind in {
+            "counter": [("_total", COUNTER)],
+            "histogram": [("_bucket", COUNTER), ("_sum", COUNTER), ("_count", COUNTER)],
+            "gauge": [("", GAUGE)],
+        }[family.type]:
             out[family.name + suffix] = kind
     # vLLM's metric definitions, read from its source (importing vLLM takes seconds).
     vllm = importlib.util.find_spec("vllm")
     assert vllm is not None and vllm.origin, "vLLM is not installed"
     source = (Path(vllm.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
-    for cls, name in re.findall(r'self\._(counter|histogram|gauge)_cls\(\s*name="(vllm:[^"]+)"',
-                                source):
+    for cls, name in re.findall(
+        r'self\._(counter|histogram|gauge)_cls\(\s*name="(vllm:[^"]+)"', source
+    ):
         if cls == "counter":
             out[name + "_total"] = COUNTER
         elif cls == "histogram":
@@ -69,8 +72,11 @@ def exported_metrics() -> dict[str, str]:
 
 
 def expressions() -> list[tuple[str, str]]:
-    return [(panel["title"], target["expr"]) for panel in DASHBOARD["panels"]
-            for target in panel["targets"]]
+    return [
+        (panel["title"], target["expr"])
+        for panel in DASHBOARD["panels"]
+        for target in panel["targets"]
+    ]
 
 
 def parse(expr: str):
@@ -93,8 +99,15 @@ def selectors(node, in_rate: bool = False):
     elif isinstance(node, promql_parser.BinaryExpr):
         yield from selectors(node.lhs, in_rate)
         yield from selectors(node.rhs, in_rate)
-    elif isinstance(node, (promql_parser.AggregateExpr, promql_parser.ParenExpr,
-                           promql_parser.UnaryExpr, promql_parser.SubqueryExpr)):
+    elif isinstance(
+        node,
+        (
+            promql_parser.AggregateExpr,
+            promql_parser.ParenExpr,
+            promql_parser.UnaryExpr,
+            promql_parser.SubqueryExpr,
+        ),
+    ):
         yield from selectors(node.expr, in_rate)
 
 
@@ -140,8 +153,9 @@ def test_panels_have_unique_ids_and_do_not_overlap():
     for panel in DASHBOARD["panels"]:
         g = panel["gridPos"]
         assert g["x"] + g["w"] <= 24, panel["title"]
-        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
-                for y in range(g["y"], g["y"] + g["h"])}
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
         assert not mine & cells, f"{panel['title']} overlaps another panel"
         cells |= mine
 
@@ -188,8 +202,11 @@ def test_kube_state_metrics_config_reads_enginepool_fields_that_exist():
     schema = crd_schema("enginepools")
     for resource in KSM_CONFIG["spec"]["resources"]:
         gvk = resource["groupVersionKind"]
-        assert (gvk["group"], gvk["version"], gvk["kind"]) == ("tandem.dev", "v1alpha1",
-                                                                "EnginePool")
+        assert (gvk["group"], gvk["version"], gvk["kind"]) == (
+            "tandem.dev",
+            "v1alpha1",
+            "EnginePool",
+        )
         paths = list(resource["labelsFromPath"].values())
         paths += [m["each"]["gauge"]["path"] for m in resource["metrics"]]
         for path in paths:

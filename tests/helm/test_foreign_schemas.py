@@ -31,32 +31,42 @@ def test_the_chart_renders_every_foreign_kind_and_each_is_valid():
     assert [p for d in rendered for p in problems(d)] == []
 
 
-@pytest.mark.parametrize("kind,path,value,expect", [
-    ("ServiceMonitor", "spec.endpoints.0.intervall", "15s", "unknown field"),
-    ("ServiceMonitor", "spec.endpoints.0.interval", "15 seconds", "interval"),
-    ("ServiceMonitor", "spec.namespaceSelector.matchName", ["serving"], "unknown field"),
-    ("ServiceMonitor", "spec.selectors", {}, "unknown field"),
-    ("PodMonitor", "spec.podMetricsEndpoints.0.scrapeTimeout", "10", "scrapeTimeout"),
-    ("PodMonitor", "spec.targetLabels", ["a"], "unknown field"),
-    ("PodMonitor", "spec.selector.matchExpressions",
-     [{"key": "a", "operator": "Equals"}], "operator"),
-])
+@pytest.mark.parametrize(
+    "kind,path,value,expect",
+    [
+        ("ServiceMonitor", "spec.endpoints.0.intervall", "15s", "unknown field"),
+        ("ServiceMonitor", "spec.endpoints.0.interval", "15 seconds", "interval"),
+        ("ServiceMonitor", "spec.namespaceSelector.matchName", ["serving"], "unknown field"),
+        ("ServiceMonitor", "spec.selectors", {}, "unknown field"),
+        ("PodMonitor", "spec.podMetricsEndpoints.0.scrapeTimeout", "10", "scrapeTimeout"),
+        ("PodMonitor", "spec.targetLabels", ["a"], "unknown field"),
+        (
+            "PodMonitor",
+            "spec.selector.matchExpressions",
+            [{"key": "a", "operator": "Equals"}],
+            "operator",
+        ),
+    ],
+)
 def test_monitor_schemas_refuse_typos_and_bad_values(kind, path, value, expect):
     monitor = by_kind(render(CASES["feature-monitoring"]), kind)[0]
     found = problems(_set(monitor, path, value))
     assert any(expect in p for p in found), found
 
 
-@pytest.mark.parametrize("path,value,expect", [
-    ("spec.targetPorts", [], "targetPorts"),
-    ("spec.targetPorts.0.number", 0, "number"),
-    ("spec.targetPorts.0.port", 8000, "unknown field"),
-    ("spec.appProtocol", "grpc", "appProtocol"),
-    ("spec.selector.matchExpressions", [], "unknown field"),
-    ("spec.endpointPickerRef.failureMode", "Open", "failureMode"),
-    ("spec.endpointPickerRef.port.number", 70000, "number"),
-    ("spec.endpointPickerRef.portNumber", 9002, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "path,value,expect",
+    [
+        ("spec.targetPorts", [], "targetPorts"),
+        ("spec.targetPorts.0.number", 0, "number"),
+        ("spec.targetPorts.0.port", 8000, "unknown field"),
+        ("spec.appProtocol", "grpc", "appProtocol"),
+        ("spec.selector.matchExpressions", [], "unknown field"),
+        ("spec.endpointPickerRef.failureMode", "Open", "failureMode"),
+        ("spec.endpointPickerRef.port.number", 70000, "number"),
+        ("spec.endpointPickerRef.portNumber", 9002, "unknown field"),
+    ],
+)
 def test_inference_pool_schema_refuses_typos_and_bad_values(path, value, expect):
     pool = one(render(CASES["feature-inference-pool"]), "InferencePool")
     found = problems(_set(pool, path, value))

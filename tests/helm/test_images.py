@@ -34,8 +34,9 @@ DOCKER = REPO / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
-FROM = re.compile(r"^FROM\s+(?P<image>\S+)(?:\s+AS\s+(?P<alias>\S+))?\s*$",
-                  re.IGNORECASE | re.MULTILINE)
+FROM = re.compile(
+    r"^FROM\s+(?P<image>\S+)(?:\s+AS\s+(?P<alias>\S+))?\s*$", re.IGNORECASE | re.MULTILINE
+)
 
 
 def instructions(path: Path, name: str) -> list[str]:
@@ -97,8 +98,10 @@ def runs(argv: list[str]) -> str:
         spec = importlib.util.find_spec(module)
         if spec is None:
             return f"no module {module}"
-        if spec.submodule_search_locations and \
-                importlib.util.find_spec(f"{module}.__main__") is None:
+        if (
+            spec.submodule_search_locations
+            and importlib.util.find_spec(f"{module}.__main__") is None
+        ):
             return f"package {module} has no __main__"
         return ""
     if argv[0] == "tandem":
@@ -125,9 +128,15 @@ def test_every_command_the_chart_and_the_operator_run_exists():
     objects = manifests.shared_objects("tandem", "serving", parse(spec), owner)
     for role in ("prefill", "decode"):
         objects += manifests.pool_workload("tandem", "serving", parse(spec), role, 1, owner)
-    multi = dict(spec, decode=dict(spec["decode"], nodesPerReplica=2, gpusPerPod=8,
-                                   parallelism=dict(spec["decode"]["parallelism"], tensor=8,
-                                                    pipeline=2)))
+    multi = dict(
+        spec,
+        decode=dict(
+            spec["decode"],
+            nodesPerReplica=2,
+            gpusPerPod=8,
+            parallelism=dict(spec["decode"]["parallelism"], tensor=8, pipeline=2),
+        ),
+    )
     objects += manifests.pool_workload("tandem", "serving", parse(multi), "decode", 1, owner)
     images = {chart().values["images"][k]["repository"] for k in ("tandem", "engine")}
     for obj in objects:
@@ -152,25 +161,53 @@ def test_make_images_tags_them_as_the_chart_names_them():
     for key, dockerfile in (("tandem", "tandem.Dockerfile"), ("engine", "engine.Dockerfile")):
         repository = values[key]["repository"]
         assert repository.startswith(registry + "/")
-        assert f"-f docker/{dockerfile} -t $(IMAGE_REGISTRY)/{repository.rsplit('/', 1)[1]}:" \
-               "$(IMAGE_TAG)" in makefile
+        assert (
+            f"-f docker/{dockerfile} -t $(IMAGE_REGISTRY)/{repository.rsplit('/', 1)[1]}:"
+            "$(IMAGE_TAG)" in makefile
+        )
 
 
 def test_pip_install_puts_what_the_pods_run_into_the_image(tmp_path):
     """The wheel `pip install .` builds in the Dockerfiles, built here from a copy of the tree."""
     src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "__pycache__", "build", "*.egg-info", "helm", "tests", "docker"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                            "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)],
-                           check=False, capture_output=True, text=True, timeout=300)
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".venv", ".git", "__pycache__", "build", "*.egg-info", "helm", "tests", "docker"
+        ),
+    )
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("tandem-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("operators/crds/tandemdeployments.yaml", "operators/crds/enginepools.yaml",
-                   "operators/__main__.py", "services/router/__main__.py",
-                   "services/engine/__main__.py", "services/kvstore/__main__.py",
-                   "tandem/smoke.py", "tandem/cli.py"):
+    for needed in (
+        "operators/crds/tandemdeployments.yaml",
+        "operators/crds/enginepools.yaml",
+        "operators/__main__.py",
+        "services/router/__main__.py",
+        "services/engine/__main__.py",
+        "services/kvstore/__main__.py",
+        "tandem/smoke.py",
+        "tandem/cli.py",
+    ):
         assert needed in names, needed
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -54,14 +54,23 @@ from tests.kube.kinds import Kind
 
 MANAGED = "app.kubernetes.io/managed-by=tandem-operator"
 # Kinds the operator creates, as (group, version, plural).
-OPERATOR_KINDS = [("apps", "v1", "deployments"), ("apps", "v1", "daemonsets"),
-                  ("", "v1", "services"), ("", "v1", "configmaps"), ("", "v1", "serviceaccounts"),
-                  ("policy", "v1", "poddisruptionbudgets"),
-                  ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-                  ("tandem.dev", "v1alpha1", "enginepools"),
-                  ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")]
-FEATURES = {**CASES["feature-monitoring"], **CASES["feature-network-policy-restricted"],
-            **CASES["feature-inference-pool"], **CASES["feature-watch-all-namespaces"]}
+OPERATOR_KINDS = [
+    ("apps", "v1", "deployments"),
+    ("apps", "v1", "daemonsets"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "serviceaccounts"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("tandem.dev", "v1alpha1", "enginepools"),
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+]
+FEATURES = {
+    **CASES["feature-monitoring"],
+    **CASES["feature-network-policy-restricted"],
+    **CASES["feature-inference-pool"],
+    **CASES["feature-watch-all-namespaces"],
+}
 
 
 class Cluster:
@@ -84,24 +93,38 @@ class Cluster:
     def helm_install(self, values: dict) -> None:
         """What `helm install` creates: the CRDs, then every object but the test hooks."""
         self.server.install(*chart_crds(), *foreign_crds())
-        self.server.install({"apiVersion": "v1", "kind": "Namespace",
-                             "metadata": {"name": NAMESPACE}})
+        self.server.install(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        )
         self.docs = render(values)
-        self.server.install(*[d for d in self.docs
-                              if "helm.sh/hook" not in d["metadata"].get("annotations", {})])
+        self.server.install(
+            *[d for d in self.docs if "helm.sh/hook" not in d["metadata"].get("annotations", {})]
+        )
 
     def start_operator(self) -> None:
         """The chart's operator container, run here: its args, but free local ports."""
-        container = one(self.docs, "Deployment", f"{RELEASE}-operator")[
-            "spec"]["template"]["spec"]["containers"][0]
+        container = one(self.docs, "Deployment", f"{RELEASE}-operator")["spec"]["template"]["spec"][
+            "containers"
+        ][0]
         assert container["command"] == ["tandem", "operator"]
-        args = [a for a in container["args"] if not a.startswith(("--health-port",
-                                                                  "--metrics-port"))]
+        args = [
+            a for a in container["args"] if not a.startswith(("--health-port", "--metrics-port"))
+        ]
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), TANDEM_LOG_LEVEL="INFO")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "operators", *args, f"--health-port={free_port()}",
-             "--metrics-port=0"],
-            cwd=REPO, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "operators",
+                *args,
+                f"--health-port={free_port()}",
+                "--metrics-port=0",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
 
     def objects(self, group: str, version: str, plural: str) -> list[dict]:
         return self.server.list(group, version, plural, NAMESPACE, MANAGED)
@@ -116,11 +139,13 @@ class Cluster:
             if value:
                 return value
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"the operator exited ({self.proc.returncode}):\n"
-                                     f"{self.log.read_text()[-3000:]}")
+                raise AssertionError(
+                    f"the operator exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}"
+                )
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; operator log:\n"
-                                     f"{self.log.read_text()[-3000:]}")
+                raise AssertionError(
+                    f"timed out waiting for {what}; operator log:\n{self.log.read_text()[-3000:]}"
+                )
             time.sleep(0.2)
 
     def requests(self) -> list:
@@ -148,10 +173,12 @@ def cluster(tmp_path):
 
 def reconciled(cluster: Cluster, deployments: set[str]):
     """The operator's objects once every expected Deployment exists and the status is written."""
+
     def done():
         names = {d["metadata"]["name"] for d in cluster.objects("apps", "v1", "deployments")}
         td = cluster.server.get("tandem.dev", "v1alpha1", "tandemdeployments", NAMESPACE, RELEASE)
         return deployments <= names and td.get("status", {}).get("conditions")
+
     cluster.wait_for(done, f"Deployments {sorted(deployments)} and the TandemDeployment's status")
     return cluster.operator_objects()
 
@@ -175,11 +202,16 @@ def rbac_attributes(request) -> tuple[str, str, str | None, str] | None:
     resource, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), rest[2:]
     method = request.method.value.upper()
     if method == "GET":
-        verb = "watch" if request.params.get("watch") in ("true", "1") else \
-            ("get" if name else "list")
+        verb = (
+            "watch" if request.params.get("watch") in ("true", "1") else ("get" if name else "list")
+        )
     else:
-        verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
-                "DELETE": "delete" if name else "deletecollection"}[method]
+        verb = {
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete" if name else "deletecollection",
+        }[method]
     return group, "/".join([resource, *sub]), namespace, verb
 
 
@@ -198,8 +230,10 @@ def operator_rules(docs: list[dict]) -> tuple[list[dict], list[dict]]:
     roles = {r["metadata"]["name"]: r["rules"] for r in by_kind(docs, "ClusterRole")}
     namespaced, cluster = [], []
     for binding in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding"):
-        if not any(s["kind"] == "ServiceAccount" and s["name"] == account
-                   and s["namespace"] == NAMESPACE for s in binding["subjects"]):
+        if not any(
+            s["kind"] == "ServiceAccount" and s["name"] == account and s["namespace"] == NAMESPACE
+            for s in binding["subjects"]
+        ):
             continue
         rules = roles[binding["roleRef"]["name"]]
         namespaced += rules
@@ -216,14 +250,17 @@ def test_default_values_reconcile_to_valid_workloads_the_chart_can_see(cluster):
     td = one(cluster.docs, "TandemDeployment")
     assert td["spec"] == one(render({}), "TandemDeployment")["spec"]  # defaults, features aside
     cluster.start_operator()
-    workloads = {f"{RELEASE}-{n}" for n in ("router", "redis", "kvstore-master", "prefill",
-                                            "decode")}
+    workloads = {
+        f"{RELEASE}-{n}" for n in ("router", "redis", "kvstore-master", "prefill", "decode")
+    }
     objects = reconciled(cluster, workloads)
 
     found = [p for obj in objects for p in problems(obj) + policy_problems(obj)]
     assert not found, "\n".join(found)
-    assert {p["spec"]["role"]: p["spec"]["replicas"] for p in by_kind(objects, "EnginePool")} == \
-        {"prefill": 1, "decode": 1}
+    assert {p["spec"]["role"]: p["spec"]["replicas"] for p in by_kind(objects, "EnginePool")} == {
+        "prefill": 1,
+        "decode": 1,
+    }
 
     # What the chart decided for the operator's pods reached them.
     pools = {d["metadata"]["name"]: d for d in by_kind(objects, "Deployment")}
@@ -269,22 +306,33 @@ def check_selectors(docs: list[dict], objects: list[dict], absent: tuple[str, ..
         return [(name, t) for name, t in pods if selects(selector, t["metadata"]["labels"])]
 
     def ports(templates: list[tuple[str, dict]]) -> set:
-        return {p.get("name") for _, t in templates for c in t["spec"]["containers"]
-                for p in c.get("ports", [])} | {
-            p["containerPort"] for _, t in templates for c in t["spec"]["containers"]
-            for p in c.get("ports", [])}
+        return {
+            p.get("name")
+            for _, t in templates
+            for c in t["spec"]["containers"]
+            for p in c.get("ports", [])
+        } | {
+            p["containerPort"]
+            for _, t in templates
+            for c in t["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
 
     for monitor in by_kind(docs, "ServiceMonitor"):
         name = monitor["metadata"]["name"]
         if name.endswith("-operator"):
             continue  # the chart's own Service (test_policy checks it)
-        picked = [s for s in services
-                  if selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+        picked = [
+            s for s in services if selects(monitor["spec"]["selector"], s["metadata"]["labels"])
+        ]
         assert [s["metadata"]["name"] for s in picked] == [f"{RELEASE}-router"], name
-        assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in
-                                                            picked[0]["spec"]["ports"]}
-    expected = {f"{RELEASE}-engines": {f"{RELEASE}-prefill", f"{RELEASE}-decode"},
-                f"{RELEASE}-kvstore-master": {f"{RELEASE}-kvstore-master"}}
+        assert monitor["spec"]["endpoints"][0]["port"] in {
+            p["name"] for p in picked[0]["spec"]["ports"]
+        }
+    expected = {
+        f"{RELEASE}-engines": {f"{RELEASE}-prefill", f"{RELEASE}-decode"},
+        f"{RELEASE}-kvstore-master": {f"{RELEASE}-kvstore-master"},
+    }
     for monitor in by_kind(docs, "PodMonitor"):
         name = monitor["metadata"]["name"]
         picked = chosen(monitor["spec"]["selector"])
@@ -307,12 +355,14 @@ def check_selectors(docs: list[dict], objects: list[dict], absent: tuple[str, ..
             for peer in rule.get("from", []):
                 if "podSelector" in peer and "namespaceSelector" not in peer:
                     component = peer["podSelector"]["matchLabels"].get(
-                        "app.kubernetes.io/component")
+                        "app.kubernetes.io/component"
+                    )
                     if component not in ("helm-test", "operator", *absent):
                         assert chosen(peer["podSelector"]), f"{name}: peer {component} is no pod"
     # Every pod that serves something (all but the test hook) lets its clients in.
-    serving = {n for n, t in pods if t["metadata"]["labels"]["app.kubernetes.io/component"]
-               != "helm-test"}
+    serving = {
+        n for n, t in pods if t["metadata"]["labels"]["app.kubernetes.io/component"] != "helm-test"
+    }
     assert covered == serving, serving - covered
 
     for pool in by_kind(docs, "InferencePool"):
@@ -322,8 +372,9 @@ def check_selectors(docs: list[dict], objects: list[dict], absent: tuple[str, ..
             assert target["number"] in ports(picked)
 
 
-def check_operator_rbac(cluster: Cluster, docs: list[dict],
-                        in_release_namespace: bool = False) -> None:
+def check_operator_rbac(
+    cluster: Cluster, docs: list[dict], in_release_namespace: bool = False
+) -> None:
     """Every request the operator made is one `docs`' RBAC allows. With
     `in_release_namespace`, cluster-wide requests for namespaced resources count as
     made in the release's namespace (what the operator sends watching only it)."""
@@ -335,8 +386,11 @@ def check_operator_rbac(cluster: Cluster, docs: list[dict],
         if attrs is None:
             continue
         group, resource, namespace, verb = attrs
-        if in_release_namespace and namespace is None and \
-                kinds.get((group, resource.split("/")[0])):
+        if (
+            in_release_namespace
+            and namespace is None
+            and kinds.get((group, resource.split("/")[0]))
+        ):
             namespace = NAMESPACE
         rules = namespaced if namespace == NAMESPACE else cluster_wide
         seen.add((group, resource, verb))
@@ -353,9 +407,12 @@ def test_multi_node_pools_reconcile_to_valid_leaderworkersets(cluster):
     cluster.start_operator()
     objects = reconciled(cluster, {f"{RELEASE}-router", f"{RELEASE}-kvstore-master"})
     lws = cluster.wait_for(
-        lambda: len(cluster.objects("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")) == 2
-        and cluster.objects("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-        "two LeaderWorkerSets")
+        lambda: (
+            len(cluster.objects("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")) == 2
+            and cluster.objects("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
+        ),
+        "two LeaderWorkerSets",
+    )
     found = [p for obj in lws + objects for p in problems(obj) + policy_problems(obj)]
     assert not found, "\n".join(found)
     for group in lws:
@@ -364,5 +421,7 @@ def test_multi_node_pools_reconcile_to_valid_leaderworkersets(cluster):
         gpus = containers(group)[0]["resources"]["limits"]["nvidia.com/gpu"]
         assert gpus == "8"
     check_operator_rbac(cluster, cluster.docs)
-    check_selectors(render({**example("multinode-lws"), **FEATURES}),
-                    [o for o in objects if o["kind"] != "LeaderWorkerSet"] + lws)
+    check_selectors(
+        render({**example("multinode-lws"), **FEATURES}),
+        [o for o in objects if o["kind"] != "LeaderWorkerSet"] + lws,
+    )

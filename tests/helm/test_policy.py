@@ -20,10 +20,16 @@ from tests.helm.chart import RELEASE, by_kind, chart, containers, pod_templates,
 
 IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]*)$")
 LONG_RUNNING = ("Deployment", "DaemonSet", "StatefulSet", "LeaderWorkerSet")
-CHART_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
-                "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
-                "app.kubernetes.io/part-of", "app.kubernetes.io/component", "helm.sh/chart",
-                "tandem.dev/deployment")
+CHART_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/component",
+    "helm.sh/chart",
+    "tandem.dev/deployment",
+)
 
 
 def pinned(image: str) -> bool:
@@ -113,8 +119,9 @@ def test_labels_are_consistent(rendered):
     # The operator's Service selects the operator's pods.
     pods = [t["metadata"]["labels"] for d in by_kind(docs, "Deployment") for t in pod_templates(d)]
     for service in by_kind(docs, "Service"):
-        chosen = [p for p in pods if all(p.get(k) == v for k, v in
-                                         service["spec"]["selector"].items())]
+        chosen = [
+            p for p in pods if all(p.get(k) == v for k, v in service["spec"]["selector"].items())
+        ]
         assert len(chosen) == 1, service["metadata"]["name"]
 
 

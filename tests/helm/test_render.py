@@ -52,11 +52,17 @@ def test_default_values_install_operator_and_one_tandem_deployment():
     docs = render({})
     kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
     assert kinds == [
-        "ClusterRole/tandem-operator", "ClusterRole/tandem-operator-cluster",
-        "ClusterRole/tandem-router", "ClusterRoleBinding/tandem-operator-cluster",
-        "Deployment/tandem-operator", "Pod/tandem-test-chat", "RoleBinding/tandem-operator",
-        "Service/tandem-operator", "ServiceAccount/tandem-operator",
-        "TandemDeployment/tandem"]
+        "ClusterRole/tandem-operator",
+        "ClusterRole/tandem-operator-cluster",
+        "ClusterRole/tandem-router",
+        "ClusterRoleBinding/tandem-operator-cluster",
+        "Deployment/tandem-operator",
+        "Pod/tandem-test-chat",
+        "RoleBinding/tandem-operator",
+        "Service/tandem-operator",
+        "ServiceAccount/tandem-operator",
+        "TandemDeployment/tandem",
+    ]
     td = one(docs, "TandemDeployment")
     assert td["spec"]["model"]["path"] == chart().values["model"]["path"]
     for role in ("prefill", "decode"):
@@ -72,7 +78,9 @@ def test_the_chart_ships_the_operators_crds():
     own = {f"crds/{p.name}": p.read_text() for p in sorted(CRD_DIR.glob("*.yaml"))}
     assert shipped == own
     assert sorted(c["metadata"]["name"] for c in chart_crds()) == [
-        "enginepools.tandem.dev", "tandemdeployments.tandem.dev"]
+        "enginepools.tandem.dev",
+        "tandemdeployments.tandem.dev",
+    ]
 
 
 def test_the_operators_rbac_is_operators_rbac():
@@ -91,40 +99,58 @@ def test_the_packaged_chart_carries_the_crds_as_files(tmp_path):
     archive = helm.package(CHART_DIR, destination=tmp_path)
     with tarfile.open(archive) as tar:
         crds = {m.name: m for m in tar.getmembers() if "/crds/" in m.name}
-        assert sorted(crds) == ["tandem/crds/enginepools.yaml",
-                                "tandem/crds/tandemdeployments.yaml"]
+        assert sorted(crds) == [
+            "tandem/crds/enginepools.yaml",
+            "tandem/crds/tandemdeployments.yaml",
+        ]
         assert all(m.isfile() for m in crds.values())
     with helm.Chart.load(archive) as packaged:
         assert packaged.crds == chart().crds
-        assert packaged.render({}, name=RELEASE, namespace=NAMESPACE) == \
-            chart().render({}, name=RELEASE, namespace=NAMESPACE)
+        assert packaged.render({}, name=RELEASE, namespace=NAMESPACE) == chart().render(
+            {}, name=RELEASE, namespace=NAMESPACE
+        )
 
 
 def test_examples_render_what_they_say():
-    one_node = one(render(yaml.safe_load((EXAMPLES / "one-node-8gpu-1p1d-tp4.yaml").read_text())),
-                   "TandemDeployment")["spec"]
+    one_node = one(
+        render(yaml.safe_load((EXAMPLES / "one-node-8gpu-1p1d-tp4.yaml").read_text())),
+        "TandemDeployment",
+    )["spec"]
     for role in ("prefill", "decode"):
-        assert (one_node[role]["replicas"], one_node[role]["gpusPerPod"],
-                one_node[role]["parallelism"]["tensor"]) == (1, 4, 4)
+        assert (
+            one_node[role]["replicas"],
+            one_node[role]["gpusPerPod"],
+            one_node[role]["parallelism"]["tensor"],
+        ) == (1, 4, 4)
     assert one_node["prefill"]["gpusPerPod"] + one_node["decode"]["gpusPerPod"] == 8
     two = render(yaml.safe_load((EXAMPLES / "two-nodes.yaml").read_text()))
     spec = one(two, "TandemDeployment")["spec"]
     assert spec["prefill"]["nodeSelector"] != spec["decode"]["nodeSelector"]
     assert spec["prefill"]["resources"]["requests"]["rdma/ib"] == "1"
     assert spec["router"]["ingress"]["host"] == "llm.example.com"
-    assert spec["scaling"] == {"mode": "Recommend", "gpuBudget": 16,
-                               "slo": {"ttftP90Ms": 2000, "itlP90Ms": 50}}
-    lws = one(render(yaml.safe_load((EXAMPLES / "multinode-lws.yaml").read_text())),
-              "TandemDeployment")["spec"]
+    assert spec["scaling"] == {
+        "mode": "Recommend",
+        "gpuBudget": 16,
+        "slo": {"ttftP90Ms": 2000, "itlP90Ms": 50},
+    }
+    lws = one(
+        render(yaml.safe_load((EXAMPLES / "multinode-lws.yaml").read_text())), "TandemDeployment"
+    )["spec"]
     assert lws["decode"]["nodesPerReplica"] == 2
 
 
 def test_monitoring_renders_a_monitor_per_component_and_the_dashboard():
     docs = render(CASES["feature-monitoring"])
-    monitors = {d["metadata"]["name"]: d for d in by_kind(docs, "ServiceMonitor")
-                + by_kind(docs, "PodMonitor")}
-    assert sorted(monitors) == ["tandem-engines", "tandem-kvstore-master", "tandem-operator",
-                                "tandem-router"]
+    monitors = {
+        d["metadata"]["name"]: d
+        for d in by_kind(docs, "ServiceMonitor") + by_kind(docs, "PodMonitor")
+    }
+    assert sorted(monitors) == [
+        "tandem-engines",
+        "tandem-kvstore-master",
+        "tandem-operator",
+        "tandem-router",
+    ]
     for monitor in monitors.values():
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     engines = monitors["tandem-engines"]["spec"]["podMetricsEndpoints"][0]
@@ -140,28 +166,39 @@ def test_monitoring_renders_a_monitor_per_component_and_the_dashboard():
 def test_network_policies_deny_by_default_and_open_the_request_path():
     docs = render(CASES["feature-network-policy-restricted"])
     policies = {d["metadata"]["name"]: d["spec"] for d in by_kind(docs, "NetworkPolicy")}
-    assert sorted(policies) == ["tandem-default-deny", "tandem-engines", "tandem-kvstore",
-                                "tandem-operator", "tandem-redis", "tandem-router"]
+    assert sorted(policies) == [
+        "tandem-default-deny",
+        "tandem-engines",
+        "tandem-kvstore",
+        "tandem-operator",
+        "tandem-redis",
+        "tandem-router",
+    ]
     assert "ingress" not in policies["tandem-default-deny"]
     router_from = policies["tandem-router"]["ingress"][0]["from"]
-    assert router_from[0] == {"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": "ingress-nginx"}}}
+    assert router_from[0] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}
+    }
     # Open to anyone unless routerFrom says otherwise.
     open_docs = render(CASES["feature-network-policy"])
     open_router = one(open_docs, "NetworkPolicy", "tandem-router")["spec"]["ingress"]
     assert open_router == [{"ports": [{"port": "http"}]}]
 
 
-@pytest.mark.parametrize("selects,port,protocol", [
-    ("router", ROUTER_PORT, "http"), ("engines", GRPC_PORT, "kubernetes.io/h2c")])
+@pytest.mark.parametrize(
+    "selects,port,protocol",
+    [("router", ROUTER_PORT, "http"), ("engines", GRPC_PORT, "kubernetes.io/h2c")],
+)
 def test_inference_pool_selects_router_or_engines(selects, port, protocol):
     case = "feature-inference-pool" if selects == "router" else "feature-inference-pool-engines"
     pool = one(render(CASES[case]), "InferencePool")["spec"]
     assert pool["targetPorts"] == [{"number": port}]
     assert pool["appProtocol"] == protocol
     component = "router" if selects == "router" else "engine"
-    assert pool["selector"]["matchLabels"] == {"tandem.dev/deployment": RELEASE,
-                                               "app.kubernetes.io/component": component}
+    assert pool["selector"]["matchLabels"] == {
+        "tandem.dev/deployment": RELEASE,
+        "app.kubernetes.io/component": component,
+    }
     assert pool["endpointPickerRef"]["name"] == "tandem-epp"
 
 
@@ -184,51 +221,66 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
     docs = render(CASES["feature-watch-all-namespaces"])
     assert not by_kind(docs, "RoleBinding")
     assert {b["metadata"]["name"] for b in by_kind(docs, "ClusterRoleBinding")} == {
-        "tandem-operator", "tandem-operator-cluster"}
+        "tandem-operator",
+        "tandem-operator-cluster",
+    }
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not any(a.startswith("--namespace") for a in args)
 
 
-@pytest.mark.parametrize("values,field", [
-    ({"model": {"path": ""}}, "/model/path"),
-    ({"model": {"dtype": "int3"}}, "/model/dtype"),
-    ({"prefill": {"gpusPerPod": -1}}, "/prefill/gpusPerPod"),
-    ({"decode": {"nodesPerReplica": 0}}, "/decode/nodesPerReplica"),
-    ({"decode": {"parallelism": {"tensor": "4"}}}, "/decode/parallelism/tensor"),
-    ({"prefill": {"engineArgs": ["gpu-memory-utilization=0.9"]}}, "/prefill/engineArgs/0"),
-    ({"router": {"policy": "random"}}, "/router/policy"),
-    ({"router": {"replicas": 0}}, "/router/replicas"),
-    ({"router": {"apiKeys": {"keys": ["short"]}}}, "/router/apiKeys/keys/0"),
-    ({"router": {"ingress": {"enabled": True, "tlsSecretName": "tls"}}}, "/router/ingress/host"),
-    ({"images": {"tandem": {"tag": "latest"}}}, "/images/tandem/tag"),
-    ({"images": {"engine": {"repository": ""}}}, "/images/engine/repository"),
-    ({"redis": {"managed": False}}, "/redis/url"),
-    ({"redis": {"url": "http://redis:6379"}}, "/redis/url"),
-    ({"kvStore": {"ramPool": "32G"}}, "/kvStore/ramPool"),
-    ({"kvStore": {"disk": {"hostPath": "relative/dir"}}}, "/kvStore/disk/hostPath"),
-    ({"scaling": {"mode": "auto"}}, "/scaling/mode"),
-    ({"monitoring": {"interval": "15"}}, "/monitoring/interval"),
-    ({"monitoring": {"router": {"scrapeTimeout": "soon"}}}, "/monitoring/router/scrapeTimeout"),
-    ({"inferencePool": {"enabled": True}}, "/inferencePool/endpointPicker/name"),
-    ({"inferencePool": {"selects": "gateway"}}, "/inferencePool/selects"),
-    ({"model": {"volume": {"hostPath": "/w", "persistentVolumeClaim": "w"}}}, "/model/volume"),
-    ({"operator": {"replicas": 2}}, "/operator/replicas"),
-    ({"prefill": {"replica": 3}}, "additional properties 'replica'"),
-])
+@pytest.mark.parametrize(
+    "values,field",
+    [
+        ({"model": {"path": ""}}, "/model/path"),
+        ({"model": {"dtype": "int3"}}, "/model/dtype"),
+        ({"prefill": {"gpusPerPod": -1}}, "/prefill/gpusPerPod"),
+        ({"decode": {"nodesPerReplica": 0}}, "/decode/nodesPerReplica"),
+        ({"decode": {"parallelism": {"tensor": "4"}}}, "/decode/parallelism/tensor"),
+        ({"prefill": {"engineArgs": ["gpu-memory-utilization=0.9"]}}, "/prefill/engineArgs/0"),
+        ({"router": {"policy": "random"}}, "/router/policy"),
+        ({"router": {"replicas": 0}}, "/router/replicas"),
+        ({"router": {"apiKeys": {"keys": ["short"]}}}, "/router/apiKeys/keys/0"),
+        (
+            {"router": {"ingress": {"enabled": True, "tlsSecretName": "tls"}}},
+            "/router/ingress/host",
+        ),
+        ({"images": {"tandem": {"tag": "latest"}}}, "/images/tandem/tag"),
+        ({"images": {"engine": {"repository": ""}}}, "/images/engine/repository"),
+        ({"redis": {"managed": False}}, "/redis/url"),
+        ({"redis": {"url": "http://redis:6379"}}, "/redis/url"),
+        ({"kvStore": {"ramPool": "32G"}}, "/kvStore/ramPool"),
+        ({"kvStore": {"disk": {"hostPath": "relative/dir"}}}, "/kvStore/disk/hostPath"),
+        ({"scaling": {"mode": "auto"}}, "/scaling/mode"),
+        ({"monitoring": {"interval": "15"}}, "/monitoring/interval"),
+        ({"monitoring": {"router": {"scrapeTimeout": "soon"}}}, "/monitoring/router/scrapeTimeout"),
+        ({"inferencePool": {"enabled": True}}, "/inferencePool/endpointPicker/name"),
+        ({"inferencePool": {"selects": "gateway"}}, "/inferencePool/selects"),
+        ({"model": {"volume": {"hostPath": "/w", "persistentVolumeClaim": "w"}}}, "/model/volume"),
+        ({"operator": {"replicas": 2}}, "/operator/replicas"),
+        ({"prefill": {"replica": 3}}, "additional properties 'replica'"),
+    ],
+)
 def test_invalid_values_fail_naming_the_field(values, field):
     with pytest.raises(helm.HelmValuesError) as refused:
         render(values)
     assert field in str(refused.value), str(refused.value)
 
 
-@pytest.mark.parametrize("values,rule", [
-    ({"decode": {"replicas": 9, "maxReplicas": 8}}, "replicas must lie between"),
-    ({"prefill": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}},
-     "minReplicas must not exceed maxReplicas"),
-    ({"decode": {"nodesPerReplica": 2, "gpusPerPod": 8, "parallelism": {"tensor": 8}}},
-     "a multi-node replica"),
-    ({"scaling": {"gpuBudget": 1}}, "scaling.gpuBudget is below"),
-])
+@pytest.mark.parametrize(
+    "values,rule",
+    [
+        ({"decode": {"replicas": 9, "maxReplicas": 8}}, "replicas must lie between"),
+        (
+            {"prefill": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}},
+            "minReplicas must not exceed maxReplicas",
+        ),
+        (
+            {"decode": {"nodesPerReplica": 2, "gpusPerPod": 8, "parallelism": {"tensor": 8}}},
+            "a multi-node replica",
+        ),
+        ({"scaling": {"gpuBudget": 1}}, "scaling.gpuBudget is below"),
+    ],
+)
 def test_cross_field_rules_are_refused_by_the_crd(values, rule):
     """What one field cannot say alone the CRD's CEL rules say: the API server refuses
     the TandemDeployment at `helm install` with the rule's message."""
@@ -242,8 +294,7 @@ def test_helm_lint_strict_finds_nothing_but_the_missing_icon(values_file):
     values = yaml.safe_load((EXAMPLES / f"{values_file}.yaml").read_text()) if values_file else None
     report = helm.lint(CHART_DIR, values, strict=True, kube_version="v1.30.0")
     assert report["errors"] == []
-    assert [(m["severity"], m["error"]) for m in report["messages"]] == [
-        (1, "icon is recommended")]
+    assert [(m["severity"], m["error"]) for m in report["messages"]] == [(1, "icon is recommended")]
 
 
 def test_notes_tell_how_to_send_the_first_request():
@@ -254,5 +305,5 @@ def test_notes_tell_how_to_send_the_first_request():
     router = {**CASES["feature-ingress-tls"]["router"], **CASES["feature-api-keys"]["router"]}
     text = notes({"router": router})
     assert "export TANDEM_URL=https://llm.example.com" in text
-    assert 'Authorization: Bearer $TANDEM_API_KEY' in text
+    assert "Authorization: Bearer $TANDEM_API_KEY" in text
     assert "get secret tandem-api-keys" in text

@@ -22,8 +22,21 @@ VALUES = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
 SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
 # Free-form maps and lists whose entries the user names (labels, selectors,
 # resources, env entries): the schema constrains their values, not their keys.
-FREE_FORM = ("labels", "annotations", "nodeSelector", "requests", "limits", "resources",
-             "routerFrom", "metricsFrom", "env", "tolerations", "engineArgs", "args", "keys")
+FREE_FORM = (
+    "labels",
+    "annotations",
+    "nodeSelector",
+    "requests",
+    "limits",
+    "resources",
+    "routerFrom",
+    "metricsFrom",
+    "env",
+    "tolerations",
+    "engineArgs",
+    "args",
+    "keys",
+)
 
 
 def resolve(node: dict) -> dict:
@@ -47,8 +60,10 @@ def test_every_value_is_declared_and_every_declared_property_has_a_default():
     for path, schema, value in walk(SCHEMA, VALUES):
         if isinstance(value, dict) and "properties" in schema:
             missing = set(schema["properties"]) - set(value)
-            assert not missing, f"{path or '<root>'}: the schema declares {missing}, " \
-                                f"values.yaml has no default for them"
+            assert not missing, (
+                f"{path or '<root>'}: the schema declares {missing}, "
+                f"values.yaml has no default for them"
+            )
 
 
 def test_objects_refuse_unknown_keys():
@@ -72,27 +87,44 @@ def test_values_yaml_passes_its_schema_in_helm_and_in_jsonschema():
 def test_jsonschema_and_helm_agree_on_a_bad_value():
     bad = {**VALUES, "router": {**VALUES["router"], "policy": "random"}}
     assert [e.json_path for e in jsonschema.Draft7Validator(SCHEMA).iter_errors(bad)] == [
-        "$.router.policy"]
+        "$.router.policy"
+    ]
 
 
 TD = crd_schema("tandemdeployments")["properties"]["spec"]["properties"]
 
 
-@pytest.mark.parametrize("values_path,crd_path", [
-    ("model.dtype", "model.dtype"),
-    ("router.policy", "router.policy"),
-    ("scaling.mode", "scaling.mode"),
-    ("kvStore.ramPool", "kvStore.ramPool"),
-    ("kvStore.disk.size", "kvStore.disk.size"),
-    ("images.pullPolicy", "images.pullPolicy"),
-    *[(f"{pool}.{field}", f"{pool}.{field}") for pool in ("prefill", "decode")
-      for field in ("replicas", "minReplicas", "maxReplicas", "gpusPerPod", "nodesPerReplica",
-                    "terminationGracePeriodSeconds", "shmSize", "parallelism.tensor",
-                    "parallelism.pipeline", "parallelism.data", "parallelism.prefillContext",
-                    "parallelism.decodeContext")],
-    ("router.replicas", "router.replicas"),
-    ("scaling.gpuBudget", "scaling.gpuBudget"),
-])
+@pytest.mark.parametrize(
+    "values_path,crd_path",
+    [
+        ("model.dtype", "model.dtype"),
+        ("router.policy", "router.policy"),
+        ("scaling.mode", "scaling.mode"),
+        ("kvStore.ramPool", "kvStore.ramPool"),
+        ("kvStore.disk.size", "kvStore.disk.size"),
+        ("images.pullPolicy", "images.pullPolicy"),
+        *[
+            (f"{pool}.{field}", f"{pool}.{field}")
+            for pool in ("prefill", "decode")
+            for field in (
+                "replicas",
+                "minReplicas",
+                "maxReplicas",
+                "gpusPerPod",
+                "nodesPerReplica",
+                "terminationGracePeriodSeconds",
+                "shmSize",
+                "parallelism.tensor",
+                "parallelism.pipeline",
+                "parallelism.data",
+                "parallelism.prefillContext",
+                "parallelism.decodeContext",
+            )
+        ],
+        ("router.replicas", "router.replicas"),
+        ("scaling.gpuBudget", "scaling.gpuBudget"),
+    ],
+)
 def test_pass_through_values_carry_the_crds_constraints(values_path, crd_path):
     node, crd = SCHEMA, {"properties": TD}
     for part in values_path.split("."):
@@ -100,5 +132,6 @@ def test_pass_through_values_carry_the_crds_constraints(values_path, crd_path):
     for part in crd_path.split("."):
         crd = crd["properties"][part]
     for key in ("type", "enum", "minimum", "maximum", "pattern"):
-        assert node.get(key) == crd.get(key), f"{values_path}.{key}: chart {node.get(key)!r}, " \
-                                              f"CRD {crd.get(key)!r}"
+        assert node.get(key) == crd.get(key), (
+            f"{values_path}.{key}: chart {node.get(key)!r}, CRD {crd.get(key)!r}"
+        )

@@ -14,8 +14,12 @@ from kernels import merge_partial_attention, merge_partial_attention_reference, 
 NEG_INF = float("-inf")
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of q [T, H, D] over k, v [S, H, D] where ``visible``
     [T, S] allows; returns output [T, H, D] and lse [T, H] (natural log).
     A query that sees no key gets output 0 and lse -inf."""
@@ -48,15 +52,15 @@ def test_merging_dcp_shards_equals_full_attention(ranks, keys, interleave, backe
         out, lse = attention(q, k[mine], v[mine], visible[:, mine])
         outs.append(out)
         lses.append(lse)
-    assert [int((owner == r).sum()) for r in range(ranks)] == shard_lengths(keys, ranks,
-                                                                            interleave)
+    assert [int((owner == r).sum()) for r in range(ranks)] == shard_lengths(keys, ranks, interleave)
     merged, merged_lse = merge_partial_attention(outs, lses, backend=backend)
     torch.testing.assert_close(merged, full_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(merged_lse, full_lse, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
-                         ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=lambda d: str(d).split(".")[-1]
+)
 def test_matches_reference_with_empty_ranks(dtype, backend):
     gen = torch.Generator().manual_seed(5)
     outputs = torch.randn(4, 6, 2, 24, generator=gen).to(dtype)

@@ -22,8 +22,9 @@ from services.router.routing.hashing import BlockHasher
 HEADS, HEAD_SIZE = 2, 4
 
 
-def cpu_cache(blocks: int, block_size: int, dtype: torch.dtype = torch.float32,
-              seed: int | None = None) -> torch.Tensor:
+def cpu_cache(
+    blocks: int, block_size: int, dtype: torch.dtype = torch.float32, seed: int | None = None
+) -> torch.Tensor:
     """A token view of vLLM's CPU backend cache, zeros or random bits."""
     shape = (blocks, HEADS, block_size, 2 * HEAD_SIZE)
     if seed is None:
@@ -69,8 +70,11 @@ def test_placement_is_vllms_dcp_slot_mapping(ranks, interleave, num_tokens):
     assert sum(lengths) == num_tokens
     seen = [0] * ranks
     for t in range(num_tokens):
-        owners = [(r, slot) for r in range(ranks)
-                  if (slot := vllm_slot(t, ranks, r, block_size, interleave)) is not None]
+        owners = [
+            (r, slot)
+            for r in range(ranks)
+            if (slot := vllm_slot(t, ranks, r, block_size, interleave)) is not None
+        ]
         assert len(owners) == 1
         rank, (block, offset) = owners[0]
         j = seen[rank]
@@ -97,37 +101,46 @@ def layout(ranks, tokens, full_bs, shard_bs, shared, seed):
     if shared:
         shard_table = permutation(shard_blocks + 1, seed + 1)[:shard_blocks]
     else:
-        shard_table = torch.stack([permutation(shard_blocks + 1, seed + r)[:shard_blocks]
-                                   for r in range(ranks)])
+        shard_table = torch.stack(
+            [permutation(shard_blocks + 1, seed + r)[:shard_blocks] for r in range(ranks)]
+        )
     return full_blocks + 2, full_table, shard_blocks + 1, shard_table
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16,
-                                   torch.float8_e4m3fn], ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn],
+    ids=lambda d: str(d).split(".")[-1],
+)
 @pytest.mark.parametrize("ranks,interleave,tokens,full_bs,shard_bs,shared", CASES)
 def test_shard_and_reassemble_match_reference_and_round_trip(
-        ranks, interleave, tokens, full_bs, shard_bs, shared, dtype, backend):
-    full_blocks, table, shard_blocks, shard_table = layout(ranks, tokens, full_bs, shard_bs,
-                                                           shared, seed=tokens)
+    ranks, interleave, tokens, full_bs, shard_bs, shared, dtype, backend
+):
+    full_blocks, table, shard_blocks, shard_table = layout(
+        ranks, tokens, full_bs, shard_bs, shared, seed=tokens
+    )
     original = cpu_cache(full_blocks, full_bs, dtype, seed=7)
 
     shards = [cpu_cache(shard_blocks, shard_bs, dtype) for _ in range(ranks)]
     expected = [cpu_cache(shard_blocks, shard_bs, dtype) for _ in range(ranks)]
-    shard_tokens(original, table, tokens, shards, shard_table, interleave=interleave,
-                 backend=backend)
+    shard_tokens(
+        original, table, tokens, shards, shard_table, interleave=interleave, backend=backend
+    )
     shard_tokens_reference(original, table, tokens, expected, shard_table, interleave)
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(shards, expected))
 
     # Into a decode layout with another block table: every token back, bit-exact.
-    decode_table = permutation(full_blocks, seed=99)[:table.numel()]
+    decode_table = permutation(full_blocks, seed=99)[: table.numel()]
     rebuilt = cpu_cache(full_blocks, full_bs, dtype)
     reference = cpu_cache(full_blocks, full_bs, dtype)
-    reassemble_shards(shards, shard_table, tokens, rebuilt, decode_table,
-                      interleave=interleave, backend=backend)
+    reassemble_shards(
+        shards, shard_table, tokens, rebuilt, decode_table, interleave=interleave, backend=backend
+    )
     reassemble_shards_reference(shards, shard_table, tokens, reference, decode_table, interleave)
     assert torch.equal(bits(rebuilt), bits(reference))
-    assert torch.equal(bits(tokens_of(rebuilt, decode_table, tokens)),
-                       bits(tokens_of(original, table, tokens)))
+    assert torch.equal(
+        bits(tokens_of(rebuilt, decode_table, tokens)), bits(tokens_of(original, table, tokens))
+    )
     # Slots past the last token and blocks outside the table stay untouched.
     untouched = torch.ones(full_blocks, full_bs, dtype=torch.bool)
     for t in range(tokens):
@@ -165,7 +178,8 @@ def test_reassembled_blocks_hash_like_the_unsharded_prompt(ranks, length, backen
     # Each token's KV row is derived from its token id, so a row can be
     # checked against the token that owns the slot.
     kv_rows = prompt.float()[:, None, None] + torch.arange(2 * HEADS * HEAD_SIZE).view(
-        1, 2 * HEADS, HEAD_SIZE)
+        1, 2 * HEADS, HEAD_SIZE
+    )
 
     prefill_table = permutation(blocks + 3, seed=1)[:blocks]
     prefill_ids = torch.zeros(blocks + 3, block_size, dtype=torch.int64)
@@ -195,8 +209,9 @@ def test_reassembled_blocks_hash_like_the_unsharded_prompt(ranks, length, backen
     for b in range(blocks):
         filled = min(block_size, length - b * block_size)
         block = decode_table[b]
-        assert torch.equal(decode_kv[block, :filled],
-                           kv_rows[b * block_size:b * block_size + filled])
+        assert torch.equal(
+            decode_kv[block, :filled], kv_rows[b * block_size : b * block_size + filled]
+        )
         assert torch.equal(decode_kv[block, :filled, 0, 0], decode_ids[block, :filled].float())
 
 
@@ -211,12 +226,12 @@ def test_bad_input_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="rank 1"):
         reassemble_shards(shards, torch.tensor([[0], [9]]), 20, full, table)
     with pytest.raises(ValueError, match="features must match"):
-        reassemble_shards([shards[0], cpu_cache(4, 16, torch.float16)], shard_table, 20, full,
-                          table)
+        reassemble_shards(
+            [shards[0], cpu_cache(4, 16, torch.float16)], shard_table, 20, full, table
+        )
     with pytest.raises(ValueError, match="at least one shard"):
         reassemble_shards([], shard_table, 20, full, table)
     with pytest.raises(ValueError, match="interleave"):
         shard_lengths(5, 2, interleave=0)
     with pytest.raises(ValueError, match="runs of contiguous"):
-        reassemble_shards(shards, shard_table, 20, full.transpose(2, 3), table,
-                          backend="triton")
+        reassemble_shards(shards, shard_table, 20, full.transpose(2, 3), table, backend="triton")

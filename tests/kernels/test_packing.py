@@ -29,9 +29,16 @@ def random_bytes(numel: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 256, (numel,), dtype=torch.uint8, generator=gen)
 
 
-def make_layers(layout: str, dtype: torch.dtype, layers: int = 3, blocks: int = 6,
-                heads: int = 2, block_size: int = 16, head_size: int = 8, seed: int = 0,
-                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+def make_layers(
+    layout: str,
+    dtype: torch.dtype,
+    layers: int = 3,
+    blocks: int = 6,
+    heads: int = 2,
+    block_size: int = 16,
+    head_size: int = 8,
+    seed: int = 0,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Per-layer caches ``[blocks, heads, block_size, 2 * head_size]`` (vLLM's
     logical [B, H, N, C]) as vLLM lays them out, over random bytes (any bit
     pattern, NaNs included). Returns the layers and the raw buffer under them."""
@@ -39,23 +46,33 @@ def make_layers(layout: str, dtype: torch.dtype, layers: int = 3, blocks: int = 
     page = heads * block_size * 2 * head_size
     shape = (blocks, heads, block_size, 2 * head_size)
     if layout == "separate":  # own allocation per layer, page sizes differ
-        caches = [random_bytes(blocks * (page + i * 2 * head_size * block_size) * width,
-                               seed + i).view(dtype).view(blocks, heads + i, block_size, -1)
-                  for i in range(layers)]
+        caches = [
+            random_bytes(blocks * (page + i * 2 * head_size * block_size) * width, seed + i)
+            .view(dtype)
+            .view(blocks, heads + i, block_size, -1)
+            for i in range(layers)
+        ]
         return caches, torch.empty(0)
     raw = random_bytes(layers * blocks * page * width, seed)
     flat = raw.view(dtype)
     if layout == "layer_outer":  # LBHNC: the CPU backend's layout
-        caches = [flat[i * blocks * page:(i + 1) * blocks * page].view(shape)
-                  for i in range(layers)]
+        caches = [
+            flat[i * blocks * page : (i + 1) * blocks * page].view(shape) for i in range(layers)
+        ]
     elif layout == "block_outer":  # BLHNC: a block's pages of every layer adjacent
-        caches = [torch.as_strided(flat, shape, (layers * page, block_size * 2 * head_size,
-                                                 2 * head_size, 1), i * page)
-                  for i in range(layers)]
+        caches = [
+            torch.as_strided(
+                flat, shape, (layers * page, block_size * 2 * head_size, 2 * head_size, 1), i * page
+            )
+            for i in range(layers)
+        ]
     else:  # LBNHC: tokens outer inside a page, logical view permuted
-        caches = [flat[i * blocks * page:(i + 1) * blocks * page]
-                  .view(blocks, block_size, heads, 2 * head_size).permute(0, 2, 1, 3)
-                  for i in range(layers)]
+        caches = [
+            flat[i * blocks * page : (i + 1) * blocks * page]
+            .view(blocks, block_size, heads, 2 * head_size)
+            .permute(0, 2, 1, 3)
+            for i in range(layers)
+        ]
     return caches, raw
 
 
@@ -104,7 +121,7 @@ def test_packed_row_is_the_store_connectors_multi_buffer_object():
     layers, raw = make_layers("layer_outer", torch.float32, layers=4, blocks=5)
     page = block_pages(layers[0]).shape[1]
     for b in range(5):
-        expected = torch.cat([raw[(i * 5 + b) * page:(i * 5 + b + 1) * page] for i in range(4)])
+        expected = torch.cat([raw[(i * 5 + b) * page : (i * 5 + b + 1) * page] for i in range(4)])
         assert torch.equal(pack_blocks(layers, [b])[0], expected)
 
 
@@ -118,8 +135,16 @@ def test_one_all_and_no_blocks(block_ids, backend):
 @pytest.mark.parametrize("block_size,head_size", [(1, 3), (3, 5), (128, 4)])
 def test_any_block_size_and_odd_page_bytes(block_size, head_size, backend):
     """Pages of 6, 30, ... bytes move as 2- or 1-byte words."""
-    layers, _ = make_layers("layer_outer", torch.float8_e4m3fn, layers=2, blocks=4, heads=1,
-                            block_size=block_size, head_size=head_size, seed=block_size)
+    layers, _ = make_layers(
+        "layer_outer",
+        torch.float8_e4m3fn,
+        layers=2,
+        blocks=4,
+        heads=1,
+        block_size=block_size,
+        head_size=head_size,
+        seed=block_size,
+    )
     packed = pack_blocks(layers, [2, 0], backend=backend)
     assert torch.equal(packed, pack_blocks_reference(layers, [2, 0]))
     restored = [torch.zeros_like(c) for c in layers]

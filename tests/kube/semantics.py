@@ -90,9 +90,7 @@ def field_matcher(text: str | None):
         if key not in _FIELDS:
             raise SelectorError(f'field label not supported: "{key}"')
         field = key.split(".", 1)[1]
-        checks.append(
-            lambda o, f=field, v=value, n=negate: (o["metadata"].get(f) == v) != n
-        )
+        checks.append(lambda o, f=field, v=value, n=negate: (o["metadata"].get(f) == v) != n)
     return lambda obj: all(check(obj) for check in checks)
 
 

@@ -50,8 +50,9 @@ def _status_details(kind: Kind | None, name: str | None, causes: list[str] | Non
         details["causes"] = []
         for cause in causes:
             where, _, what = cause.partition(": ")
-            details["causes"].append({"reason": "FieldValueInvalid", "field": where,
-                                      "message": what or where})
+            details["causes"].append(
+                {"reason": "FieldValueInvalid", "field": where, "message": what or where}
+            )
     return details
 
 
@@ -75,8 +76,9 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message, {})
 
 
-STALE = ("the object has been modified; please apply your changes to the latest version and "
-         "try again")
+STALE = (
+    "the object has been modified; please apply your changes to the latest version and try again"
+)
 
 
 @dataclass
@@ -118,7 +120,8 @@ class Store:
         except KeyError:
             gv = f"{group}/{version}" if group else version
             raise ApiError(
-                404, "NotFound",
+                404,
+                "NotFound",
                 f"the server could not find the requested resource ({gv} {plural})",
                 {},
             ) from None
@@ -152,8 +155,9 @@ class Store:
     ) -> list[dict]:
         labels_ok, fields_ok = self.matchers(label_selector, field_selector)
         out = []
-        for (key, ns, _), obj in sorted(self.objects.items(),
-                                           key=lambda kv: (kv[0][1] or "", kv[0][2])):
+        for (key, ns, _), obj in sorted(
+            self.objects.items(), key=lambda kv: (kv[0][1] or "", kv[0][2])
+        ):
             if key != kind.key or (namespace is not None and ns != namespace):
                 continue
             if labels_ok(obj["metadata"].get("labels")) and fields_ok(obj):
@@ -178,13 +182,19 @@ class Store:
         if kind.namespaced:
             ns = namespace or meta.get("namespace") or "default"
             if meta.get("namespace", ns) != ns:
-                raise bad_request("the namespace of the provided object does not match the "
-                                  "namespace sent on the request")
+                raise bad_request(
+                    "the namespace of the provided object does not match the "
+                    "namespace sent on the request"
+                )
             if ("", "v1", "namespaces") in self.kinds and not self.objects.get(
                 (("", "v1", "namespaces"), None, ns)
             ):
-                raise ApiError(404, "NotFound", f'namespaces "{ns}" not found',
-                               {"name": ns, "kind": "namespaces"})
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f'namespaces "{ns}" not found',
+                    {"name": ns, "kind": "namespaces"},
+                )
             meta["namespace"] = ns
         else:
             ns = None
@@ -193,20 +203,28 @@ class Store:
             if meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             else:
-                raise invalid(kind, "", [("metadata.name: Required value: name or generateName "
-                                         "is required")])
+                raise invalid(
+                    kind, "", [("metadata.name: Required value: name or generateName is required")]
+                )
         name = meta["name"]
         key = (kind.key, ns, name)
         if key in self.objects:
             gr = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
-            raise ApiError(409, "AlreadyExists", f'{gr} "{name}" already exists',
-                           _status_details(kind, name))
+            raise ApiError(
+                409, "AlreadyExists", f'{gr} "{name}" already exists', _status_details(kind, name)
+            )
         body["apiVersion"] = kind.api_version
         body["kind"] = kind.kind
         if kind.status and kind.custom:
             body.pop("status", None)
-        for server_field in ("resourceVersion", "uid", "creationTimestamp", "deletionTimestamp",
-                             "generation", "managedFields"):
+        for server_field in (
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "generation",
+            "managedFields",
+        ):
             meta.pop(server_field, None)
         body = self._admit(kind, body, None)
         meta = body["metadata"]
@@ -234,11 +252,17 @@ class Store:
             "acceptedNames": obj["spec"]["names"],
             "storedVersions": [v["name"] for v in obj["spec"]["versions"] if v.get("storage")],
             "conditions": [
-                {"type": t, "status": "True", "reason": r, "lastTransitionTime":
-                 semantics.now_rfc3339(), "message": m}
-                for t, r, m in (("NamesAccepted", "NoConflicts", "no conflicts found"),
-                                ("Established", "InitialNamesAccepted",
-                                 "the initial names have been accepted"))
+                {
+                    "type": t,
+                    "status": "True",
+                    "reason": r,
+                    "lastTransitionTime": semantics.now_rfc3339(),
+                    "message": m,
+                }
+                for t, r, m in (
+                    ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                    ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+                )
             ],
         }
         self._commit(self.kinds[key[0]], key, obj, "MODIFIED", self.objects[key])
@@ -253,8 +277,12 @@ class Store:
             body.setdefault("status", {}).setdefault("phase", "Pending")
 
     def replace(
-        self, kind: Kind, namespace: str | None, name: str, body: dict,
-        subresource: str | None = None
+        self,
+        kind: Kind,
+        namespace: str | None,
+        name: str,
+        body: dict,
+        subresource: str | None = None,
     ) -> dict:
         key = self._key(kind, namespace, name)
         old = self.objects.get(key)
@@ -266,8 +294,11 @@ class Store:
             raise bad_request("the name of the object does not match the name on the URL")
         rv = meta.get("resourceVersion")
         if not rv and not kind.unconditional_update:
-            raise invalid(kind, name, [("metadata.resourceVersion: Invalid value: 0x0: must be "
-                                       "specified for an update")])
+            raise invalid(
+                kind,
+                name,
+                [("metadata.resourceVersion: Invalid value: 0x0: must be specified for an update")],
+            )
         if rv and rv != old["metadata"]["resourceVersion"]:
             raise conflict(kind, name, STALE)
         return self._update(kind, key, old, body, subresource)
@@ -296,24 +327,38 @@ class Store:
                 new = semantics.merge_patch(base, patch)
             elif content_type == "application/strategic-merge-patch+json":
                 if kind.custom:
-                    raise ApiError(415, "UnsupportedMediaType",
-                                   "strategic merge patch is not supported for custom resources",
-                                   {})
+                    raise ApiError(
+                        415,
+                        "UnsupportedMediaType",
+                        "strategic merge patch is not supported for custom resources",
+                        {},
+                    )
                 new = semantics.strategic_merge_patch(base, patch)
             else:
-                raise ApiError(415, "UnsupportedMediaType",
-                               f"the body of the request was in an unknown format - accepted "
-                               f"media types include: application/json-patch+json, "
-                               f"application/merge-patch+json, "
-                               f"application/strategic-merge-patch+json; got {content_type}", {})
+                raise ApiError(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format - accepted "
+                    f"media types include: application/json-patch+json, "
+                    f"application/merge-patch+json, "
+                    f"application/strategic-merge-patch+json; got {content_type}",
+                    {},
+                )
         except semantics.PatchTestFailed as exc:
-            raise invalid(kind, name, [(f"the server rejected our request due to an error in our "
-                                       f"request: {exc}")]) from None
+            raise invalid(
+                kind,
+                name,
+                [(f"the server rejected our request due to an error in our request: {exc}")],
+            ) from None
         except ApiError:
             raise
         except Exception as exc:  # noqa: BLE001  (a malformed patch document is the client's)
-            raise ApiError(422, "Invalid", f"the patch could not be applied: {exc}",
-                           _status_details(kind, name)) from None
+            raise ApiError(
+                422,
+                "Invalid",
+                f"the patch could not be applied: {exc}",
+                _status_details(kind, name),
+            ) from None
         if not isinstance(new, dict):
             raise bad_request("the patch did not produce an object")
         rv = (new.get("metadata") or {}).get("resourceVersion")
@@ -337,8 +382,16 @@ class Store:
         assert kind.scale is not None
         replicas = (scale.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or replicas < 0:
-            raise invalid(kind, key[2], [(f"spec.replicas: Invalid value: {replicas!r}: must be "
-                                         f"greater than or equal to 0")])
+            raise invalid(
+                kind,
+                key[2],
+                [
+                    (
+                        f"spec.replicas: Invalid value: {replicas!r}: must be "
+                        f"greater than or equal to 0"
+                    )
+                ],
+            )
         new = copy.deepcopy(old)
         semantics.set_path(new, kind.scale.spec_replicas, replicas)
         return self._update(kind, key, old, new, None)
@@ -361,8 +414,11 @@ class Store:
         return {
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
-            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
-                                              "creationTimestamp") if k in meta},
+            "metadata": {
+                k: meta[k]
+                for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if k in meta
+            },
             "spec": {"replicas": spec[0] if spec else 0},
             "status": {"replicas": status[0] if status else 0, "selector": selector},
         }
@@ -382,8 +438,15 @@ class Store:
             raise not_found(kind, f"{key[2]}/{subresource}")
         else:
             meta = new.setdefault("metadata", {})
-            for server_field in ("uid", "creationTimestamp", "deletionTimestamp",
-                                 "deletionGracePeriodSeconds", "generation", "namespace", "name"):
+            for server_field in (
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "namespace",
+                "name",
+            ):
                 if server_field in old["metadata"]:
                     meta[server_field] = old["metadata"][server_field]
                 else:
@@ -396,9 +459,17 @@ class Store:
             if old["metadata"].get("deletionTimestamp"):
                 added = set(meta.get("finalizers", [])) - set(old["metadata"].get("finalizers", []))
                 if added:
-                    raise invalid(kind, key[2], [("metadata.finalizers: Forbidden: no new "
-                                                 "finalizers can be added if the object is being "
-                                                 "deleted")])
+                    raise invalid(
+                        kind,
+                        key[2],
+                        [
+                            (
+                                "metadata.finalizers: Forbidden: no new "
+                                "finalizers can be added if the object is being "
+                                "deleted"
+                            )
+                        ],
+                    )
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         new = self._admit(kind, new, old)
         if _spec_changed(old, new):
@@ -473,8 +544,12 @@ class Store:
         return removed
 
     def delete_collection(
-        self, kind: Kind, namespace: str | None, label_selector: str | None,
-        field_selector: str | None, options: dict | None = None,
+        self,
+        kind: Kind,
+        namespace: str | None,
+        label_selector: str | None,
+        field_selector: str | None,
+        options: dict | None = None,
     ) -> list[dict]:
         out = []
         for obj in self.list(kind, namespace, label_selector, field_selector):
@@ -506,7 +581,8 @@ class Store:
             changed = False
             live = {obj["metadata"]["uid"]: key for key, obj in self.objects.items()}
             deleting = {
-                obj["metadata"]["uid"]: obj for obj in self.objects.values()
+                obj["metadata"]["uid"]: obj
+                for obj in self.objects.values()
                 if obj["metadata"].get("deletionTimestamp")
             }
             for key, obj in list(self.objects.items()):
@@ -515,8 +591,12 @@ class Store:
                 meta = obj["metadata"]
                 kind = self.kinds[key[0]]
                 owners = meta.get("ownerReferences") or []
-                orphaning = [o for o in owners if "orphan" in
-                             deleting.get(o["uid"], {}).get("metadata", {}).get("finalizers", [])]
+                orphaning = [
+                    o
+                    for o in owners
+                    if "orphan"
+                    in deleting.get(o["uid"], {}).get("metadata", {}).get("finalizers", [])
+                ]
                 if orphaning:
                     new = copy.deepcopy(obj)
                     new["metadata"]["ownerReferences"] = [o for o in owners if o not in orphaning]
@@ -525,19 +605,25 @@ class Store:
                     self._commit(kind, key, new, "MODIFIED", obj)
                     changed = True
                     continue
-                if owners and all(
-                    o["uid"] not in live or _deleting_foreground(deleting.get(o["uid"]))
-                    for o in owners
-                ) and not meta.get("deletionTimestamp"):
+                if (
+                    owners
+                    and all(
+                        o["uid"] not in live or _deleting_foreground(deleting.get(o["uid"]))
+                        for o in owners
+                    )
+                    and not meta.get("deletionTimestamp")
+                ):
                     self.delete(kind, key[1], key[2], {"propagationPolicy": "Background"})
                     changed = True
                     continue
                 fins = meta.get("finalizers", [])
                 uid = meta["uid"]
-                if meta.get("deletionTimestamp") and ("orphan" in fins or
-                                                      "foregroundDeletion" in fins):
+                if meta.get("deletionTimestamp") and (
+                    "orphan" in fins or "foregroundDeletion" in fins
+                ):
                     dependents = [
-                        o for o in self.objects.values()
+                        o
+                        for o in self.objects.values()
                         if any(r["uid"] == uid for r in o["metadata"].get("ownerReferences", []))
                     ]
                     if not dependents:
@@ -566,8 +652,14 @@ class Store:
             return admitted
         if self.validate_builtins and not kind.custom:
             probe = copy.deepcopy(body)
-            for server_field in ("resourceVersion", "uid", "creationTimestamp", "generation",
-                                 "deletionTimestamp", "deletionGracePeriodSeconds"):
+            for server_field in (
+                "resourceVersion",
+                "uid",
+                "creationTimestamp",
+                "generation",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ):
                 probe.get("metadata", {}).pop(server_field, None)
             try:
                 kubernetes_validate.validate(probe, KUBE_SCHEMA_VERSION, strict=True)
@@ -603,8 +695,9 @@ class Store:
     def events_since(self, kind: Kind, rv: int) -> Iterable[Event]:
         """Logged events after `rv`; ApiError 410 when they are no longer all known."""
         if rv < self.floor[kind.key]:
-            raise ApiError(410, "Expired", f"too old resource version: {rv} "
-                           f"({self.floor[kind.key] + 1})", {})
+            raise ApiError(
+                410, "Expired", f"too old resource version: {rv} ({self.floor[kind.key] + 1})", {}
+            )
         return [e for e in self.logs.get(kind.key, ()) if e.rv > rv]
 
 

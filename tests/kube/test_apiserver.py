@@ -22,17 +22,28 @@ JSONP = {"Content-Type": "application/json-patch+json"}
 
 def deployment(name: str = "web", replicas: int = 1, **labels: str) -> dict:
     lbls = {"app": name, **labels}
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "labels": lbls},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}},
-                                  "spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": lbls},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
 
 
 def pool(name: str = "p-decode", replicas: int = 1) -> dict:
-    return {"apiVersion": "tandem.dev/v1alpha1", "kind": "EnginePool",
-            "metadata": {"name": name},
-            "spec": {"deployment": "p", "role": "decode", "replicas": replicas}}
+    return {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "EnginePool",
+        "metadata": {"name": name},
+        "spec": {"deployment": "p", "role": "decode", "replicas": replicas},
+    }
 
 
 @pytest.fixture
@@ -49,8 +60,11 @@ def test_every_write_bumps_resource_version_and_stale_writes_conflict(http):
     stale = dict(created, spec=dict(created["spec"], replicas=5))
     r = http.put(f"{DEPLOY}/web", json=stale)
     assert r.status_code == 409 and r.json()["reason"] == "Conflict"
-    r = http.patch(f"{DEPLOY}/web", headers=MERGE,
-                   json={"metadata": {"resourceVersion": str(rv0)}, "spec": {"replicas": 7}})
+    r = http.patch(
+        f"{DEPLOY}/web",
+        headers=MERGE,
+        json={"metadata": {"resourceVersion": str(rv0)}, "spec": {"replicas": 7}},
+    )
     assert r.status_code == 409
     assert http.get(f"{DEPLOY}/web").json()["spec"]["replicas"] == 2
     # A write that changes nothing is no write: same resourceVersion.
@@ -62,36 +76,56 @@ def test_every_write_bumps_resource_version_and_stale_writes_conflict(http):
 def test_json_patch_test_op_on_resource_version_fails_with_422(http):
     obj = http.post(DEPLOY, json=deployment()).json()
     rv = obj["metadata"]["resourceVersion"]
-    ok = http.patch(f"{DEPLOY}/web", headers=JSONP, json=[
-        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-        {"op": "add", "path": "/metadata/finalizers", "value": ["x/y"]}])
+    ok = http.patch(
+        f"{DEPLOY}/web",
+        headers=JSONP,
+        json=[
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["x/y"]},
+        ],
+    )
     assert ok.status_code == 200 and ok.json()["metadata"]["finalizers"] == ["x/y"]
-    failed = http.patch(f"{DEPLOY}/web", headers=JSONP, json=[
-        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-        {"op": "remove", "path": "/metadata/finalizers"}])
+    failed = http.patch(
+        f"{DEPLOY}/web",
+        headers=JSONP,
+        json=[
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "remove", "path": "/metadata/finalizers"},
+        ],
+    )
     assert failed.status_code == 422
     assert http.get(f"{DEPLOY}/web").json()["metadata"]["finalizers"] == ["x/y"]
 
 
 def test_generation_moves_with_spec_only_and_status_is_its_own_endpoint(http):
     http.post(POOLS, json=pool(), headers={})
-    labelled = http.patch(f"{POOLS}/p-decode", headers=MERGE,
-                          json={"metadata": {"labels": {"a": "b"}}}).json()
+    labelled = http.patch(
+        f"{POOLS}/p-decode", headers=MERGE, json={"metadata": {"labels": {"a": "b"}}}
+    ).json()
     assert labelled["metadata"]["generation"] == 1
     # The main endpoint ignores status; /status ignores everything else.
-    main = http.patch(f"{POOLS}/p-decode", headers=MERGE,
-                      json={"spec": {"replicas": 2}, "status": {"readyReplicas": 9}}).json()
+    main = http.patch(
+        f"{POOLS}/p-decode",
+        headers=MERGE,
+        json={"spec": {"replicas": 2}, "status": {"readyReplicas": 9}},
+    ).json()
     assert main["metadata"]["generation"] == 2 and "status" not in main
-    status = http.patch(f"{POOLS}/p-decode/status", headers=MERGE,
-                        json={"spec": {"replicas": 5}, "status": {"readyReplicas": 1}}).json()
+    status = http.patch(
+        f"{POOLS}/p-decode/status",
+        headers=MERGE,
+        json={"spec": {"replicas": 5}, "status": {"readyReplicas": 1}},
+    ).json()
     assert status["status"] == {"readyReplicas": 1}
     assert status["spec"]["replicas"] == 2 and status["metadata"]["generation"] == 2
 
 
 def test_scale_subresource_reads_and_writes_the_crd_paths(http):
     http.post(POOLS, json=pool(replicas=1))
-    http.patch(f"{POOLS}/p-decode/status", headers=MERGE,
-               json={"status": {"replicas": 1, "selector": "tandem.dev/role=decode"}})
+    http.patch(
+        f"{POOLS}/p-decode/status",
+        headers=MERGE,
+        json={"status": {"replicas": 1, "selector": "tandem.dev/role=decode"}},
+    )
     scale = http.get(f"{POOLS}/p-decode/scale").json()
     assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1
     assert scale["status"] == {"replicas": 1, "selector": "tandem.dev/role=decode"}
@@ -128,6 +162,7 @@ def test_builtins_are_validated_against_the_kubernetes_schema(http):
 def test_label_and_field_selectors(http):
     http.post(DEPLOY, json=deployment("a", tier="x"))
     http.post(DEPLOY, json=deployment("b", tier="y"))
+
     def names(r):
         return [i["metadata"]["name"] for i in r.json()["items"]]
 
@@ -140,8 +175,9 @@ def test_label_and_field_selectors(http):
 
 def _watch(kube_api, path: str, params: dict, count: int) -> list[dict]:  # noqa: F811
     events: list[dict] = []
-    with httpx.stream("GET", kube_api.url + path, params={"watch": "true", **params},
-                      timeout=10) as r:
+    with httpx.stream(
+        "GET", kube_api.url + path, params={"watch": "true", **params}, timeout=10
+    ) as r:
         for line in r.iter_lines():
             if line:
                 events.append(json.loads(line))
@@ -150,14 +186,17 @@ def _watch(kube_api, path: str, params: dict, count: int) -> list[dict]:  # noqa
     return events
 
 
-def test_watch_resumes_from_a_resource_version_with_bookmarks_and_label_filtering(
-        http, kube_api):  # noqa: F811
+def test_watch_resumes_from_a_resource_version_with_bookmarks_and_label_filtering(http, kube_api):  # noqa: F811
     rv = http.get(DEPLOY).json()["metadata"]["resourceVersion"]
     http.post(DEPLOY, json=deployment("a", tier="x"))
     http.post(DEPLOY, json=deployment("b", tier="y"))
     http.patch(f"{DEPLOY}/a", headers=MERGE, json={"metadata": {"labels": {"tier": "z"}}})
-    events = _watch(kube_api, DEPLOY, {"resourceVersion": rv, "labelSelector": "tier=x",
-                                       "allowWatchBookmarks": "true"}, 3)
+    events = _watch(
+        kube_api,
+        DEPLOY,
+        {"resourceVersion": rv, "labelSelector": "tier=x", "allowWatchBookmarks": "true"},
+        3,
+    )
     assert [e["type"] for e in events[:2]] == ["ADDED", "DELETED"]  # left the selector
     assert events[2]["type"] == "BOOKMARK"
     assert int(events[2]["object"]["metadata"]["resourceVersion"]) >= int(rv) + 3
@@ -181,8 +220,9 @@ def test_watch_from_a_compacted_resource_version_gets_410(http, kube_api):  # no
 
 def test_watch_sees_writes_made_while_it_is_open(http, kube_api):  # noqa: F811
     rv = http.get(DEPLOY).json()["metadata"]["resourceVersion"]
-    writer = threading.Timer(0.3, lambda: httpx.post(kube_api.url + DEPLOY,
-                                                     json=deployment("late")))
+    writer = threading.Timer(
+        0.3, lambda: httpx.post(kube_api.url + DEPLOY, json=deployment("late"))
+    )
     writer.start()
     events = _watch(kube_api, DEPLOY, {"resourceVersion": rv}, 1)
     writer.join()
@@ -196,8 +236,11 @@ def test_finalizers_hold_deletion_until_removed(http):
     deleting = http.delete(f"{DEPLOY}/web").json()
     assert deleting["metadata"]["deletionTimestamp"]
     assert http.get(f"{DEPLOY}/web").status_code == 200
-    r = http.patch(f"{DEPLOY}/web", headers=MERGE,
-                   json={"metadata": {"finalizers": ["example.com/hold", "new/one"]}})
+    r = http.patch(
+        f"{DEPLOY}/web",
+        headers=MERGE,
+        json={"metadata": {"finalizers": ["example.com/hold", "new/one"]}},
+    )
     assert r.status_code == 422  # no new finalizers on a deleting object
     http.patch(f"{DEPLOY}/web", headers=MERGE, json={"metadata": {"finalizers": None}})
     assert http.get(f"{DEPLOY}/web").status_code == 404
@@ -205,15 +248,22 @@ def test_finalizers_hold_deletion_until_removed(http):
 
 def _owned(owner: dict, name: str) -> dict:
     body = deployment(name)
-    body["metadata"]["ownerReferences"] = [{
-        "apiVersion": owner["apiVersion"], "kind": owner["kind"],
-        "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
-        "controller": True, "blockOwnerDeletion": True}]
+    body["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     return body
 
 
-@pytest.mark.parametrize("policy,survives", [("Background", False), ("Foreground", False),
-                                             ("Orphan", True)])
+@pytest.mark.parametrize(
+    "policy,survives", [("Background", False), ("Foreground", False), ("Orphan", True)]
+)
 def test_owner_reference_garbage_collection(http, policy, survives):
     owner = http.post(POOLS, json=pool()).json()
     http.post(DEPLOY, json=_owned(owner, "child"))
@@ -233,8 +283,12 @@ def test_an_object_created_for_a_gone_owner_is_collected(http):
 
 
 def test_scheduled_pods_terminate_gracefully_unscheduled_go_at_once(http):
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-           "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }
     http.post(f"{NS}/pods", json=pod)
     http.delete(f"{NS}/pods/p")
     assert http.get(f"{NS}/pods/p").status_code == 404
@@ -254,8 +308,12 @@ def test_kubectl_works_against_it(kubectl, kube_api):  # noqa: F811
     assert table[0].split() == ["NAME", "ROLE", "DESIRED", "READY", "DRAINING", "AGE"]
     assert table[1].split()[:3] == ["p-decode", "decode", "1"]
     kubectl("scale", "enginepool/p-decode", "--replicas", "3")
-    assert kube_api.get("tandem.dev", "v1alpha1", "enginepools", "default",
-                        "p-decode")["spec"]["replicas"] == 3
+    assert (
+        kube_api.get("tandem.dev", "v1alpha1", "enginepools", "default", "p-decode")["spec"][
+            "replicas"
+        ]
+        == 3
+    )
     refused = kubectl("scale", "enginepool/p-decode", "--replicas", "40", check=False)
     assert refused.returncode != 0 and "between minReplicas and maxReplicas" in refused.stderr
     changed = json.loads(json.dumps(pool()))

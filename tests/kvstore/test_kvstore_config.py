@@ -86,15 +86,21 @@ def test_bad_sizes_and_ratios(tmp_path):
     # A staging buffer smaller than vLLM's disk-read batches fails those reads.
     with pytest.raises(SettingError, match="--disk-staging-size.*1280MB"):
         validate(_settings(tmp_path, disk_staging_size="128MB"), check_ports=False)
-    validate(_settings(tmp_path, disk_staging_size="128MB", enable_disk=False),
-             check_ports=False)
+    validate(_settings(tmp_path, disk_staging_size="128MB", enable_disk=False), check_ports=False)
     with pytest.raises(SettingError, match="--disk-write-interval-s"):
         validate(_settings(tmp_path, disk_write_interval_s=0), check_ports=False)
 
 
 def test_master_command_has_offload_and_ports(tmp_path):
-    s = _settings(tmp_path, master_port=51190, metadata_port=51191, master_metrics_port=51192,
-                  lease_ttl_ms=500, session_ttl_s=60, allow_evict_pinned=False)
+    s = _settings(
+        tmp_path,
+        master_port=51190,
+        metadata_port=51191,
+        master_metrics_port=51192,
+        lease_ttl_ms=500,
+        session_ttl_s=60,
+        allow_evict_pinned=False,
+    )
     argv = master_command(s, "mooncake_master").argv
     assert "--rpc_port=51190" in argv and "--rpc_address=127.0.0.1" in argv
     assert "--http_metadata_server_port=51191" in argv
@@ -137,10 +143,14 @@ def test_engine_store_config_is_what_vllm_reads(tmp_path):
     assert cfg.master_server_address == s.master_address
     assert cfg.metadata_server == s.metadata_url and cfg.enable_offload
     assert engine_store_config(s)["tandem"] == {
-        "retention": "soft-pin", "session_ttl_ms": 90_000,
-        "max_pin_ttl_ms": 86_400_000, "lease_ttl_ms": s.lease_ttl_ms,
-        "pack_blocks": False, "pack_staging_bytes": 128 << 20,
-        "kvstore_health_url": f"http://127.0.0.1:{s.http_port}/health"}
+        "retention": "soft-pin",
+        "session_ttl_ms": 90_000,
+        "max_pin_ttl_ms": 86_400_000,
+        "lease_ttl_ms": s.lease_ttl_ms,
+        "pack_blocks": False,
+        "pack_staging_bytes": 128 << 20,
+        "kvstore_health_url": f"http://127.0.0.1:{s.http_port}/health",
+    }
 
 
 def test_pack_blocks_reaches_every_engine_of_the_store(tmp_path, monkeypatch):
@@ -158,9 +168,13 @@ def test_pack_blocks_reaches_every_engine_of_the_store(tmp_path, monkeypatch):
 
 
 def test_multiconnector_for_pd_roles():
-    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
-            "kv_buffer_device": "cpu", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"kv_lease_duration": 10}}
+    nixl = {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cpu",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kv_lease_duration": 10},
+    }
     cfg = with_store(nixl, "/x/engine.json", lookup_port=51010)
     assert cfg["kv_connector"] == "MultiConnector" and cfg["kv_role"] == "kv_producer"
     assert cfg["kv_load_failure_policy"] == "recompute"
@@ -169,8 +183,10 @@ def test_multiconnector_for_pd_roles():
     assert store["kv_connector"] == "TandemStoreConnector"
     assert store["kv_connector_module_path"] == "services.kvstore.connector"
     assert store["kv_role"] == "kv_producer"
-    assert store["kv_connector_extra_config"] == {"mooncake_config_path": "/x/engine.json",
-                                                  "lookup_rpc_port": 51010}
+    assert store["kv_connector_extra_config"] == {
+        "mooncake_config_path": "/x/engine.json",
+        "lookup_rpc_port": 51010,
+    }
     # vLLM accepts it (MultiConnector builds each child's KVTransferConfig).
     from vllm.config import KVTransferConfig
 
@@ -192,10 +208,13 @@ def test_engine_settings_use_the_store():
 
     assert settings("prefill", None).kv_transfer_config("cpu")["kv_connector"] == "NixlConnector"
     assert settings("both", None).kv_transfer_config("cpu") is None
-    assert settings("decode", "/s.json").kv_transfer_config("cpu")["kv_connector"] == \
-        "MultiConnector"
-    assert settings("both", "/s.json").kv_transfer_config("cpu")["kv_connector"] == \
-        "TandemStoreConnector"
+    assert (
+        settings("decode", "/s.json").kv_transfer_config("cpu")["kv_connector"] == "MultiConnector"
+    )
+    assert (
+        settings("both", "/s.json").kv_transfer_config("cpu")["kv_connector"]
+        == "TandemStoreConnector"
+    )
 
 
 def test_check_store_names_the_setting(tmp_path):
@@ -205,8 +224,14 @@ def test_check_store_names_the_setting(tmp_path):
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]  # bound, not listening: connection refused
         path = tmp_path / "engine.json"
-        path.write_text(json.dumps({"master_server_address": f"127.0.0.1:{dead}",
-                                    "metadata_server": f"http://127.0.0.1:{dead}/metadata"}))
+        path.write_text(
+            json.dumps(
+                {
+                    "master_server_address": f"127.0.0.1:{dead}",
+                    "metadata_server": f"http://127.0.0.1:{dead}/metadata",
+                }
+            )
+        )
         with pytest.raises(ValueError, match="KV store unreachable at master_server_address"):
             check_store(str(path), timeout=0.5)
 
@@ -218,8 +243,9 @@ def test_retention_applies_soft_pin():
 
     rc = ReplicateConfig()
     assert not apply_retention(rc, retention_of({}))
-    assert apply_retention(rc, retention_of({"tandem": {"retention": "soft-pin",
-                                                        "session_ttl_ms": 5000}}))
+    assert apply_retention(
+        rc, retention_of({"tandem": {"retention": "soft-pin", "session_ttl_ms": 5000}})
+    )
     assert rc.soft_pin_action == SoftPinAction.ENABLE and rc.soft_pin_ttl_ms == 5000
 
 
@@ -310,7 +336,7 @@ def test_translated_names_are_valid_exposition():
     registry = CollectorRegistry()
     registry.register(Fixed())
     text = generate_latest(registry).decode()
-    assert "tandem_kvstore_hits_total{tier=\"disk\"} 5.0" in text
+    assert 'tandem_kvstore_hits_total{tier="disk"} 5.0' in text
     assert "# TYPE tandem_kvstore_objects gauge" in text
 
 
@@ -318,13 +344,17 @@ def test_store_launch_for_tandem_up(tmp_path):
     from services.kvstore.api import store_launch
     from services.kvstore.settings import parse_settings
 
-    launch = store_launch(tmp_path, ports=[51190, 51191, 51192, 51193, 51194, 9190],
-                          pool_size="1GB", retention="soft-pin", enable_disk=False)
+    launch = store_launch(
+        tmp_path,
+        ports=[51190, 51191, 51192, 51193, 51194, 9190],
+        pool_size="1GB",
+        retention="soft-pin",
+        enable_disk=False,
+    )
     assert launch.argv[1:3] == ["-m", "services.kvstore"]
     # The argv parses back to the same settings (what the child will run with).
     assert parse_settings(launch.argv[3:]) == launch.settings
-    assert launch.engine_flags == ["--kv-store-config",
-                                   str(tmp_path / "mooncake-engine.json")]
+    assert launch.engine_flags == ["--kv-store-config", str(tmp_path / "mooncake-engine.json")]
     assert launch.health_url == "http://127.0.0.1:9190/health"
     with pytest.raises(ValueError, match="ports"):
         store_launch(tmp_path, ports=[1, 2])

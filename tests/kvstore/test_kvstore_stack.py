@@ -34,32 +34,67 @@ ENGINE_START_S = 600
 
 class Store:
     def __init__(self, tmp: Path, pool_size: str = "256MB") -> None:
-        (self.master, self.metadata, self.master_metrics, self.client, self.client_http,
-         self.http) = free_ports(6)
+        (
+            self.master,
+            self.metadata,
+            self.master_metrics,
+            self.client,
+            self.client_http,
+            self.http,
+        ) = free_ports(6)
         self.state = tmp / "kvstore"
         self.disk = tmp / "kvstore-disk"
         self.args = [
-            "--state-dir", str(self.state), "--disk-path", str(self.disk),
-            "--master-port", str(self.master), "--metadata-port", str(self.metadata),
-            "--master-metrics-port", str(self.master_metrics),
-            "--client-port", str(self.client), "--client-http-port", str(self.client_http),
-            "--http-port", str(self.http), "--pool-size", pool_size,
+            "--state-dir",
+            str(self.state),
+            "--disk-path",
+            str(self.disk),
+            "--master-port",
+            str(self.master),
+            "--metadata-port",
+            str(self.metadata),
+            "--master-metrics-port",
+            str(self.master_metrics),
+            "--client-port",
+            str(self.client),
+            "--client-http-port",
+            str(self.client_http),
+            "--http-port",
+            str(self.http),
+            "--pool-size",
+            pool_size,
             # Every object its own disk bucket, written within a second (a
             # bucket is written only once full: a prompt's odd last block would
             # wait for the next prompt); short lease so eviction is not blocked
             # by the reads the test just made.
-            "--disk-bucket-keys", "1", "--disk-bucket-size", "16MB",
-            "--disk-write-interval-s", "1",
-            "--lease-ttl-ms", "500", "--client-ttl-s", "3", "--restart-backoff-s", "0.5",
+            "--disk-bucket-keys",
+            "1",
+            "--disk-bucket-size",
+            "16MB",
+            "--disk-write-interval-s",
+            "1",
+            "--lease-ttl-ms",
+            "500",
+            "--client-ttl-s",
+            "3",
+            "--restart-backoff-s",
+            "0.5",
             # Eviction keeps room for a whole 11-block prompt: at the default 0.9
             # watermark a put that does not fit is refused (the master evicts 5%
             # only after the failed put, and vLLM does not retry), so a prompt
             # reaching a nearly full pool is stored only in part.
-            "--eviction-high-watermark", "0.6", "--eviction-ratio", "0.2",
+            "--eviction-high-watermark",
+            "0.6",
+            "--eviction-ratio",
+            "0.2",
         ]
         with open(tmp / "kvstore.log", "wb") as log:
-            self.proc = subprocess.Popen([PY, "-m", "services.kvstore", *self.args], cwd=ROOT,
-                                         stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [PY, "-m", "services.kvstore", *self.args],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.url = f"http://127.0.0.1:{self.http}"
         self.wait_healthy(120)
 
@@ -91,8 +126,11 @@ class Store:
         out: dict[str, float] = {}
         for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=5).text):
             for s in fam.samples:
-                key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                                + "}" if s.labels else "")
+                key = s.name + (
+                    "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+                    if s.labels
+                    else ""
+                )
                 out[key] = s.value
         return out
 
@@ -106,8 +144,7 @@ class Store:
 
 
 class Engine:
-    def __init__(self, module: str, tmp: Path, store: Store, cpu: int | None,
-                 name: str) -> None:
+    def __init__(self, module: str, tmp: Path, store: Store, cpu: int | None, name: str) -> None:
         self.grpc, self.metrics_port = free_ports(2)
         self.nixl = free_ports(1)[0]
         self.module, self.tmp, self.store, self.cpu, self.name = module, tmp, store, cpu, name
@@ -118,11 +155,31 @@ class Engine:
         env = {**os.environ, **engine_env(1, self.cpu)}
         with open(self.tmp / f"{self.name}.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [PY, "-m", self.module, "--grpc-port", str(self.grpc), "--metrics-port",
-                 str(self.metrics_port), "--nixl-port", str(self.nixl), "--dtype", "float32",
-                 "--enforce-eager", "--max-model-len", "4096", "--shutdown-grace-s", "2",
-                 "--kv-store-config", self.store.engine_config],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    PY,
+                    "-m",
+                    self.module,
+                    "--grpc-port",
+                    str(self.grpc),
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--nixl-port",
+                    str(self.nixl),
+                    "--dtype",
+                    "float32",
+                    "--enforce-eager",
+                    "--max-model-len",
+                    "4096",
+                    "--shutdown-grace-s",
+                    "2",
+                    "--kv-store-config",
+                    self.store.engine_config,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.client = EngineClient(self.grpc, self.metrics_port)
 
     def wait_ready(self) -> None:
@@ -139,8 +196,10 @@ class Engine:
                     self.nixl = free_ports(1)[0]
                     self.start()
                     continue
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
-                                   f"see {self.tmp / (self.name + '.log')}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}; "
+                    f"see {self.tmp / (self.name + '.log')}"
+                )
             try:
                 self.client.wait_ready(5)
                 return
@@ -231,6 +290,7 @@ def store_loads(client: EngineClient) -> float:
 
 # -- tests, in the order they run -----------------------------------------
 
+
 def test_store_health_and_metrics(store):
     code, body = store.health()
     assert code == 200 and body["processes"]["master"]["ready"]
@@ -252,8 +312,10 @@ def test_pd_transfer_under_multiconnector_is_token_identical(engines, tokenizer,
     # The reference is the same prompt computed locally: a unique cache salt
     # keeps it away from both the local prefix cache and the store.
     ref = decode.client.generate(ids, max_tokens=12, cache_salt="reference-1")
-    print(f"\nP->D: prefill {prefill_s:.2f}s, decode pulled {pulled:.0f} tokens; "
-          f"reference local prefill TTFT {ref.seconds:.2f}s")
+    print(
+        f"\nP->D: prefill {prefill_s:.2f}s, decode pulled {pulled:.0f} tokens; "
+        f"reference local prefill TTFT {ref.seconds:.2f}s"
+    )
     assert pulled >= 1280, "decode did not receive the prompt KV (NIXL or store)"
     assert pd.token_ids == ref.token_ids
     # The prefill engine also wrote the prompt's blocks to the store.
@@ -272,15 +334,19 @@ def test_cross_engine_reuse_through_store(engines, tokenizer, store):
     warm = decode.client.generate(ids, max_tokens=4)
     from_store = external_hits(decode.client) - before
     cold = decode.client.generate(ids, max_tokens=4, cache_salt="cold-2")
-    print(f"\ncross-engine: B from store {warm.seconds:.2f}s vs cold {cold.seconds:.2f}s "
-          f"(ratio {cold.seconds / max(warm.seconds, 1e-6):.1f}x), {from_store:.0f} tokens "
-          f"from the store, cached_tokens={warm.cached_tokens}")
+    print(
+        f"\ncross-engine: B from store {warm.seconds:.2f}s vs cold {cold.seconds:.2f}s "
+        f"(ratio {cold.seconds / max(warm.seconds, 1e-6):.1f}x), {from_store:.0f} tokens "
+        f"from the store, cached_tokens={warm.cached_tokens}"
+    )
     assert from_store >= 1408  # 11 full blocks of 128
     assert warm.token_ids == cold.token_ids
     # Release the KV the prefill engine holds for a decode that never pulled it.
-    decode.client.stub.ReleaseKv(__import__("common.proto.engine_pb2", fromlist=["x"])
-                                 .ReleaseKvRequest(request_id="rel-2",
-                                                   kv_transfer_params_json=kv_json))
+    decode.client.stub.ReleaseKv(
+        __import__("common.proto.engine_pb2", fromlist=["x"]).ReleaseKvRequest(
+            request_id="rel-2", kv_transfer_params_json=kv_json
+        )
+    )
 
 
 def test_prefill_restart_served_from_store(engines, tokenizer, store):
@@ -300,8 +366,10 @@ def test_prefill_restart_served_from_store(engines, tokenizer, store):
     before = external_hits(prefill.client)
     _, _, again_s = prefill.client.prefill(ids)
     loaded = external_hits(prefill.client) - before
-    print(f"\nprefill restart: first {first_s:.2f}s, after restart {again_s:.2f}s, "
-          f"{loaded:.0f} tokens loaded from the store")
+    print(
+        f"\nprefill restart: first {first_s:.2f}s, after restart {again_s:.2f}s, "
+        f"{loaded:.0f} tokens loaded from the store"
+    )
     assert loaded >= 1408
     # New KV from the restarted engine is soft-pinned.
     pinned = store.metrics().get("tandem_kvstore_pinned_objects", 0)
@@ -342,21 +410,26 @@ def test_pool_overflow_spills_to_disk_and_reads_back(engines, tokenizer, store):
             settle(store, timeout=20)
         tiers = client.tiers(keys)
         m = store.metrics()
-        print(f"\noverflow: memory objects {m.get('tandem_kvstore_tier_objects{tier=memory}')}, "
-              f"disk objects {m.get('tandem_kvstore_tier_objects{tier=disk}')}, evicted "
-              f"{m.get('tandem_kvstore_evicted_objects_total')}; first prompt's blocks: "
-              f"{sum(t == {'disk'} for t in tiers)}/{len(keys)} on disk only")
+        print(
+            f"\noverflow: memory objects {m.get('tandem_kvstore_tier_objects{tier=memory}')}, "
+            f"disk objects {m.get('tandem_kvstore_tier_objects{tier=disk}')}, evicted "
+            f"{m.get('tandem_kvstore_evicted_objects_total')}; first prompt's blocks: "
+            f"{sum(t == {'disk'} for t in tiers)}/{len(keys)} on disk only"
+        )
         assert all(t == {"disk"} for t in tiers), f"not (only) on disk: {tiers}"
         assert any(store.disk.rglob("*.bucket")), "disk tier directory holds no bucket"
         disk_hits_before = m.get("tandem_kvstore_hits_total{tier=disk}", 0)
         before = external_hits(decode.client)
         out = decode.client.generate(first, max_tokens=6)
         loaded = external_hits(decode.client) - before
-        disk_hits = store.metrics().get("tandem_kvstore_hits_total{tier=disk}", 0) - \
-            disk_hits_before
+        disk_hits = (
+            store.metrics().get("tandem_kvstore_hits_total{tier=disk}", 0) - disk_hits_before
+        )
         ref = decode.client.generate(first, max_tokens=6, cache_salt="overflow-ref")
-        print(f"overflow read-back: {loaded:.0f} tokens from the store, disk hits "
-              f"{disk_hits:.0f}, {out.seconds:.2f}s vs recompute {ref.seconds:.2f}s")
+        print(
+            f"overflow read-back: {loaded:.0f} tokens from the store, disk hits "
+            f"{disk_hits:.0f}, {out.seconds:.2f}s vs recompute {ref.seconds:.2f}s"
+        )
         assert loaded >= 1408, "the prompt did not come back from the store"
         assert disk_hits >= len(keys), "the master counted no disk-tier reads"
         assert out.token_ids == ref.token_ids
@@ -385,16 +458,20 @@ def test_pool_owner_killed_mid_traffic(engines, tokenizer, store):
         results = [f.result(timeout=600) for f in futures]  # raises if any failed
     assert all(len(r.token_ids) == 2 for r in results)
     # Errors are counted: failed store operations show in the engines' metrics.
-    errors = sum(v for k, v in {**prefill.client.metrics(), **decode.client.metrics()}.items()
-                 if k.startswith("vllm:mooncake_store_operation_total{status=")
-                 and "status=ok" not in k)
+    errors = sum(
+        v
+        for k, v in {**prefill.client.metrics(), **decode.client.metrics()}.items()
+        if k.startswith("vllm:mooncake_store_operation_total{status=") and "status=ok" not in k
+    )
     body = store.wait_healthy(120)
     assert body["processes"]["client"]["pid"] != pid
     m = store.metrics()
     assert m["tandem_kvstore_process_restarts_total{process=client}"] == restarts + 1
     restarts_now = m["tandem_kvstore_process_restarts_total{process=client}"]
-    print(f"\nclient killed: {len(results)} requests all answered; engine-side store "
-          f"errors counted: {errors:.0f}; restarts={restarts_now:.0f}")
+    print(
+        f"\nclient killed: {len(results)} requests all answered; engine-side store "
+        f"errors counted: {errors:.0f}; restarts={restarts_now:.0f}"
+    )
     # Recovery: a new prompt goes into the restarted pool and is found again.
     ids = long_prompt(tokenizer, 1000, seed=300)
     prefill.client.prefill(ids)
@@ -407,13 +484,37 @@ def test_pool_owner_killed_mid_traffic(engines, tokenizer, store):
 def test_bad_configuration_names_the_setting(tmp, store):
     blocker = tmp / "a-file"
     blocker.write_text("x")
-    run = subprocess.run([PY, "-m", "services.kvstore", "--disk-path", str(blocker / "disk"),
-                          "--state-dir", str(tmp / "bad")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        [
+            PY,
+            "-m",
+            "services.kvstore",
+            "--disk-path",
+            str(blocker / "disk"),
+            "--state-dir",
+            str(tmp / "bad"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2 and "--disk-path" in run.stderr, run.stderr
-    run = subprocess.run([PY, "-m", "services.kvstore", "--master-port", str(store.master),
-                          "--state-dir", str(tmp / "bad")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        [
+            PY,
+            "-m",
+            "services.kvstore",
+            "--master-port",
+            str(store.master),
+            "--state-dir",
+            str(tmp / "bad"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2 and "--master-port" in run.stderr, run.stderr
     # An engine pointed at a store that is not running refuses to start.
     dead = tmp / "dead.json"
@@ -421,7 +522,12 @@ def test_bad_configuration_names_the_setting(tmp, store):
     port = free_ports(1)[0]
     cfg["master_server_address"] = f"127.0.0.1:{port}"
     dead.write_text(json.dumps(cfg))
-    run = subprocess.run([PY, "-m", "services.prefill", "--kv-store-config", str(dead)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [PY, "-m", "services.prefill", "--kv-store-config", str(dead)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode != 0
     assert "--kv-store-config" in run.stderr and "unreachable" in run.stderr, run.stderr[-2000:]

@@ -32,8 +32,14 @@ SIZE = 4 << 20  # objects of 4 MB in a 64 MB pool: 14 fit under the watermark
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mooncake-pins")
-    store_cmd = store_launch(tmp / "kvstore", ports=free_ports(6), pool_size="64MB",
-                             enable_disk=False, lease_ttl_ms=500, session_ttl_s=60)
+    store_cmd = store_launch(
+        tmp / "kvstore",
+        ports=free_ports(6),
+        pool_size="64MB",
+        enable_disk=False,
+        lease_ttl_ms=500,
+        session_ttl_s=60,
+    )
     proc, popen = launch("kvstore", store_cmd.argv, tmp / "kvstore.log", env=store_cmd.env)
     try:
         wait_ready(store_cmd.health_url, timeout=120, alive=lambda: popen.poll() is None)
@@ -41,8 +47,9 @@ def store(tmp_path_factory):
 
         s = store_cmd.settings
         client = MooncakeDistributedStore()
-        assert client.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "",
-                            s.master_address) == 0
+        assert (
+            client.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "", s.master_address) == 0
+        )
         buf = ctypes.create_string_buffer(SIZE)
         assert client.register_buffer(ctypes.addressof(buf), SIZE) == 0
         yield Client(client, buf, store_cmd.metrics_url)
@@ -114,15 +121,20 @@ def test_pins_last_their_write_ttl_reads_do_not_renew_upsert_does(store):
     keys = ["short", "read", "default", "plain", "again", "upsert"]
     time.sleep(1)
     alive = dict(zip(keys, (r == 1 for r in store.batch_is_exist(keys))))
-    assert alive == {"short": False, "read": False, "default": True, "plain": False,
-                     "again": False, "upsert": True}, alive
+    assert alive == {
+        "short": False,
+        "read": False,
+        "default": True,
+        "plain": False,
+        "again": False,
+        "upsert": True,
+    }, alive
 
 
 def test_reaper_waits_out_the_lease(store):
     assert _put(store, "leased") == 0 and _put(store, "free") == 0
     assert store.batch_is_exist(["leased"]) == [1]  # grants a 0.5 s lease
-    assert store.batch_remove(["leased", "missing"], False) == [OBJECT_HAS_LEASE,
-                                                                OBJECT_NOT_FOUND]
+    assert store.batch_remove(["leased", "missing"], False) == [OBJECT_HAS_LEASE, OBJECT_NOT_FOUND]
     reaper = Reaper(store.store, delay_s=0.3, attempts=10)  # retries until the lease is over
     reaper.remove_later(["leased", "free", "missing"], "test")
     # Polling with existence checks would renew the lease: watch the reaper.

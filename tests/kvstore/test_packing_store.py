@@ -32,16 +32,22 @@ def client(tmp_path_factory):
     from mooncake.store import MooncakeDistributedStore
 
     tmp = tmp_path_factory.mktemp("packing-store")
-    launch = store_launch(tmp / "kvstore", ports=[free_port() for _ in range(6)],
-                          pool_size="128MB", enable_disk=False, lease_ttl_ms=500)
+    launch = store_launch(
+        tmp / "kvstore",
+        ports=[free_port() for _ in range(6)],
+        pool_size="128MB",
+        enable_disk=False,
+        lease_ttl_ms=500,
+    )
     with open(tmp / "kvstore.log", "wb") as log:
         popen = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(launch.health_url, timeout=120, alive=lambda: popen.poll() is None)
         s = launch.settings
         store = MooncakeDistributedStore()
-        assert store.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "",
-                           s.master_address) == 0
+        assert (
+            store.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "", s.master_address) == 0
+        )
         yield store
         store.close()
     finally:
@@ -79,16 +85,20 @@ class Engine:
         self.raw = torch.zeros(LAYERS * BLOCKS * page * 4, dtype=torch.uint8)
         if seed is not None:
             gen = torch.Generator().manual_seed(seed)
-            self.raw.copy_(torch.randint(0, 256, self.raw.shape, dtype=torch.uint8,
-                                         generator=gen))
+            self.raw.copy_(torch.randint(0, 256, self.raw.shape, dtype=torch.uint8, generator=gen))
         flat = self.raw.view(torch.float32)
-        self.layers = [flat[i * BLOCKS * page:(i + 1) * BLOCKS * page]
-                       .view(BLOCKS, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE) for i in range(LAYERS)]
+        self.layers = [
+            flat[i * BLOCKS * page : (i + 1) * BLOCKS * page].view(
+                BLOCKS, HEADS, BLOCK_SIZE, 2 * HEAD_SIZE
+            )
+            for i in range(LAYERS)
+        ]
         assert store.register_buffer(self.raw.data_ptr(), self.raw.numel()) == 0
         self.layout = RankLocalStoreLayout(KeyMetadata("m", 0, 0, 0, 0), BLOCK_SIZE, BLOCK_SIZE)
         self.layout.register_kv_caches(self.layers, BLOCKS)
-        self.packer = BlockPacker.for_regions(self.layers, self.layout.kv_caches_base_addr,
-                                              self.layout.block_len)
+        self.packer = BlockPacker.for_regions(
+            self.layers, self.layout.kv_caches_base_addr, self.layout.block_len
+        )
         self.store = store
         self.packing_stores: list[PackingStore] = []
 
@@ -126,10 +136,16 @@ def test_packed_put_stores_the_bytes_of_a_per_layer_put(client, engines):
     addrs, sizes = engine.descriptors(blocks)
     packed_keys = [f"packed-{b}" for b in blocks]
     plain_keys = [f"plain-{b}" for b in blocks]
-    assert packing.batch_put_from_multi_buffers(packed_keys, addrs, sizes,
-                                                ReplicateConfig()) == [0, 0, 0]
-    assert client.batch_put_from_multi_buffers(plain_keys, addrs, sizes,
-                                               ReplicateConfig()) == [0, 0, 0]
+    assert packing.batch_put_from_multi_buffers(packed_keys, addrs, sizes, ReplicateConfig()) == [
+        0,
+        0,
+        0,
+    ]
+    assert client.batch_put_from_multi_buffers(plain_keys, addrs, sizes, ReplicateConfig()) == [
+        0,
+        0,
+        0,
+    ]
     assert packing.packed_keys == 3 and packing.passed_through_calls == 0
     for b, packed, plain in zip(blocks, packed_keys, plain_keys):
         stored = bytes(client.get(packed))
@@ -143,10 +159,18 @@ def test_packing_and_plain_engines_read_each_others_blocks(client, engines):
     writer = engines(3)
     blocks = [1, 6, 2, 4]
     addrs, sizes = writer.descriptors(blocks)
-    assert writer.packing().batch_put_from_multi_buffers(
-        [f"p-{b}" for b in blocks], addrs, sizes, ReplicateConfig()) == [0] * 4
-    assert client.batch_put_from_multi_buffers(
-        [f"u-{b}" for b in blocks], addrs, sizes, ReplicateConfig()) == [0] * 4
+    assert (
+        writer.packing().batch_put_from_multi_buffers(
+            [f"p-{b}" for b in blocks], addrs, sizes, ReplicateConfig()
+        )
+        == [0] * 4
+    )
+    assert (
+        client.batch_put_from_multi_buffers(
+            [f"u-{b}" for b in blocks], addrs, sizes, ReplicateConfig()
+        )
+        == [0] * 4
+    )
 
     # A packing reader loads what a plain writer stored, and the reverse.
     for prefix, packs in (("u", True), ("p", False)):
@@ -174,14 +198,14 @@ def test_batches_larger_than_the_staging_buffer_and_a_missing_key(engines):
     blocks = [0, 1, 2, 3, 4]
     addrs, sizes = writer.descriptors(blocks)
     keys = [f"staged-{b}" for b in blocks]
-    assert packing.batch_put_from_multi_buffers(keys, addrs, sizes,
-                                                ReplicateConfig()) == [0] * 5
+    assert packing.batch_put_from_multi_buffers(keys, addrs, sizes, ReplicateConfig()) == [0] * 5
 
     reader = engines()
     targets = [7, 6, 5]
     taddrs, tsizes = reader.descriptors(targets)
     got = reader.packing(staging_bytes=2 * writer.packer.row_bytes).batch_get_into_multi_buffers(
-        ["staged-4", "never-written", "staged-0"], taddrs, tsizes)
+        ["staged-4", "never-written", "staged-0"], taddrs, tsizes
+    )
     assert got[0] == got[2] == writer.packer.row_bytes and got[1] < 0
     assert torch.equal(reader.block(7), writer.block(4))
     assert torch.equal(reader.block(5), writer.block(0))
@@ -211,9 +235,11 @@ def test_calls_that_are_not_whole_blocks_pass_through(client, engines):
     addrs, sizes = engine.descriptors([2])
     doubled = [[2 * s for s in sizes[0]]]
     assert engine.packer.block_ids(addrs, doubled) is None
-    assert packing.batch_put_from_multi_buffers(["two-blocks"], addrs, doubled,
-                                                ReplicateConfig()) == [0]
+    assert packing.batch_put_from_multi_buffers(
+        ["two-blocks"], addrs, doubled, ReplicateConfig()
+    ) == [0]
     assert packing.passed_through_calls == 1 and packing.packed_keys == 0
-    expected = torch.cat([torch.cat([engine.layers[i][2:4].reshape(-1).view(torch.uint8)])
-                          for i in range(LAYERS)])
+    expected = torch.cat(
+        [torch.cat([engine.layers[i][2:4].reshape(-1).view(torch.uint8)]) for i in range(LAYERS)]
+    )
     assert bytes(client.get("two-blocks")) == expected.numpy().tobytes()

@@ -15,9 +15,10 @@ def test_hint_travels_from_proto_to_kv_transfer_params_and_back():
     hint = from_proto(msg.retention)
     assert hint == RetentionHint("h:s", 5000) and hint.pins
     params = with_hint({"do_remote_decode": True}, hint)
-    assert params == {"do_remote_decode": True,
-                      HINT_KEY: {"session": "h:s", "pin_ttl_ms": 5000, "release": False,
-                                 "keep_tokens": 0}}
+    assert params == {
+        "do_remote_decode": True,
+        HINT_KEY: {"session": "h:s", "pin_ttl_ms": 5000, "release": False, "keep_tokens": 0},
+    }
     assert RetentionHint.from_params(params) == hint
     assert without_hint(params) == {"do_remote_decode": True}
     assert without_hint({HINT_KEY: {}}) is None
@@ -28,13 +29,16 @@ def test_hint_travels_from_proto_to_kv_transfer_params_and_back():
     assert with_hint(None, None) is None and with_hint(None, release)[HINT_KEY]["release"]
 
 
-@pytest.mark.parametrize("bad", [
-    {HINT_KEY: "pin"},
-    {HINT_KEY: {"pin_ttl_ms": -1}},
-    {HINT_KEY: {"pin_ttl_ms": 5, "release": True}},
-    {HINT_KEY: {"pin": 5}},
-    {HINT_KEY: {"keep_tokens": "many"}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {HINT_KEY: "pin"},
+        {HINT_KEY: {"pin_ttl_ms": -1}},
+        {HINT_KEY: {"pin_ttl_ms": 5, "release": True}},
+        {HINT_KEY: {"pin": 5}},
+        {HINT_KEY: {"keep_tokens": "many"}},
+    ],
+)
 def test_malformed_hints_are_refused(bad):
     with pytest.raises(ValueError, match=HINT_KEY):
         RetentionHint.from_params(bad)
@@ -45,8 +49,16 @@ def test_each_hint_selects_its_replicate_config():
 
     from services.kvstore.connector import RequestRetention, apply_retention, retention_of
 
-    engine_wide = retention_of({"tandem": {"retention": "soft-pin", "session_ttl_ms": 9000,
-                                           "max_pin_ttl_ms": 60_000, "lease_ttl_ms": 500}})
+    engine_wide = retention_of(
+        {
+            "tandem": {
+                "retention": "soft-pin",
+                "session_ttl_ms": 9000,
+                "max_pin_ttl_ms": 60_000,
+                "lease_ttl_ms": 500,
+            }
+        }
+    )
     default = ReplicateConfig()
     default.preferred_segment = "seg-a"
     assert apply_retention(default, engine_wide)

@@ -38,13 +38,30 @@ pytestmark = pytest.mark.stack
 POOL = "128MB"  # 22 blocks of 5.6 MiB (SmolLM2 float32, 128 tokens per block)
 BLOCK = 128
 START_S = 1200
-WORDS = ["alpha", "beta", "gamma", "delta", "tool", "result", "file", "line", "error",
-         "value", "session", "agent", "return", "config", "table", "index"]
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "tool",
+    "result",
+    "file",
+    "line",
+    "error",
+    "value",
+    "session",
+    "agent",
+    "return",
+    "config",
+    "table",
+    "index",
+]
 
 
 def text(seed: int, n_words: int) -> str:
-    return " ".join(WORDS[(i * 7 + seed * 13 + i // 5) % len(WORDS)] + str(seed % 7)
-                    for i in range(n_words))
+    return " ".join(
+        WORDS[(i * 7 + seed * 13 + i // 5) % len(WORDS)] + str(seed % 7) for i in range(n_words)
+    )
 
 
 class Cluster:
@@ -52,18 +69,34 @@ class Cluster:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.stack = Stack(StackConfig(
-            router_port=free_port(), kv_cache_gib=1, max_model_len=4096, state_dir=tmp,
-            kv_store_pool=POOL,
-            # Eviction from 70% keeps room for a whole prompt (a put that does
-            # not fit is refused, not waited for); short read leases.
-            kv_store_args={"enable_disk": False, "lease_ttl_ms": 500,
-                           "eviction_high_watermark": 0.7, "eviction_ratio": 0.2},
-            # Every prompt is computed by the prefill engine, the one that
-            # writes to the store, however much of it is cached elsewhere.
-            router_args=["--remote-prefill-threshold", "0", "--kv-retention",
-                         "named-sessions", "--kv-retention-ttl-s", "600"],
-            startup_timeout_s=START_S))
+        self.stack = Stack(
+            StackConfig(
+                router_port=free_port(),
+                kv_cache_gib=1,
+                max_model_len=4096,
+                state_dir=tmp,
+                kv_store_pool=POOL,
+                # Eviction from 70% keeps room for a whole prompt (a put that does
+                # not fit is refused, not waited for); short read leases.
+                kv_store_args={
+                    "enable_disk": False,
+                    "lease_ttl_ms": 500,
+                    "eviction_high_watermark": 0.7,
+                    "eviction_ratio": 0.2,
+                },
+                # Every prompt is computed by the prefill engine, the one that
+                # writes to the store, however much of it is cached elsewhere.
+                router_args=[
+                    "--remote-prefill-threshold",
+                    "0",
+                    "--kv-retention",
+                    "named-sessions",
+                    "--kv-retention-ttl-s",
+                    "600",
+                ],
+                startup_timeout_s=START_S,
+            )
+        )
         self.routers: list[tuple[Proc, subprocess.Popen]] = []
         self.stack.start()
         try:
@@ -71,8 +104,7 @@ class Cluster:
             self.model = self.model_dir.name
             self.tok = ChatTokenizer(self.model_dir)
             self.store_url = next(p for p in self.stack.procs if p.name == "kvstore").url
-            self.store = StoreClient(tmp / "kvstore" / "mooncake-engine.json", self.model,
-                                     BLOCK)
+            self.store = StoreClient(tmp / "kvstore" / "mooncake-engine.json", self.model, BLOCK)
         except BaseException:
             self.stack.stop()
             raise
@@ -83,9 +115,22 @@ class Cluster:
         prefill = next(p for p in self.stack.procs if p.name.startswith("prefill"))
         decode = next(p for p in self.stack.procs if p.name.startswith("decode"))
         log = self.tmp / f"router-{port}.log"
-        argv = [sys.executable, "-m", "services.router", "--host", "127.0.0.1", "--port",
-                str(port), "--prefill", prefill.grpc, "--decode", decode.grpc,
-                "--remote-prefill-threshold", "0", *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "services.router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prefill",
+            prefill.grpc,
+            "--decode",
+            decode.grpc,
+            "--remote-prefill-threshold",
+            "0",
+            *args,
+        ]
         proc, popen = launch("router-b", argv, log, append=True)
         proc.url = f"http://127.0.0.1:{port}"
         self.routers.append((proc, popen))
@@ -100,17 +145,25 @@ class Cluster:
         self.stack.stop()
 
     # -- requests and what the store holds ---------------------------------
-    def chat(self, messages: list[dict], session: str | None = None, end: bool = False,
-             url: str | None = None) -> list[int]:
+    def chat(
+        self,
+        messages: list[dict],
+        session: str | None = None,
+        end: bool = False,
+        url: str | None = None,
+    ) -> list[int]:
         """One turn through the router; returns the prompt's token ids."""
         headers = {}
         if session:
             headers["x-session-id"] = session
         if end:
             headers["x-session-end"] = "1"
-        r = httpx.post(f"{url or self.stack.router_url}/v1/chat/completions", headers=headers,
-                       timeout=600, json={"model": self.model, "messages": messages,
-                                          "max_tokens": 1, "temperature": 0})
+        r = httpx.post(
+            f"{url or self.stack.router_url}/v1/chat/completions",
+            headers=headers,
+            timeout=600,
+            json={"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         ids = self.tok.chat(messages)
         assert r.json()["usage"]["prompt_tokens"] == len(ids)
@@ -132,8 +185,11 @@ class Cluster:
         body = httpx.get(self.store_url + "/metrics", timeout=5).text
         for fam in text_string_to_metric_families(body):
             for s in fam.samples:
-                key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                                + "}" if s.labels else "")
+                key = s.name + (
+                    "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+                    if s.labels
+                    else ""
+                )
                 out[key] = s.value
         return out
 
@@ -144,8 +200,9 @@ class Cluster:
             self.chat([{"role": "user", "content": text(seed + i, words)}])
         last, deadline = None, time.monotonic() + 60
         while time.monotonic() < deadline:  # the last puts are asynchronous
-            now = sum(v for k, v in self.metrics().items()
-                      if k.startswith("tandem_kvstore_puts_total"))
+            now = sum(
+                v for k, v in self.metrics().items() if k.startswith("tandem_kvstore_puts_total")
+            )
             if now == last:
                 return
             last = now
@@ -169,12 +226,13 @@ def test_pinned_session_survives_pressure_that_evicts_unnamed_traffic(cluster):
     # A named session, two turns: every block either turn writes is pinned.
     pinned = _conversation(1, 90, shared)
     cluster.chat(pinned, session="pinned")
-    pinned += [{"role": "assistant", "content": "ok"},
-               {"role": "user", "content": text(2, 100)}]
+    pinned += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": text(2, 100)}]
     pinned_ids = cluster.chat(pinned, session="pinned")
     # The same conversation size without a session name: not pinned.
-    control_ids = cluster.chat(_conversation(3, 250) + [
-        {"role": "assistant", "content": "ok"}, {"role": "user", "content": text(4, 100)}])
+    control_ids = cluster.chat(
+        _conversation(3, 250)
+        + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": text(4, 100)}]
+    )
     pinned_keys, control_keys = cluster.keys(pinned_ids), cluster.keys(control_ids)
     cluster.wait_written(pinned_keys + control_keys)
     m = cluster.metrics()
@@ -186,10 +244,12 @@ def test_pinned_session_survives_pressure_that_evicts_unnamed_traffic(cluster):
     m = cluster.metrics()
     evicted = m.get("tandem_kvstore_evicted_objects_total", 0) - evicted_before
     kept, lost = cluster.present(pinned_keys), cluster.present(control_keys)
-    print(f"\npinned session: {sum(kept)}/{len(kept)} blocks kept; unnamed control: "
-          f"{sum(lost)}/{len(lost)} kept; {evicted:.0f} objects evicted by the pressure; "
-          f"pinned objects {m['tandem_kvstore_pinned_objects']:.0f} "
-          f"({time.monotonic() - t0:.0f}s)")
+    print(
+        f"\npinned session: {sum(kept)}/{len(kept)} blocks kept; unnamed control: "
+        f"{sum(lost)}/{len(lost)} kept; {evicted:.0f} objects evicted by the pressure; "
+        f"pinned objects {m['tandem_kvstore_pinned_objects']:.0f} "
+        f"({time.monotonic() - t0:.0f}s)"
+    )
     assert evicted >= len(control_keys), "the pressure did not fill the pool"
     assert all(kept), f"pinned session lost blocks under pressure: {kept}"
     assert not any(lost), f"unpinned control survived pressure (no eviction?): {lost}"
@@ -201,8 +261,7 @@ def test_session_end_removes_its_own_blocks_and_keeps_the_shared_prefix(cluster)
     # Shares its opening (2 full blocks) with the still-active pinned session.
     conv = _conversation(5, 150, cluster.shared)
     cluster.wait_written(cluster.keys(cluster.chat(conv, session="ending")))
-    conv += [{"role": "assistant", "content": "ok"},
-             {"role": "user", "content": text(6, 75)}]
+    conv += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": text(6, 75)}]
     removes_before = cluster.metrics().get("tandem_kvstore_removes_total", 0)
     ids = cluster.chat(conv, session="ending", end=True)
     keys = cluster.keys(ids)
@@ -221,9 +280,11 @@ def test_session_end_removes_its_own_blocks_and_keeps_the_shared_prefix(cluster)
             break
     assert not any(gone), f"released blocks still there: {gone}"
     m = cluster.metrics()
-    print(f"\nsession end: {len(own)} own blocks removed, {shared_blocks} shared kept; "
-          f"removes counted by the master: "
-          f"{m.get('tandem_kvstore_removes_total', 0) - removes_before:.0f}")
+    print(
+        f"\nsession end: {len(own)} own blocks removed, {shared_blocks} shared kept; "
+        f"removes counted by the master: "
+        f"{m.get('tandem_kvstore_removes_total', 0) - removes_before:.0f}"
+    )
     assert all(cluster.present(keys[:shared_blocks])), "the shared prefix was removed"
     assert all(cluster.present(cluster.pinned_keys)), "the other session lost blocks"
 
@@ -237,7 +298,9 @@ def test_pin_lapses_after_the_ttl(cluster):
     time.sleep(max(0.0, written + 5 - time.monotonic()))  # the 4 s pins have lapsed
     cluster.pressure(seed=200)
     expired, pinned = cluster.present(keys), cluster.present(cluster.pinned_keys)
-    print(f"\nexpired session: {sum(expired)}/{len(expired)} blocks kept; 600 s session: "
-          f"{sum(pinned)}/{len(pinned)} kept")
+    print(
+        f"\nexpired session: {sum(expired)}/{len(expired)} blocks kept; 600 s session: "
+        f"{sum(pinned)}/{len(pinned)} kept"
+    )
     assert not any(expired), f"blocks whose pin lapsed survived pressure: {expired}"
     assert all(pinned), f"the still-pinned session lost blocks: {pinned}"

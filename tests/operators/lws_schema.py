@@ -21,52 +21,80 @@ SCHEMA = {
             "required": ["leaderWorkerTemplate"],
             "properties": {
                 "replicas": {"type": "integer", "format": "int32", "minimum": 0, "default": 1},
-                "startupPolicy": {"type": "string", "enum": ["LeaderCreated", "LeaderReady"],
-                                  "default": "LeaderCreated"},
+                "startupPolicy": {
+                    "type": "string",
+                    "enum": ["LeaderCreated", "LeaderReady"],
+                    "default": "LeaderCreated",
+                },
                 "leaderWorkerTemplate": {
                     "type": "object",
                     "required": ["workerTemplate"],
                     "properties": {
                         "leaderTemplate": _POD_TEMPLATE,
                         "workerTemplate": _POD_TEMPLATE,
-                        "size": {"type": "integer", "format": "int32", "minimum": 1,
-                                 "default": 1},
+                        "size": {"type": "integer", "format": "int32", "minimum": 1, "default": 1},
                         "restartPolicy": {
-                            "type": "string", "default": "RecreateGroupOnPodRestart",
-                            "enum": ["Default", "RecreateGroupOnPodRestart",
-                                     "RecreateGroupAfterStart", "None"]},
+                            "type": "string",
+                            "default": "RecreateGroupOnPodRestart",
+                            "enum": [
+                                "Default",
+                                "RecreateGroupOnPodRestart",
+                                "RecreateGroupAfterStart",
+                                "None",
+                            ],
+                        },
                         "subGroupPolicy": {
                             "type": "object",
                             "properties": {
                                 "subGroupPolicyType": {
-                                    "type": "string", "enum": ["LeaderWorker", "LeaderExcluded"]},
-                                "subGroupSize": {"type": "integer", "format": "int32"}}},
+                                    "type": "string",
+                                    "enum": ["LeaderWorker", "LeaderExcluded"],
+                                },
+                                "subGroupSize": {"type": "integer", "format": "int32"},
+                            },
+                        },
                         "volumeClaimTemplates": {
                             "type": "array",
-                            "items": {"type": "object",
-                                      "x-kubernetes-preserve-unknown-fields": True}},
+                            "items": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
+                        },
                         "persistentVolumeClaimRetentionPolicy": {
                             "type": "object",
-                            "properties": {"whenDeleted": {"type": "string"},
-                                           "whenScaled": {"type": "string"}}},
+                            "properties": {
+                                "whenDeleted": {"type": "string"},
+                                "whenScaled": {"type": "string"},
+                            },
+                        },
                     },
                 },
                 "rolloutStrategy": {
                     "type": "object",
                     "properties": {
-                        "type": {"type": "string", "enum": ["RollingUpdate"],
-                                 "default": "RollingUpdate"},
+                        "type": {
+                            "type": "string",
+                            "enum": ["RollingUpdate"],
+                            "default": "RollingUpdate",
+                        },
                         "rollingUpdateConfiguration": {
                             "type": "object",
-                            "properties": {"partition": {"type": "integer", "format": "int32"},
-                                           "maxUnavailable": _INT_OR_STRING,
-                                           "maxSurge": _INT_OR_STRING}},
+                            "properties": {
+                                "partition": {"type": "integer", "format": "int32"},
+                                "maxUnavailable": _INT_OR_STRING,
+                                "maxSurge": _INT_OR_STRING,
+                            },
+                        },
                     },
                 },
                 "networkConfig": {
                     "type": "object",
-                    "properties": {"subdomainPolicy": {
-                        "type": "string", "enum": ["Shared", "UniquePerReplica"]}},
+                    "properties": {
+                        "subdomainPolicy": {
+                            "type": "string",
+                            "enum": ["Shared", "UniquePerReplica"],
+                        }
+                    },
                 },
             },
         },

@@ -45,14 +45,23 @@ def test_the_router_still_exports_the_metrics_the_costs_read():
 
 def test_the_pod_with_fewest_requests_then_least_session_kv_is_cheapest():
     # Two router replicas: each reports its own in-flight requests and live blocks.
-    a = parse_loads(router_metrics({"10.0.0.1:50061": 3, "10.0.0.2:50061": 0,
-                                    "10.0.0.3:50061": 0},
-                                   {"10.0.0.2:50061": 40, "10.0.0.3:50061": 5}))
-    b = parse_loads(router_metrics({"10.0.0.1:50061": 3, "10.0.0.2:50061": 0,
-                                    "10.0.0.3:50061": 0},
-                                   {"10.0.0.3:50061": 10}))
-    pods = {"decode-a": "10.0.0.1:50061", "decode-b": "10.0.0.2:50061",
-            "decode-c": "10.0.0.3:50061", "decode-new": "10.0.0.4:50061"}
+    a = parse_loads(
+        router_metrics(
+            {"10.0.0.1:50061": 3, "10.0.0.2:50061": 0, "10.0.0.3:50061": 0},
+            {"10.0.0.2:50061": 40, "10.0.0.3:50061": 5},
+        )
+    )
+    b = parse_loads(
+        router_metrics(
+            {"10.0.0.1:50061": 3, "10.0.0.2:50061": 0, "10.0.0.3:50061": 0}, {"10.0.0.3:50061": 10}
+        )
+    )
+    pods = {
+        "decode-a": "10.0.0.1:50061",
+        "decode-b": "10.0.0.2:50061",
+        "decode-c": "10.0.0.3:50061",
+        "decode-new": "10.0.0.4:50061",
+    }
     costs = deletion_costs(pods, [a, b])
     assert costs == {"decode-a": 600_000, "decode-b": 40, "decode-c": 15, "decode-new": 0}
     assert sorted(costs, key=costs.get) == ["decode-new", "decode-c", "decode-b", "decode-a"]

@@ -19,6 +19,7 @@ def test_both_actuators_implement_the_protocol_alike(method):
     for cls in (KubeActuator, VirtualActuator):
         got = getattr(cls, method)
         assert inspect.iscoroutinefunction(got), (cls, method)
-        assert inspect.signature(got).parameters.keys() == \
-            inspect.signature(want).parameters.keys(), (cls, method)
+        assert (
+            inspect.signature(got).parameters.keys() == inspect.signature(want).parameters.keys()
+        ), (cls, method)
         assert typing.get_type_hints(got) == typing.get_type_hints(want), (cls, method)

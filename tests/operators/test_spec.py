@@ -37,8 +37,9 @@ def mismatches(cls: type[Any], schema: dict[str, Any], where: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("cls,plural", [(TandemSpec, "tandemdeployments"),
-                                        (EnginePoolSpec, "enginepools")])
+@pytest.mark.parametrize(
+    "cls,plural", [(TandemSpec, "tandemdeployments"), (EnginePoolSpec, "enginepools")]
+)
 def test_the_dataclasses_hold_every_crd_property_and_no_other(cls, plural):
     assert mismatches(cls, crd_schema(plural)["properties"]["spec"], "spec") == []
 
@@ -46,10 +47,19 @@ def test_the_dataclasses_hold_every_crd_property_and_no_other(cls, plural):
 def test_the_check_sees_a_property_the_dataclasses_lack():
     schema = crd_schema("tandemdeployments")["properties"]["spec"]
     router = schema["properties"]["router"]
-    grown = {**schema, "properties": {**schema["properties"], "router": {
-        **router, "properties": {**router["properties"], "newKnob": {"type": "string"}}}}}
+    grown = {
+        **schema,
+        "properties": {
+            **schema["properties"],
+            "router": {
+                **router,
+                "properties": {**router["properties"], "newKnob": {"type": "string"}},
+            },
+        },
+    }
     assert mismatches(TandemSpec, grown, "spec") == [
-        "spec.router.newKnob: a CRD property without a field"]
+        "spec.router.newKnob: a CRD property without a field"
+    ]
 
 
 def test_parsing_fills_the_crds_defaults_and_leaves_absent_pools_out():
@@ -64,8 +74,12 @@ def test_parsing_fills_the_crds_defaults_and_leaves_absent_pools_out():
     assert dataclasses.is_dataclass(spec) and spec.pool("decode").engine_args is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.router.replicas = 3  # type: ignore[misc]
-    capacity = parse({"model": {"path": "/m"}, "scaling": {"capacity": {
-        "layers": 2, "kvKind": "mla", "kvBytes": 1, "gpuFreeGiB": 15}}}).scaling.capacity
+    capacity = parse(
+        {
+            "model": {"path": "/m"},
+            "scaling": {"capacity": {"layers": 2, "kvKind": "mla", "kvBytes": 1, "gpuFreeGiB": 15}},
+        }
+    ).scaling.capacity
     assert capacity is not None and capacity.gpu_free_gib == 15
     assert capacity.compute_bytes == 2 and capacity.host_pool_gib == 0
     assert parse_pool({"deployment": "d", "role": "decode", "replicas": 2}).max_replicas == 16

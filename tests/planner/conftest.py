@@ -26,15 +26,44 @@ def fake_router(tmp_path_factory):
     cpus = set(os.sched_getaffinity(0))
     try:
         engine_port, router_port = free_port(), free_port()
-        engine, _ = procs.launch("fake-engine", [
-            sys.executable, "-m", "bench.router_fakes", "grpc", "--host", HOST,
-            "--port", str(engine_port), "--model-path", str(resolve_model(None)),
-            "--first-token-ms", str(FIRST_TOKEN_MS), "--token-delay-ms", str(TOKEN_DELAY_MS)],
-            cpus)
+        engine, _ = procs.launch(
+            "fake-engine",
+            [
+                sys.executable,
+                "-m",
+                "bench.router_fakes",
+                "grpc",
+                "--host",
+                HOST,
+                "--port",
+                str(engine_port),
+                "--model-path",
+                str(resolve_model(None)),
+                "--first-token-ms",
+                str(FIRST_TOKEN_MS),
+                "--token-delay-ms",
+                str(TOKEN_DELAY_MS),
+            ],
+            cpus,
+        )
         wait_grpc_serving(f"{HOST}:{engine_port}", engine, time.monotonic() + 120)
-        router, _ = procs.launch("router", [
-            sys.executable, "-m", "services.router", "--host", HOST, "--port", str(router_port),
-            "--engine", f"{HOST}:{engine_port}", "--model", str(resolve_model(None))], cpus)
+        router, _ = procs.launch(
+            "router",
+            [
+                sys.executable,
+                "-m",
+                "services.router",
+                "--host",
+                HOST,
+                "--port",
+                str(router_port),
+                "--engine",
+                f"{HOST}:{engine_port}",
+                "--model",
+                str(resolve_model(None)),
+            ],
+            cpus,
+        )
         url = f"http://{HOST}:{router_port}"
         wait_http_ok(f"{url}/health", router, time.monotonic() + 120)
         yield url

@@ -33,8 +33,9 @@ from tests.planner.synthetic import ramp_profile
 #   model over 8 GPUs take 744e9 / 8 B = 86.6 GiB each; 16.6 GiB reserved for
 #   activations, CUDA graphs and NCCL leaves 15.0 GiB for KV.
 GLM = KvShape(layers=95, kind="mla", kv_bytes=1.0, latent_dim=512 + 64)
-H200_8WAY = MemoryBudget.from_gpu(hbm_gib=141e9 / GIB, utilization=0.9,
-                                  weights_gib_per_gpu=744e9 / 8 / GIB, reserved_gib=16.6)
+H200_8WAY = MemoryBudget.from_gpu(
+    hbm_gib=141e9 / GIB, utilization=0.9, weights_gib_per_gpu=744e9 / 8 / GIB, reserved_gib=16.6
+)
 ONE_M = ContextDemand(context_tokens=2**20)
 
 
@@ -44,8 +45,10 @@ def test_glm_one_million_tokens_overflows_at_tp8_and_names_persistent_kv():
     assert not v.fits
     assert v.overflowing == "persistent KV"
     assert v.term("persistent KV") == pytest.approx(53.44, abs=0.01)
-    assert "persistent KV 53.4 GiB per GPU (MLA's latent KV is replicated on every TP rank)" \
+    assert (
+        "persistent KV 53.4 GiB per GPU (MLA's latent KV is replicated on every TP rank)"
         in v.reason
+    )
     assert "exceeds the 15.0 GiB free per GPU" in v.reason
     # The least DCP that fits: DCP4 → 13.4 GiB + the 1.1 GiB gather < 15 GiB.
     assert v.suggestion == "DCP4 brings persistent KV to 13.4 GiB per GPU and fits"
@@ -66,8 +69,9 @@ def test_pcp_shards_tokens_and_the_gather_can_overflow_alone():
     assert v.suggestion is not None and v.suggestion.startswith("DCP8 with PCP2 (16 GPUs")
     chunked = ContextDemand(context_tokens=2**20, gather_tokens=8192)
     assert check_capacity(GLM, Parallelism(tp=8, dcp=8), MemoryBudget(7.0), chunked).fits
-    huge_gather = check_capacity(GLM, Parallelism(tp=8, dcp=8), MemoryBudget(8.0),
-                                 ContextDemand(2**20, gather_tokens=2**23))
+    huge_gather = check_capacity(
+        GLM, Parallelism(tp=8, dcp=8), MemoryBudget(8.0), ContextDemand(2**20, gather_tokens=2**23)
+    )
     assert huge_gather.overflowing == "temporary gather"
 
 
@@ -92,19 +96,47 @@ def test_host_pools_checked_per_node():
 
 
 def test_refusals_feed_the_solver():
-    pre = ramp_profile("prefill-tp8", "prefill", 2.0, gpus=8, model="glm", hardware="h200",
-                       parallelism=Parallelism(tp=8))
-    dec = ramp_profile("decode-tp8", "decode", 4.0, gpus=8, model="glm", hardware="h200",
-                       parallelism=Parallelism(tp=8))
-    dcp = ramp_profile("decode-tp8-dcp8", "decode", 3.0, gpus=8, model="glm", hardware="h200",
-                       parallelism=Parallelism(tp=8, dcp=8))
+    pre = ramp_profile(
+        "prefill-tp8",
+        "prefill",
+        2.0,
+        gpus=8,
+        model="glm",
+        hardware="h200",
+        parallelism=Parallelism(tp=8),
+    )
+    dec = ramp_profile(
+        "decode-tp8",
+        "decode",
+        4.0,
+        gpus=8,
+        model="glm",
+        hardware="h200",
+        parallelism=Parallelism(tp=8),
+    )
+    dcp = ramp_profile(
+        "decode-tp8-dcp8",
+        "decode",
+        3.0,
+        gpus=8,
+        model="glm",
+        hardware="h200",
+        parallelism=Parallelism(tp=8, dcp=8),
+    )
     refused = capacity_refusals((pre, dec, dcp), {"glm": GLM}, {"h200": H200_8WAY}, ONE_M)
     assert set(refused) == {"prefill-tp8", "decode-tp8"}
     assert "DCP4 brings persistent KV" in refused["decode-tp8"]
     d = solve(Problem((pre, dec, dcp), Demand(1.0, 2000.0, 200.0), refused=refused))
     assert d.plan is None and d.binding == "capacity"
-    pre_dcp = ramp_profile("prefill-tp8-dcp8", "prefill", 1.5, gpus=8, model="glm",
-                           hardware="h200", parallelism=Parallelism(tp=8, dcp=8))
+    pre_dcp = ramp_profile(
+        "prefill-tp8-dcp8",
+        "prefill",
+        1.5,
+        gpus=8,
+        model="glm",
+        hardware="h200",
+        parallelism=Parallelism(tp=8, dcp=8),
+    )
     profiles = (pre, dec, dcp, pre_dcp)
     refused = capacity_refusals(profiles, {"glm": GLM}, {"h200": H200_8WAY}, ONE_M)
     d = solve(Problem(profiles, Demand(1.0, 2000.0, 200.0), refused=refused))

@@ -19,8 +19,9 @@ from tests.planner.synthetic import ramp_profile
 
 PREFILL = ramp_profile("prefill-tp1", "prefill", 28.0)
 DECODE = ramp_profile("decode-tp1", "decode", 65.0)
-SETTINGS = LoopSettings(up_cooldown_s=60, down_cooldown_s=300, down_window_s=180, max_step=2,
-                        history=5)
+SETTINGS = LoopSettings(
+    up_cooldown_s=60, down_cooldown_s=300, down_window_s=180, max_step=2, history=5
+)
 TICK = 15.0
 
 
@@ -40,20 +41,39 @@ class Run:
 
     def __post_init__(self) -> None:
         self.pools = VirtualActuator(
-            [VirtualPool("prefill", "prefill-tp1", 1, self.prefill),
-             VirtualPool("decode", "decode-tp1", 1, self.decode)],
-            clock=lambda: self.now, schedule_s=5, start_s=45, drain_s=40,
-            cluster_gpus=self.cluster_gpus)
+            [
+                VirtualPool("prefill", "prefill-tp1", 1, self.prefill),
+                VirtualPool("decode", "decode-tp1", 1, self.decode),
+            ],
+            clock=lambda: self.now,
+            schedule_s=5,
+            start_s=45,
+            drain_s=40,
+            cluster_gpus=self.cluster_gpus,
+        )
 
-    def tick(self, rate: float | None, budget: int | None = None, hit: float | None = None,
-             measurements=(), budget_check: bool = True) -> Effects:
+    def tick(
+        self,
+        rate: float | None,
+        budget: int | None = None,
+        hit: float | None = None,
+        measurements=(),
+        budget_check: bool = True,
+    ) -> Effects:
         self.pools.advance(self.now)
         status = self.pools.status()
         held_before = self.pools.held_gpus()
         demand = None if rate is None else Demand(rate, 2000.0, 200.0, hit_rate=hit)
-        inputs = TickInputs(mode=self.mode, pools=status, profiles=(PREFILL, DECODE),
-                            demand=demand, slo=self.slo, budget_gpus=budget, headroom=1.0,
-                            measurements=tuple(measurements))
+        inputs = TickInputs(
+            mode=self.mode,
+            pools=status,
+            profiles=(PREFILL, DECODE),
+            demand=demand,
+            slo=self.slo,
+            budget_gpus=budget,
+            headroom=1.0,
+            measurements=tuple(measurements),
+        )
         self.state, effects = on_tick(self.now, self.state, inputs, self.settings)
         for s in effects.scale:
             self.pools.set_replicas(s.role, s.replicas, self.now)
@@ -224,15 +244,26 @@ def test_phase2_efficiency_corrects_the_profile():
     # The prefill pool delivers half of what its profile says at its load: with
     # 5.46 requests in flight per replica (0.26 s TTFT × 21 req/s) the ramp
     # gives 21 req/s of 2000 uncached tokens; the pool does 10.5.
-    slow = PoolMeasurement(role="prefill", requests=500, in_flight=0.2 * 1.3 * 21.0,
-                           request_rate=10.5, uncached_tokens_per_s=10.5 * 2000,
-                           output_tokens_per_s=10.5)
+    slow = PoolMeasurement(
+        role="prefill",
+        requests=500,
+        in_flight=0.2 * 1.3 * 21.0,
+        request_rate=10.5,
+        uncached_tokens_per_s=10.5 * 2000,
+        output_tokens_per_s=10.5,
+    )
     for _ in range(30):
         effects = run.tick(195.0, measurements=[slow])
     assert run.state.efficiency["prefill-tp1"] == pytest.approx(0.5, abs=0.01)
     assert effects.record.targets["prefill"] == math.ceil(195 / 14)
-    few = PoolMeasurement(role="decode", requests=3, in_flight=1.0, request_rate=0.1,
-                          uncached_tokens_per_s=0, output_tokens_per_s=1.0)
+    few = PoolMeasurement(
+        role="decode",
+        requests=3,
+        in_flight=1.0,
+        request_rate=0.1,
+        uncached_tokens_per_s=0,
+        output_tokens_per_s=1.0,
+    )
     run.tick(195.0, measurements=[few])
     assert "decode-tp1" not in run.state.efficiency  # too few requests to trust
 
@@ -259,8 +290,13 @@ def test_the_virtual_actuator_speaks_the_protocol():
 
     async def one_tick() -> None:
         pools = await run.pools.observe()
-        inputs = TickInputs(mode="Auto", pools=pools, profiles=(PREFILL, DECODE),
-                            demand=Demand(195.0, 2000.0, 200.0), headroom=1.0)
+        inputs = TickInputs(
+            mode="Auto",
+            pools=pools,
+            profiles=(PREFILL, DECODE),
+            demand=Demand(195.0, 2000.0, 200.0),
+            headroom=1.0,
+        )
         run.state, effects = on_tick(run.now, run.state, inputs, SETTINGS)
         await run.pools.apply(effects)
 

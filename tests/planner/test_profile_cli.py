@@ -17,11 +17,33 @@ from tests.planner.synthetic import FIRST_TOKEN_MS, TOKEN_DELAY_MS
 
 def test_profile_writes_a_measured_profile(fake_router, tmp_path):
     out = tmp_path / "profile.yaml"
-    rc = tandem_main(["profile", "--role", "aggregated", "--url", fake_router,
-                      "--concurrencies", "1,2", "--level-s", "4", "--sessions", "3", "--no-verify",
-                      "--think-scale", "0", "--no-progress", "--hardware", "fake",
-                      "--kv-capacity-tokens", "100000", "--out", str(tmp_path / "runs"),
-                      "-o", str(out)])
+    rc = tandem_main(
+        [
+            "profile",
+            "--role",
+            "aggregated",
+            "--url",
+            fake_router,
+            "--concurrencies",
+            "1,2",
+            "--level-s",
+            "4",
+            "--sessions",
+            "3",
+            "--no-verify",
+            "--think-scale",
+            "0",
+            "--no-progress",
+            "--hardware",
+            "fake",
+            "--kv-capacity-tokens",
+            "100000",
+            "--out",
+            str(tmp_path / "runs"),
+            "-o",
+            str(out),
+        ]
+    )
     assert rc == 0
     [profile] = profiles_from_yaml(out.read_text())
     assert profile.source == "measured" and profile.role == "aggregated"
@@ -37,8 +59,10 @@ def test_profile_writes_a_measured_profile(fake_router, tmp_path):
         run = json.loads((tmp_path / "runs" / f"c{c}" / "run.json").read_text())
         ok = [r for r in run["records"] if r["ok"]]
         seconds = run["summary"]["duration_s"]
-        in_engine = sum(FIRST_TOKEN_MS / 1e3 + (r["output_tokens"] - 1) * TOKEN_DELAY_MS / 1e3
-                        for r in ok) / seconds
+        in_engine = (
+            sum(FIRST_TOKEN_MS / 1e3 + (r["output_tokens"] - 1) * TOKEN_DELAY_MS / 1e3 for r in ok)
+            / seconds
+        )
         assert point.in_flight == pytest.approx(in_engine, rel=0.2)
         assert point.in_flight <= sum(r["e2e"] for r in ok) / seconds
         assert point.request_rate == pytest.approx(run["summary"]["requests_per_s"], rel=0.15)
@@ -50,5 +74,19 @@ def test_profile_writes_a_measured_profile(fake_router, tmp_path):
 
 
 def test_profile_refuses_bad_arguments(fake_router, tmp_path):
-    assert tandem_main(["profile", "--role", "prefill", "--url", fake_router,
-                        "--concurrencies", "0,2", "--out", str(tmp_path)]) == 2
+    assert (
+        tandem_main(
+            [
+                "profile",
+                "--role",
+                "prefill",
+                "--url",
+                fake_router,
+                "--concurrencies",
+                "0,2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )

@@ -41,18 +41,21 @@ def bad(mutate) -> str:
 def test_errors_name_the_field():
     assert "config.role 'both'" in bad(lambda d: d["config"].update(role="both"))
     assert "points[2]: concurrency must rise" in bad(
-        lambda d: d["points"][2].update(concurrency=1.0))
+        lambda d: d["points"][2].update(concurrency=1.0)
+    )
     assert "points[0].requestRate must be a number" in bad(
-        lambda d: d["points"][0].update(requestRate="fast"))
+        lambda d: d["points"][0].update(requestRate="fast")
+    )
     assert "points[1]: hitRate must be in [0, 1)" in bad(
-        lambda d: d["points"][1].update(hitRate=1.0))
-    assert "dcp (3) must divide tp (1)" in bad(
-        lambda d: d["config"]["parallelism"].update(dcp=3))
+        lambda d: d["points"][1].update(hitRate=1.0)
+    )
+    assert "dcp (3) must divide tp (1)" in bad(lambda d: d["config"]["parallelism"].update(dcp=3))
     assert "source 'guessed'" in bad(lambda d: d.update(source="guessed"))
     assert "version 7 is not supported" in bad(lambda d: d.update(version=7))
     assert "ttftP90S is below ttftP50S" in bad(lambda d: d["points"][0].update(ttftP90S=0.01))
     assert "inFlight is required in a measured profile" in bad(
-        lambda d: (d.update(source="measured"), d["points"][0].update(inFlight=None)))
+        lambda d: (d.update(source="measured"), d["points"][0].update(inFlight=None))
+    )
 
 
 def test_configmap_errors_name_the_configmap():

@@ -14,22 +14,45 @@ from services.router.routing.policy import Binding, PodView, Policy, RouteInput
 # The router's counters over one 45 s level of the agentic trace on 1P1D with
 # the router's default threshold (the first Phase 2 run): the decode pod
 # prefilled 19 of 21 prompts itself; the prefill pool saw the 2 least cached.
-DEFAULT_ROUTING = Window(45.0, {
-    "prefill": PoolCounters(prompts=2, prompt_tokens=2825, cached_tokens=512,
-                            busy_seconds=60.2),
-    "decode": PoolCounters(prompts=19, prompt_tokens=31367, cached_tokens=28544,
-                           generations=21, output_tokens=612, busy_seconds=164.9)})
+DEFAULT_ROUTING = Window(
+    45.0,
+    {
+        "prefill": PoolCounters(
+            prompts=2, prompt_tokens=2825, cached_tokens=512, busy_seconds=60.2
+        ),
+        "decode": PoolCounters(
+            prompts=19,
+            prompt_tokens=31367,
+            cached_tokens=28544,
+            generations=21,
+            output_tokens=612,
+            busy_seconds=164.9,
+        ),
+    },
+)
 # The same traffic with every prompt through the prefill pool.
-EVERY_PROMPT_REMOTE = Window(45.0, {
-    "prefill": PoolCounters(prompts=21, prompt_tokens=34192, cached_tokens=29056,
-                            busy_seconds=80.0),
-    "decode": PoolCounters(generations=21, output_tokens=84, busy_seconds=9.0)})
+EVERY_PROMPT_REMOTE = Window(
+    45.0,
+    {
+        "prefill": PoolCounters(
+            prompts=21, prompt_tokens=34192, cached_tokens=29056, busy_seconds=80.0
+        ),
+        "decode": PoolCounters(generations=21, output_tokens=84, busy_seconds=9.0),
+    },
+)
 
 
 def _run(requests: int, hit_rate: float) -> dict:
-    summary = {"output_tokens": 4 * requests, "duration_s": 45.0, "prompt_tokens": 34192,
-               "hit_rate": hit_rate, "ttft_p50": 1.0, "ttft_p90": 2.0, "itl_p50": 0.1,
-               "interactivity_p90": 5.0}
+    summary = {
+        "output_tokens": 4 * requests,
+        "duration_s": 45.0,
+        "prompt_tokens": 34192,
+        "hit_rate": hit_rate,
+        "ttft_p50": 1.0,
+        "ttft_p90": 2.0,
+        "itl_p50": 0.1,
+        "interactivity_p90": 5.0,
+    }
     return {"summary": summary, "records": [{"ok": True, "ttft": 1.0, "e2e": 1.3}] * requests}
 
 
@@ -59,9 +82,12 @@ def test_aggregated_and_missing_counters_need_no_check():
 
 
 def test_the_profile_router_args_send_a_short_uncached_prompt_to_the_prefill_pool():
-    settings = parse_settings(["--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2",
-                               *PD_PROFILE_ROUTER_ARGS])
-    views = [PodView(name="p1", role="prefill"),
-             PodView(name="d1", role="decode", cached_tokens=3968)]
+    settings = parse_settings(
+        ["--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2", *PD_PROFILE_ROUTER_ARGS]
+    )
+    views = [
+        PodView(name="p1", role="prefill"),
+        PodView(name="d1", role="decode", cached_tokens=3968),
+    ]
     choice = Policy(settings.routing.policy).choose(RouteInput(4000, views, "s", Binding("d1")))
     assert choice.prefill_pod == "p1" and choice.local_prefill is None

@@ -51,8 +51,7 @@ def test_more_cache_hits_shrink_prefill_only():
 def test_slos_the_figures_cannot_check_are_refused_by_name():
     d = solve(Problem(DEEPSEEK, DAY, Slo(ttft_p90_s=2.0), headroom=1.0))
     assert d.plan is None
-    assert any("deepseek-v3-h800-prefill-ep32: the profile has no TTFT p90" in r
-               for r in d.reasons)
+    assert any("deepseek-v3-h800-prefill-ep32: the profile has no TTFT p90" in r for r in d.reasons)
     assert any(c.startswith("measure the configurations (tandem profile)") for c in d.changes)
     d = solve(Problem(DEEPSEEK, DAY, Slo(interactivity_p90=30.0), headroom=1.0))
     assert d.plan is None and d.binding == "slo"

@@ -27,14 +27,29 @@ from services.router.metrics import RouterMetrics
 
 
 def test_window_sums_replicas_and_survives_a_restart():
-    a0 = RouterSample(0.0, {"prefill": PoolCounters(10, 10_000, 6_000, 0, 0, 5.0),
-                            "decode": PoolCounters(0, 0, 0, 10, 1000, 20.0)})
+    a0 = RouterSample(
+        0.0,
+        {
+            "prefill": PoolCounters(10, 10_000, 6_000, 0, 0, 5.0),
+            "decode": PoolCounters(0, 0, 0, 10, 1000, 20.0),
+        },
+    )
     b0 = RouterSample(0.5, {"decode": PoolCounters(0, 0, 0, 4, 400, 8.0)})
-    a1 = RouterSample(10.0, {"prefill": PoolCounters(30, 30_000, 18_000, 0, 0, 15.0),
-                             "decode": PoolCounters(0, 0, 0, 30, 3000, 60.0)})
+    a1 = RouterSample(
+        10.0,
+        {
+            "prefill": PoolCounters(30, 30_000, 18_000, 0, 0, 15.0),
+            "decode": PoolCounters(0, 0, 0, 30, 3000, 60.0),
+        },
+    )
     # Replica b restarted (its decode counters went down): they count from zero.
-    b1 = RouterSample(10.5, {"prefill": PoolCounters(5, 5_000, 0, 0, 0, 2.0),
-                             "decode": PoolCounters(0, 0, 0, 3, 300, 6.0)})
+    b1 = RouterSample(
+        10.5,
+        {
+            "prefill": PoolCounters(5, 5_000, 0, 0, 0, 2.0),
+            "decode": PoolCounters(0, 0, 0, 3, 300, 6.0),
+        },
+    )
     w = window({"a": a0, "b": b0}, {"a": a1, "b": b1})
     assert w.seconds == 10.0
     assert w.pools["prefill"] == PoolCounters(25, 25_000, 12_000, 0, 0, 12.0)
@@ -66,10 +81,16 @@ async def test_scraping_a_real_router_gives_the_demand_it_served(fake_router):
         assert await source.window(time.monotonic()) is None  # the first round only samples
         start = time.monotonic()
         async with httpx.AsyncClient(base_url=router, timeout=30) as client:
+
             async def one(i: int) -> dict:
-                r = await client.post("/v1/chat/completions", json={
-                    "model": MODEL_NAME, "max_tokens": 5,
-                    "messages": [{"role": "user", "content": f"question {i} " * (i + 1)}]})
+                r = await client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": MODEL_NAME,
+                        "max_tokens": 5,
+                        "messages": [{"role": "user", "content": f"question {i} " * (i + 1)}],
+                    },
+                )
                 assert r.status_code == 200, r.text
                 return r.json()["usage"]
 
@@ -90,7 +111,6 @@ async def test_scraping_a_real_router_gives_the_demand_it_served(fake_router):
     assert d.hit_rate == 0.0  # the fake engine reports no cached tokens
     m = measurements_of(w, {"aggregated": 1})[0]
     assert m.in_flight == pytest.approx(pool.busy_seconds / w.seconds)
-
 
 
 class RouterStandIns:

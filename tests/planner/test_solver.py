@@ -30,11 +30,23 @@ SHAPE = {"mean_input_tokens": 2000.0, "mean_output_tokens": 200.0}
 NO_SLO = Slo()
 
 
-def problem(rate: float | None, budget: int | None = None, headroom: float = 1.0,
-            profiles=(PREFILL, DECODE), slo: Slo = NO_SLO, hit: float | None = None,
-            **kw) -> Problem:
-    return Problem(profiles=tuple(profiles), demand=Demand(rate, hit_rate=hit, **SHAPE),
-                   slo=slo, budget_gpus=budget, headroom=headroom, **kw)
+def problem(
+    rate: float | None,
+    budget: int | None = None,
+    headroom: float = 1.0,
+    profiles=(PREFILL, DECODE),
+    slo: Slo = NO_SLO,
+    hit: float | None = None,
+    **kw,
+) -> Problem:
+    return Problem(
+        profiles=tuple(profiles),
+        demand=Demand(rate, hit_rate=hit, **SHAPE),
+        slo=slo,
+        budget_gpus=budget,
+        headroom=headroom,
+        **kw,
+    )
 
 
 def test_seeds_example_demand_gives_seven_to_three():
@@ -63,8 +75,10 @@ def test_budget_bound_says_how_many_gpus_meet_the_demand():
     assert d.plan is not None and d.plan.gpus <= 10
     assert d.plan.capacity_rps == pytest.approx(195.0)
     # 1000 / 28 → 36 prefill groups, 1000 / 65 → 16 decode groups.
-    assert any("needs 52 GPUs (36P prefill-tp1 + 16D decode-tp1): raise the budget by 42" in c
-               for c in d.changes), d.changes
+    assert any(
+        "needs 52 GPUs (36P prefill-tp1 + 16D decode-tp1): raise the budget by 42" in c
+        for c in d.changes
+    ), d.changes
 
 
 def test_demand_bound_reports_utilization_and_the_next_step():
@@ -76,8 +90,9 @@ def test_demand_bound_reports_utilization_and_the_next_step():
     assert pre.utilization == pytest.approx(100 / 140)
     assert dec.utilization == pytest.approx(100 / 130)
     # The decode pool fills first: 130 / 1.2 = 108 req/s of demand.
-    assert any("holds up to 108 req/s" in c and "decode pool needs another group" in c
-               for c in d.changes), d.changes
+    assert any(
+        "holds up to 108 req/s" in c and "decode pool needs another group" in c for c in d.changes
+    ), d.changes
 
 
 def test_slo_bound_costs_prefill_groups_and_says_so():
@@ -175,32 +190,51 @@ def test_picks_the_cheaper_configuration_per_gpu():
 
 # -- aggregated against disaggregated: the issue's CPU figures ------------------------------
 
-def cpu_profile(name: str, role, points: list[tuple[float, float, float, float, float]],
-                hit: float) -> EngineProfile:
+
+def cpu_profile(
+    name: str, role, points: list[tuple[float, float, float, float, float]], hit: float
+) -> EngineProfile:
     """Points (concurrency, req/s, TTFT p90 s, interactivity tok/s, in flight) on one core,
     the small agentic trace's shape (~1.9K-token prompts, ~24-token outputs)."""
     isl, osl = 1900.0, 24.0
     out = 1.0 if role == "prefill" else osl
-    pts = tuple(ProfilePoint(concurrency=c, request_rate=r, input_tokens_per_s=r * isl,
-                             output_tokens_per_s=r * out, ttft_p50_s=ttft * 0.4,
-                             ttft_p90_s=ttft, hit_rate=hit, in_flight=inf,
-                             itl_s=1 / inter, interactivity_p90=inter)
-                for c, r, ttft, inter, inf in points)
-    return EngineProfile(EngineConfig(name, role, "smollm2", 1, hardware="cpu-core"), pts,
-                         source="measured")
+    pts = tuple(
+        ProfilePoint(
+            concurrency=c,
+            request_rate=r,
+            input_tokens_per_s=r * isl,
+            output_tokens_per_s=r * out,
+            ttft_p50_s=ttft * 0.4,
+            ttft_p90_s=ttft,
+            hit_rate=hit,
+            in_flight=inf,
+            itl_s=1 / inter,
+            interactivity_p90=inter,
+        )
+        for c, r, ttft, inter, inf in points
+    )
+    return EngineProfile(
+        EngineConfig(name, role, "smollm2", 1, hardware="cpu-core"), pts, source="measured"
+    )
 
 
 def test_disaggregation_does_not_pay_under_kv_pressure():
     # 64 KV blocks per engine: 1P1D gave hit 76% and TTFT p90 16.8 s where two
     # aggregated engines on the same two cores gave 81% and 2.6 s at the same load.
-    agg = cpu_profile("agg", "aggregated", [(1, 0.25, 1.2, 20, 0.5), (2, 0.4, 2.6, 15, 1.1)],
-                      hit=0.81)
-    pre = cpu_profile("pre", "prefill", [(1, 0.2, 3.0, 30, 0.6), (2, 0.4, 16.8, 30, 2.4)],
-                      hit=0.76)
-    dec = cpu_profile("dec", "decode", [(1, 0.5, 0.5, 30, 0.4), (2, 0.8, 0.6, 25, 0.8)],
-                      hit=0.76)
-    d = solve(Problem((agg, pre, dec), Demand(0.8, 1900.0, 24.0), Slo(ttft_p90_s=5.0),
-                      budget_gpus=2, headroom=1.0))
+    agg = cpu_profile(
+        "agg", "aggregated", [(1, 0.25, 1.2, 20, 0.5), (2, 0.4, 2.6, 15, 1.1)], hit=0.81
+    )
+    pre = cpu_profile("pre", "prefill", [(1, 0.2, 3.0, 30, 0.6), (2, 0.4, 16.8, 30, 2.4)], hit=0.76)
+    dec = cpu_profile("dec", "decode", [(1, 0.5, 0.5, 30, 0.4), (2, 0.8, 0.6, 25, 0.8)], hit=0.76)
+    d = solve(
+        Problem(
+            (agg, pre, dec),
+            Demand(0.8, 1900.0, 24.0),
+            Slo(ttft_p90_s=5.0),
+            budget_gpus=2,
+            headroom=1.0,
+        )
+    )
     assert d.plan is not None and d.plan.kind == "aggregated"
     assert d.plan.pools[0].replicas == 2
     # P/D fits the budget but its TTFT p90 reaches 5 s at 0.23 req/s: 3 s +
@@ -213,20 +247,23 @@ def test_disaggregation_does_not_pay_under_kv_pressure():
 
 def test_disaggregation_pays_when_interactivity_is_the_slo():
     # Less KV pressure: 1P1D bought 1.5× the P90 interactivity at half the throughput.
-    agg = cpu_profile("agg", "aggregated", [(1, 0.3, 0.8, 20, 0.4), (2, 0.5, 1.5, 16, 1.0)],
-                      hit=0.85)
-    pre = cpu_profile("pre", "prefill", [(1, 0.3, 0.6, 30, 0.3), (2, 0.5, 1.2, 30, 0.7)],
-                      hit=0.85)
-    dec = cpu_profile("dec", "decode", [(1, 0.3, 0.6, 30, 0.3), (2, 0.5, 0.9, 24, 0.6)],
-                      hit=0.85)
+    agg = cpu_profile(
+        "agg", "aggregated", [(1, 0.3, 0.8, 20, 0.4), (2, 0.5, 1.5, 16, 1.0)], hit=0.85
+    )
+    pre = cpu_profile("pre", "prefill", [(1, 0.3, 0.6, 30, 0.3), (2, 0.5, 1.2, 30, 0.7)], hit=0.85)
+    dec = cpu_profile("dec", "decode", [(1, 0.3, 0.6, 30, 0.3), (2, 0.5, 0.9, 24, 0.6)], hit=0.85)
     no_slo = solve(Problem((agg, pre, dec), Demand(None, 1900.0, 24.0), budget_gpus=2))
     assert no_slo.plan.kind == "aggregated"  # 2 × 0.5 req/s against 1 × 0.5
     assert no_slo.plan.capacity_rps == pytest.approx(2 * no_slo.best_disaggregated.capacity_rps)
-    fast = solve(Problem((agg, pre, dec), Demand(None, 1900.0, 24.0),
-                         Slo(interactivity_p90=22.0), budget_gpus=2))
+    fast = solve(
+        Problem(
+            (agg, pre, dec), Demand(None, 1900.0, 24.0), Slo(interactivity_p90=22.0), budget_gpus=2
+        )
+    )
     assert fast.plan.kind == "disaggregated"
-    assert any("P90 interactivity is 20.0 tok/s already at the lowest" in r
-               for r in fast.reasons), fast.reasons
+    assert any(
+        "P90 interactivity is 20.0 tok/s already at the lowest" in r for r in fast.reasons
+    ), fast.reasons
 
 
 def test_aggregated_capacity_is_rescaled_by_request_cost():
@@ -251,8 +288,15 @@ gpus = st.integers(min_value=1, max_value=4)
 
 
 @settings(max_examples=150, deadline=None)
-@given(a=rates, b=rates, ga=gpus, gd=gpus, demand=st.floats(1.0, 500.0),
-       more=st.floats(0.0, 500.0), budget=st.one_of(st.none(), st.integers(2, 80)))
+@given(
+    a=rates,
+    b=rates,
+    ga=gpus,
+    gd=gpus,
+    demand=st.floats(1.0, 500.0),
+    more=st.floats(0.0, 500.0),
+    budget=st.one_of(st.none(), st.integers(2, 80)),
+)
 def test_more_demand_never_lowers_total_capacity(a, b, ga, gd, demand, more, budget):
     profiles = (ramp_profile("p", "prefill", a, gpus=ga), ramp_profile("d", "decode", b, gpus=gd))
     lo = solve(problem(demand, budget=budget, profiles=profiles))
@@ -264,8 +308,13 @@ def test_more_demand_never_lowers_total_capacity(a, b, ga, gd, demand, more, bud
 
 
 @settings(max_examples=150, deadline=None)
-@given(a=rates, b=rates, g=gpus, demand=st.one_of(st.none(), st.floats(1.0, 500.0)),
-       budget=st.integers(2, 80))
+@given(
+    a=rates,
+    b=rates,
+    g=gpus,
+    demand=st.one_of(st.none(), st.floats(1.0, 500.0)),
+    budget=st.integers(2, 80),
+)
 def test_the_faster_side_never_gets_more_groups_at_equal_cost(a, b, g, demand, budget):
     profiles = (ramp_profile("p", "prefill", a, gpus=g), ramp_profile("d", "decode", b, gpus=g))
     d = solve(problem(demand, budget=budget, profiles=profiles))
@@ -280,12 +329,23 @@ def test_the_faster_side_never_gets_more_groups_at_equal_cost(a, b, g, demand, b
 
 
 @settings(max_examples=150, deadline=None)
-@given(a=rates, b=rates, c=rates, ga=gpus, gd=gpus, gc=gpus,
-       demand=st.one_of(st.none(), st.floats(1.0, 1000.0)), budget=st.integers(1, 60),
-       slo=st.one_of(st.none(), st.floats(0.15, 2.0)))
+@given(
+    a=rates,
+    b=rates,
+    c=rates,
+    ga=gpus,
+    gd=gpus,
+    gc=gpus,
+    demand=st.one_of(st.none(), st.floats(1.0, 1000.0)),
+    budget=st.integers(1, 60),
+    slo=st.one_of(st.none(), st.floats(0.15, 2.0)),
+)
 def test_budget_is_never_exceeded(a, b, c, ga, gd, gc, demand, budget, slo):
-    profiles = (ramp_profile("p", "prefill", a, gpus=ga), ramp_profile("d", "decode", b, gpus=gd),
-                ramp_profile("agg", "aggregated", c, gpus=gc))
+    profiles = (
+        ramp_profile("p", "prefill", a, gpus=ga),
+        ramp_profile("d", "decode", b, gpus=gd),
+        ramp_profile("agg", "aggregated", c, gpus=gc),
+    )
     d = solve(problem(demand, budget=budget, profiles=profiles, slo=Slo(ttft_p90_s=slo)))
     if d.plan is None:
         assert d.binding in ("budget", "slo")
@@ -300,9 +360,16 @@ def test_integer_search_matches_brute_force(a, b, ga, gd, budget):
     pre = operating_point(ramp_profile("p", "prefill", a, gpus=ga), Demand(None, 2000, 200), Slo())
     dec = operating_point(ramp_profile("d", "decode", b, gpus=gd), Demand(None, 2000, 200), Slo())
     plan = size_disaggregated(pre, dec, None, budget, 1, None)
-    best = max((min(p * a, d * b), -(p * ga + d * gd))
-               for p in range(1, budget + 1) for d in range(1, budget + 1)
-               if p * ga + d * gd <= budget) if ga + gd <= budget else None
+    best = (
+        max(
+            (min(p * a, d * b), -(p * ga + d * gd))
+            for p in range(1, budget + 1)
+            for d in range(1, budget + 1)
+            if p * ga + d * gd <= budget
+        )
+        if ga + gd <= budget
+        else None
+    )
     if best is None:
         assert plan is None
         return
@@ -311,10 +378,16 @@ def test_integer_search_matches_brute_force(a, b, ga, gd, budget):
 
 
 def test_fixed_plan_says_what_a_given_sizing_serves():
-    plan = fixed_plan(problem(100.0), {"prefill": 2, "decode": 1},
-                      {"prefill": "prefill-tp1", "decode": "decode-tp1"})
+    plan = fixed_plan(
+        problem(100.0),
+        {"prefill": 2, "decode": 1},
+        {"prefill": "prefill-tp1", "decode": "decode-tp1"},
+    )
     assert plan.capacity_rps == pytest.approx(56.0) and plan.ratio == 2.0
     assert plan.pool("prefill").utilization == pytest.approx(100 / 56)
-    refused = fixed_plan(problem(100.0, slo=Slo(ttft_p90_s=0.1)), {"prefill": 1, "decode": 1},
-                         {"prefill": "prefill-tp1", "decode": "decode-tp1"})
+    refused = fixed_plan(
+        problem(100.0, slo=Slo(ttft_p90_s=0.1)),
+        {"prefill": 1, "decode": 1},
+        {"prefill": "prefill-tp1", "decode": "decode-tp1"},
+    )
     assert isinstance(refused, Rejection) and refused.limit == "ttft_p90"

@@ -27,12 +27,22 @@ class FakeRouter:
     POST /v1/chat/completions streams "one", waits for `finish(X)`, streams
     "two". {"id": X, "fail": true} raises instead."""
 
-    def __init__(self, *, running: int = 2, queued: int = 2, timeout: float = 30.0,
-                 api_keys: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        running: int = 2,
+        queued: int = 2,
+        timeout: float = 30.0,
+        api_keys: tuple[str, ...] = (),
+    ) -> None:
         self.metrics = RouterMetrics()
-        settings = RouterSettings(engines=["fake:1"], admission=AdmissionSettings(
-            max_concurrent_requests=running, max_queued_requests=queued,
-            queue_timeout_s=timeout), api_keys=api_keys)
+        settings = RouterSettings(
+            engines=["fake:1"],
+            admission=AdmissionSettings(
+                max_concurrent_requests=running, max_queued_requests=queued, queue_timeout_s=timeout
+            ),
+            api_keys=api_keys,
+        )
         self.started: list[str] = []
         self._gates: dict[str, asyncio.Event] = {}
         app = FastAPI()
@@ -72,7 +82,8 @@ class FakeRouter:
 
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
-            base_url="http://router")
+            base_url="http://router",
+        )
 
     async def _enter(self, body: dict) -> None:
         self.started.append(body["id"])
@@ -190,8 +201,10 @@ async def test_disconnect_message_while_queued_leaves_the_queue():
 
     held = await limiter.acquire()
     left = asyncio.Event()
-    messages = [{"type": "http.request", "body": b'{"x":', "more_body": True},
-                {"type": "http.request", "body": b"1}", "more_body": False}]
+    messages = [
+        {"type": "http.request", "body": b'{"x":', "more_body": True},
+        {"type": "http.request", "body": b"1}", "more_body": False},
+    ]
 
     async def receive():
         if messages:
@@ -221,8 +234,10 @@ async def test_body_is_replayed_to_the_endpoint():
     async def downstream(scope, receive, send):
         seen.append(await receive())
 
-    messages = [{"type": "http.request", "body": b"ab", "more_body": True},
-                {"type": "http.request", "body": b"cd", "more_body": False}]
+    messages = [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cd", "more_body": False},
+    ]
 
     async def receive():
         return messages.pop(0) if messages else await asyncio.Event().wait()
@@ -299,8 +314,12 @@ async def test_health_metrics_and_models_are_never_queued():
         assert (await r.client.get(path)).status_code == 200, path
     metrics = (await r.client.get("/metrics")).json()
     assert metric_value(metrics, "tandem_router_requests_running") == 1
-    assert metric_value(metrics, "tandem_router_requests_total",
-                        'endpoint="/v1/completions",status="429"') == 1
+    assert (
+        metric_value(
+            metrics, "tandem_router_requests_total", 'endpoint="/v1/completions",status="429"'
+        )
+        == 1
+    )
     r.finish("a")
     await a
 
@@ -348,4 +367,3 @@ def test_admission_flags_and_environment(monkeypatch):
     for bad in (["--max-concurrent-requests", "-1"], ["--queue-timeout-s", "0"]):
         with pytest.raises(SystemExit):
             parse_settings(["--engine", "e:1", *bad])
-

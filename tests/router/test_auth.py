@@ -45,9 +45,9 @@ async def test_missing_key_is_401(router, path):
 
 async def test_wrong_key_is_401_without_echo(router):
     wrong = "sk-wrong-secret-123"
-    message = assert_401(await router.get("/v1/models",
-                                          headers={"Authorization": f"Bearer {wrong}"}),
-                         sent_key=wrong)
+    message = assert_401(
+        await router.get("/v1/models", headers={"Authorization": f"Bearer {wrong}"}), sent_key=wrong
+    )
     assert message == "Incorrect API key provided"
     # A prefix or extension of a real key is not that key.
     for near in ("key-on", "key-one2"):
@@ -64,8 +64,9 @@ async def test_malformed_header_is_401(router, header):
 async def test_right_key_reaches_the_endpoint(router, key):
     # An empty body fails validation in the endpoint: a 400, not a 401, shows
     # that the key was accepted and the request got past the middleware.
-    response = await router.post("/v1/chat/completions", json={},
-                                 headers={"Authorization": f"bearer {key}"})
+    response = await router.post(
+        "/v1/chat/completions", json={}, headers={"Authorization": f"bearer {key}"}
+    )
     assert response.status_code == 400, response.text
 
 
@@ -75,12 +76,14 @@ async def test_metrics_stay_open_and_count_failures(router):
     await router.get("/v1/models", headers={"Authorization": "Bearer nope"})
     response = await router.get("/metrics")
     assert response.status_code == 200
-    assert metric_value(response.text, "tandem_router_auth_failures_total",
-                        'reason="missing"') == 1
-    assert metric_value(response.text, "tandem_router_auth_failures_total",
-                        'reason="invalid"') == 2
-    assert metric_value(response.text, "tandem_router_requests_total",
-                        'endpoint="/v1/models",status="401"') == 3
+    assert metric_value(response.text, "tandem_router_auth_failures_total", 'reason="missing"') == 1
+    assert metric_value(response.text, "tandem_router_auth_failures_total", 'reason="invalid"') == 2
+    assert (
+        metric_value(
+            response.text, "tandem_router_requests_total", 'endpoint="/v1/models",status="401"'
+        )
+        == 3
+    )
 
 
 async def test_health_stays_open():
@@ -127,8 +130,18 @@ def test_keys_from_flags_file_and_environment(tmp_path, monkeypatch):
     path = tmp_path / "keys"
     path.write_text("# comment\nfile-key\nflag-a\n")
     monkeypatch.setenv("TANDEM_ROUTER_API_KEYS", "env-a, env-b")
-    s = parse_settings(["--engine", "e:1", "--api-key", "flag-a", "--api-key", "flag-b,flag-c",
-                        "--api-keys-file", str(path)])
+    s = parse_settings(
+        [
+            "--engine",
+            "e:1",
+            "--api-key",
+            "flag-a",
+            "--api-key",
+            "flag-b,flag-c",
+            "--api-keys-file",
+            str(path),
+        ]
+    )
     assert s.api_keys == ("env-a", "env-b", "flag-a", "flag-b", "flag-c", "file-key")
     assert "flag-a" not in repr(s) and "env-a" not in repr(s)
 

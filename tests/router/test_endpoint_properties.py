@@ -27,8 +27,7 @@ from tests.helpers import ANY_JSON, JSON_SCALARS
 
 HOST = "127.0.0.1"
 STARTUP_S = 120.0
-EXAMPLES = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,14 +39,46 @@ def router(tmp_path_factory):
     model_dir = str(resolve_model(None))
     try:
         engine_port, port = free_port(), free_port()
-        fake, _ = procs.launch("fake-engine", [
-            sys.executable, "-m", "bench.router_fakes", "grpc", "--host", HOST,
-            "--port", str(engine_port), "--model-path", model_dir, "--token-text", "ok"], cpus)
+        fake, _ = procs.launch(
+            "fake-engine",
+            [
+                sys.executable,
+                "-m",
+                "bench.router_fakes",
+                "grpc",
+                "--host",
+                HOST,
+                "--port",
+                str(engine_port),
+                "--model-path",
+                model_dir,
+                "--token-text",
+                "ok",
+            ],
+            cpus,
+        )
         wait_grpc_serving(f"{HOST}:{engine_port}", fake, time.monotonic() + STARTUP_S)
-        proc, _ = procs.launch("router", [
-            sys.executable, "-m", "services.router", "--host", HOST, "--port", str(port),
-            "--engine", f"{HOST}:{engine_port}", "--model", model_dir,
-            "--chat-template", str(CHATML_TOOLS), "--tool-call-parser", "hermes"], cpus)
+        proc, _ = procs.launch(
+            "router",
+            [
+                sys.executable,
+                "-m",
+                "services.router",
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--engine",
+                f"{HOST}:{engine_port}",
+                "--model",
+                model_dir,
+                "--chat-template",
+                str(CHATML_TOOLS),
+                "--tool-call-parser",
+                "hermes",
+            ],
+            cpus,
+        )
         url = f"http://{HOST}:{port}"
         wait_http_ok(f"{url}/health", proc, time.monotonic() + STARTUP_S)
         with httpx.Client(base_url=url, timeout=60) as client:
@@ -72,14 +103,23 @@ def answered(client: httpx.Client, path: str, body: object) -> httpx.Response:
 
 SMALL = st.integers(1, 8)  # keeps generated answers short where the body is valid
 
-MESSAGES = st.fixed_dictionaries({"model": st.just(MODEL_NAME),
-                                  "max_tokens": SMALL | JSON_SCALARS,
-                                  "messages": ANY_JSON | st.just(
-                                      [{"role": "user", "content": "hi"}])},
-                                 optional={"system": ANY_JSON, "tools": ANY_JSON,
-                                           "tool_choice": ANY_JSON, "stream": st.booleans(),
-                                           "stop_sequences": ANY_JSON, "metadata": ANY_JSON,
-                                           "thinking": ANY_JSON, "temperature": JSON_SCALARS})
+MESSAGES = st.fixed_dictionaries(
+    {
+        "model": st.just(MODEL_NAME),
+        "max_tokens": SMALL | JSON_SCALARS,
+        "messages": ANY_JSON | st.just([{"role": "user", "content": "hi"}]),
+    },
+    optional={
+        "system": ANY_JSON,
+        "tools": ANY_JSON,
+        "tool_choice": ANY_JSON,
+        "stream": st.booleans(),
+        "stop_sequences": ANY_JSON,
+        "metadata": ANY_JSON,
+        "thinking": ANY_JSON,
+        "temperature": JSON_SCALARS,
+    },
+)
 
 
 @EXAMPLES
@@ -95,14 +135,19 @@ def test_messages_count_tokens_never_5xx(router, body):
     answered(router, "/v1/messages/count_tokens", body)
 
 
-RESPONSES = st.fixed_dictionaries({"model": st.just(MODEL_NAME),
-                                   "input": ANY_JSON | st.just("hi")},
-                                  optional={"instructions": ANY_JSON, "tools": ANY_JSON,
-                                            "tool_choice": ANY_JSON, "text": ANY_JSON,
-                                            "stream": st.booleans(),
-                                            "max_output_tokens": SMALL | JSON_SCALARS,
-                                            "previous_response_id": JSON_SCALARS,
-                                            "parallel_tool_calls": JSON_SCALARS})
+RESPONSES = st.fixed_dictionaries(
+    {"model": st.just(MODEL_NAME), "input": ANY_JSON | st.just("hi")},
+    optional={
+        "instructions": ANY_JSON,
+        "tools": ANY_JSON,
+        "tool_choice": ANY_JSON,
+        "text": ANY_JSON,
+        "stream": st.booleans(),
+        "max_output_tokens": SMALL | JSON_SCALARS,
+        "previous_response_id": JSON_SCALARS,
+        "parallel_tool_calls": JSON_SCALARS,
+    },
+)
 
 
 @EXAMPLES
@@ -112,13 +157,23 @@ def test_responses_never_5xx(router, body):
     answered(router, "/v1/responses", body)
 
 
-CHAT = st.fixed_dictionaries({"model": st.just(MODEL_NAME),
-                              "messages": ANY_JSON | st.just([{"role": "user", "content": "hi"}]),
-                              "max_tokens": SMALL},
-                             optional={"tools": ANY_JSON, "tool_choice": ANY_JSON,
-                                       "response_format": ANY_JSON, "n": JSON_SCALARS,
-                                       "logprobs": JSON_SCALARS, "top_logprobs": JSON_SCALARS,
-                                       "seed": JSON_SCALARS, "stream": st.booleans()})
+CHAT = st.fixed_dictionaries(
+    {
+        "model": st.just(MODEL_NAME),
+        "messages": ANY_JSON | st.just([{"role": "user", "content": "hi"}]),
+        "max_tokens": SMALL,
+    },
+    optional={
+        "tools": ANY_JSON,
+        "tool_choice": ANY_JSON,
+        "response_format": ANY_JSON,
+        "n": JSON_SCALARS,
+        "logprobs": JSON_SCALARS,
+        "top_logprobs": JSON_SCALARS,
+        "seed": JSON_SCALARS,
+        "stream": st.booleans(),
+    },
+)
 
 
 @EXAMPLES
@@ -128,15 +183,28 @@ def test_chat_with_agent_fields_never_5xx(router, body):
 
 
 @EXAMPLES
-@given(st.fixed_dictionaries({}, optional={"model": JSON_SCALARS, "prompt": ANY_JSON,
-                                           "messages": ANY_JSON, "tools": ANY_JSON,
-                                           "add_special_tokens": JSON_SCALARS}))
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "model": JSON_SCALARS,
+            "prompt": ANY_JSON,
+            "messages": ANY_JSON,
+            "tools": ANY_JSON,
+            "add_special_tokens": JSON_SCALARS,
+        },
+    )
+)
 def test_tokenize_never_5xx(router, body):
     answered(router, "/tokenize", body)
 
 
 @EXAMPLES
-@given(st.fixed_dictionaries({"tokens": ANY_JSON | st.lists(st.integers(-2**40, 2**40))},
-                             optional={"model": JSON_SCALARS}))
+@given(
+    st.fixed_dictionaries(
+        {"tokens": ANY_JSON | st.lists(st.integers(-(2**40), 2**40))},
+        optional={"model": JSON_SCALARS},
+    )
+)
 def test_detokenize_never_5xx(router, body):
     answered(router, "/detokenize", body)

@@ -18,8 +18,10 @@ def _client(**settings) -> httpx.AsyncClient:
 
 async def test_messages_validation_error_is_anthropic_shaped():
     async with _client() as router:
-        response = await router.post("/v1/messages", json={
-            "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})
+        response = await router.post(
+            "/v1/messages",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
+        )
     assert response.status_code == 400
     body = response.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
@@ -40,8 +42,9 @@ async def test_missing_key_is_an_anthropic_authentication_error():
 
 async def test_responses_errors_are_openai_shaped():
     async with _client() as router:
-        response = await router.post("/v1/responses", json={"model": "m", "input": "hi",
-                                                             "max_output_tokens": 0})
+        response = await router.post(
+            "/v1/responses", json={"model": "m", "input": "hi", "max_output_tokens": 0}
+        )
         missing = await router.post("/v1/messages/nope", json={})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "max_output_tokens"

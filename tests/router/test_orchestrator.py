@@ -23,8 +23,12 @@ from tests.helpers import metric_value
 
 
 def _unavailable() -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
-                                grpc.aio.Metadata(), details="connection refused")
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="connection refused",
+    )
 
 
 class _Call:
@@ -54,15 +58,23 @@ class FakeStub:
         self.calls.append(("Prefill", req))
         if self.dead:
             raise _unavailable()
-        return pb.PrefillResponse(kv_transfer_params_json='{"remote": 1}',
-                                  prompt_tokens=len(req.token_ids),
-                                  cached_tokens=self.cached_tokens)
+        return pb.PrefillResponse(
+            kv_transfer_params_json='{"remote": 1}',
+            prompt_tokens=len(req.token_ids),
+            cached_tokens=self.cached_tokens,
+        )
 
     def Generate(self, req, **_):
         self.calls.append(("Generate", req))
-        final = pb.GenerateResponse(text="hi", finish_reason="stop", usage=pb.Usage(
-            prompt_tokens=len(req.token_ids), completion_tokens=1,
-            cached_tokens=self.cached_tokens))
+        final = pb.GenerateResponse(
+            text="hi",
+            finish_reason="stop",
+            usage=pb.Usage(
+                prompt_tokens=len(req.token_ids),
+                completion_tokens=1,
+                cached_tokens=self.cached_tokens,
+            ),
+        )
         return _Call([final], _unavailable() if self.dead else None)
 
     async def ReleaseKv(self, req, **_):
@@ -73,8 +85,9 @@ class FakeStub:
 def _setup(specs, threshold=0, retention=None, **policy):
     """specs: (role, stub) or (role, stub, pool) per pod."""
     metrics = RouterMetrics()
-    settings = RoutingSettings(block_size=16, policy=PolicySettings(
-        remote_prefill_threshold=threshold, **policy))
+    settings = RoutingSettings(
+        block_size=16, policy=PolicySettings(remote_prefill_threshold=threshold, **policy)
+    )
     core = RoutingCore(settings)
     pool = PodPool(core, poll_interval_s=60)
     for i, (role, stub, *pod_pool) in enumerate(specs):
@@ -87,15 +100,23 @@ def _setup(specs, threshold=0, retention=None, **policy):
 
 
 def _idle(core) -> bool:
-    return all(core.local_load(p).in_flight == 0
-               and core.local_load(p).pending_prefill_tokens == 0 for p in core.pods)
+    return all(
+        core.local_load(p).in_flight == 0 and core.local_load(p).pending_prefill_tokens == 0
+        for p in core.pods
+    )
 
 
 def _request(n=100, session=None, source=None, end=False):
-    return EngineRequest(request_id="r1", token_ids=list(range(1, n + 1)),
-                         sampling=pb.SamplingParams(max_tokens=1), cache_salt=None,
-                         arrival=time.perf_counter(), session=session,
-                         session_source=source, session_end=end)
+    return EngineRequest(
+        request_id="r1",
+        token_ids=list(range(1, n + 1)),
+        sampling=pb.SamplingParams(max_tokens=1),
+        cache_salt=None,
+        arrival=time.perf_counter(),
+        session=session,
+        session_source=source,
+        session_end=end,
+    )
 
 
 async def _run(orchestrator, req):
@@ -124,10 +145,15 @@ async def test_dead_prefill_pod_falls_back_to_local_prefill():
     await _run(orch, _request())
     assert decode.calls[0][1].kv_transfer_params_json == ""
     text = _metrics(metrics)
-    assert metric_value(text, "tandem_router_local_prefill_total",
-                        'reason="prefill_unavailable"') == 1
-    assert metric_value(text, "tandem_router_pod_state",
-                        'pod="127.0.0.1:1000",role="prefill",state="unhealthy"') == 1
+    assert (
+        metric_value(text, "tandem_router_local_prefill_total", 'reason="prefill_unavailable"') == 1
+    )
+    assert (
+        metric_value(
+            text, "tandem_router_pod_state", 'pod="127.0.0.1:1000",role="prefill",state="unhealthy"'
+        )
+        == 1
+    )
 
 
 async def test_short_uncached_prompt_prefills_on_the_decode_pod():
@@ -135,8 +161,12 @@ async def test_short_uncached_prompt_prefills_on_the_decode_pod():
     orch, metrics, _ = _setup([("prefill", prefill), ("decode", decode)], threshold=256)
     await _run(orch, _request(n=40))
     assert prefill.calls == []
-    assert metric_value(_metrics(metrics), "tandem_router_local_prefill_total",
-                        'reason="short_uncached"') == 1
+    assert (
+        metric_value(
+            _metrics(metrics), "tandem_router_local_prefill_total", 'reason="short_uncached"'
+        )
+        == 1
+    )
 
 
 async def test_decode_failure_retries_on_another_decode_with_the_same_kv():
@@ -148,8 +178,7 @@ async def test_decode_failure_retries_on_another_decode_with_the_same_kv():
     assert [c[0] for c in dead.calls] == ["Generate"]
     assert [c[0] for c in prefill.calls] == ["Prefill"]  # never prefilled twice
     assert good.calls[0][1].kv_transfer_params_json == '{"remote": 1}'
-    assert metric_value(_metrics(metrics), "tandem_router_retries_total",
-                        'stage="decode"') == 1
+    assert metric_value(_metrics(metrics), "tandem_router_retries_total", 'stage="decode"') == 1
 
 
 async def test_no_decode_pod_is_503_before_any_prefill():
@@ -170,9 +199,11 @@ async def test_aggregated_session_sticks_and_reports_cached_tokens():
         req.request_id = f"r{i}"
         await _run(orch, req)
     assert sorted([len(a.calls), len(b.calls)]) == [0, 3]
-    assert metric_value(_metrics(metrics), "tandem_routing_prediction_total",
-                        'outcome="exact"') + metric_value(
-        _metrics(metrics), "tandem_routing_prediction_total", 'outcome="over"') == 3
+    assert (
+        metric_value(_metrics(metrics), "tandem_routing_prediction_total", 'outcome="exact"')
+        + metric_value(_metrics(metrics), "tandem_routing_prediction_total", 'outcome="over"')
+        == 3
+    )
 
 
 class DecodingStub(FakeStub):
@@ -238,7 +269,9 @@ async def test_request_classes_route_to_their_prefill_pools_and_are_counted():
     fresh, warm, decode = FakeStub(), FakeStub(), FakeStub()
     orch, metrics, core = _setup(
         [("prefill", fresh, "fresh"), ("prefill", warm, "warm"), ("decode", decode)],
-        long_request_tokens=64, prefill_pool_for=(ClassPool("long", "fresh"),))
+        long_request_tokens=64,
+        prefill_pool_for=(ClassPool("long", "fresh"),),
+    )
     # A session's first turn: nothing cached anywhere, a long prefill.
     await _run(orch, _request(n=100, session="s"))
     # Its next turn extends it: 96 tokens predicted cached, an append turn.
@@ -246,13 +279,23 @@ async def test_request_classes_route_to_their_prefill_pools_and_are_counted():
     assert [len(fresh.calls), len(warm.calls)] == [1, 1]
     assert len(warm.calls[0][1].token_ids) == 120
     text = _metrics(metrics)
-    assert metric_value(text, "tandem_routing_class_requests_total",
-                        'class="long",pod="127.0.0.1:1000"') == 1
-    assert metric_value(text, "tandem_routing_class_requests_total",
-                        'class="append",pod="127.0.0.1:1001"') == 1
+    assert (
+        metric_value(
+            text, "tandem_routing_class_requests_total", 'class="long",pod="127.0.0.1:1000"'
+        )
+        == 1
+    )
+    assert (
+        metric_value(
+            text, "tandem_routing_class_requests_total", 'class="append",pod="127.0.0.1:1001"'
+        )
+        == 1
+    )
     for request_class in ("long", "append"):
-        assert metric_value(text, "tandem_router_class_ttft_seconds_count",
-                            f'class="{request_class}"') == 1
+        assert (
+            metric_value(text, "tandem_router_class_ttft_seconds_count", f'class="{request_class}"')
+            == 1
+        )
     assert _idle(core)
 
 
@@ -267,8 +310,12 @@ class StalledStub(FakeStub):
     async def Prefill(self, req, **_):
         self.calls.append(("Prefill", req))
         await self.give_up.wait()
-        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
-                                   grpc.aio.Metadata(), details="engine stalled")
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            details="engine stalled",
+        )
 
 
 async def test_a_prefill_failed_by_a_stalled_engine_is_retried_on_another_prefill_pod():
@@ -286,8 +333,12 @@ async def test_a_prefill_failed_by_a_stalled_engine_is_retried_on_another_prefil
     assert decode.calls[0][1].kv_transfer_params_json == '{"remote": 1}'
     text = _metrics(metrics)
     assert metric_value(text, "tandem_router_retries_total", 'stage="prefill"') == 1
-    assert metric_value(text, "tandem_router_pod_state",
-                        'pod="127.0.0.1:1000",role="prefill",state="unhealthy"') == 1
+    assert (
+        metric_value(
+            text, "tandem_router_pod_state", 'pod="127.0.0.1:1000",role="prefill",state="unhealthy"'
+        )
+        == 1
+    )
     assert _idle(core)
     # The next request does not go near it until a poll finds it healthy.
     await _run(orch, _request())

@@ -27,8 +27,9 @@ async def engines():
     """Two fake engines, answering ' a' and ' b'; {text: address}."""
     servers, found = [], {}
     for text in (" a", " b"):
-        server = await start_grpc_server(HOST, 0, Timing(first_token_ms=5, token_delay_ms=20),
-                                         token_text=text)
+        server = await start_grpc_server(
+            HOST, 0, Timing(first_token_ms=5, token_delay_ms=20), token_text=text
+        )
         servers.append(server)
         found[text.strip()] = f"{HOST}:{server.bound_port}"
     yield found
@@ -49,10 +50,15 @@ class Router:
 
     def stream(self, max_tokens: int = 2):
         self._n += 1
-        return self.orchestrator.stream(EngineRequest(
-            request_id=f"r{self._n}", token_ids=list(range(1, 50)),
-            sampling=pb.SamplingParams(max_tokens=max_tokens), cache_salt=None,
-            arrival=time.perf_counter()))
+        return self.orchestrator.stream(
+            EngineRequest(
+                request_id=f"r{self._n}",
+                token_ids=list(range(1, 50)),
+                sampling=pb.SamplingParams(max_tokens=max_tokens),
+                cache_salt=None,
+                arrival=time.perf_counter(),
+            )
+        )
 
     async def served_by(self) -> str:
         return "".join([m.text async for m in self.stream()]).split()[0]

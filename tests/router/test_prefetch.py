@@ -26,8 +26,10 @@ TOKENS = list(range(1, 201))
 
 
 async def _fakes(first_token_ms: float):
-    servers = [await start_grpc_server(HOST, 0, Timing(first_token_ms=first_token_ms,
-                                                       token_delay_ms=5)) for _ in range(2)]
+    servers = [
+        await start_grpc_server(HOST, 0, Timing(first_token_ms=first_token_ms, token_delay_ms=5))
+        for _ in range(2)
+    ]
     return servers, [f"{HOST}:{s.bound_port}" for s in servers]
 
 
@@ -41,20 +43,33 @@ class Router:
         self.state = LocalState()
         replica = Replica(self.core, self.state)
         self.prefetcher = SessionPrefetcher(
-            PrefetchSettings(session_prefetch=True, prefetch_min_tokens=64), self.pool,
-            replica, self.metrics, interval_s=60)
-        self.orchestrator = Orchestrator(self.pool, replica, self.metrics,
-                                         prefetcher=self.prefetcher)
+            PrefetchSettings(session_prefetch=True, prefetch_min_tokens=64),
+            self.pool,
+            replica,
+            self.metrics,
+            interval_s=60,
+        )
+        self.orchestrator = Orchestrator(
+            self.pool, replica, self.metrics, prefetcher=self.prefetcher
+        )
 
     async def turn(self, session: str) -> None:
-        req = EngineRequest(request_id=f"r{time.perf_counter_ns()}", token_ids=TOKENS,
-                            sampling=pb.SamplingParams(max_tokens=2), cache_salt=None,
-                            arrival=time.perf_counter(), session=session)
+        req = EngineRequest(
+            request_id=f"r{time.perf_counter_ns()}",
+            token_ids=TOKENS,
+            sampling=pb.SamplingParams(max_tokens=2),
+            cache_salt=None,
+            arrival=time.perf_counter(),
+            session=session,
+        )
         [m async for m in self.orchestrator.stream(req)]
 
     def count(self, outcome: str) -> float:
-        return metric_value(generate_latest(self.metrics.registry).decode(),
-                            "tandem_router_prefetches_total", f'outcome="{outcome}"')
+        return metric_value(
+            generate_latest(self.metrics.registry).decode(),
+            "tandem_router_prefetches_total",
+            f'outcome="{outcome}"',
+        )
 
     async def close(self) -> None:
         await self.prefetcher.close()
@@ -89,11 +104,11 @@ async def test_a_session_that_will_move_is_warmed_on_its_next_pod(router):
     assert p.pod != home and p.reason == "moves" and p.tokens == len(TOKENS)
     await _until(lambda: r.count("completed") == 1)
     assert r.count("started") == 1
-    assert metric_value(generate_latest(r.metrics.registry).decode(),
-                        "tandem_router_prefetch_tokens_total") == len(TOKENS)
+    assert metric_value(
+        generate_latest(r.metrics.registry).decode(), "tandem_router_prefetch_tokens_total"
+    ) == len(TOKENS)
     now = time.monotonic()
-    view = r.core.next_turn(r.core.hasher.event_hashes(TOKENS), len(TOKENS), "s", binding,
-                            now)
+    view = r.core.next_turn(r.core.hasher.event_hashes(TOKENS), len(TOKENS), "s", binding, now)
     assert (view.name, view.cached_tokens) == (p.pod, 192)  # warm there now
     assert await r.prefetcher.sweep() == []  # once per gap
     await r.turn("s")  # the next turn goes there
@@ -106,8 +121,7 @@ async def test_the_next_turn_cancels_a_running_prefetch():
     try:
         await r.pool.poll_once()
         r.prefetcher.turn_ended("s", TOKENS, None)  # as if a turn had run on the first pod
-        r.core.live.touch("s", [addresses[0]], r.core.hasher.event_hashes(TOKENS),
-                          time.monotonic())
+        r.core.live.touch("s", [addresses[0]], r.core.hasher.event_hashes(TOKENS), time.monotonic())
         r.pool.set_draining(addresses[0])
         [p] = await r.prefetcher.sweep()
         assert p.pod == addresses[1]

@@ -79,9 +79,24 @@ def cluster(tmp_path_factory):
         address, fakes = {}, []
         for name in PODS:
             port = free_port()
-            proc, _ = procs.launch(f"fake-{name}", [
-                sys.executable, "-m", "bench.router_fakes", "grpc", "--host", HOST,
-                "--port", str(port), "--model-path", model_dir, "--token-text", name], cpus)
+            proc, _ = procs.launch(
+                f"fake-{name}",
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.router_fakes",
+                    "grpc",
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(port),
+                    "--model-path",
+                    model_dir,
+                    "--token-text",
+                    name,
+                ],
+                cpus,
+            )
             address[name] = f"{HOST}:{port}"
             fakes.append(proc)
         for name, proc in zip(PODS, fakes):
@@ -92,8 +107,21 @@ def cluster(tmp_path_factory):
             port = free_port()
             # --redis-timeout-s: not the 0.25-s default, which on a loaded test machine can
             # take a slow reply for a lost Redis. The outage here is real (killed), not slow.
-            argv = [sys.executable, "-m", "services.router", "--host", HOST, "--port", str(port),
-                    "--redis-url", server.url, "--redis-timeout-s", "2", "--model", model_dir]
+            argv = [
+                sys.executable,
+                "-m",
+                "services.router",
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--redis-url",
+                server.url,
+                "--redis-timeout-s",
+                "2",
+                "--model",
+                model_dir,
+            ]
             for a in address.values():
                 argv += ["--engine", a]
             proc, _ = procs.launch(f"router-{i}", argv, cpus, env=env)
@@ -109,17 +137,22 @@ def cluster(tmp_path_factory):
 
 # -- clients ---------------------------------------------------------------------
 
+
 def system_prompt(tag: str) -> str:
     """~1000 tokens: several full KV blocks (128 tokens) that only this tag has."""
-    return f"[{tag}] " + " ".join(f"Rule {i} of {tag}: answer briefly, cite file {tag}-{i}."
-                                  for i in range(60))
+    return f"[{tag}] " + " ".join(
+        f"Rule {i} of {tag}: answer briefly, cite file {tag}-{i}." for i in range(60)
+    )
 
 
-async def chat(client: httpx.AsyncClient, url: str, sid: str, messages: list[dict],
-               max_tokens: int = 1) -> httpx.Response:
-    return await client.post(f"{url}/v1/chat/completions", headers={"x-session-id": sid},
-                             json={"model": MODEL_NAME, "messages": messages,
-                                   "max_tokens": max_tokens})
+async def chat(
+    client: httpx.AsyncClient, url: str, sid: str, messages: list[dict], max_tokens: int = 1
+) -> httpx.Response:
+    return await client.post(
+        f"{url}/v1/chat/completions",
+        headers={"x-session-id": sid},
+        json={"model": MODEL_NAME, "messages": messages, "max_tokens": max_tokens},
+    )
 
 
 class Session:
@@ -139,8 +172,9 @@ class Session:
         return pod
 
 
-def sid_where(c: Cluster, stem: str, home_is: str | None = None,
-              home_is_not: str | None = None) -> str:
+def sid_where(
+    c: Cluster, stem: str, home_is: str | None = None, home_is_not: str | None = None
+) -> str:
     for i in range(1000):
         sid = f"{stem}-{i}"
         home = c.home(sid)
@@ -163,8 +197,10 @@ async def wait_idle_view(client, c: Cluster, url: str, timeout_s: float = 10.0) 
         busy = {pod: 0.0 for pod in PODS}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name in ("tandem_router_pod_in_flight",
-                                   "tandem_router_pod_engine_requests"):
+                if sample.name in (
+                    "tandem_router_pod_in_flight",
+                    "tandem_router_pod_engine_requests",
+                ):
                     busy[c.pod_of[sample.labels["pod"]]] += sample.value
         if not any(busy.values()):
             return
@@ -181,8 +217,9 @@ async def seed(client, c: Cluster, url: str, pod: str, tag: str) -> str:
     return system
 
 
-async def placed_off_home(client, c: Cluster, url: str, pod: str, system: str,
-                          stem: str) -> Session:
+async def placed_off_home(
+    client, c: Cluster, url: str, pod: str, system: str, stem: str
+) -> Session:
     """A new session whose home is the *other* pod, placed on ``pod`` (which holds
     its prefix, ``system``) by replica ``url``.
 
@@ -197,8 +234,7 @@ async def metric(client, url: str, name: str, **labels) -> float:
     text = (await client.get(f"{url}/metrics")).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v
-                                           for k, v in labels.items()):
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
 
@@ -210,8 +246,11 @@ def log_size(proc: Proc) -> int:
 async def wait_logged(procs: list[Proc], since: list[int], text: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        missing = [p.name for p, n in zip(procs, since)
-                   if text not in Path(p.log).read_text(errors="replace")[n:]]
+        missing = [
+            p.name
+            for p, n in zip(procs, since)
+            if text not in Path(p.log).read_text(errors="replace")[n:]
+        ]
         if not missing:
             return
         assert time.monotonic() < deadline, f"{missing} never logged {text!r}"
@@ -220,19 +259,18 @@ async def wait_logged(procs: list[Proc], since: list[int], text: str, timeout_s:
 
 # -- the tests -------------------------------------------------------------------
 
+
 async def test_next_turns_follow_the_binding_across_replicas(cluster):
     c = cluster
     r1, r2 = c.urls
     async with httpx.AsyncClient(timeout=30) as client:
         await asyncio.sleep(SETTLE_S)
-        sticky_before = await metric(client, r2, "tandem_routing_decisions_total",
-                                     reason="sticky")
+        sticky_before = await metric(client, r2, "tandem_routing_decisions_total", reason="sticky")
         sessions = []
         for pod in PODS:
             for k in range(3):
                 system = await seed(client, c, r1, pod, f"a-{pod}-{k}")
-                sessions.append(await placed_off_home(client, c, r1, pod, system,
-                                                      f"a-{pod}-{k}"))
+                sessions.append(await placed_off_home(client, c, r1, pod, system, f"a-{pod}-{k}"))
         assert all(c.home(s.sid) != s.pods[0] for s in sessions)
         assert {s.pods[0] for s in sessions} == set(PODS)
         for url in (r2, r2, r1, r2):
@@ -289,14 +327,22 @@ async def test_redis_killed_mid_traffic_then_restarted_empty(cluster):
         for url in c.urls:
             assert await metric(client, url, "tandem_routing_shared_state_up") == 0
         # Replica 1 binds new sessions while Redis is away.
-        during = [await placed_off_home(client, c, r1, pod, outage_prefix[pod], f"o-{pod}")
-                  for pod in PODS]
+        during = [
+            await placed_off_home(client, c, r1, pod, outage_prefix[pod], f"o-{pod}")
+            for pod in PODS
+        ]
         # A long request in flight across the restart (its load must reach the new Redis).
-        async with client.stream("POST", f"{r1}/v1/chat/completions",
-                                 headers={"x-session-id": "long"},
-                                 json={"model": MODEL_NAME, "stream": True, "max_tokens": 4000,
-                                       "messages": [{"role": "user", "content": "long"}]}
-                                 ) as response:
+        async with client.stream(
+            "POST",
+            f"{r1}/v1/chat/completions",
+            headers={"x-session-id": "long"},
+            json={
+                "model": MODEL_NAME,
+                "stream": True,
+                "max_tokens": 4000,
+                "messages": [{"role": "user", "content": "long"}],
+            },
+        ) as response:
             assert response.status_code == 200
             lines = response.aiter_lines()
             long_pod = None
@@ -332,8 +378,10 @@ async def test_redis_killed_mid_traffic_then_restarted_empty(cluster):
         assert not bad, f"{len(bad)}/{len(results)} failed, first: {bad[0]}"
         slow = [r for r in results if r[1] - r[0] > SLOW_S]
         assert not slow, f"{len(slow)} requests took over {SLOW_S}s: {slow[:3]}"
-        in_outage = {url: sum(1 for t0, t1, u, *_ in results if u == url and t_kill < t0
-                              and t1 < t_restart) for url in c.urls}
+        in_outage = {
+            url: sum(1 for t0, t1, u, *_ in results if u == url and t_kill < t0 and t1 < t_restart)
+            for url in c.urls
+        }
         assert all(n >= 3 for n in in_outage.values()), in_outage
 
         # Bindings made before and during the outage are in the new Redis: replica 2

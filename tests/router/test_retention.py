@@ -46,7 +46,8 @@ def test_a_session_sharing_nothing_releases_everything_even_unseen():
     # A session whose earlier turns this replica never saw (another replica, or
     # a router restart) still releases what it writes now.
     assert r.hint("h:x", "header", [5, 6], end=True, now=0) == RetentionHint(
-        "h:x", release=True, keep_tokens=0)
+        "h:x", release=True, keep_tokens=0
+    )
 
 
 def test_idle_sessions_are_forgotten_after_the_ttl():
@@ -86,10 +87,19 @@ def test_settings_are_checked():
 def test_router_flags_build_the_settings():
     from services.router.config import parse_settings
 
-    s = parse_settings(["--decode", "127.0.0.1:1", "--kv-retention", "all-sessions",
-                        "--kv-retention-ttl-s", "90", "--session-end-header", "x-done"])
-    assert s.retention == RetentionSettings(policy="all-sessions", ttl_s=90.0,
-                                            end_header="x-done")
+    s = parse_settings(
+        [
+            "--decode",
+            "127.0.0.1:1",
+            "--kv-retention",
+            "all-sessions",
+            "--kv-retention-ttl-s",
+            "90",
+            "--session-end-header",
+            "x-done",
+        ]
+    )
+    assert s.retention == RetentionSettings(policy="all-sessions", ttl_s=90.0, end_header="x-done")
     assert parse_settings(["--decode", "127.0.0.1:1"]).retention == RetentionSettings()
     with pytest.raises(SystemExit):
         parse_settings(["--decode", "127.0.0.1:1", "--kv-retention-ttl-s", "-1"])

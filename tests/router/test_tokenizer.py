@@ -18,8 +18,10 @@ def tokenizer():
 
 
 def _chat(chars: int) -> list[dict[str, str]]:
-    return [{"role": "system", "content": "You are terse."},
-            {"role": "user", "content": ("word " * chars)[:chars]}]
+    return [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": ("word " * chars)[:chars]},
+    ]
 
 
 @pytest.mark.parametrize("chars", [10, INLINE_MAX_CHARS - 20, INLINE_MAX_CHARS * 3])

@@ -45,15 +45,23 @@ PLAN = ["lookup", "add", "none"]  # the tool each model turn must call ("none": 
 
 
 def _graph(stack):
-    model = ChatOpenAI(model=MODEL_NAME, base_url=f"{stack.router_url}/v1", api_key="unused",
-                       temperature=0, max_tokens=60, max_retries=0)
+    model = ChatOpenAI(
+        model=MODEL_NAME,
+        base_url=f"{stack.router_url}/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=60,
+        max_retries=0,
+    )
     turns: list[AIMessage] = []
     ttfts: list[float] = []  # as the router measured each turn's first token
 
     def ttft_totals() -> tuple[float, float]:
         text = httpx.get(f"{stack.router_url}/metrics", timeout=10).text
-        return (metric_value(text, "tandem_router_ttft_seconds_sum"),
-                metric_value(text, "tandem_router_ttft_seconds_count"))
+        return (
+            metric_value(text, "tandem_router_ttft_seconds_sum"),
+            metric_value(text, "tandem_router_ttft_seconds_count"),
+        )
 
     def agent(state: MessagesState) -> dict:
         choice = PLAN[len(turns)]
@@ -79,9 +87,10 @@ def _graph(stack):
 
 def test_agent_runs_tools_over_several_turns(stack):
     app, turns, ttfts = _graph(stack)
-    final = app.invoke({"messages": [HumanMessage(
-        "How many apples and pears are in inventory.txt, together?")]},
-        {"recursion_limit": 10})
+    final = app.invoke(
+        {"messages": [HumanMessage("How many apples and pears are in inventory.txt, together?")]},
+        {"recursion_limit": 10},
+    )
     messages = final["messages"]
     assert len(turns) == 3 and turns[-1].content and not turns[-1].tool_calls
     schemas = {t.name: t.args_schema.model_json_schema() for t in TOOLS}
@@ -100,5 +109,11 @@ def test_agent_runs_tools_over_several_turns(stack):
     prompts = [u["prompt_tokens"] for u in usage]
     cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usage]
     assert prompts == sorted(prompts) and all(c > 0 for c in cached[1:])
-    print("agent loop: prompt tokens", prompts, "cached", cached,
-          "TTFT s", [round(t, 3) for t in ttfts])
+    print(
+        "agent loop: prompt tokens",
+        prompts,
+        "cached",
+        cached,
+        "TTFT s",
+        [round(t, 3) for t in ttfts],
+    )

@@ -15,9 +15,14 @@ from tests.helpers import ADD_PARAMS, MODEL_NAME, TOOL_PARAMS, WEATHER_PARAMS
 
 pytestmark = pytest.mark.stack
 
-TOOLS = [{"name": "get_weather", "description": "Current weather in a city",
-          "input_schema": WEATHER_PARAMS},
-         {"name": "add", "description": "Add two integers", "input_schema": ADD_PARAMS}]
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "input_schema": WEATHER_PARAMS,
+    },
+    {"name": "add", "description": "Add two integers", "input_schema": ADD_PARAMS},
+]
 ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 
 
@@ -32,9 +37,13 @@ GREEDY = {"extra_body": {"temperature": 0}}
 
 
 def test_plain_and_streamed_replies_agree(stack, client):
-    kwargs = dict(model=MODEL_NAME, max_tokens=24, **GREEDY,
-                  system="You answer in one short sentence.",
-                  messages=[{"role": "user", "content": "What is the capital of France?"}])
+    kwargs = dict(
+        model=MODEL_NAME,
+        max_tokens=24,
+        **GREEDY,
+        system="You answer in one short sentence.",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     reply = client.messages.create(**kwargs)
     assert reply.type == "message" and reply.role == "assistant"
     assert reply.id.startswith("msg_") and reply.model == MODEL_NAME
@@ -52,11 +61,15 @@ def test_plain_and_streamed_replies_agree(stack, client):
 
     # The system prompt reaches the model: the prompt is exactly the chat
     # template's rendering of it and the user turn.
-    rendered = httpx.post(f"{stack.router_url}/tokenize", timeout=60, json={"messages": [
-        {"role": "system", "content": kwargs["system"]}, *kwargs["messages"]]}).json()
+    rendered = httpx.post(
+        f"{stack.router_url}/tokenize",
+        timeout=60,
+        json={"messages": [{"role": "system", "content": kwargs["system"]}, *kwargs["messages"]]},
+    ).json()
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == rendered["count"]
-    counted = client.messages.count_tokens(model=MODEL_NAME, system=kwargs["system"],
-                                           messages=kwargs["messages"])
+    counted = client.messages.count_tokens(
+        model=MODEL_NAME, system=kwargs["system"], messages=kwargs["messages"]
+    )
     assert counted.input_tokens == rendered["count"]
 
 
@@ -74,18 +87,34 @@ def test_multi_turn_tool_loop(client):
     a free answer: every turn is well-formed, the history round-trips."""
     messages = list(ASK)
     for name, result in (("get_weather", '{"temp_c": 18}'), ("add", "20")):
-        reply = client.messages.create(model=MODEL_NAME, max_tokens=60, **GREEDY,
-                                       messages=messages, tools=TOOLS,
-                                       tool_choice={"type": "tool", "name": name})
+        reply = client.messages.create(
+            model=MODEL_NAME,
+            max_tokens=60,
+            **GREEDY,
+            messages=messages,
+            tools=TOOLS,
+            tool_choice={"type": "tool", "name": name},
+        )
         (use,) = _tool_uses(reply, [name])
         content = [b.model_dump(exclude_none=True) for b in reply.content]
-        messages += [{"role": "assistant", "content": content},
-                     {"role": "user", "content": [
-                         {"type": "tool_result", "tool_use_id": use.id, "content": result},
-                         {"type": "text", "text": "Now answer."}]}]
-    final = client.messages.create(model=MODEL_NAME, max_tokens=30, **GREEDY,
-                                   messages=messages, tools=TOOLS,
-                                   tool_choice={"type": "auto"})
+        messages += [
+            {"role": "assistant", "content": content},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": use.id, "content": result},
+                    {"type": "text", "text": "Now answer."},
+                ],
+            },
+        ]
+    final = client.messages.create(
+        model=MODEL_NAME,
+        max_tokens=30,
+        **GREEDY,
+        messages=messages,
+        tools=TOOLS,
+        tool_choice={"type": "auto"},
+    )
     assert final.stop_reason in ("end_turn", "max_tokens", "tool_use")
     if final.stop_reason == "tool_use":
         _tool_uses(final)
@@ -96,10 +125,14 @@ def test_multi_turn_tool_loop(client):
 
 
 def test_streamed_tool_use_any(client):
-    with client.messages.stream(model=MODEL_NAME, max_tokens=80, **GREEDY,
-                                messages=ASK, tools=TOOLS,
-                                tool_choice={"type": "any",
-                                             "disable_parallel_tool_use": True}) as stream:
+    with client.messages.stream(
+        model=MODEL_NAME,
+        max_tokens=80,
+        **GREEDY,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    ) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_message()
     assert events[0] == "message_start" and events[-1] == "message_stop"
@@ -107,37 +140,65 @@ def test_streamed_tool_use_any(client):
 
 
 def test_structured_output_format(client):
-    schema = {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 30},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-        "required": ["name", "age"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 30},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     reply = client.messages.create(
-        model=MODEL_NAME, max_tokens=60, **GREEDY,
+        model=MODEL_NAME,
+        max_tokens=60,
+        **GREEDY,
         messages=[{"role": "user", "content": "Describe a person as JSON."}],
-        output_config={"format": {"type": "json_schema", "schema": schema}})
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
     assert reply.stop_reason == "end_turn"
     jsonschema.validate(json.loads(reply.content[0].text), schema)
 
 
 BAD = {
     "unknown tool in tool_choice": (
-        {"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
+        {"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},
+        "tool_choice.name",
+    ),
     "malformed input_schema": (
         {"tools": [{"name": "f", "input_schema": {"type": "banana"}}]},
-        "tools[0].input_schema"),
+        "tools[0].input_schema",
+    ),
     "tool_result without a tool_use": (
-        {"messages": [{"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_x", "content": "18"}]}]},
-        "messages[0].content[0].tool_use_id"),
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "18"}],
+                }
+            ]
+        },
+        "messages[0].content[0].tool_use_id",
+    ),
     "image block": (
-        {"messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]},
-        "messages[0].content[0].type"),
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}
+                    ],
+                }
+            ]
+        },
+        "messages[0].content[0].type",
+    ),
     "missing max_tokens": ({"max_tokens": None}, "max_tokens"),
     "huge top_k": ({"top_k": 2**40}, "top_k"),
     "malformed output schema": (
         {"output_config": {"format": {"type": "json_schema", "schema": {"type": "banana"}}}},
-        "output_config.format.schema"),
+        "output_config.format.schema",
+    ),
 }
 
 
@@ -159,5 +220,10 @@ def test_sdk_raises_the_matching_errors(client):
         client.messages.create(model="no-such-model", max_tokens=4, messages=ASK)
     assert caught.value.body["error"]["type"] == "not_found_error"
     with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(model=MODEL_NAME, max_tokens=4, messages=ASK, tools=TOOLS,
-                               tool_choice={"type": "tool", "name": "nope"})
+        client.messages.create(
+            model=MODEL_NAME,
+            max_tokens=4,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice={"type": "tool", "name": "nope"},
+        )

@@ -17,25 +17,55 @@ CASES = {
     "not an object": ("/v1/chat/completions", b"[1, 2]", 400, None),
     "missing messages": ("/v1/chat/completions", {"model": M}, 400, "messages"),
     "empty messages": ("/v1/chat/completions", {"model": M, "messages": []}, 400, "messages"),
-    "bad role": ("/v1/chat/completions",
-                 {"model": M, "messages": [{"role": "wizard", "content": "x"}]}, 400, None),
-    "image part": ("/v1/chat/completions", {"model": M, "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-        400, "messages"),
+    "bad role": (
+        "/v1/chat/completions",
+        {"model": M, "messages": [{"role": "wizard", "content": "x"}]},
+        400,
+        None,
+    ),
+    "image part": (
+        "/v1/chat/completions",
+        {
+            "model": M,
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ],
+        },
+        400,
+        "messages",
+    ),
     "unknown model": ("/v1/chat/completions", {"model": "gpt-9", "messages": USER}, 404, "model"),
-    "negative temperature": ("/v1/chat/completions",
-                             {"model": M, "messages": USER, "temperature": -0.5}, 400,
-                             "temperature"),
-    "top_p zero": ("/v1/chat/completions", {"model": M, "messages": USER, "top_p": 0}, 400,
-                   "top_p"),
-    "max_tokens zero": ("/v1/chat/completions", {"model": M, "messages": USER, "max_tokens": 0},
-                        400, "max_tokens"),
+    "negative temperature": (
+        "/v1/chat/completions",
+        {"model": M, "messages": USER, "temperature": -0.5},
+        400,
+        "temperature",
+    ),
+    "top_p zero": (
+        "/v1/chat/completions",
+        {"model": M, "messages": USER, "top_p": 0},
+        400,
+        "top_p",
+    ),
+    "max_tokens zero": (
+        "/v1/chat/completions",
+        {"model": M, "messages": USER, "max_tokens": 0},
+        400,
+        "max_tokens",
+    ),
     "n=17": ("/v1/chat/completions", {"model": M, "messages": USER, "n": 17}, 400, "n"),
-    "max_tokens beyond context": ("/v1/chat/completions",
-                                  {"model": M, "messages": USER, "max_tokens": 100_000}, 400,
-                                  "max_tokens"),
-    "prompt beyond context": ("/v1/chat/completions", {"model": M, "messages": [
-        {"role": "user", "content": "word " * 6000}]}, 400, "messages"),
+    "max_tokens beyond context": (
+        "/v1/chat/completions",
+        {"model": M, "messages": USER, "max_tokens": 100_000},
+        400,
+        "max_tokens",
+    ),
+    "prompt beyond context": (
+        "/v1/chat/completions",
+        {"model": M, "messages": [{"role": "user", "content": "word " * 6000}]},
+        400,
+        "messages",
+    ),
     "empty completion prompt": ("/v1/completions", {"model": M, "prompt": ""}, 400, "prompt"),
     "negative token id": ("/v1/completions", {"model": M, "prompt": [1, -3]}, 400, "prompt"),
     "token id beyond uint32": ("/v1/completions", {"model": M, "prompt": [2**32]}, 400, "prompt"),
@@ -47,8 +77,12 @@ CASES = {
 def test_bad_input_gets_openai_error(stack, name):
     path, body, status, param = CASES[name]
     if isinstance(body, bytes):
-        response = httpx.post(f"{stack.router_url}{path}", content=body,
-                              headers={"content-type": "application/json"}, timeout=60)
+        response = httpx.post(
+            f"{stack.router_url}{path}",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
     else:
         response = httpx.post(f"{stack.router_url}{path}", json=body, timeout=60)
     assert response.status_code == status, response.text

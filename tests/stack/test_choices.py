@@ -19,10 +19,12 @@ def client(stack):
 
 
 def test_greedy_choices_are_the_single_answer(client):
-    one = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12,
-                                         temperature=0)
-    many = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12,
-                                          temperature=0, n=3)
+    one = client.chat.completions.create(
+        model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0
+    )
+    many = client.chat.completions.create(
+        model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0, n=3
+    )
     assert [c.index for c in many.choices] == [0, 1, 2]
     assert {c.message.content for c in many.choices} == {one.choices[0].message.content}
     assert many.usage.prompt_tokens == one.usage.prompt_tokens
@@ -31,8 +33,14 @@ def test_greedy_choices_are_the_single_answer(client):
 
 def test_sampled_choices_differ_and_count(client):
     reply = client.chat.completions.create(
-        model=MODEL_NAME, max_tokens=16, temperature=1.5, seed=7, n=4, logprobs=True,
-        messages=[{"role": "user", "content": "Write one unusual word."}])
+        model=MODEL_NAME,
+        max_tokens=16,
+        temperature=1.5,
+        seed=7,
+        n=4,
+        logprobs=True,
+        messages=[{"role": "user", "content": "Write one unusual word."}],
+    )
     texts = [c.message.content for c in reply.choices]
     assert len(set(texts)) > 1
     assert reply.usage.completion_tokens == sum(len(c.logprobs.content) for c in reply.choices)
@@ -40,8 +48,14 @@ def test_sampled_choices_differ_and_count(client):
 
 def test_streamed_choices_reassemble(client):
     stream = client.chat.completions.create(
-        model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0, n=2, stream=True,
-        stream_options={"include_usage": True})
+        model=MODEL_NAME,
+        messages=ASK,
+        max_tokens=12,
+        temperature=0,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     texts, finishes, usages = ["", ""], [None, None], []
     for chunk in stream:
         if chunk.usage is not None:
@@ -49,8 +63,9 @@ def test_streamed_choices_reassemble(client):
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
             finishes[choice.index] = choice.finish_reason or finishes[choice.index]
-    whole = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12,
-                                           temperature=0)
+    whole = client.chat.completions.create(
+        model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0
+    )
     assert texts == [whole.choices[0].message.content] * 2
     assert finishes == [whole.choices[0].finish_reason] * 2
     (usage,) = usages
@@ -58,12 +73,29 @@ def test_streamed_choices_reassemble(client):
 
 
 def test_forced_tool_calls_per_choice(client):
-    tools = [{"type": "function", "function": {"name": "pick", "parameters": {
-        "type": "object", "properties": {"colour": {"type": "string", "maxLength": 20}},
-        "required": ["colour"], "additionalProperties": False}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "pick",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"colour": {"type": "string", "maxLength": 20}},
+                    "required": ["colour"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
     reply = client.chat.completions.create(
-        model=MODEL_NAME, messages=ASK, max_tokens=30, temperature=0, n=2, tools=tools,
-        tool_choice={"type": "function", "function": {"name": "pick"}})
+        model=MODEL_NAME,
+        messages=ASK,
+        max_tokens=30,
+        temperature=0,
+        n=2,
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "pick"}},
+    )
     for choice in reply.choices:
         assert choice.finish_reason == "tool_calls"
         assert choice.message.tool_calls[0].function.name == "pick"
@@ -72,7 +104,8 @@ def test_forced_tool_calls_per_choice(client):
 
 
 def test_completions_n(client):
-    reply = client.completions.create(model=MODEL_NAME, prompt="The sky is", max_tokens=6,
-                                      temperature=0, n=2)
+    reply = client.completions.create(
+        model=MODEL_NAME, prompt="The sky is", max_tokens=6, temperature=0, n=2
+    )
     assert [c.index for c in reply.choices] == [0, 1]
     assert reply.choices[0].text == reply.choices[1].text

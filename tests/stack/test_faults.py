@@ -51,8 +51,16 @@ def _idle(address: str) -> bool:
 def router_process(tmp_path, *pod_args: str):
     port = free_port()
     log = tmp_path / f"router-{port}.log"
-    argv = [sys.executable, "-m", "services.router", "--port", str(port),
-            "--poll-interval-s", "0.5", *pod_args]
+    argv = [
+        sys.executable,
+        "-m",
+        "services.router",
+        "--port",
+        str(port),
+        "--poll-interval-s",
+        "0.5",
+        *pod_args,
+    ]
     proc, popen = launch("router", argv, log)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -74,11 +82,17 @@ def _answers(url: str) -> bool:
 
 def test_client_disconnect_mid_stream_frees_kv_on_both_engines(stack):
     prefill, decode = engine(stack, "prefill").grpc, engine(stack, "decode").grpc
-    body = {"model": MODEL_NAME, "stream": True, "max_tokens": 1500, "ignore_eos": True,
-            "messages": [{"role": "user", "content": LONG_CONTEXT}]}
+    body = {
+        "model": MODEL_NAME,
+        "stream": True,
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": LONG_CONTEXT}],
+    }
     chunks = 0
-    with httpx.stream("POST", f"{stack.router_url}/v1/chat/completions", json=body,
-                      timeout=120) as response:
+    with httpx.stream(
+        "POST", f"{stack.router_url}/v1/chat/completions", json=body, timeout=120
+    ) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         while chunks < 4:
@@ -109,17 +123,25 @@ def test_release_kv_frees_a_prefill_lease_early(stack):
     prefill, decode = engine(stack, "prefill").grpc, engine(stack, "decode").grpc
     tokens = list(range(1000, 1700))  # 700 tokens: five full blocks of 128
     with grpc.insecure_channel(prefill) as p_channel, grpc.insecure_channel(decode) as d_channel:
-        reply = pb_grpc.EngineStub(p_channel).Prefill(pb.PrefillRequest(
-            request_id=f"lease-{uuid.uuid4().hex}", token_ids=tokens,
-            sampling_params=pb.SamplingParams(max_tokens=1),
-            cache_salt=uuid.uuid4().hex), timeout=120)
+        reply = pb_grpc.EngineStub(p_channel).Prefill(
+            pb.PrefillRequest(
+                request_id=f"lease-{uuid.uuid4().hex}",
+                token_ids=tokens,
+                sampling_params=pb.SamplingParams(max_tokens=1),
+                cache_salt=uuid.uuid4().hex,
+            ),
+            timeout=120,
+        )
         params = json.loads(reply.kv_transfer_params_json)
         assert params["do_remote_prefill"] and params["remote_block_ids"]
         assert engine_load(prefill).kv_cache_usage > 0, "prefill holds no KV for the decode"
         started = time.monotonic()
-        pb_grpc.EngineStub(d_channel).ReleaseKv(pb.ReleaseKvRequest(
-            request_id="test-release", kv_transfer_params_json=reply.kv_transfer_params_json),
-            timeout=30)
+        pb_grpc.EngineStub(d_channel).ReleaseKv(
+            pb.ReleaseKvRequest(
+                request_id="test-release", kv_transfer_params_json=reply.kv_transfer_params_json
+            ),
+            timeout=30,
+        )
         assert wait_for(lambda: engine_load(prefill).kv_cache_usage == 0.0, timeout=20)
         assert time.monotonic() - started < 20
 
@@ -139,10 +161,13 @@ async def test_decode_failure_after_prefill_releases_kv(stack):
     core.update_pod(dead, now, healthy=True)  # the router believes it is up (it died after)
     core.set_draining(decode)  # takes no new work, but can still release KV
     orchestrator = Orchestrator(pool, Replica(core, LocalState()), metrics)
-    request = EngineRequest(request_id=f"fail-{uuid.uuid4().hex}",
-                            token_ids=list(range(2000, 2700)),
-                            sampling=pb.SamplingParams(max_tokens=8), cache_salt=None,
-                            arrival=time.perf_counter())
+    request = EngineRequest(
+        request_id=f"fail-{uuid.uuid4().hex}",
+        token_ids=list(range(2000, 2700)),
+        sampling=pb.SamplingParams(max_tokens=8),
+        cache_salt=None,
+        arrival=time.perf_counter(),
+    )
     with pytest.raises(OpenAIError) as failure:
         async for _ in orchestrator.stream(request):
             pass
@@ -158,13 +183,15 @@ async def test_decode_failure_after_prefill_releases_kv(stack):
 
 def _text(metrics: RouterMetrics) -> str:
     from prometheus_client import generate_latest
+
     return generate_latest(metrics.registry).decode()
 
 
 def test_no_healthy_decode_pod_is_503(stack, tmp_path):
     prefill = engine(stack, "prefill").grpc
-    with router_process(tmp_path, "--prefill", prefill,
-                        "--decode", f"127.0.0.1:{free_port()}") as url:
+    with router_process(
+        tmp_path, "--prefill", prefill, "--decode", f"127.0.0.1:{free_port()}"
+    ) as url:
         started = time.monotonic()
         response = chat(url, MODEL_NAME, "hello", max_tokens=4)
         assert response.status_code == 503
@@ -176,17 +203,21 @@ def test_no_healthy_decode_pod_is_503(stack, tmp_path):
 
 def test_dead_prefill_pod_falls_back_to_local_prefill(stack, tmp_path):
     decode = engine(stack, "decode").grpc
-    with router_process(tmp_path, "--prefill", f"127.0.0.1:{free_port()}",
-                        "--decode", decode) as url:
+    with router_process(
+        tmp_path, "--prefill", f"127.0.0.1:{free_port()}", "--decode", decode
+    ) as url:
         fallback = chat(url, MODEL_NAME, "What is 2+2?", temperature=0, max_tokens=12)
-        normal = chat(stack.router_url, MODEL_NAME, "What is 2+2?", temperature=0,
-                      max_tokens=12)
+        normal = chat(stack.router_url, MODEL_NAME, "What is 2+2?", temperature=0, max_tokens=12)
         assert fallback.status_code == 200, fallback.text
-        assert (fallback.json()["choices"][0]["message"]["content"]
-                == normal.json()["choices"][0]["message"]["content"])
+        assert (
+            fallback.json()["choices"][0]["message"]["content"]
+            == normal.json()["choices"][0]["message"]["content"]
+        )
         text = httpx.get(f"{url}/metrics", timeout=5).text
-        assert metric_value(text, "tandem_router_local_prefill_total",
-                            'reason="prefill_unavailable"') == 1
+        assert (
+            metric_value(text, "tandem_router_local_prefill_total", 'reason="prefill_unavailable"')
+            == 1
+        )
 
 
 def test_decode_pod_dying_mid_stream_ends_with_error_event(stack, tmp_path):
@@ -195,20 +226,40 @@ def test_decode_pod_dying_mid_stream_ends_with_error_event(stack, tmp_path):
     prefill = engine(stack, "prefill").grpc
     grpc_port, nixl_port = free_port(), free_port()
     log = tmp_path / "doomed-decode.log"
-    argv = [sys.executable, "-m", "services.decode", "--grpc-port", str(grpc_port),
-            "--metrics-port", str(free_port()), "--nixl-port", str(nixl_port),
-            "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
+    argv = [
+        sys.executable,
+        "-m",
+        "services.decode",
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(free_port()),
+        "--nixl-port",
+        str(nixl_port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "4096",
+    ]
     doomed, popen = launch("doomed", argv, log, env=engine_env(1, None))
     doomed.grpc = f"127.0.0.1:{grpc_port}"
     try:
         with router_process(tmp_path, "--prefill", prefill, "--decode", doomed.grpc) as url:
-            assert wait_for(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200,
-                            timeout=300), log.read_text()[-2000:]
-            body = {"model": MODEL_NAME, "stream": True, "max_tokens": 3000,
-                    "ignore_eos": True, "messages": [{"role": "user", "content": "Go on."}]}
+            assert wait_for(
+                lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, timeout=300
+            ), log.read_text()[-2000:]
+            body = {
+                "model": MODEL_NAME,
+                "stream": True,
+                "max_tokens": 3000,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Go on."}],
+            }
             lines = []
-            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body,
-                              timeout=120) as response:
+            with httpx.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, timeout=120
+            ) as response:
                 assert response.status_code == 200
                 for line in response.iter_lines():
                     lines.append(line)

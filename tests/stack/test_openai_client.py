@@ -23,8 +23,11 @@ def test_models(client):
 
 def test_chat(client):
     reply = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "Say hello."}],
-        max_tokens=16, temperature=0)
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=16,
+        temperature=0,
+    )
     assert reply.choices[0].message.content
     assert reply.usage.completion_tokens > 0
 
@@ -40,8 +43,11 @@ def test_repeated_prompt_reports_its_cached_blocks(client, stack):
 
     def usage():
         return client.chat.completions.create(
-            model=MODEL_NAME, messages=[{"role": "user", "content": prompt}],
-            max_tokens=4, temperature=0).usage
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=4,
+            temperature=0,
+        ).usage
 
     first, second = usage(), usage()
     tokens = first.prompt_tokens
@@ -52,8 +58,13 @@ def test_repeated_prompt_reports_its_cached_blocks(client, stack):
 
 def test_chat_stream(client):
     stream = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "Count to five."}],
-        max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True})
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
@@ -61,17 +72,20 @@ def test_chat_stream(client):
 
 
 def test_completions(client):
-    reply = client.completions.create(model=MODEL_NAME, prompt="def fibonacci(n):",
-                                      max_tokens=16, temperature=0)
+    reply = client.completions.create(
+        model=MODEL_NAME, prompt="def fibonacci(n):", max_tokens=16, temperature=0
+    )
     assert reply.choices[0].text
-    stream = client.completions.create(model=MODEL_NAME, prompt="def fibonacci(n):",
-                                       max_tokens=16, temperature=0, stream=True)
+    stream = client.completions.create(
+        model=MODEL_NAME, prompt="def fibonacci(n):", max_tokens=16, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in stream) == reply.choices[0].text
 
 
 def test_errors_surface_as_openai_exceptions(client):
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="no-such-model",
-                                       messages=[{"role": "user", "content": "hi"}])
+        client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}]
+        )
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL_NAME, messages=[], max_tokens=4)

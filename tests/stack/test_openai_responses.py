@@ -15,10 +15,22 @@ from tests.helpers import ADD_PARAMS, MODEL_NAME, TOOL_PARAMS, WEATHER_PARAMS
 
 pytestmark = pytest.mark.stack
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
-          "parameters": WEATHER_PARAMS, "strict": True},
-         {"type": "function", "name": "add", "description": "Add two integers",
-          "parameters": ADD_PARAMS, "strict": True}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": WEATHER_PARAMS,
+        "strict": True,
+    },
+    {
+        "type": "function",
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": ADD_PARAMS,
+        "strict": True,
+    },
+]
 ASK = "What is the weather in Paris, in celsius?"
 
 
@@ -28,9 +40,13 @@ def client(stack):
 
 
 def test_create_stream_and_retrieve_agree(client):
-    kwargs = dict(model=MODEL_NAME, input="What is the capital of France?",
-                  instructions="You answer in one short sentence.", max_output_tokens=24,
-                  temperature=0)
+    kwargs = dict(
+        model=MODEL_NAME,
+        input="What is the capital of France?",
+        instructions="You answer in one short sentence.",
+        max_output_tokens=24,
+        temperature=0,
+    )
     response = client.responses.create(**kwargs)
     assert response.id.startswith("resp_") and response.object == "response"
     assert response.status in ("completed", "incomplete") and response.output_text
@@ -59,23 +75,39 @@ def test_tool_loop_over_previous_response_id(client):
     """Forced calls, their outputs sent back as function_call_output items on
     top of `previous_response_id`, then a free answer; the follow-up turns
     reuse the conversation's KV (cached tokens)."""
-    response = client.responses.create(model=MODEL_NAME, input=ASK, tools=TOOLS,
-                                       tool_choice={"type": "function", "name": "get_weather"},
-                                       max_output_tokens=60, temperature=0)
+    response = client.responses.create(
+        model=MODEL_NAME,
+        input=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60,
+        temperature=0,
+    )
     (call,) = _calls(response, ["get_weather"])
     response = client.responses.create(
-        model=MODEL_NAME, previous_response_id=response.id, tools=TOOLS,
-        tool_choice="required", parallel_tool_calls=False, max_output_tokens=80,
-        temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
-                               "output": '{"temp_c": 18}'},
-                              {"role": "user", "content": "Now add 2 and 3."}])
+        model=MODEL_NAME,
+        previous_response_id=response.id,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=80,
+        temperature=0,
+        input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp_c": 18}'},
+            {"role": "user", "content": "Now add 2 and 3."},
+        ],
+    )
     (call,) = _calls(response)
     assert response.usage.input_tokens_details.cached_tokens > 0
     with client.responses.stream(
-            model=MODEL_NAME, previous_response_id=response.id, tools=TOOLS,
-            tool_choice="auto", max_output_tokens=30, temperature=0,
-            input=[{"type": "function_call_output", "call_id": call.call_id,
-                    "output": "5"}]) as stream:
+        model=MODEL_NAME,
+        previous_response_id=response.id,
+        tools=TOOLS,
+        tool_choice="auto",
+        max_output_tokens=30,
+        temperature=0,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "5"}],
+    ) as stream:
         final = stream.get_final_response()
     assert final.status in ("completed", "incomplete")
     assert final.previous_response_id == response.id
@@ -83,14 +115,24 @@ def test_tool_loop_over_previous_response_id(client):
 
 
 def test_text_format_json_schema(client):
-    schema = {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 30},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-        "required": ["name", "age"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 30},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     response = client.responses.create(
-        model=MODEL_NAME, input="Describe a person as JSON.", max_output_tokens=60,
-        temperature=0, text={"format": {"type": "json_schema", "name": "person",
-                                        "schema": schema, "strict": True}})
+        model=MODEL_NAME,
+        input="Describe a person as JSON.",
+        max_output_tokens=60,
+        temperature=0,
+        text={
+            "format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}
+        },
+    )
     assert response.status == "completed"
     jsonschema.validate(json.loads(response.output_text), schema)
 
@@ -98,13 +140,16 @@ def test_text_format_json_schema(client):
 BAD = {
     "unknown tool in tool_choice": (
         {"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}},
-        "tool_choice.name"),
+        "tool_choice.name",
+    ),
     "malformed schema": (
         {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "banana"}}}},
-        "text.format.schema"),
+        "text.format.schema",
+    ),
     "output without a call": (
         {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "18"}]},
-        "input[0].call_id"),
+        "input[0].call_id",
+    ),
     "huge max_output_tokens": ({"max_output_tokens": 2**40}, "max_output_tokens"),
     "built-in tool": ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
 }

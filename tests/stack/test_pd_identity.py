@@ -20,9 +20,12 @@ PROMPTS = [
 
 def _external_kv_tokens(stack) -> float:
     text = httpx.get(engine(stack, "decode").url, timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("vllm:prompt_tokens_by_source_total")
-               and 'source="external_kv_transfer"' in line)
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:prompt_tokens_by_source_total")
+        and 'source="external_kv_transfer"' in line
+    )
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["short", "haiku", "long"])
@@ -44,8 +47,12 @@ def test_chat_greedy_is_token_identical(stack, reference, prompt):
 
 
 def test_completions_greedy_is_token_identical(stack, reference):
-    body = {"model": MODEL_NAME, "prompt": "The three laws of robotics are",
-            "temperature": 0, "max_tokens": 40}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "The three laws of robotics are",
+        "temperature": 0,
+        "max_tokens": 40,
+    }
     ours = httpx.post(f"{stack.router_url}/v1/completions", json=body, timeout=300)
     theirs = httpx.post(f"{reference}/v1/completions", json=body, timeout=300)
     assert ours.status_code == 200, ours.text
@@ -56,5 +63,4 @@ def test_completions_greedy_is_token_identical(stack, reference):
 def test_no_request_fell_back_to_local_prefill(stack):
     text = httpx.get(f"{stack.router_url}/metrics", timeout=10).text
     for reason in ("no_prefill_pods", "prefill_unavailable"):
-        assert metric_value(text, "tandem_router_local_prefill_total",
-                            f'reason="{reason}"') == 0
+        assert metric_value(text, "tandem_router_local_prefill_total", f'reason="{reason}"') == 0

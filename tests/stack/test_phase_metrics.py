@@ -22,8 +22,11 @@ PHASES = {"prefill": ("queue", "prefill"), "decode": ("kv_pull", "first_decode_s
 
 def _samples(url: str) -> dict[tuple[str, frozenset], float]:
     text = httpx.get(url, timeout=10).text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _phase(samples, role: str, phase: str, stat: str) -> float:
@@ -45,10 +48,12 @@ def test_one_request_shows_in_every_phase_histogram(stack):
     total = 0.0
     for role, phases in PHASES.items():
         for phase in phases:
-            count = (_phase(after[role], role, phase, "count")
-                     - _phase(before[role], role, phase, "count"))
-            seconds = (_phase(after[role], role, phase, "sum")
-                       - _phase(before[role], role, phase, "sum"))
+            count = _phase(after[role], role, phase, "count") - _phase(
+                before[role], role, phase, "count"
+            )
+            seconds = _phase(after[role], role, phase, "sum") - _phase(
+                before[role], role, phase, "sum"
+            )
             assert count == 1, f"{role} {phase}: {count} observations"
             assert seconds > 0, f"{role} {phase}: {seconds} s"
             total += seconds
@@ -57,9 +62,18 @@ def test_one_request_shows_in_every_phase_histogram(stack):
 
 def test_engines_publish_their_scheduler_settings(stack):
     for role in PHASES:
-        info = [dict(labels) for (name, labels), value in _samples(engine(stack, role).url).items()
-                if name == "tandem_engine_scheduler_info" and value == 1]
-        assert info == [{"role": role, "long_prefill_token_threshold": "0",
-                         "long_prefill_token_threshold_adaptive": "false",
-                         "max_num_batched_tokens": "2048", "max_num_seqs": "128",
-                         "enable_chunked_prefill": "true"}]
+        info = [
+            dict(labels)
+            for (name, labels), value in _samples(engine(stack, role).url).items()
+            if name == "tandem_engine_scheduler_info" and value == 1
+        ]
+        assert info == [
+            {
+                "role": role,
+                "long_prefill_token_threshold": "0",
+                "long_prefill_token_threshold_adaptive": "false",
+                "max_num_batched_tokens": "2048",
+                "max_num_seqs": "128",
+                "enable_chunked_prefill": "true",
+            }
+        ]

@@ -27,8 +27,17 @@ ASK = [{"role": "user", "content": "What is two and two?"}]
 @pytest.fixture(scope="module")
 def reasoning_router(stack, tmp_path_factory):
     port = free_port()
-    argv = stack.router_argv(port, ["--remote-prefill-threshold", "0", "--chat-template",
-                                    str(TOOLS_TEMPLATE), "--reasoning-parser", "olmo3"])
+    argv = stack.router_argv(
+        port,
+        [
+            "--remote-prefill-threshold",
+            "0",
+            "--chat-template",
+            str(TOOLS_TEMPLATE),
+            "--reasoning-parser",
+            "olmo3",
+        ],
+    )
     log = tmp_path_factory.mktemp("reasoning-router") / "router.log"
     proc, popen = launch("reasoning-router", argv, log)
     url = f"http://127.0.0.1:{port}"
@@ -42,8 +51,13 @@ def reasoning_router(stack, tmp_path_factory):
 
 def test_chat_reasoning_content_whole_and_streamed(reasoning_router):
     client = openai.OpenAI(base_url=f"{reasoning_router}/v1", api_key="unused", max_retries=0)
-    kwargs = dict(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=0,
-                  extra_body={"structured_outputs": THINK})
+    kwargs = dict(
+        model=MODEL_NAME,
+        messages=ASK,
+        max_tokens=60,
+        temperature=0,
+        extra_body={"structured_outputs": THINK},
+    )
     reply = client.chat.completions.create(**kwargs)
     message = reply.choices[0].message
     reasoning = message.model_extra["reasoning_content"]
@@ -53,27 +67,39 @@ def test_chat_reasoning_content_whole_and_streamed(reasoning_router):
     for chunk in client.chat.completions.create(**kwargs, stream=True):
         for choice in chunk.choices:
             streamed["reasoning_content"] += (choice.delta.model_extra or {}).get(
-                "reasoning_content") or ""
+                "reasoning_content"
+            ) or ""
             streamed["content"] += choice.delta.content or ""
     assert streamed == {"reasoning_content": reasoning, "content": message.content}
 
 
 def test_messages_and_responses_answer_with_a_reasoning_parser(reasoning_router):
     client = anthropic.Anthropic(base_url=reasoning_router, api_key="unused", max_retries=0)
-    reply = client.messages.create(model=MODEL_NAME, max_tokens=16, messages=ASK,
-                                   thinking={"type": "enabled", "budget_tokens": 1024},
-                                   extra_body={"temperature": 0})
+    reply = client.messages.create(
+        model=MODEL_NAME,
+        max_tokens=16,
+        messages=ASK,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"temperature": 0},
+    )
     assert reply.content and reply.stop_reason in ("end_turn", "max_tokens")
-    responses = openai.OpenAI(base_url=f"{reasoning_router}/v1", api_key="unused",
-                              max_retries=0)
-    response = responses.responses.create(model=MODEL_NAME, input="What is two and two?",
-                                          max_output_tokens=16, temperature=0)
+    responses = openai.OpenAI(base_url=f"{reasoning_router}/v1", api_key="unused", max_retries=0)
+    response = responses.responses.create(
+        model=MODEL_NAME, input="What is two and two?", max_output_tokens=16, temperature=0
+    )
     assert response.output and response.status in ("completed", "incomplete")
 
 
 def test_thinking_without_a_parser_is_a_400(stack):
-    response = httpx.post(f"{stack.router_url}/v1/messages", timeout=60, json={
-        "model": MODEL_NAME, "max_tokens": 8, "messages": ASK,
-        "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    response = httpx.post(
+        f"{stack.router_url}/v1/messages",
+        timeout=60,
+        json={
+            "model": MODEL_NAME,
+            "max_tokens": 8,
+            "messages": ASK,
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+        },
+    )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"].startswith("thinking:")

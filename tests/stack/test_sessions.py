@@ -21,22 +21,34 @@ from tests.helpers import MODEL_NAME, TOOLS_TEMPLATE, metric_value, wait_for
 pytestmark = pytest.mark.stack
 
 BLOCK_SIZE = 32  # small blocks: a short chat already spans many of them
-RULES = " ".join(f"Rule {i}: answer in at most {i + 3} words and never mention rule {i + 1}."
-                 for i in range(24))
+RULES = " ".join(
+    f"Rule {i}: answer in at most {i + 3} words and never mention rule {i + 1}." for i in range(24)
+)
 
 
 @pytest.fixture(scope="module")
 def two_engines(model_dir, tmp_path_factory):
-    config = StackConfig(prefill=0, decode=0, aggregated=2, router_port=free_port(),
-                         kv_cache_gib=1, max_model_len=4096,
-                         state_dir=tmp_path_factory.mktemp("two-engines"),
-                         engine_args=["--block-size", str(BLOCK_SIZE)],
-                         router_args=["--block-size", str(BLOCK_SIZE),
-                                      "--routing-policy", "cost",
-                                      "--chat-template", str(TOOLS_TEMPLATE)],
-                         # A guard against hangs, not a performance bound: on a
-                         # loaded 2-core machine engines alone took 8 minutes.
-                         startup_timeout_s=1800)
+    config = StackConfig(
+        prefill=0,
+        decode=0,
+        aggregated=2,
+        router_port=free_port(),
+        kv_cache_gib=1,
+        max_model_len=4096,
+        state_dir=tmp_path_factory.mktemp("two-engines"),
+        engine_args=["--block-size", str(BLOCK_SIZE)],
+        router_args=[
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--routing-policy",
+            "cost",
+            "--chat-template",
+            str(TOOLS_TEMPLATE),
+        ],
+        # A guard against hangs, not a performance bound: on a
+        # loaded 2-core machine engines alone took 8 minutes.
+        startup_timeout_s=1800,
+    )
     s = Stack(config)
     s.start()
     yield s
@@ -49,13 +61,19 @@ def _router_metrics(url: str) -> str:
 
 def _finished_requests(engine_metrics_url: str) -> float:
     text = httpx.get(engine_metrics_url, timeout=30).text
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
 
 
 def _event_batches(text: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("tandem_routing_kv_event_batches_total{"))
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("tandem_routing_kv_event_batches_total{")
+    )
 
 
 def test_session_sticks_and_prediction_equals_engine_cached_tokens(two_engines):
@@ -67,27 +85,34 @@ def test_session_sticks_and_prediction_equals_engine_cached_tokens(two_engines):
     messages = [{"role": "system", "content": RULES}]
     turns = []  # (engine-reported cached tokens, router-predicted cached tokens)
     for turn in range(4):
-        messages.append({"role": "user",
-                         "content": f"Turn {turn}: which rules mention the number {turn + 2}?"})
+        messages.append(
+            {"role": "user", "content": f"Turn {turn}: which rules mention the number {turn + 2}?"}
+        )
         before = _router_metrics(url)
-        response = httpx.post(f"{url}/v1/chat/completions", headers={"x-session-id": session},
-                              json={"model": MODEL_NAME, "messages": messages,
-                                    "temperature": 0, "max_tokens": 12}, timeout=600)
+        response = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"x-session-id": session},
+            json={"model": MODEL_NAME, "messages": messages, "temperature": 0, "max_tokens": 12},
+            timeout=600,
+        )
         assert response.status_code == 200, response.text
         body = response.json()
         after = _router_metrics(url)
         reported = body["usage"]["prompt_tokens_details"]["cached_tokens"]
-        predicted = (metric_value(after, "tandem_routing_predicted_cached_tokens_total")
-                     - metric_value(before, "tandem_routing_predicted_cached_tokens_total"))
-        actual = (metric_value(after, "tandem_routing_actual_cached_tokens_total")
-                  - metric_value(before, "tandem_routing_actual_cached_tokens_total"))
+        predicted = metric_value(
+            after, "tandem_routing_predicted_cached_tokens_total"
+        ) - metric_value(before, "tandem_routing_predicted_cached_tokens_total")
+        actual = metric_value(after, "tandem_routing_actual_cached_tokens_total") - metric_value(
+            before, "tandem_routing_actual_cached_tokens_total"
+        )
         assert actual == reported, "the router recorded another count than the engine reported"
         turns.append((reported, predicted))
-        messages.append({"role": "assistant",
-                         "content": body["choices"][0]["message"]["content"]})
+        messages.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
         # The engine's KV events for this turn reach the router before the next turn.
-        assert wait_for(lambda before=before: _event_batches(_router_metrics(url))
-                        > _event_batches(before), timeout=60), "no KV events reached the router"
+        assert wait_for(
+            lambda before=before: _event_batches(_router_metrics(url)) > _event_batches(before),
+            timeout=60,
+        ), "no KV events reached the router"
     print("(reported, predicted) cached tokens per turn:", turns)
     assert all(reported == predicted for reported, predicted in turns), turns
     assert all(reported > 0 for reported, _ in turns[1:]), turns  # later turns hit the cache
@@ -96,12 +121,17 @@ def test_session_sticks_and_prediction_equals_engine_cached_tokens(two_engines):
     assert sorted(finished.values()) == [0, 4], f"the session moved between engines: {finished}"
     text = _router_metrics(url)
     assert metric_value(text, "tandem_routing_prediction_total", 'outcome="exact"') >= 4
-    assert metric_value(text, "tandem_routing_decisions_total",
-                        'policy="cost",reason="sticky"') == 3
+    assert (
+        metric_value(text, "tandem_routing_decisions_total", 'policy="cost",reason="sticky"') == 3
+    )
 
 
-CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
-        "required": ["city"], "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 30}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 def test_forced_tool_call_and_json_schema_on_aggregated_engines(two_engines):
@@ -109,18 +139,36 @@ def test_forced_tool_call_and_json_schema_on_aggregated_engines(two_engines):
     url = f"{two_engines.router_url}/v1/chat/completions"
     ask = [{"role": "user", "content": "Weather in Rome?"}]
     tools = [{"type": "function", "function": {"name": "weather", "parameters": CITY}}]
-    reply = httpx.post(url, timeout=300, json={
-        "model": MODEL_NAME, "messages": ask, "max_tokens": 40, "tools": tools,
-        "tool_choice": {"type": "function", "function": {"name": "weather"}}})
+    reply = httpx.post(
+        url,
+        timeout=300,
+        json={
+            "model": MODEL_NAME,
+            "messages": ask,
+            "max_tokens": 40,
+            "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+        },
+    )
     assert reply.status_code == 200, reply.text
     choice = reply.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
-    jsonschema.validate(json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]),
-                        CITY)
-    reply = httpx.post(url, timeout=300, json={
-        "model": MODEL_NAME, "messages": ask, "max_tokens": 40,
-        "response_format": {"type": "json_schema",
-                            "json_schema": {"name": "w", "schema": CITY}}})
+    jsonschema.validate(
+        json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]), CITY
+    )
+    reply = httpx.post(
+        url,
+        timeout=300,
+        json={
+            "model": MODEL_NAME,
+            "messages": ask,
+            "max_tokens": 40,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "w", "schema": CITY},
+            },
+        },
+    )
     assert reply.status_code == 200, reply.text
     jsonschema.validate(json.loads(reply.json()["choices"][0]["message"]["content"]), CITY)
 
@@ -129,20 +177,34 @@ def test_messages_and_responses_forced_tools_on_aggregated_engines(two_engines):
     """Anthropic Messages and OpenAI Responses on the aggregated path: a forced
     tool call comes back as the API's own tool block, schema-valid."""
     ask = [{"role": "user", "content": "Weather in Rome?"}]
-    reply = httpx.post(f"{two_engines.router_url}/v1/messages", timeout=300, json={
-        "model": MODEL_NAME, "max_tokens": 40, "messages": ask,
-        "tools": [{"name": "weather", "input_schema": CITY}],
-        "tool_choice": {"type": "tool", "name": "weather"}})
+    reply = httpx.post(
+        f"{two_engines.router_url}/v1/messages",
+        timeout=300,
+        json={
+            "model": MODEL_NAME,
+            "max_tokens": 40,
+            "messages": ask,
+            "tools": [{"name": "weather", "input_schema": CITY}],
+            "tool_choice": {"type": "tool", "name": "weather"},
+        },
+    )
     assert reply.status_code == 200, reply.text
     message = reply.json()
     assert message["stop_reason"] == "tool_use"
     (use,) = [b for b in message["content"] if b["type"] == "tool_use"]
     assert use["name"] == "weather"
     jsonschema.validate(use["input"], CITY)
-    reply = httpx.post(f"{two_engines.router_url}/v1/responses", timeout=300, json={
-        "model": MODEL_NAME, "max_output_tokens": 40, "input": ask,
-        "tools": [{"type": "function", "name": "weather", "parameters": CITY}],
-        "tool_choice": {"type": "function", "name": "weather"}})
+    reply = httpx.post(
+        f"{two_engines.router_url}/v1/responses",
+        timeout=300,
+        json={
+            "model": MODEL_NAME,
+            "max_output_tokens": 40,
+            "input": ask,
+            "tools": [{"type": "function", "name": "weather", "parameters": CITY}],
+            "tool_choice": {"type": "function", "name": "weather"},
+        },
+    )
     assert reply.status_code == 200, reply.text
     (call,) = [item for item in reply.json()["output"] if item["type"] == "function_call"]
     assert call["name"] == "weather"

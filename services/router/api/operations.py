@@ -19,10 +19,19 @@ router = APIRouter()
 async def health(request: Request):
     pods = parts_of(request).core.report(time.monotonic())
     can_serve = any(p.state == "available" and p.role != Role.PREFILL for p in pods)
-    body = {"status": "ok" if can_serve else "unavailable", "pods": {
-        p.name: {"role": p.role, "state": p.state, "healthy": p.healthy,
-                 "draining": p.draining, "in_flight": p.in_flight}
-        for p in pods}}
+    body = {
+        "status": "ok" if can_serve else "unavailable",
+        "pods": {
+            p.name: {
+                "role": p.role,
+                "state": p.state,
+                "healthy": p.healthy,
+                "draining": p.draining,
+                "in_flight": p.in_flight,
+            }
+            for p in pods
+        },
+    }
     return JSONResponse(body, status_code=200 if can_serve else 503)
 
 

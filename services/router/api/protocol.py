@@ -72,8 +72,13 @@ class SamplingFields(BaseModel):
         extra = self.model_extra or {}
         for name in self.unsupported:
             value = extra.get(name)
-            harmless = value is None or value is False or value == [] or value == {} \
+            harmless = (
+                value is None
+                or value is False
+                or value == []
+                or value == {}
                 or (name == "best_of" and value == 1)
+            )
             if not harmless:
                 raise ValueError(f"'{name}' is not supported by this server")
         return self
@@ -81,14 +86,15 @@ class SamplingFields(BaseModel):
 
 def usage(counts: pb.Usage) -> dict:
     """OpenAI's usage object of an engine's token counts."""
-    return {"prompt_tokens": counts.prompt_tokens,
-            "completion_tokens": counts.completion_tokens,
-            "total_tokens": counts.prompt_tokens + counts.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": counts.cached_tokens}}
+    return {
+        "prompt_tokens": counts.prompt_tokens,
+        "completion_tokens": counts.completion_tokens,
+        "total_tokens": counts.prompt_tokens + counts.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": counts.cached_tokens},
+    }
 
 
 def named_bad_request(exc: ValueError) -> OpenAIError:
     """A 400 for a ValueError whose message starts with the field it names."""
     message = str(exc)
     return bad_request(message, param=message.split(":", 1)[0])
-

@@ -51,13 +51,15 @@ class EventStream(StreamingResponse):
     disconnects, which ends the response quietly, as StreamingResponse does."""
 
     def __init__(self, chunks: AsyncIterator[bytes], closing: bytes = DONE) -> None:
-        super().__init__(chunks, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
+        super().__init__(
+            chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
         self.closing = closing
 
     async def stream_response(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
         async for chunk in self.body_iterator:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": self.closing, "more_body": False})
@@ -95,11 +97,16 @@ class Shape:
         self.created = int(time.time())
 
     def _base(self, request_id: str, obj: str) -> dict:
-        return {"id": request_id, "object": obj, "created": self.created,
-                "model": self.card.name}
+        return {"id": request_id, "object": obj, "created": self.created, "model": self.card.name}
 
-    def whole(self, request_id: str, text: str, finish_reason: str, usage: dict,
-              logprobs: list[pb.TokenLogprob]) -> dict:
+    def whole(
+        self,
+        request_id: str,
+        text: str,
+        finish_reason: str,
+        usage: dict,
+        logprobs: list[pb.TokenLogprob],
+    ) -> dict:
         raise NotImplementedError
 
     def deltas(self, request_id: str, message: pb.GenerateResponse) -> list[dict]:
@@ -111,8 +118,9 @@ class Shape:
     def opening_payloads(self, request_id: str) -> list[dict]:
         return [self.opening(request_id)] if self.opening is not None else []
 
-    def stream_payloads(self, request_id: str, message: pb.GenerateResponse,
-                        include_usage: bool) -> list[dict]:
+    def stream_payloads(
+        self, request_id: str, message: pb.GenerateResponse, include_usage: bool
+    ) -> list[dict]:
         """The stream events one engine message makes (usage goes with the last)."""
         payloads = []
         if message.text or message.finish_reason:
@@ -133,8 +141,9 @@ class Responder:
     """Runs engine requests through the orchestrator and answers with their
     whole response or its event stream, within the request timeout."""
 
-    def __init__(self, orchestrator: Orchestrator, metrics: RouterMetrics,
-                 timeout_s: float) -> None:
+    def __init__(
+        self, orchestrator: Orchestrator, metrics: RouterMetrics, timeout_s: float
+    ) -> None:
         self._orchestrator = orchestrator
         self.metrics = metrics
         self.timeout_s = timeout_s
@@ -146,8 +155,9 @@ class Responder:
     def timed_out(self) -> OpenAIError:
         return OpenAIError(504, f"request took longer than {self.timeout_s:.0f}s")
 
-    async def respond(self, request: Request, ereq: EngineRequest, shape: Shape,
-                      stream: bool, include_usage: bool) -> JSONResponse | StreamingResponse:
+    async def respond(
+        self, request: Request, ereq: EngineRequest, shape: Shape, stream: bool, include_usage: bool
+    ) -> JSONResponse | StreamingResponse:
         if not stream:
             return JSONResponse(await self.until_done_or_gone(request, self.collect(ereq, shape)))
         # Wait for the first message before answering, so that errors before
@@ -168,8 +178,9 @@ class Responder:
         task = asyncio.ensure_future(work)
         watch = asyncio.ensure_future(_until_disconnected(request))
         try:
-            done, _ = await asyncio.wait({task, watch}, timeout=self.timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {task, watch}, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             watch.cancel()
             if not task.done():
@@ -187,9 +198,13 @@ class Responder:
     async def collect(self, ereq: EngineRequest, shape: Shape) -> dict:
         return await self.collect_rest(ereq, shape, None, self.stream(ereq))
 
-    async def collect_rest(self, ereq: EngineRequest, shape: Shape,
-                           first: pb.GenerateResponse | None,
-                           rest: AsyncIterator[pb.GenerateResponse]) -> dict:
+    async def collect_rest(
+        self,
+        ereq: EngineRequest,
+        shape: Shape,
+        first: pb.GenerateResponse | None,
+        rest: AsyncIterator[pb.GenerateResponse],
+    ) -> dict:
         """The whole response from a stream's messages (`first` already read)."""
         text: list[str] = []
         logprobs: list[pb.TokenLogprob] = []
@@ -208,12 +223,18 @@ class Responder:
                 final = message
         if final is None:
             raise OpenAIError(502, "the decode pod ended the stream without a final message")
-        return shape.whole(ereq.request_id, "".join(text), final.finish_reason,
-                           usage(final.usage), logprobs)
+        return shape.whole(
+            ereq.request_id, "".join(text), final.finish_reason, usage(final.usage), logprobs
+        )
 
-    async def sse(self, ereq: EngineRequest, shape: Shape, first: pb.GenerateResponse,
-                  rest: AsyncIterator[pb.GenerateResponse],
-                  include_usage: bool) -> AsyncIterator[bytes]:
+    async def sse(
+        self,
+        ereq: EngineRequest,
+        shape: Shape,
+        first: pb.GenerateResponse,
+        rest: AsyncIterator[pb.GenerateResponse],
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
         """The events before ``[DONE]`` (which `EventStream` adds): one chunk
         per engine message, holding every event it makes (the role opening
         goes with the first message, usage with the last), so events that are

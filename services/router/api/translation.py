@@ -23,8 +23,9 @@ def chat_request(fields: dict[str, Any]) -> ChatCompletionRequest:
         raise ValueError(f"{where}: {first['msg']}") from None
 
 
-def text_of(content: Any, where: str, unit: str = "blocks",
-            kinds: tuple[str, ...] = ("text",)) -> str:
+def text_of(
+    content: Any, where: str, unit: str = "blocks", kinds: tuple[str, ...] = ("text",)
+) -> str:
     """The text of a string or of a list of text `unit`s (Anthropic's blocks,
     the Responses API's parts: dicts whose type is one of `kinds`);
     ValueError naming the field `where` otherwise."""
@@ -34,8 +35,11 @@ def text_of(content: Any, where: str, unit: str = "blocks",
         raise ValueError(f"{where}: a string or a list of text {unit}")  # noqa: TRY004 (a 400)
     parts = []
     for i, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in kinds \
-                or not isinstance(part.get("text"), str):
+        if (
+            not isinstance(part, dict)
+            or part.get("type") not in kinds
+            or not isinstance(part.get("text"), str)
+        ):
             raise ValueError(f"{where}[{i}]: only text {unit} are supported")
         parts.append(part["text"])
     return "".join(parts)

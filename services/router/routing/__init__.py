@@ -8,21 +8,34 @@ view of the shared state read before it, then ``report_prefill``,
 """
 
 from services.router.routing.core import (
-                                          PodLoad,
-                                          PodReport,
-                                          PodSpec,
-                                          PodStatus,
-                                          RouteDecision,
-                                          RouteRequest,
-                                          RoutingCore,
-                                          SharedView,
-                                          StateWrites,
+    PodLoad,
+    PodReport,
+    PodSpec,
+    PodStatus,
+    RouteDecision,
+    RouteRequest,
+    RoutingCore,
+    SharedView,
+    StateWrites,
 )
 from services.router.routing.policy import NoPodAvailable
 from services.router.routing.replica import Replica
 from services.router.routing.sessions import IncrementalTokenizer, session_key
 from services.router.routing.settings import RoutingSettings
 
-__all__ = ["IncrementalTokenizer", "NoPodAvailable", "PodLoad", "PodReport", "PodSpec",
-           "PodStatus", "Replica", "RouteDecision", "RouteRequest", "RoutingCore",
-           "RoutingSettings", "SharedView", "StateWrites", "session_key"]
+__all__ = [
+    "IncrementalTokenizer",
+    "NoPodAvailable",
+    "PodLoad",
+    "PodReport",
+    "PodSpec",
+    "PodStatus",
+    "Replica",
+    "RouteDecision",
+    "RouteRequest",
+    "RoutingCore",
+    "RoutingSettings",
+    "SharedView",
+    "StateWrites",
+    "session_key",
+]

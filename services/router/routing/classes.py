@@ -33,6 +33,7 @@ REQUEST_CLASSES = (LONG, APPEND)
 @dataclass(frozen=True)
 class ClassPool:
     """Prefills of ``request_class`` go to the prefill pods of ``pool``."""
+
     request_class: str
     pool: str
 
@@ -45,7 +46,8 @@ def parse_class_pool(text: str) -> ClassPool:
     request_class, sep, pool = (part.strip() for part in text.partition("="))
     if not sep or not pool or request_class not in REQUEST_CLASSES:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected CLASS=POOL with CLASS one of {', '.join(REQUEST_CLASSES)}")
+            f"{text!r}: expected CLASS=POOL with CLASS one of {', '.join(REQUEST_CLASSES)}"
+        )
     return ClassPool(request_class, pool)
 
 
@@ -63,8 +65,9 @@ class _Pooled(Protocol):
 P = TypeVar("P", bound=_Pooled)
 
 
-def pods_for_class(pods: Sequence[P], request_class: str,
-                   assignments: Sequence[ClassPool]) -> list[P]:
+def pods_for_class(
+    pods: Sequence[P], request_class: str, assignments: Sequence[ClassPool]
+) -> list[P]:
     """The prefill pods ``request_class`` may use: its pool's, else those of
     pools no class reserved. Without assignments, all of them."""
     own = {a.pool for a in assignments if a.request_class == request_class}

@@ -43,6 +43,7 @@ POD_STATES = ("unhealthy", "draining", "ejected", "available")
 @dataclass(frozen=True)
 class PodSpec:
     """A pod as the router is told of it (flags, or discovery)."""
+
     name: str  # the pod's gRPC address
     role: Role = Role.BOTH
     # The engine's KV event PUB and replay endpoints; None: no events, the
@@ -58,6 +59,7 @@ class PodSpec:
 @dataclass
 class PodStatus:
     """Everything this replica knows of one pod; routing, /health and metrics read it."""
+
     spec: PodSpec
     healthy: bool = False  # the last poll said SERVING and no call failed since
     draining: bool = False  # the engine says it is shutting down
@@ -79,6 +81,7 @@ class PodLoad:
 @dataclass(frozen=True)
 class SharedView:
     """What the shared-state store says before a decision."""
+
     binding: Binding | None = None  # where the session's previous turn went
     loads: Mapping[str, PodLoad] = field(default_factory=dict)  # the other replicas' load
 
@@ -86,6 +89,7 @@ class SharedView:
 @dataclass(frozen=True)
 class StateWrites:
     """What the shared-state store must learn after a core call."""
+
     loads: Mapping[str, PodLoad] = field(default_factory=dict)  # this replica's, per pod
     binding: tuple[str, Binding] | None = None  # (session, where it went)
 
@@ -93,6 +97,7 @@ class StateWrites:
 @dataclass(frozen=True)
 class PodReport:
     """One pod as /health and /metrics show it."""
+
     name: str
     role: Role
     state: str  # one of POD_STATES
@@ -187,9 +192,19 @@ class RoutingCore:
         return self._pods
 
     # ----- polls ------------------------------------------------------------
-    def update_pod(self, name: str, now: float, *, healthy: bool, draining: bool = False,
-                   running: int = 0, waiting: int = 0, kv_cache_usage: float = 0.0,
-                   kv_capacity_blocks: int = 0, why: str = "") -> None:
+    def update_pod(
+        self,
+        name: str,
+        now: float,
+        *,
+        healthy: bool,
+        draining: bool = False,
+        running: int = 0,
+        waiting: int = 0,
+        kv_cache_usage: float = 0.0,
+        kv_capacity_blocks: int = 0,
+        why: str = "",
+    ) -> None:
         """Feed a poll result (``why``: what made it unhealthy, for the log).
         A poll of a pod removed meanwhile is ignored. A healthy poll of an
         ejected pod is its recovery probe."""
@@ -241,16 +256,24 @@ class RoutingCore:
         reports = []
         for name, st in self._pods.items():
             load = self.local_load(name)
-            reports.append(PodReport(
-                name=name, role=st.spec.role, state=self.state_of(name, now),
-                healthy=st.healthy, draining=st.draining or st.marked_draining,
-                in_flight=load.in_flight, pending_prefill_tokens=load.pending_prefill_tokens,
-                cached_blocks=self.index.held_blocks(name),
-                live_blocks=self.live.occupied_blocks(name, None),
-                kv_capacity_blocks=st.kv_capacity_blocks,
-                ejections=self.health.breaker(name).ejections,
-                engine_running=st.running, engine_waiting=st.waiting,
-                class_counts=dict(st.class_counts)))
+            reports.append(
+                PodReport(
+                    name=name,
+                    role=st.spec.role,
+                    state=self.state_of(name, now),
+                    healthy=st.healthy,
+                    draining=st.draining or st.marked_draining,
+                    in_flight=load.in_flight,
+                    pending_prefill_tokens=load.pending_prefill_tokens,
+                    cached_blocks=self.index.held_blocks(name),
+                    live_blocks=self.live.occupied_blocks(name, None),
+                    kv_capacity_blocks=st.kv_capacity_blocks,
+                    ejections=self.health.breaker(name).ejections,
+                    engine_running=st.running,
+                    engine_waiting=st.waiting,
+                    class_counts=dict(st.class_counts),
+                )
+            )
         return reports
 
     # ----- the seam ---------------------------------------------------------
@@ -267,16 +290,31 @@ class RoutingCore:
         views = self._views(n, hashes, req.session, shared, req.exclude, now)
         choice = self.policy.choose(RouteInput(n, views, req.session, shared.binding, now))
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("route session=%s tokens=%d class=%s -> %s prefill=%s (%s) cached=%s "
-                      "free=%s costs=%s", req.session, n, choice.request_class, choice.pod,
-                      choice.prefill_pod, choice.reason,
-                      {v.name: v.cached_tokens for v in views},
-                      {v.name: v.kv_free_tokens for v in views},
-                      {k: round(v) for k, v in choice.costs.items()})
-        decision = RouteDecision(choice.prefill_pod, choice.pod, choice.reason,
-                                 choice.predicted_cached_tokens, choice.predicted_ttft_s,
-                                 req.session, n, choice.local_prefill, choice.request_class,
-                                 hashes)
+            log.debug(
+                "route session=%s tokens=%d class=%s -> %s prefill=%s (%s) cached=%s "
+                "free=%s costs=%s",
+                req.session,
+                n,
+                choice.request_class,
+                choice.pod,
+                choice.prefill_pod,
+                choice.reason,
+                {v.name: v.cached_tokens for v in views},
+                {v.name: v.kv_free_tokens for v in views},
+                {k: round(v) for k, v in choice.costs.items()},
+            )
+        decision = RouteDecision(
+            choice.prefill_pod,
+            choice.pod,
+            choice.reason,
+            choice.predicted_cached_tokens,
+            choice.predicted_ttft_s,
+            req.session,
+            n,
+            choice.local_prefill,
+            choice.request_class,
+            hashes,
+        )
         counts = self._pods[decision.prefill_on].class_counts
         counts[decision.request_class] = counts.get(decision.request_class, 0) + 1
         uncached = max(0, n - choice.predicted_cached_tokens)
@@ -284,8 +322,11 @@ class RoutingCore:
         if decision.prefill_pod is not None:
             loads[decision.decode_pod] = self._hold(decision, decision.decode_pod, 1, 0)
         for pod in loads:
-            ttl = (self.settings.predicted_ttl_with_events_s
-                   if self._pods[pod].spec.kv_events else self.settings.predicted_ttl_s)
+            ttl = (
+                self.settings.predicted_ttl_with_events_s
+                if self._pods[pod].spec.kv_events
+                else self.settings.predicted_ttl_s
+            )
             self.index.predict(pod, hashes, now, ttl)
         binding = None
         if req.session:
@@ -297,8 +338,9 @@ class RoutingCore:
         decision.writes = StateWrites(loads, binding)
         return decision
 
-    def next_turn(self, hashes: list[int], num_tokens: int, session: str,
-                  binding: Binding | None, now: float) -> PodView | None:
+    def next_turn(
+        self, hashes: list[int], num_tokens: int, session: str, binding: Binding | None, now: float
+    ) -> PodView | None:
         """The pod a turn of ``session`` with this prompt (``num_tokens`` long,
         its block ``hashes`` as ``hasher.event_hashes`` gives them) would go to
         now (the decode or aggregated pod), as the policy saw it: the tokens the
@@ -320,12 +362,16 @@ class RoutingCore:
         st = self._pods.get(pod)
         if st is None:
             return
-        ttl = (self.settings.predicted_ttl_with_events_s if st.spec.kv_events
-               else self.settings.predicted_ttl_s)
+        ttl = (
+            self.settings.predicted_ttl_with_events_s
+            if st.spec.kv_events
+            else self.settings.predicted_ttl_s
+        )
         self.index.predict(pod, hashes, now, ttl)
 
-    def report_prefill(self, decision: RouteDecision, now: float,
-                       pod: str | None = None) -> StateWrites:
+    def report_prefill(
+        self, decision: RouteDecision, now: float, pod: str | None = None
+    ) -> StateWrites:
         """The prompt's KV is computed on ``pod`` (default: the pod chosen to compute it).
 
         Frees the pod's pending prefill tokens, and a P/D prefill pod's request
@@ -371,24 +417,38 @@ class RoutingCore:
             raise KeyError(f"unknown pod {name}")
         return st
 
-    def _views(self, n: int, hashes: list[int], session: str | None, shared: SharedView,
-               exclude: frozenset[str], now: float) -> list[PodView]:
+    def _views(
+        self,
+        n: int,
+        hashes: list[int],
+        session: str | None,
+        shared: SharedView,
+        exclude: frozenset[str],
+        now: float,
+    ) -> list[PodView]:
         matched = self.index.match(hashes, now)
         bs = self.settings.block_size
         views = []
         for name, st in self._pods.items():
             local, remote = self.local_load(name), shared.loads.get(name, PodLoad())
             blocks = matched.get(name, 0)
-            views.append(PodView(
-                name=name, role=st.spec.role,
-                available=self.available(name, now) and name not in exclude,
-                in_flight=local.in_flight + remote.in_flight,
-                pending_prefill_tokens=(local.pending_prefill_tokens
-                                        + remote.pending_prefill_tokens),
-                running=st.running, waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
-                cached_tokens=predicted_cached_tokens(blocks, n, bs),
-                kv_free_tokens=self._kv_free_tokens(st, session, hashes[:blocks]),
-                pool=st.spec.pool))
+            views.append(
+                PodView(
+                    name=name,
+                    role=st.spec.role,
+                    available=self.available(name, now) and name not in exclude,
+                    in_flight=local.in_flight + remote.in_flight,
+                    pending_prefill_tokens=(
+                        local.pending_prefill_tokens + remote.pending_prefill_tokens
+                    ),
+                    running=st.running,
+                    waiting=st.waiting,
+                    kv_cache_usage=st.kv_cache_usage,
+                    cached_tokens=predicted_cached_tokens(blocks, n, bs),
+                    kv_free_tokens=self._kv_free_tokens(st, session, hashes[:blocks]),
+                    pool=st.spec.pool,
+                )
+            )
         return views
 
     def _hold(self, decision: RouteDecision, pod: str, requests: int, tokens: int) -> PodLoad:
@@ -399,16 +459,16 @@ class RoutingCore:
 
     def _add_load(self, pod: str, requests: int, tokens: int) -> PodLoad:
         old = self.local_load(pod)
-        new = PodLoad(max(0, old.in_flight + requests),
-                      max(0, old.pending_prefill_tokens + tokens))
+        new = PodLoad(max(0, old.in_flight + requests), max(0, old.pending_prefill_tokens + tokens))
         if new == PodLoad():
             self._loads.pop(pod, None)
         else:
             self._loads[pod] = new
         return new
 
-    def _kv_free_tokens(self, st: PodStatus, session: str | None,
-                        cached: Sequence[int]) -> int | None:
+    def _kv_free_tokens(
+        self, st: PodStatus, session: str | None, cached: Sequence[int]
+    ) -> int | None:
         """KV the pod can fill for this request without evicting what live
         sessions need (None: the pod has not reported its capacity)."""
         capacity = st.kv_capacity_blocks

@@ -85,13 +85,14 @@ def prefill_cost(pod: PodView, num_tokens: int, s: PolicySettings) -> float:
     return uncached_tokens(pod, num_tokens) + load_tokens(pod, s, uncached_share(pod, num_tokens))
 
 
-def placement_cost(pod: PodView, num_tokens: int, s: PolicySettings,
-                   weight: float = 1.0) -> float:
+def placement_cost(pod: PodView, num_tokens: int, s: PolicySettings, weight: float = 1.0) -> float:
     """What choosing ``pod`` costs: ``weight`` x its uncached tokens, its load,
     and the later recompute of the live KV it evicts."""
-    return (weight * uncached_tokens(pod, num_tokens)
-            + load_tokens(pod, s, uncached_share(pod, num_tokens))
-            + s.eviction_cost_factor * evicted_tokens(pod, num_tokens))
+    return (
+        weight * uncached_tokens(pod, num_tokens)
+        + load_tokens(pod, s, uncached_share(pod, num_tokens))
+        + s.eviction_cost_factor * evicted_tokens(pod, num_tokens)
+    )
 
 
 def ttft_s(cost: float, s: PolicySettings) -> float:

@@ -125,9 +125,16 @@ class KvEventSubscriber:
     scratch only when the publisher restarted (sequence went back).
     """
 
-    def __init__(self, pod: str, endpoint: str, replay_endpoint: str | None,
-                 index: PrefixIndex, topic: str = "kv", replay_timeout_s: float = 5.0,
-                 on_batch: Callable[[str, KVEventBatch], None] | None = None) -> None:
+    def __init__(
+        self,
+        pod: str,
+        endpoint: str,
+        replay_endpoint: str | None,
+        index: PrefixIndex,
+        topic: str = "kv",
+        replay_timeout_s: float = 5.0,
+        on_batch: Callable[[str, KVEventBatch], None] | None = None,
+    ) -> None:
         self.pod = pod
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -178,8 +185,13 @@ class KvEventSubscriber:
         if seq < self._next_seq:
             if seq == 0 or self._next_seq - seq > 1_000:
                 # The publisher started over: the engine restarted with an empty cache.
-                log.warning("kv events from %s restarted at seq %d (expected %d): "
-                            "clearing its index entries", self.pod, seq, self._next_seq)
+                log.warning(
+                    "kv events from %s restarted at seq %d (expected %d): "
+                    "clearing its index entries",
+                    self.pod,
+                    seq,
+                    self._next_seq,
+                )
                 self.stats.restarts += 1
                 self.index.clear_pod(self.pod)
                 self._next_seq = 0
@@ -189,8 +201,7 @@ class KvEventSubscriber:
                 return  # duplicate of something already applied via replay
         elif seq > self._next_seq:
             self.stats.gaps += 1
-            log.info("kv events from %s: gap %d..%d, replaying", self.pod,
-                     self._next_seq, seq - 1)
+            log.info("kv events from %s: gap %d..%d, replaying", self.pod, self._next_seq, seq - 1)
             await self._replay_from(self._next_seq, seq)
         self._apply(seq, payload)
 
@@ -244,5 +255,4 @@ class KvEventSubscriber:
         # Lost stores mean under-prediction; lost removals can leave phantom
         # blocks until the LRU bound drops them or the engine restarts.
         self.stats.lost += n
-        log.warning("kv events from %s: %d batch(es) lost beyond the replay buffer",
-                    self.pod, n)
+        log.warning("kv events from %s: %d batch(es) lost beyond the replay buffer", self.pod, n)

@@ -44,7 +44,8 @@ def hash_function(algo: str) -> Callable[[Any], bytes]:
         return _sha256_cbor
     raise ValueError(
         f"prefix-caching hash algorithm {algo!r} is not reproducible outside the engine; "
-        f"use one of {SUPPORTED_ALGOS} (xxhash variants use a per-process random seed)")
+        f"use one of {SUPPORTED_ALGOS} (xxhash variants use a per-process random seed)"
+    )
 
 
 def resolve_seed(seed: str | None = None) -> str:
@@ -71,9 +72,13 @@ class BlockHasher:
         self.seed = resolve_seed(seed)
         self.none_hash = self._hash(self.seed)
 
-    def block_hashes(self, token_ids: Sequence[int], cache_salt: str | None = None,
-                     lora: tuple[str, str] | None = None, start_parent: bytes | None = None,
-                     ) -> list[bytes]:
+    def block_hashes(
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str | None = None,
+        lora: tuple[str, str] | None = None,
+        start_parent: bytes | None = None,
+    ) -> list[bytes]:
         """Full-width hashes (bytes) of every full block, in order.
 
         ``start_parent`` continues a chain whose earlier blocks were hashed
@@ -86,18 +91,23 @@ class BlockHasher:
         out: list[bytes] = []
         for start in range(0, len(token_ids) - bs + 1, bs):
             extra = self._extra_keys(first and start == 0, cache_salt, lora)
-            parent = self._hash((parent, tuple(token_ids[start:start + bs]), extra))
+            parent = self._hash((parent, tuple(token_ids[start : start + bs]), extra))
             out.append(parent)
         return out
 
-    def event_hashes(self, token_ids: Sequence[int], cache_salt: str | None = None,
-                     lora: tuple[str, str] | None = None) -> list[int]:
+    def event_hashes(
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str | None = None,
+        lora: tuple[str, str] | None = None,
+    ) -> list[int]:
         """Hashes of every full block as KV events carry them (low 64 bits)."""
         return [to_event_hash(h) for h in self.block_hashes(token_ids, cache_salt, lora)]
 
     @staticmethod
-    def _extra_keys(first_block: bool, cache_salt: str | None,
-                    lora: tuple[str, str] | None) -> tuple[Any, ...] | None:
+    def _extra_keys(
+        first_block: bool, cache_salt: str | None, lora: tuple[str, str] | None
+    ) -> tuple[Any, ...] | None:
         # Same order as vLLM's generate_block_hash_extra_keys: LoRA, (mm), salt.
         keys: list[tuple[str, ...]] = []
         if lora:

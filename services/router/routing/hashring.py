@@ -25,8 +25,13 @@ def _ring(pods: tuple[str, ...], vnodes: int) -> tuple[list[int], list[str]]:
     return [p for p, _ in points], [pod for _, pod in points]
 
 
-def bounded_load_choice(key: str, pods: Sequence[str], loads: Mapping[str, float],
-                        bound_factor: float = 1.25, vnodes: int = 64) -> tuple[str, bool]:
+def bounded_load_choice(
+    key: str,
+    pods: Sequence[str],
+    loads: Mapping[str, float],
+    bound_factor: float = 1.25,
+    vnodes: int = 64,
+) -> tuple[str, bool]:
     """The pod for ``key``; second item True when its home pod was over the bound.
 
     The bound is ``bound_factor`` times the average load counting the request

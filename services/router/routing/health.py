@@ -58,10 +58,14 @@ class CircuitBreaker:
         """Count a failure; True when this failure opened the circuit (an ejection)."""
         self.consecutive_failures += 1
         if self.state is CircuitState.HALF_OPEN or (
-                self.state is CircuitState.CLOSED
-                and self.consecutive_failures >= self.settings.failure_threshold):
-            self._current_open_s = (self.settings.open_s if not self._current_open_s
-                                    else min(self.settings.max_open_s, 2 * self._current_open_s))
+            self.state is CircuitState.CLOSED
+            and self.consecutive_failures >= self.settings.failure_threshold
+        ):
+            self._current_open_s = (
+                self.settings.open_s
+                if not self._current_open_s
+                else min(self.settings.max_open_s, 2 * self._current_open_s)
+            )
             self.state = CircuitState.OPEN
             self.open_until = now + self._current_open_s
             self.ejections += 1

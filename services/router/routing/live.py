@@ -27,12 +27,12 @@ class LiveSessions:
             raise ValueError("live-session window must be positive")
         self.window_s = window_s
         # session -> (pods, block hashes, last seen), least recently seen first
-        self._sessions: OrderedDict[str, tuple[frozenset[str], frozenset[int], float]] = \
+        self._sessions: OrderedDict[str, tuple[frozenset[str], frozenset[int], float]] = (
             OrderedDict()
+        )
         self._blocks: dict[str, Counter[int]] = {}  # pod -> hash -> live sessions using it
 
-    def touch(self, session: str, pods: Iterable[str], hashes: Sequence[int],
-              now: float) -> None:
+    def touch(self, session: str, pods: Iterable[str], hashes: Sequence[int], now: float) -> None:
         """The session's latest turn went to ``pods`` with these blocks."""
         self._drop(session)
         blocks = frozenset(hashes)
@@ -58,8 +58,7 @@ class LiveSessions:
                 break
             self._drop(session)
 
-    def occupied_blocks(self, pod: str, session: str | None,
-                        cached: Sequence[int] = ()) -> int:
+    def occupied_blocks(self, pod: str, session: str | None, cached: Sequence[int] = ()) -> int:
         """Blocks on ``pod`` a new turn of ``session`` may not evict: other live
         sessions' blocks, plus the blocks of its prompt the pod holds
         (``cached``; in use while it runs). Each distinct block counts once."""

@@ -49,6 +49,7 @@ REMOTE_PREFILL_SCOPES = ("request", "pod")
 @dataclass(frozen=True)
 class Binding:
     """Where a session's previous turn went."""
+
     pod: str  # decode pod (or aggregated pod)
     prefill_pod: str | None = None
 
@@ -81,45 +82,72 @@ class Choice:
 
 @dataclass(frozen=True)
 class PolicySettings:
-    policy: str = setting("cost", f"how pods are chosen: {policies_help()}",
-                          flag="--routing-policy", aliases=("--policy",), choices=POLICIES)
-    prefill_tokens_per_s: float = setting(2_000.0, "a pod's prefill speed, to turn costs "
-                                          "into predicted TTFT")
+    policy: str = setting(
+        "cost",
+        f"how pods are chosen: {policies_help()}",
+        flag="--routing-policy",
+        aliases=("--policy",),
+        choices=POLICIES,
+    )
+    prefill_tokens_per_s: float = setting(
+        2_000.0, "a pod's prefill speed, to turn costs into predicted TTFT"
+    )
     request_cost_tokens: float = 64.0
     kv_high_watermark: float = 0.9
-    kv_pressure_tokens: float = setting(4_096.0, "cost policy: the load, in prompt tokens, "
-                                        "of a pod whose KV usage is full (scaled from the 90% "
-                                        "watermark, and by the share of the request the pod "
-                                        "must allocate)")
+    kv_pressure_tokens: float = setting(
+        4_096.0,
+        "cost policy: the load, in prompt tokens, "
+        "of a pod whose KV usage is full (scaled from the 90% "
+        "watermark, and by the share of the request the pod "
+        "must allocate)",
+    )
     stickiness_margin_tokens: float = 256.0
     # Per token of prefix the other pod lacks (strategies.move_cost); the value is
     # measured (routing/README.md, "Measured").
-    move_cost_factor: float = setting(0.5, "cost policy: how strongly a session (or a "
-                                      "sub-agent fork) stays with the pod holding its "
-                                      "context: the cost of moving, per token of that "
-                                      "context the other pod lacks")
+    move_cost_factor: float = setting(
+        0.5,
+        "cost policy: how strongly a session (or a "
+        "sub-agent fork) stays with the pod holding its "
+        "context: the cost of moving, per token of that "
+        "context the other pod lacks",
+    )
     load_bound_factor: float = 1.25
-    remote_prefill_threshold: int = setting(256, "P/D: below this many uncached tokens the "
-                                            "decode pod prefills locally")
+    remote_prefill_threshold: int = setting(
+        256, "P/D: below this many uncached tokens the decode pod prefills locally"
+    )
     remote_prefill_scope: str = setting(
-        "request", "P/D: what --remote-prefill-threshold bounds: request (this request's "
+        "request",
+        "P/D: what --remote-prefill-threshold bounds: request (this request's "
         "uncached remainder) or pod (that plus the uncached tokens the decode pod is already "
         "prefilling, so a burst of sub-agent forks goes to the prefill pool instead of one "
-        "long decode step)", choices=REMOTE_PREFILL_SCOPES)
+        "long decode step)",
+        choices=REMOTE_PREFILL_SCOPES,
+    )
     transfer_weight: float = 0.1
-    eviction_cost_factor: float = setting(1.0, "cost policy: weight of live sessions' cached "
-                                          "tokens a placement would evict (recomputed on "
-                                          "their next turn); 0 ignores KV capacity")
-    long_request_tokens: int = setting(1024, "request classes: a request whose prompt part "
-                                       "no pod holds (the prefix index's prediction) is at "
-                                       "least this many tokens is class long (a fresh or long "
-                                       "prefill), else append (a turn that reuses its context); "
-                                       "shown in metrics and logs", metavar="TOKENS")
+    eviction_cost_factor: float = setting(
+        1.0,
+        "cost policy: weight of live sessions' cached "
+        "tokens a placement would evict (recomputed on "
+        "their next turn); 0 ignores KV capacity",
+    )
+    long_request_tokens: int = setting(
+        1024,
+        "request classes: a request whose prompt part "
+        "no pod holds (the prefix index's prediction) is at "
+        "least this many tokens is class long (a fresh or long "
+        "prefill), else append (a turn that reuses its context); "
+        "shown in metrics and logs",
+        metavar="TOKENS",
+    )
     prefill_pool_for: tuple[ClassPool, ...] = setting(
-        (), "P/D: prefill requests of CLASS (long or append) only on the prefill pods of POOL "
+        (),
+        "P/D: prefill requests of CLASS (long or append) only on the prefill pods of POOL "
         "(--prefill POOL=ADDR, or the pods' tandem.dev/pool label); a class without a pool "
         "uses pods of pools no class reserved; when its pods cannot serve, the decode pod "
-        "prefills it (repeat per class)", parse=parse_class_pool, metavar="CLASS=POOL")
+        "prefills it (repeat per class)",
+        parse=parse_class_pool,
+        metavar="CLASS=POOL",
+    )
 
     def validate(self) -> None:
         def bad(name: str, message: str) -> SettingError:
@@ -140,8 +168,10 @@ class PolicySettings:
         if self.load_bound_factor < 1:
             raise bad("load_bound_factor", "must be >= 1")
         if self.remote_prefill_scope not in REMOTE_PREFILL_SCOPES:
-            raise bad("remote_prefill_scope",
-                      f"{self.remote_prefill_scope!r}: choose one of {REMOTE_PREFILL_SCOPES}")
+            raise bad(
+                "remote_prefill_scope",
+                f"{self.remote_prefill_scope!r}: choose one of {REMOTE_PREFILL_SCOPES}",
+            )
         if self.long_request_tokens <= 0:
             raise bad("long_request_tokens", "must be positive")
         classes = [a.request_class for a in self.prefill_pool_for]
@@ -164,8 +194,9 @@ class Policy:
 
     def choose(self, req: RouteInput) -> Choice:
         s = self.settings
-        request_class = classify(req.num_tokens, (p.cached_tokens for p in req.pods),
-                                 s.long_request_tokens)
+        request_class = classify(
+            req.num_tokens, (p.cached_tokens for p in req.pods), s.long_request_tokens
+        )
         return replace(self._choose(req, request_class), request_class=request_class)
 
     def peek(self, req: RouteInput) -> Choice:
@@ -185,8 +216,7 @@ class Policy:
         if not split:
             chosen = self._choose_one(req, decode, weight=1.0)
             role = next(p.role for p in decode if p.name == chosen.pod)
-            return replace(chosen,
-                           local_prefill="no_prefill_pods" if role == Role.DECODE else None)
+            return replace(chosen, local_prefill="no_prefill_pods" if role == Role.DECODE else None)
         # P/D: decode first. Its missing prefix arrives by transfer, so it weighs less.
         chosen = self._choose_one(req, decode, weight=s.transfer_weight)
         d = next(p for p in decode if p.name == chosen.pod)
@@ -195,16 +225,34 @@ class Policy:
             local_work += d.pending_prefill_tokens
         candidates = pods_for_class(prefill, request_class, s.prefill_pool_for)
         if local_work < s.remote_prefill_threshold or not candidates:
-            why = ("short_uncached" if local_work < s.remote_prefill_threshold and prefill
-                   else "prefill_unavailable" if not prefill else "class_pool_unavailable")
+            why = (
+                "short_uncached"
+                if local_work < s.remote_prefill_threshold and prefill
+                else "prefill_unavailable"
+                if not prefill
+                else "class_pool_unavailable"
+            )
             cost = prefill_cost(d, req.num_tokens, s)
-            return Choice(d.name, None, f"{chosen.reason}+local-prefill:{why.replace('_', '-')}",
-                          d.cached_tokens, ttft_s(cost, s), chosen.costs, why)
+            return Choice(
+                d.name,
+                None,
+                f"{chosen.reason}+local-prefill:{why.replace('_', '-')}",
+                d.cached_tokens,
+                ttft_s(cost, s),
+                chosen.costs,
+                why,
+            )
         name, reason = self.strategy.choose_prefill(self._candidates(req, candidates, 1.0))
         p = next(p for p in candidates if p.name == name)
         cost = prefill_cost(p, req.num_tokens, s)
-        return Choice(d.name, p.name, f"{chosen.reason}+{reason}", p.cached_tokens,
-                      ttft_s(cost, s), chosen.costs)
+        return Choice(
+            d.name,
+            p.name,
+            f"{chosen.reason}+{reason}",
+            p.cached_tokens,
+            ttft_s(cost, s),
+            chosen.costs,
+        )
 
     def _choose_one(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Choice:
         """The decode (or aggregated) pod among ``pods``."""

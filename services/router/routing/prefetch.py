@@ -34,29 +34,39 @@ from common.settings import SettingError, flag_of, setting
 @dataclass(frozen=True)
 class PrefetchSettings:
     session_prefetch: bool = setting(
-        False, "between a session's turns, warm its prefix on the pod its next turn will go "
+        False,
+        "between a session's turns, warm its prefix on the pod its next turn will go "
         "to when that pod lacks it (evicted under KV pressure, or the session moves): a "
         "load-only request (one discarded token) at the lowest priority, only on pods with "
         "no queued request, cancelled when the next turn comes first (true/false)",
-        metavar="BOOL")
-    prefetch_max_in_flight: int = setting(1, "--session-prefetch: most prefetches running on "
-                                          "one pod", metavar="N")
-    prefetch_min_tokens: int = setting(256, "--session-prefetch: warm only when at least "
-                                       "this many of the session's prompt tokens are "
-                                       "missing on the target pod", metavar="TOKENS")
+        metavar="BOOL",
+    )
+    prefetch_max_in_flight: int = setting(
+        1, "--session-prefetch: most prefetches running on one pod", metavar="N"
+    )
+    prefetch_min_tokens: int = setting(
+        256,
+        "--session-prefetch: warm only when at least "
+        "this many of the session's prompt tokens are "
+        "missing on the target pod",
+        metavar="TOKENS",
+    )
 
     def validate(self) -> None:
         if self.prefetch_max_in_flight < 1:
-            raise SettingError(flag_of(PrefetchSettings, "prefetch_max_in_flight"),
-                               "must be at least 1")
+            raise SettingError(
+                flag_of(PrefetchSettings, "prefetch_max_in_flight"), "must be at least 1"
+            )
         if self.prefetch_min_tokens < 1:
-            raise SettingError(flag_of(PrefetchSettings, "prefetch_min_tokens"),
-                               "must be at least 1")
+            raise SettingError(
+                flag_of(PrefetchSettings, "prefetch_min_tokens"), "must be at least 1"
+            )
 
 
 @dataclass(frozen=True)
 class Candidate:
     """An idle live session and where its next turn would go."""
+
     session: str
     num_tokens: int  # its last prompt
     target: str  # the decode or aggregated pod its next turn would go to
@@ -74,6 +84,7 @@ class Candidate:
 @dataclass(frozen=True)
 class PodGate:
     """What a pod allows a prefetch."""
+
     available: bool  # healthy, not draining, circuit closed
     queued: int  # real requests waiting: engine-reported waiting, or tokens pending prefill
     prefetching: int  # prefetches running there
@@ -87,21 +98,27 @@ class Prefetch:
     reason: str  # "moves" or "evicted"
 
 
-def plan(candidates: Iterable[Candidate], pods: Mapping[str, PodGate],
-         settings: PrefetchSettings) -> list[Prefetch]:
+def plan(
+    candidates: Iterable[Candidate], pods: Mapping[str, PodGate], settings: PrefetchSettings
+) -> list[Prefetch]:
     """The prefetches to start now."""
     started: dict[str, int] = {}
     chosen = []
     for c in sorted(candidates, key=lambda c: (-c.missing_tokens, c.session)):
         gate = pods.get(c.target)
-        if (c.missing_tokens < settings.prefetch_min_tokens or gate is None
-                or not gate.available or gate.queued > 0
-                or (c.room_tokens is not None and c.missing_tokens > c.room_tokens)):
+        if (
+            c.missing_tokens < settings.prefetch_min_tokens
+            or gate is None
+            or not gate.available
+            or gate.queued > 0
+            or (c.room_tokens is not None and c.missing_tokens > c.room_tokens)
+        ):
             continue
         running = gate.prefetching + started.get(c.target, 0)
         if running >= settings.prefetch_max_in_flight:
             continue
         started[c.target] = started.get(c.target, 0) + 1
-        chosen.append(Prefetch(c.session, c.target, c.missing_tokens,
-                               "moves" if c.moves else "evicted"))
+        chosen.append(
+            Prefetch(c.session, c.target, c.missing_tokens, "moves" if c.moves else "evicted")
+        )
     return chosen

@@ -25,12 +25,14 @@ class Replica:
         await self.state.write(decision.writes, now)
         return decision
 
-    async def report_prefill(self, decision: RouteDecision, now: float,
-                             pod: str | None = None) -> None:
+    async def report_prefill(
+        self, decision: RouteDecision, now: float, pod: str | None = None
+    ) -> None:
         await self.state.write(self.core.report_prefill(decision, now, pod), now)
 
-    async def report_failure(self, decision: RouteDecision, pod: str, now: float,
-                             why: str = "a call failed") -> bool:
+    async def report_failure(
+        self, decision: RouteDecision, pod: str, now: float, why: str = "a call failed"
+    ) -> bool:
         """A call to ``pod`` failed before its first byte: count it and free
         what ``decision`` holds (route again without the pod). True: ejected."""
         ejected = self.core.report_failure(pod, now, why)

@@ -35,8 +35,11 @@ class SessionKey:
     source: str  # "header", "user" or "derived"
 
 
-def session_key(headers: Mapping[str, str], body: Mapping[str, Any] | None,
-                header_name: str = DEFAULT_SESSION_HEADER) -> SessionKey | None:
+def session_key(
+    headers: Mapping[str, str],
+    body: Mapping[str, Any] | None,
+    header_name: str = DEFAULT_SESSION_HEADER,
+) -> SessionKey | None:
     """The request's session: header, else ``user``, else derived from messages."""
     wanted = header_name.lower()
     for name, value in headers.items():
@@ -50,8 +53,9 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any] | None,
     return SessionKey(derived, "derived") if derived else None
 
 
-def derive_session_key(messages: Sequence[Mapping[str, Any]] | None,
-                       prompt: Any = None) -> str | None:
+def derive_session_key(
+    messages: Sequence[Mapping[str, Any]] | None, prompt: Any = None
+) -> str | None:
     """A stable key from what every turn of one conversation repeats.
 
     The system message(s) and the first user message are the opening of the
@@ -137,12 +141,16 @@ class IncrementalTokenizer:
         # Split points are only safe after special tokens that do not swallow
         # the whitespace following them.
         decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-        self._cut_ids = {i for i, t in decoder.items()
-                         if getattr(t, "special", False) and not getattr(t, "rstrip", False)}
+        self._cut_ids = {
+            i
+            for i, t in decoder.items()
+            if getattr(t, "special", False) and not getattr(t, "rstrip", False)
+        }
 
     def render_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
-        text: str = self._tok.apply_chat_template(messages, add_generation_prompt=True,
-                                                  tokenize=False, **template_kwargs)
+        text: str = self._tok.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **template_kwargs
+        )
         return text
 
     def encode(self, text: str, session: str | None = None) -> list[int]:
@@ -169,10 +177,11 @@ class IncrementalTokenizer:
             return None
         char_at, tokens_at = prev.cuts[i]
         self.stats.reused_tokens += tokens_at
-        return self._encode_from(text, char_at, prev.ids[:tokens_at], prev.cuts[:i + 1])
+        return self._encode_from(text, char_at, prev.ids[:tokens_at], prev.cuts[: i + 1])
 
-    def _encode_from(self, text: str, start: int, ids: list[int],
-                     cuts: list[tuple[int, int]]) -> _Tokenized:
+    def _encode_from(
+        self, text: str, start: int, ids: list[int], cuts: list[tuple[int, int]]
+    ) -> _Tokenized:
         enc = self.encoder.encode(text[start:], add_special_tokens=False)
         new_ids = enc.ids
         self.stats.tokenized_chars += len(text) - start

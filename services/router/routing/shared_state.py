@@ -105,10 +105,18 @@ class LocalState:
 
 
 class RedisState(LocalState):
-    def __init__(self, url: str, replica_id: str | None = None, prefix: str = "tandem",
-                 binding_ttl_s: float = 3600.0, refresh_s: float = 0.2, retry_s: float = 1.0,
-                 load_ttl_s: float = 15.0, timeout_s: float = 0.25,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        url: str,
+        replica_id: str | None = None,
+        prefix: str = "tandem",
+        binding_ttl_s: float = 3600.0,
+        refresh_s: float = 0.2,
+        retry_s: float = 1.0,
+        load_ttl_s: float = 15.0,
+        timeout_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(binding_ttl_s)
         import redis.asyncio as aioredis
 
@@ -120,9 +128,9 @@ class RedisState(LocalState):
         self.load_ttl_s = load_ttl_s
         # The background tasks' time; callers pass theirs (on the same clock).
         self._clock = clock
-        self._redis: Any = aioredis.Redis.from_url(url, socket_timeout=timeout_s,
-                                                   socket_connect_timeout=timeout_s,
-                                                   decode_responses=True)
+        self._redis: Any = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
+        )
         self.up = False
         self.outages = 0
         self._down_logged = False
@@ -166,8 +174,9 @@ class RedisState(LocalState):
         if self.up:
             self.outages += 1
         if not self._down_logged:  # once per outage, and when unreachable at start
-            log.warning("redis %s unreachable (%s): serving on local state until it returns",
-                        self.url, err)
+            log.warning(
+                "redis %s unreachable (%s): serving on local state until it returns", self.url, err
+            )
             self._down_logged = True
         self.up = False
 
@@ -192,7 +201,8 @@ class RedisState(LocalState):
             # without overwriting what other replicas wrote meanwhile.
             made_meanwhile = set(self._dirty_sessions)
             restored = await self._write_bindings(
-                [s for s in self._bindings if s not in made_meanwhile], only_missing=True)
+                [s for s in self._bindings if s not in made_meanwhile], only_missing=True
+            )
             # The others' load as it is now, not as it was before the outage.
             await self._refresh_remote_loads()
             written = 0
@@ -204,29 +214,39 @@ class RedisState(LocalState):
             # No await since the loop's last check: a binding made from here on
             # sees up=True and goes straight to Redis.
             if not self.up:
-                log.info("redis %s reachable: state re-synced (%d bindings made while "
-                         "unreachable, %d restored)", self.url, written, restored)
+                log.info(
+                    "redis %s reachable: state re-synced (%d bindings made while "
+                    "unreachable, %d restored)",
+                    self.url,
+                    written,
+                    restored,
+                )
             self.up = True
             self._down_logged = False
         except Exception as err:  # redis.RedisError, OSError, timeouts
             self._went_down(err)
         return self.up
 
-    async def _write_bindings(self, sessions: list[str], only_missing: bool,
-                              chunk: int = 1000) -> int:
+    async def _write_bindings(
+        self, sessions: list[str], only_missing: bool, chunk: int = 1000
+    ) -> int:
         """Write these sessions' local bindings with their remaining TTL; with
         ``only_missing``, only where Redis has none. Returns how many were written."""
         written = 0
         for i in range(0, len(sessions), chunk):
             now = self._clock()
             pipe = self._redis.pipeline(transaction=False)
-            for session in sessions[i:i + chunk]:
+            for session in sessions[i : i + chunk]:
                 entry = self._bindings.get(session)
                 if entry is None or entry[1] <= now:
                     continue
                 binding, expiry = entry
-                pipe.set(self._sess_key(session), _encode_binding(binding),
-                         ex=max(1, int(expiry - now)), nx=only_missing)
+                pipe.set(
+                    self._sess_key(session),
+                    _encode_binding(binding),
+                    ex=max(1, int(expiry - now)),
+                    nx=only_missing,
+                )
             written += sum(1 for ok in await pipe.execute() if ok)
         return written
 
@@ -252,8 +272,9 @@ class RedisState(LocalState):
             await asyncio.sleep(self.refresh_s)
 
     async def _refresh_remote_loads(self) -> None:
-        replicas: list[str] = [r for r in await self._redis.smembers(self._replicas_key)
-                               if r != self.replica_id]
+        replicas: list[str] = [
+            r for r in await self._redis.smembers(self._replicas_key) if r != self.replica_id
+        ]
         pipe = self._redis.pipeline(transaction=False)
         for r in replicas:
             pipe.hgetall(self._load_key(r))
@@ -269,9 +290,11 @@ class RedisState(LocalState):
                     continue  # the alive marker
                 n = max(0, int(value))
                 load = totals.get(pod, PodLoad())
-                totals[pod] = (PodLoad(load.in_flight + n, load.pending_prefill_tokens)
-                               if kind == "r" else
-                               PodLoad(load.in_flight, load.pending_prefill_tokens + n))
+                totals[pod] = (
+                    PodLoad(load.in_flight + n, load.pending_prefill_tokens)
+                    if kind == "r"
+                    else PodLoad(load.in_flight, load.pending_prefill_tokens + n)
+                )
         if gone:
             await self._redis.srem(self._replicas_key, *gone)
         self._remote_loads = totals
@@ -301,8 +324,11 @@ class RedisState(LocalState):
                     pipe.expire(key, int(self.load_ttl_s))
                 if writes.binding is not None:
                     session, binding = writes.binding
-                    pipe.set(self._sess_key(session), _encode_binding(binding),
-                             ex=int(self.binding_ttl_s))
+                    pipe.set(
+                        self._sess_key(session),
+                        _encode_binding(binding),
+                        ex=int(self.binding_ttl_s),
+                    )
                 await pipe.execute()
                 return
             except Exception as err:

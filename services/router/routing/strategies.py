@@ -43,6 +43,7 @@ Pick = tuple[str, str]  # the chosen pod's name, and why
 @dataclass(frozen=True)
 class Candidates:
     """What a strategy chooses among: one pool's available pods (at least one)."""
+
     req: RouteInput
     pods: Sequence[PodView]
     costs: Mapping[str, float]  # each pod's placement cost (cost.placement_cost)
@@ -63,6 +64,7 @@ class Candidates:
 class Strategy(Protocol):
     """A routing policy. ``name``, ``summary`` and ``public`` are class
     attributes: the registry reads them without an instance."""
+
     name: str  # the --routing-policy value
     summary: str  # what --help says of it; "" when the name says it
     # Offered by the operator's CRD and the Helm chart; the others are
@@ -86,8 +88,9 @@ def cheapest_prefill(c: Candidates) -> Pick:
 def move_cost(anchor: PodView, other: PodView, s: PolicySettings) -> float:
     """Leaving the pod that holds a context: a margin against flapping, plus
     the share of the prefix ``other`` lacks (rebuilt there, then held twice)."""
-    return (s.stickiness_margin_tokens
-            + s.move_cost_factor * max(0, anchor.cached_tokens - other.cached_tokens))
+    return s.stickiness_margin_tokens + s.move_cost_factor * max(
+        0, anchor.cached_tokens - other.cached_tokens
+    )
 
 
 def new_session(c: Candidates, rebound: str | None, use_cost: bool) -> Pick:
@@ -97,22 +100,24 @@ def new_session(c: Candidates, rebound: str | None, use_cost: bool) -> Pick:
     cached = max(pods, key=lambda p: (p.cached_tokens, -costs[p.name], p.name))
     # A fork goes where its prefix is; when KV is tight, a new session goes
     # where it evicts least. Otherwise its hash home: every replica agrees.
-    tight = s.eviction_cost_factor > 0 and any(evicted_tokens(p, c.req.num_tokens)
-                                               for p in pods)
+    tight = s.eviction_cost_factor > 0 and any(evicted_tokens(p, c.req.num_tokens) for p in pods)
     if use_cost and (cached.cached_tokens > 0 or tight):
         best = min(pods, key=lambda p: (costs[p.name], p.name))
         # A fork sticks to its parent's context as a session to its pod.
-        if (cached.cached_tokens > 0 and best is not cached
-                and costs[cached.name] <= costs[best.name] + move_cost(cached, best, s)):
+        if (
+            cached.cached_tokens > 0
+            and best is not cached
+            and costs[cached.name] <= costs[best.name] + move_cost(cached, best, s)
+        ):
             best = cached
         return best.name, f"{prefix}-prefix" if best.cached_tokens else f"{prefix}-cost"
     if c.req.session is None:
-        best = min(pods, key=lambda p: (costs[p.name] if use_cost else load_tokens(p, s),
-                                        p.name))
+        best = min(pods, key=lambda p: (costs[p.name] if use_cost else load_tokens(p, s), p.name))
         return best.name, f"{prefix}-least-cost"
     loads = {p.name: float(max(p.in_flight, p.running + p.waiting)) for p in pods}
-    name, spilled = bounded_load_choice(c.req.session, [p.name for p in pods], loads,
-                                        s.load_bound_factor)
+    name, spilled = bounded_load_choice(
+        c.req.session, [p.name for p in pods], loads, s.load_bound_factor
+    )
     return name, f"{prefix}-hash-spill" if spilled else f"{prefix}-hash"
 
 
@@ -139,6 +144,7 @@ class Cost:
 
 class RoundRobin:
     """The one policy with state: a cursor over the pods by name."""
+
     name = "round-robin"
     summary = ""
     public = True
@@ -202,8 +208,7 @@ class Session:
 
     def choose_prefill(self, c: Candidates) -> Pick:
         binding = c.req.binding
-        if binding and binding.prefill_pod and any(p.name == binding.prefill_pod
-                                                   for p in c.pods):
+        if binding and binding.prefill_pod and any(p.name == binding.prefill_pod for p in c.pods):
             return binding.prefill_pod, "prefill-sticky"
         return cheapest_prefill(c)
 
@@ -211,12 +216,14 @@ class Session:
 # The registry, in the order --help lists them. A new policy is a class above and
 # its name here.
 REGISTRY: Mapping[str, type[Strategy]] = {
-    cls.name: cls for cls in (Cost, RoundRobin, LeastLoad, Prefix, Session)}
+    cls.name: cls for cls in (Cost, RoundRobin, LeastLoad, Prefix, Session)
+}
 POLICIES = tuple(REGISTRY)
 PUBLIC_POLICIES = tuple(name for name, cls in REGISTRY.items() if cls.public)
 
 
 def policies_help() -> str:
     """The policies as --help lists them: "cost (prefix hits vs load, ...), round-robin, ..."."""
-    return ", ".join(f"{name} ({cls.summary})" if cls.summary else name
-                     for name, cls in REGISTRY.items())
+    return ", ".join(
+        f"{name} ({cls.summary})" if cls.summary else name for name, cls in REGISTRY.items()
+    )

@@ -39,8 +39,11 @@ def test_streamed_output_is_split_the_same(parsers, tokenizer):
     ids = tokenizer(OUTPUT, add_special_tokens=False)["input_ids"]
     reasoning, content = "", ""
     for i, token in enumerate(ids):
-        message = pb.GenerateResponse(token_ids=[token], text=tokenizer.decode([token]),
-                                      finish_reason="stop" if i == len(ids) - 1 else "")
+        message = pb.GenerateResponse(
+            token_ids=[token],
+            text=tokenizer.decode([token]),
+            finish_reason="stop" if i == len(ids) - 1 else "",
+        )
         for chunk in shape.deltas("id", message):
             delta = chunk["choices"][0]["delta"]
             reasoning += delta.get("reasoning_content", "")

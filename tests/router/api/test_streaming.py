@@ -28,8 +28,13 @@ def _responder(metrics: RouterMetrics) -> Responder:
 
 
 def _ereq() -> EngineRequest:
-    return EngineRequest(request_id="chatcmpl-1", token_ids=[1, 2], sampling=pb.SamplingParams(),
-                         cache_salt=None, arrival=0.0)
+    return EngineRequest(
+        request_id="chatcmpl-1",
+        token_ids=[1, 2],
+        sampling=pb.SamplingParams(),
+        cache_salt=None,
+        arrival=0.0,
+    )
 
 
 def _messages(n: int) -> list[pb.GenerateResponse]:
@@ -87,8 +92,9 @@ def _events(sent: list[dict]) -> list[bytes]:
 async def test_stream_events_and_writes():
     responder = _responder(RouterMetrics())
     first, *rest = _messages(3)
-    sent = await _run(EventStream(responder.sse(_ereq(), ChatShape(CARD), first,
-                                               _Rest(rest), include_usage=True)))
+    sent = await _run(
+        EventStream(responder.sse(_ereq(), ChatShape(CARD), first, _Rest(rest), include_usage=True))
+    )
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     assert (b"content-type", b"text/event-stream; charset=utf-8") in sent[0]["headers"]
     # One write per engine message: the opening rides with the first token,
@@ -109,8 +115,9 @@ async def test_error_after_the_first_byte_is_an_event_then_done():
     responder = _responder(RouterMetrics())
     first, *rest = _messages(3)
     stream = _Rest(rest[:1], error=OpenAIError(502, "decode pod failed"))
-    sent = await _run(EventStream(responder.sse(_ereq(), ChatShape(CARD), first, stream,
-                                               include_usage=False)))
+    sent = await _run(
+        EventStream(responder.sse(_ereq(), ChatShape(CARD), first, stream, include_usage=False))
+    )
     events = _events(sent)
     assert json.loads(events[-2][6:])["error"]["message"] == "decode pod failed"
     assert events[-1] == b"data: [DONE]" and stream.closed
@@ -123,20 +130,33 @@ async def test_client_disconnect_stops_the_stream_quietly():
     stream = _Rest(rest, hang=True)
     # start + 3 chunks, then the client leaves while the engine is silent:
     # the response ends without raising, and without [DONE].
-    sent = await _run(EventStream(responder.sse(_ereq(), ChatShape(CARD), first, stream,
-                                               include_usage=False)), disconnect_after=3)
+    sent = await _run(
+        EventStream(responder.sse(_ereq(), ChatShape(CARD), first, stream, include_usage=False)),
+        disconnect_after=3,
+    )
     assert stream.closed
     assert all(m.get("more_body", True) for m in sent)
     assert b"[DONE]" not in b"".join(m.get("body", b"") for m in sent)
-    assert metric_value(generate_latest(metrics.registry).decode(),
-                        "tandem_router_client_disconnects_total") == 1
+    assert (
+        metric_value(
+            generate_latest(metrics.registry).decode(), "tandem_router_client_disconnects_total"
+        )
+        == 1
+    )
 
 
 async def test_someone_elses_cancellation_goes_on():
     responder = _responder(RouterMetrics())
     first, *rest = _messages(3)
-    task = asyncio.ensure_future(_run(EventStream(responder.sse(
-        _ereq(), ChatShape(CARD), first, _Rest(rest, hang=True), include_usage=False))))
+    task = asyncio.ensure_future(
+        _run(
+            EventStream(
+                responder.sse(
+                    _ereq(), ChatShape(CARD), first, _Rest(rest, hang=True), include_usage=False
+                )
+            )
+        )
+    )
     await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -147,9 +167,18 @@ async def test_choices_stream_interleaved_numbered_with_one_usage():
     responder = _responder(RouterMetrics())
     (first_a, *rest_a), (first_b, *rest_b) = _messages(3), _messages(2)
     streams = [_Rest(rest_a), _Rest(rest_b)]
-    sent = await _run(EventStream(sse_choices(
-        responder, [_ereq(), _ereq()], [ChatShape(CARD), ChatShape(CARD)], [first_a, first_b],
-        streams, include_usage=True)))
+    sent = await _run(
+        EventStream(
+            sse_choices(
+                responder,
+                [_ereq(), _ereq()],
+                [ChatShape(CARD), ChatShape(CARD)],
+                [first_a, first_b],
+                streams,
+                include_usage=True,
+            )
+        )
+    )
     events = _events(sent)
     assert events[-1] == b"data: [DONE]" and all(s.closed for s in streams)
     chunks = [json.loads(e[6:]) for e in events[:-1]]
@@ -166,9 +195,18 @@ async def test_a_failing_choice_ends_the_stream_with_an_error():
     responder = _responder(RouterMetrics())
     (first_a, *rest_a), (first_b, *rest_b) = _messages(3), _messages(3)
     streams = [_Rest(rest_a, hang=True), _Rest(rest_b[:1], error=OpenAIError(502, "gone"))]
-    sent = await _run(EventStream(sse_choices(
-        responder, [_ereq(), _ereq()], [ChatShape(CARD), ChatShape(CARD)], [first_a, first_b],
-        streams, include_usage=True)))
+    sent = await _run(
+        EventStream(
+            sse_choices(
+                responder,
+                [_ereq(), _ereq()],
+                [ChatShape(CARD), ChatShape(CARD)],
+                [first_a, first_b],
+                streams,
+                include_usage=True,
+            )
+        )
+    )
     events = _events(sent)
     assert json.loads(events[-2][6:])["error"]["message"] == "gone"
     assert all(s.closed for s in streams)

@@ -21,21 +21,27 @@ from services.router.api.chat.tools import (
     resolve_choice,
 )
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}},
-           "required": ["city"]}
-TOOLS = check_tools([
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "now"}},
-])
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = check_tools(
+    [
+        {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+        {"type": "function", "function": {"name": "now"}},
+    ]
+)
 
 
-@pytest.mark.parametrize("tools, field", [
-    ([{"type": "retrieval"}], "tools[0].type"),
-    ([{"type": "function", "function": {}}], "tools[0].function.name"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}],
-     "tools[0].function.parameters"),
-    ([{"type": "function", "function": {"name": "f"}}] * 2, "tools[1].function.name"),
-])
+@pytest.mark.parametrize(
+    "tools, field",
+    [
+        ([{"type": "retrieval"}], "tools[0].type"),
+        ([{"type": "function", "function": {}}], "tools[0].function.name"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}],
+            "tools[0].function.parameters",
+        ),
+        ([{"type": "function", "function": {"name": "f"}}] * 2, "tools[1].function.name"),
+    ],
+)
 def test_malformed_tools_name_the_field(tools, field):
     with pytest.raises(ValueError, match=rf"^{re.escape(field)}:"):
         check_tools(tools)
@@ -56,12 +62,20 @@ def test_tool_choice_resolution():
 
 def test_history_needs_a_call_before_each_tool_message():
     call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
-    check_history([{"role": "user", "content": "x"},
-                   {"role": "assistant", "content": None, "tool_calls": [call]},
-                   {"role": "tool", "tool_call_id": "c1", "content": "12:00"}])
+    check_history(
+        [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+        ]
+    )
     with pytest.raises(ValueError, match=r"^messages\[1\]\.tool_call_id"):
-        check_history([{"role": "user", "content": "x"},
-                       {"role": "tool", "tool_call_id": "c1", "content": "12:00"}])
+        check_history(
+            [
+                {"role": "user", "content": "x"},
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+            ]
+        )
     with pytest.raises(ValueError, match=r"^messages\[0\]\.tool_call_id"):
         check_history([{"role": "tool", "content": "12:00"}])
     with pytest.raises(ValueError, match=r"^messages\[0\]\.tool_calls"):
@@ -104,14 +118,18 @@ def test_forced_calls_stream_whole_at_the_end_and_cut_output_stays_text():
 def test_response_format():
     assert from_response_format({"type": "text"}) is None
     assert from_response_format({"type": "json_object"}).json_object
-    constraint = from_response_format({"type": "json_schema",
-                                       "json_schema": {"name": "w", "schema": WEATHER}})
+    constraint = from_response_format(
+        {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}
+    )
     assert json.loads(constraint.json_schema) == WEATHER
-    for bad, field in (({"type": "xml"}, "response_format.type"),
-                       ({"type": "json_schema"}, "response_format.json_schema"),
-                       ({"type": "json_schema", "json_schema": {"name": "w",
-                                                                "schema": {"minimum": "a"}}},
-                        "response_format.json_schema.schema")):
+    for bad, field in (
+        ({"type": "xml"}, "response_format.type"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "w", "schema": {"minimum": "a"}}},
+            "response_format.json_schema.schema",
+        ),
+    ):
         with pytest.raises(ValueError, match=rf"^{re.escape(field)}:"):
             from_response_format(bad)
 

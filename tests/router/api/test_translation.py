@@ -22,12 +22,15 @@ def test_responses_parts_of_each_text_kind_are_joined():
     assert text_of(parts, "input[0].content", unit="parts", kinds=TEXT_PARTS) == "iot"
 
 
-@pytest.mark.parametrize("content, message", [
-    (7, "system: a string or a list of text blocks"),
-    ([{"type": "text", "text": "a"}, {"type": "image"}], r"system\[1\]: only text blocks"),
-    ([{"type": "text", "text": 3}], r"system\[0\]: only text blocks"),
-    (["a"], r"system\[0\]: only text blocks"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (7, "system: a string or a list of text blocks"),
+        ([{"type": "text", "text": "a"}, {"type": "image"}], r"system\[1\]: only text blocks"),
+        ([{"type": "text", "text": 3}], r"system\[0\]: only text blocks"),
+        (["a"], r"system\[0\]: only text blocks"),
+    ],
+)
 def test_anything_else_names_the_field(content, message):
     with pytest.raises(ValueError, match=message):
         text_of(content, "system")

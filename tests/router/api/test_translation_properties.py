@@ -30,10 +30,19 @@ def _refused_or_translated(translate) -> None:
         assert field and "\n" not in field and " " not in field.strip("'"), str(exc)
 
 
-MESSAGES_BODY = st.fixed_dictionaries({"model": st.just("m"), "max_tokens": SCALARS,
-                                       "messages": JSON}, optional={
-    "system": JSON, "tools": JSON, "tool_choice": JSON, "stop_sequences": JSON,
-    "metadata": JSON, "output_config": JSON, "thinking": JSON, "top_k": SCALARS})
+MESSAGES_BODY = st.fixed_dictionaries(
+    {"model": st.just("m"), "max_tokens": SCALARS, "messages": JSON},
+    optional={
+        "system": JSON,
+        "tools": JSON,
+        "tool_choice": JSON,
+        "stop_sequences": JSON,
+        "metadata": JSON,
+        "output_config": JSON,
+        "thinking": JSON,
+        "top_k": SCALARS,
+    },
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -42,18 +51,44 @@ def test_any_messages_body_is_translated_or_refused(body: dict[str, Any]):
     _refused_or_translated(lambda: messages.to_chat(MessagesRequest.model_validate(body)))
 
 
-RESPONSES_BODY = st.fixed_dictionaries({"model": st.just("m"), "input": JSON}, optional={
-    "instructions": JSON, "tools": JSON, "tool_choice": JSON, "text": JSON,
-    "max_output_tokens": SCALARS, "parallel_tool_calls": SCALARS})
+RESPONSES_BODY = st.fixed_dictionaries(
+    {"model": st.just("m"), "input": JSON},
+    optional={
+        "instructions": JSON,
+        "tools": JSON,
+        "tool_choice": JSON,
+        "text": JSON,
+        "max_output_tokens": SCALARS,
+        "parallel_tool_calls": SCALARS,
+    },
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(RESPONSES_BODY, st.lists(st.fixed_dictionaries(
-    {"role": st.just("assistant"), "content": st.none(), "tool_calls": st.just([
-        {"id": "call_1", "type": "function",
-         "function": {"name": "f", "arguments": "{}"}}])}), max_size=1))
+@given(
+    RESPONSES_BODY,
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "role": st.just("assistant"),
+                "content": st.none(),
+                "tool_calls": st.just(
+                    [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ]
+                ),
+            }
+        ),
+        max_size=1,
+    ),
+)
 def test_any_responses_body_is_translated_or_refused(body: dict[str, Any], previous):
     def translate():
         request = ResponsesRequest.model_validate(body)
         responses.to_chat(request, responses.conversation(request, previous))
+
     _refused_or_translated(translate)

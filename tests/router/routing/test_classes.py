@@ -38,14 +38,22 @@ def test_pods_for_class_own_pool_else_unreserved_pools():
 
 
 def _pd_pods(**prefill_overrides):
-    return [PodView("fresh-1", Role.PREFILL, pool="fresh", **prefill_overrides),
-            PodView("warm-1", Role.PREFILL, pool="warm"),
-            PodView("d", Role.DECODE)]
+    return [
+        PodView("fresh-1", Role.PREFILL, pool="fresh", **prefill_overrides),
+        PodView("warm-1", Role.PREFILL, pool="warm"),
+        PodView("d", Role.DECODE),
+    ]
 
 
 def _policy(**kw):
-    return Policy(PolicySettings(remote_prefill_threshold=256, long_request_tokens=1024,
-                                 prefill_pool_for=(ClassPool("long", "fresh"),), **kw))
+    return Policy(
+        PolicySettings(
+            remote_prefill_threshold=256,
+            long_request_tokens=1024,
+            prefill_pool_for=(ClassPool("long", "fresh"),),
+            **kw,
+        )
+    )
 
 
 def test_long_request_goes_to_its_pool_even_when_that_pool_is_busier():
@@ -57,27 +65,33 @@ def test_long_request_goes_to_its_pool_even_when_that_pool_is_busier():
 def test_append_turn_stays_off_the_long_pool():
     # The session's context is cached on the decode pod and on the long pool's
     # pod; 600 tokens remain: an append turn, prefilled remotely on the other pool.
-    views = [PodView("fresh-1", Role.PREFILL, pool="fresh", cached_tokens=3400),
-             PodView("warm-1", Role.PREFILL, pool="warm"),
-             PodView("d", Role.DECODE, cached_tokens=3400)]
+    views = [
+        PodView("fresh-1", Role.PREFILL, pool="fresh", cached_tokens=3400),
+        PodView("warm-1", Role.PREFILL, pool="warm"),
+        PodView("d", Role.DECODE, cached_tokens=3400),
+    ]
     c = _policy().choose(RouteInput(4000, views, "s"))
     assert (c.request_class, c.prefill_pod) == ("append", "warm-1")
 
 
 def test_short_remainder_still_prefills_on_the_decode_pod():
-    views = [PodView("fresh-1", Role.PREFILL, pool="fresh"),
-             PodView("warm-1", Role.PREFILL, pool="warm"),
-             PodView("d", Role.DECODE, cached_tokens=3900)]
+    views = [
+        PodView("fresh-1", Role.PREFILL, pool="fresh"),
+        PodView("warm-1", Role.PREFILL, pool="warm"),
+        PodView("d", Role.DECODE, cached_tokens=3900),
+    ]
     c = _policy().choose(RouteInput(4000, views, "s"))
-    assert (c.request_class, c.prefill_pod, c.local_prefill) == ("append", None,
-                                                                 "short_uncached")
+    assert (c.request_class, c.prefill_pod, c.local_prefill) == ("append", None, "short_uncached")
 
 
 def test_class_pool_down_means_local_prefill_not_the_other_pool():
     views = _pd_pods(available=False)
     c = _policy().choose(RouteInput(4000, views, "s"))
-    assert (c.request_class, c.prefill_pod, c.local_prefill) == ("long", None,
-                                                                 "class_pool_unavailable")
+    assert (c.request_class, c.prefill_pod, c.local_prefill) == (
+        "long",
+        None,
+        "class_pool_unavailable",
+    )
     assert c.reason.endswith("+local-prefill:class-pool-unavailable")
 
 
@@ -97,5 +111,4 @@ def test_class_settings_are_validated():
     with pytest.raises(SettingError, match="--long-request-tokens"):
         PolicySettings(long_request_tokens=0).validate()
     with pytest.raises(SettingError, match="--prefill-pool-for"):
-        PolicySettings(prefill_pool_for=(ClassPool("long", "a"),
-                                         ClassPool("long", "b"))).validate()
+        PolicySettings(prefill_pool_for=(ClassPool("long", "a"), ClassPool("long", "b"))).validate()

@@ -22,8 +22,10 @@ BS = 4
 
 
 def make_core(pods=("a", "b"), roles=None, **kw):
-    core = RoutingCore(RoutingSettings(block_size=BS, **kw),
-                       [PodSpec(p, (roles or {}).get(p, "both")) for p in pods])
+    core = RoutingCore(
+        RoutingSettings(block_size=BS, **kw),
+        [PodSpec(p, (roles or {}).get(p, "both")) for p in pods],
+    )
     for p in pods:
         core.update_pod(p, 0.0, healthy=True)
     return core
@@ -106,8 +108,11 @@ async def test_reported_kv_capacity_prices_evicting_live_sessions():
 
 
 async def test_load_accounting_is_released_once():
-    core = make_core(pods=("p", "d"), roles={"p": "prefill", "d": "decode"},
-                     policy=PolicySettings(remote_prefill_threshold=8))
+    core = make_core(
+        pods=("p", "d"),
+        roles={"p": "prefill", "d": "decode"},
+        policy=PolicySettings(remote_prefill_threshold=8),
+    )
     r = replica(core)
     d = await r.route(RouteRequest(list(range(40))), now=0.0)
     assert (d.prefill_pod, d.decode_pod, d.local_prefill) == ("p", "d", None)
@@ -126,14 +131,18 @@ async def test_a_burst_of_forks_and_the_remote_prefill_scope(scope, local):
     each lacks 20 tokens of the decode pod's KV. Scope "request" prefills all
     seven there (140 tokens in one step); "pod" only while the pod's pending
     prefill plus the fork's stays under the threshold (32)."""
-    core = make_core(pods=("p", "d"), roles={"p": "prefill", "d": "decode"},
-                     policy=PolicySettings(remote_prefill_threshold=32,
-                                           remote_prefill_scope=scope))
+    core = make_core(
+        pods=("p", "d"),
+        roles={"p": "prefill", "d": "decode"},
+        policy=PolicySettings(remote_prefill_threshold=32, remote_prefill_scope=scope),
+    )
     r = replica(core)
     context = list(range(80))
     core.index.stored("d", core.hasher.event_hashes(context))
-    forks = [await r.route(RouteRequest(context + [1000 + i] * 20, session=f"fork{i}"), now=0.0)
-             for i in range(7)]
+    forks = [
+        await r.route(RouteRequest(context + [1000 + i] * 20, session=f"fork{i}"), now=0.0)
+        for i in range(7)
+    ]
     assert {d.decode_pod for d in forks} == {"d"}
     assert sum(d.prefill_pod is None for d in forks) == local
     assert core.local_load("d").pending_prefill_tokens == 20 * local
@@ -147,8 +156,9 @@ async def test_failures_eject_and_polls_recover():
     assert not await r.report_failure(d, bad, now=0.0)
     assert core.state_of(bad, 0.0) == "unhealthy"  # until the next poll
     core.update_pod(bad, 0.05, healthy=True)
-    retry = await r.route(RouteRequest(list(range(8)), session="s",
-                                       exclude=frozenset({bad})), now=0.1)
+    retry = await r.route(
+        RouteRequest(list(range(8)), session="s", exclude=frozenset({bad})), now=0.1
+    )
     assert retry.decode_pod != bad
     assert await r.report_failure(retry, bad, now=0.2)  # second failure: ejected
     core.update_pod(bad, 0.3, healthy=True)

@@ -34,19 +34,39 @@ BLOCK_SIZE = 32  # small blocks: short prompts still span many blocks
 def engine(tmp_path_factory):
     grpc_port, metrics_port, pub, replay = free_port(), free_port(), free_port(), free_port()
     log_path = tmp_path_factory.mktemp("engine") / "engine.log"
-    kv_events = ('{"enable_kv_cache_events": true, "publisher": "zmq", '
-                 f'"endpoint": "tcp://*:{pub}", "replay_endpoint": "tcp://*:{replay}", '
-                 '"topic": "kv"}')
+    kv_events = (
+        '{"enable_kv_cache_events": true, "publisher": "zmq", '
+        f'"endpoint": "tcp://*:{pub}", "replay_endpoint": "tcp://*:{replay}", '
+        '"topic": "kv"}'
+    )
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
     env.pop("PYTHONHASHSEED", None)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.engine", "--role", "both",
-             "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-             "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
-             "--block-size", str(BLOCK_SIZE),
-             "--kv-events-config", kv_events],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
+            [
+                sys.executable,
+                "-m",
+                "services.engine",
+                "--role",
+                "both",
+                "--grpc-port",
+                str(grpc_port),
+                "--metrics-port",
+                str(metrics_port),
+                "--dtype",
+                "float32",
+                "--enforce-eager",
+                "--max-model-len",
+                "4096",
+                "--block-size",
+                str(BLOCK_SIZE),
+                "--kv-events-config",
+                kv_events,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     address = f"127.0.0.1:{grpc_port}"
     deadline = time.monotonic() + 300
     ready = False
@@ -78,9 +98,11 @@ async def wait_until_held(core, pod, hashes, timeout=60.0):
 
 
 async def generate(stub, tokens, max_tokens=8, cache_salt=None):
-    req = pb.GenerateRequest(request_id=uuid.uuid4().hex, token_ids=tokens,
-                             sampling_params=pb.SamplingParams(temperature=0.0,
-                                                               max_tokens=max_tokens))
+    req = pb.GenerateRequest(
+        request_id=uuid.uuid4().hex,
+        token_ids=tokens,
+        sampling_params=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    )
     if cache_salt:
         req.cache_salt = cache_salt
     text, usage = "", None
@@ -104,8 +126,10 @@ async def test_prediction_matches_engine_on_multi_turn_replay(engine):
     core, sub = events_core(address, pub, replay, predicted_ttl_with_events_s=0.0)
     stored_events = []  # (block_hashes, token_ids) from the engine
     sub.on_batch = lambda pod, batch: stored_events.extend(
-        (e.block_hashes, e.token_ids, e.parent_block_hash) for e in batch.events
-        if type(e).__name__ == "BlockStored")
+        (e.block_hashes, e.token_ids, e.parent_block_hash)
+        for e in batch.events
+        if type(e).__name__ == "BlockStored"
+    )
     tok = AutoTokenizer.from_pretrained(resolve_model(None))
     inc = IncrementalTokenizer(tok)
     sub.start()
@@ -119,14 +143,20 @@ async def test_prediction_matches_engine_on_multi_turn_replay(engine):
                 rules = " ".join(f"Rule {i}: answer in at most {i + 3} words." for i in range(20))
                 msgs = [{"role": "system", "content": f"You are agent {session}. {rules}"}]
                 for turn in range(4):
-                    msgs.append({"role": "user",
-                                 "content": f"Session {session} turn {turn}: name a colour "
-                                            f"and a number above {turn * 13}."})
+                    msgs.append(
+                        {
+                            "role": "user",
+                            "content": f"Session {session} turn {turn}: name a colour "
+                            f"and a number above {turn * 13}.",
+                        }
+                    )
                     tokens = inc.encode(inc.render_chat(msgs), f"s{session}")
                     salt = "tenant-x" if session == 1 else None
                     decision = core.route(
                         RouteRequest(tokens, session=f"s{session}", cache_salt=salt),
-                        SharedView(), time.monotonic())
+                        SharedView(),
+                        time.monotonic(),
+                    )
                     sent_hashes.update(core.hasher.event_hashes(tokens, salt))
                     text, cached = await generate(stub, tokens, cache_salt=salt)
                     core.report_prefill(decision, time.monotonic())
@@ -139,14 +169,18 @@ async def test_prediction_matches_engine_on_multi_turn_replay(engine):
         await sub.stop()
 
     agree = sum(p == a for p, a in results)
-    print(f"\ncached-token agreement: {agree}/{len(results)} requests; "
-          f"(predicted, reported): {results}")
+    print(
+        f"\ncached-token agreement: {agree}/{len(results)} requests; "
+        f"(predicted, reported): {results}"
+    )
     assert sub.stats.batches > 0 and sub.stats.lost == 0
     # Every prompt block the engine published hashes as the router computed it.
     published = {h for hashes, _, _ in stored_events for h in hashes}
     prompt_blocks_published = sent_hashes & published
-    print(f"hash agreement: {len(prompt_blocks_published)}/{len(sent_hashes)} router-computed "
-          f"prompt blocks seen in engine events")
+    print(
+        f"hash agreement: {len(prompt_blocks_published)}/{len(sent_hashes)} router-computed "
+        f"prompt blocks seen in engine events"
+    )
     assert prompt_blocks_published == sent_hashes
     # Each later turn reuses the previous turns' prefix: hits must be non-trivial.
     assert sum(a for _, a in results) > 0
@@ -165,7 +199,8 @@ async def test_late_join_replay_and_event_hashes_from_tokens(engine):
         core, sub = events_core(address, pub, replay)
         events = []
         sub.on_batch = lambda pod, b: events.extend(
-            e for e in b.events if type(e).__name__ == "BlockStored")
+            e for e in b.events if type(e).__name__ == "BlockStored"
+        )
         sub.start()
         try:
             await asyncio.sleep(0.5)
@@ -182,7 +217,10 @@ async def test_late_join_replay_and_event_hashes_from_tokens(engine):
             ours = core.hasher.event_hashes(e.token_ids)
             checked += len(ours)
             ok += sum(a == b for a, b in zip(ours, e.block_hashes))
-    print(f"\nroot-chain event hashes recomputed from event tokens: {ok}/{checked}; "
-          f"replayed {stats.replayed} batches")
-    assert checked > 0 and ok == checked, [(e.parent_block_hash, e.extra_keys,
-                                            len(e.token_ids)) for e in events[:5]]
+    print(
+        f"\nroot-chain event hashes recomputed from event tokens: {ok}/{checked}; "
+        f"replayed {stats.replayed} batches"
+    )
+    assert checked > 0 and ok == checked, [
+        (e.parent_block_hash, e.extra_keys, len(e.token_ids)) for e in events[:5]
+    ]

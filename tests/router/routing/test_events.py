@@ -19,22 +19,43 @@ from services.router.routing.index import PrefixIndex
 
 
 def stored(hashes, parent=None):
-    return BlockStored(block_hashes=hashes, parent_block_hash=parent,
-                       token_ids=list(range(2 * len(hashes))), block_size=2, lora_id=None,
-                       medium="GPU", lora_name=None)
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=list(range(2 * len(hashes))),
+        block_size=2,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+    )
 
 
 def test_decodes_what_vllm_encodes():
-    batch = KVEventBatch(ts=1.5, events=[stored([11, 12]), BlockRemoved(block_hashes=[12],
-                                                                        medium="GPU"),
-                                         AllBlocksCleared()], data_parallel_rank=0)
+    batch = KVEventBatch(
+        ts=1.5,
+        events=[
+            stored([11, 12]),
+            BlockRemoved(block_hashes=[12], medium="GPU"),
+            AllBlocksCleared(),
+        ],
+        data_parallel_rank=0,
+    )
     ours = decode_batch(msgspec.msgpack.encode(batch))
     assert ours.ts == 1.5 and len(ours.events) == 3
     assert ours.events[0].block_hashes == [11, 12]
     idx = PrefixIndex()
-    apply_batch(idx, "p", decode_batch(msgspec.msgpack.encode(
-        KVEventBatch(ts=0, events=[stored([11, 12, 13]), BlockRemoved(block_hashes=[13],
-                                                                      medium="GPU")]))))
+    apply_batch(
+        idx,
+        "p",
+        decode_batch(
+            msgspec.msgpack.encode(
+                KVEventBatch(
+                    ts=0,
+                    events=[stored([11, 12, 13]), BlockRemoved(block_hashes=[13], medium="GPU")],
+                )
+            )
+        ),
+    )
     assert idx.match([11, 12, 13], 0)["p"] == 2
     apply_batch(idx, "p", ours)
     assert idx.held_blocks("p") == 0
@@ -44,15 +65,31 @@ def test_blocks_written_to_the_kv_store_are_not_held_on_the_pod():
     """vLLM's Mooncake store connector publishes its writes on the engine's
     stream with medium "cpu" and never removes them."""
     idx = PrefixIndex()
-    to_store = BlockStored(block_hashes=[21, 22], parent_block_hash=None,
-                           token_ids=list(range(4)), block_size=2, lora_id=None,
-                           medium="cpu", lora_name=None)
-    apply_batch(idx, "p", decode_batch(msgspec.msgpack.encode(
-        KVEventBatch(ts=0, events=[stored([11]), to_store]))))
+    to_store = BlockStored(
+        block_hashes=[21, 22],
+        parent_block_hash=None,
+        token_ids=list(range(4)),
+        block_size=2,
+        lora_id=None,
+        medium="cpu",
+        lora_name=None,
+    )
+    apply_batch(
+        idx,
+        "p",
+        decode_batch(msgspec.msgpack.encode(KVEventBatch(ts=0, events=[stored([11]), to_store]))),
+    )
     assert idx.held_blocks("p") == 1
     assert idx.match([21, 22], 0).get("p", 0) == 0
-    apply_batch(idx, "p", decode_batch(msgspec.msgpack.encode(
-        KVEventBatch(ts=0, events=[BlockRemoved(block_hashes=[11], medium="cpu")]))))
+    apply_batch(
+        idx,
+        "p",
+        decode_batch(
+            msgspec.msgpack.encode(
+                KVEventBatch(ts=0, events=[BlockRemoved(block_hashes=[11], medium="cpu")])
+            )
+        ),
+    )
     assert idx.held_blocks("p") == 1
 
 
@@ -67,8 +104,12 @@ async def wait_for(cond, timeout=10.0):
 @pytest.fixture
 def publisher():
     pub_port, replay_port = free_port(), free_port()
-    pub = ZmqEventPublisher(data_parallel_rank=0, endpoint=f"tcp://*:{pub_port}",
-                            replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv")
+    pub = ZmqEventPublisher(
+        data_parallel_rank=0,
+        endpoint=f"tcp://*:{pub_port}",
+        replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        topic="kv",
+    )
     yield pub, pub_port, replay_port
     pub.shutdown()
 
@@ -80,8 +121,9 @@ async def test_late_joiner_replays_missed_batches(publisher):
         pub.publish(KVEventBatch(ts=0, events=[stored([100 + i])]))
     await asyncio.sleep(0.3)
     idx = PrefixIndex()
-    sub = KvEventSubscriber("p", f"tcp://127.0.0.1:{pub_port}",
-                            f"tcp://127.0.0.1:{replay_port}", idx)
+    sub = KvEventSubscriber(
+        "p", f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}", idx
+    )
     sub.start()
     try:
         await asyncio.sleep(0.3)  # let the SUB connect
@@ -99,8 +141,12 @@ async def test_late_joiner_replays_missed_batches(publisher):
 async def test_gap_mid_stream_and_publisher_restart():
     """Feed seqs directly: a skipped seq is replayed; seq 0 again means a restart."""
     pub_port, replay_port = free_port(), free_port()
-    pub = ZmqEventPublisher(data_parallel_rank=0, endpoint=f"tcp://*:{pub_port}",
-                            replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv")
+    pub = ZmqEventPublisher(
+        data_parallel_rank=0,
+        endpoint=f"tcp://*:{pub_port}",
+        replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        topic="kv",
+    )
     try:
         payloads = []
         for i in range(3):
@@ -109,9 +155,11 @@ async def test_gap_mid_stream_and_publisher_restart():
             payloads.append(msgspec.msgpack.encode(b))
         await asyncio.sleep(0.3)
         idx = PrefixIndex()
-        sub = KvEventSubscriber("p", f"tcp://127.0.0.1:{pub_port}",
-                                f"tcp://127.0.0.1:{replay_port}", idx)
+        sub = KvEventSubscriber(
+            "p", f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}", idx
+        )
         import zmq.asyncio
+
         sub._ctx = zmq.asyncio.Context()
         await sub.handle(0, payloads[0])
         await sub.handle(2, payloads[2])  # seq 1 lost on the wire: replayed

@@ -20,8 +20,9 @@ def vllm_hashes(tokens, block_size, algo, extra_first=None, extra_all=None):
         keys = list(extra_all or [])
         if i == 0 and extra_first:
             keys += extra_first
-        parent = kv_cache_utils.hash_block_tokens(fn, parent, tokens[start:start + block_size],
-                                                  tuple(keys) if keys else None)
+        parent = kv_cache_utils.hash_block_tokens(
+            fn, parent, tokens[start : start + block_size], tuple(keys) if keys else None
+        )
         out.append(parent)
     return out
 
@@ -45,8 +46,9 @@ def test_cache_salt_and_lora_match_vllm(monkeypatch):
     assert salted == vllm_hashes(tokens, 64, "sha256", extra_first=[("cache_salt", "tenant-a")])
     assert salted[0] != hasher.block_hashes(tokens)[0]
     lora = hasher.block_hashes(tokens, cache_salt="s", lora=("ad", "/p"))
-    assert lora == vllm_hashes(tokens, 64, "sha256", extra_first=[("cache_salt", "s")],
-                               extra_all=[("lora", "ad", "/p")])
+    assert lora == vllm_hashes(
+        tokens, 64, "sha256", extra_first=[("cache_salt", "s")], extra_all=[("lora", "ad", "/p")]
+    )
 
 
 def test_request_block_hasher_agrees(monkeypatch):
@@ -59,10 +61,14 @@ def test_request_block_hasher_agrees(monkeypatch):
     kv_cache_utils.init_none_hash(fn)
     tokens = list(range(1000, 1000 + 4 * 32 + 5))
     try:
-        req = Request(request_id="r", prompt_token_ids=tokens,
-                      sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
-                      cache_salt="salty",
-                      block_hasher=kv_cache_utils.get_request_block_hasher(32, fn))
+        req = Request(
+            request_id="r",
+            prompt_token_ids=tokens,
+            sampling_params=SamplingParams(max_tokens=1),
+            pooling_params=None,
+            cache_salt="salty",
+            block_hasher=kv_cache_utils.get_request_block_hasher(32, fn),
+        )
     except TypeError as err:  # constructor drifted between vLLM versions: say so loudly
         pytest.fail(f"vllm.v1.request.Request signature changed: {err}")
     assert list(req.block_hashes) == BlockHasher(32).block_hashes(tokens, cache_salt="salty")

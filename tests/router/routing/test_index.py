@@ -90,6 +90,8 @@ def test_million_blocks_stay_within_cap_and_memory():
     assert sum(idx.held_blocks(p) for p in pods) == cap
     assert idx.evictions == 200_000
     per_block = used / cap
-    print(f"\nindex: {cap} blocks held, {used / 2**20:.1f} MiB "
-          f"({per_block:.0f} B/block resident), 1.2e6 stores in {elapsed:.1f} s")
+    print(
+        f"\nindex: {cap} blocks held, {used / 2**20:.1f} MiB "
+        f"({per_block:.0f} B/block resident), 1.2e6 stores in {elapsed:.1f} s"
+    )
     assert per_block < 300, per_block  # measured: 186 B/block traced, ~230 resident

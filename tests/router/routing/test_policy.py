@@ -24,8 +24,10 @@ def pods(*specs):
 
 
 def test_sticky_when_comparable():
-    views = pods(dict(name="a", cached_tokens=3000, in_flight=2),
-                 dict(name="b", cached_tokens=0, in_flight=1))
+    views = pods(
+        dict(name="a", cached_tokens=3000, in_flight=2),
+        dict(name="b", cached_tokens=0, in_flight=1),
+    )
     c = pol().choose(RouteInput(4000, views, "s", Binding("a")))
     assert (c.pod, c.reason) == ("a", "sticky")
     assert c.predicted_cached_tokens == 3000
@@ -34,21 +36,24 @@ def test_sticky_when_comparable():
 def test_sticky_yields_when_bound_pod_is_much_worse():
     # The bound pod has a long queue and holds little of the session any more
     # (evicted under KV pressure): moving is cheaper than waiting.
-    views = pods(dict(name="a", cached_tokens=256, pending_prefill_tokens=20000, in_flight=8),
-                 dict(name="b", cached_tokens=0, in_flight=0))
+    views = pods(
+        dict(name="a", cached_tokens=256, pending_prefill_tokens=20000, in_flight=8),
+        dict(name="b", cached_tokens=0, in_flight=0),
+    )
     c = pol().choose(RouteInput(4000, views, "s", Binding("a")))
     assert (c.pod, c.reason) == ("b", "sticky-yielded")
 
 
 def test_sticky_keeps_big_cached_prefix_despite_moderate_queue():
-    views = pods(dict(name="a", cached_tokens=30000, in_flight=4, pending_prefill_tokens=2000),
-                 dict(name="b", cached_tokens=0))
+    views = pods(
+        dict(name="a", cached_tokens=30000, in_flight=4, pending_prefill_tokens=2000),
+        dict(name="b", cached_tokens=0),
+    )
     assert pol().choose(RouteInput(31000, views, "s", Binding("a"))).pod == "a"
 
 
 def test_session_policy_never_yields_but_rebinds_unavailable():
-    views = pods(dict(name="a", pending_prefill_tokens=10**6),
-                 dict(name="b"))
+    views = pods(dict(name="a", pending_prefill_tokens=10**6), dict(name="b"))
     assert pol("session").choose(RouteInput(100, views, "s", Binding("a"))).pod == "a"
     views = pods(dict(name="a", available=False), dict(name="b"))
     c = pol("session").choose(RouteInput(100, views, "s", Binding("a")))
@@ -65,10 +70,12 @@ def test_a_burst_of_forks_stays_with_the_parent_context_until_its_pod_is_much_bu
     # The parent's pod holds 1408 of a fork's 1600 tokens, the other pod only
     # the 512-token system prompt; earlier forks queue on the parent's pod.
     def fork(pending, in_flight):
-        views = pods(dict(name="a", cached_tokens=1408, pending_prefill_tokens=pending,
-                          in_flight=in_flight),
-                     dict(name="b", cached_tokens=512, in_flight=2))
+        views = pods(
+            dict(name="a", cached_tokens=1408, pending_prefill_tokens=pending, in_flight=in_flight),
+            dict(name="b", cached_tokens=512, in_flight=2),
+        )
         return pol().choose(RouteInput(1600, views, "fork", None))
+
     # cost a = 192 + pending + 64 x in-flight; b = 1088 + 128; move cost 256 + 448
     assert (fork(pending=1000, in_flight=5).pod, fork(1000, 5).reason) == ("a", "new-prefix")
     assert fork(pending=1500, in_flight=5).pod == "b"
@@ -116,8 +123,11 @@ def test_bounded_load_keeps_shares_even_with_few_sessions():
 
 
 def test_round_robin_least_load_prefix():
-    views = pods(dict(name="a", in_flight=3), dict(name="b", in_flight=0, cached_tokens=0),
-                 dict(name="c", in_flight=1, cached_tokens=512))
+    views = pods(
+        dict(name="a", in_flight=3),
+        dict(name="b", in_flight=0, cached_tokens=0),
+        dict(name="c", in_flight=1, cached_tokens=512),
+    )
     rr = pol("round-robin")
     assert [rr.choose(RouteInput(600, views)).pod for _ in range(4)] == ["a", "b", "c", "a"]
     assert pol("least-load").choose(RouteInput(600, views)).pod == "b"
@@ -133,8 +143,10 @@ def test_kv_pressure_counts_against_a_pod():
 def test_kv_pressure_weighs_only_the_kv_a_request_lacks():
     # A session turn that finds its context cached on its pod stays although
     # that pod's KV is full of running requests; moving would recompute it all.
-    views = pods(dict(name="a", kv_cache_usage=1.0, cached_tokens=1920, in_flight=1),
-                 dict(name="b", kv_cache_usage=0.2, cached_tokens=512, in_flight=1))
+    views = pods(
+        dict(name="a", kv_cache_usage=1.0, cached_tokens=1920, in_flight=1),
+        dict(name="b", kv_cache_usage=0.2, cached_tokens=512, in_flight=1),
+    )
     assert pol().choose(RouteInput(2000, views, "s", Binding("a"))).reason == "sticky"
     # With nothing of it cached anywhere, a request avoids the full pod.
     views = pods(dict(name="a", kv_cache_usage=1.0), dict(name="b", kv_cache_usage=0.2))
@@ -145,9 +157,12 @@ def test_eviction_keeps_a_session_on_its_pod_when_kv_is_full():
     # KV smaller than the working set: the bound pod lost part of the session
     # and is busier; the other pod is full of other live sessions. Without the
     # eviction price the session moves (and would push those sessions out).
-    views = pods(dict(name="a", cached_tokens=1024, pending_prefill_tokens=2000,
-                      in_flight=2, kv_free_tokens=0),
-                 dict(name="b", cached_tokens=0, in_flight=1, kv_free_tokens=128))
+    views = pods(
+        dict(
+            name="a", cached_tokens=1024, pending_prefill_tokens=2000, in_flight=2, kv_free_tokens=0
+        ),
+        dict(name="b", cached_tokens=0, in_flight=1, kv_free_tokens=128),
+    )
     req = RouteInput(2000, views, "s", Binding("a"))
     assert pol(eviction_cost_factor=0).choose(req).reason == "sticky-yielded"
     c = pol().choose(req)
@@ -160,9 +175,16 @@ def test_eviction_is_free_with_room_and_unknown_without_capacity():
     # Room for the uncached part, or no capacity reported: the same choice as
     # without an eviction price.
     for free in (4096, None):
-        views = pods(dict(name="a", cached_tokens=1024, pending_prefill_tokens=2000,
-                          in_flight=2, kv_free_tokens=free),
-                     dict(name="b", in_flight=1, kv_free_tokens=free))
+        views = pods(
+            dict(
+                name="a",
+                cached_tokens=1024,
+                pending_prefill_tokens=2000,
+                in_flight=2,
+                kv_free_tokens=free,
+            ),
+            dict(name="b", in_flight=1, kv_free_tokens=free),
+        )
         assert pol().choose(RouteInput(2000, views, "s", Binding("a"))).pod == "b"
 
 
@@ -187,10 +209,12 @@ def test_unavailable_pods_are_never_chosen():
 
 
 def test_xpyd_decode_first_then_prefill_by_overlap():
-    views = pods(dict(name="p1", role="prefill", cached_tokens=0),
-                 dict(name="p2", role="prefill", cached_tokens=3072),
-                 dict(name="d1", role="decode", kv_cache_usage=0.95, in_flight=5),
-                 dict(name="d2", role="decode", in_flight=1))
+    views = pods(
+        dict(name="p1", role="prefill", cached_tokens=0),
+        dict(name="p2", role="prefill", cached_tokens=3072),
+        dict(name="d1", role="decode", kv_cache_usage=0.95, in_flight=5),
+        dict(name="d2", role="decode", in_flight=1),
+    )
     c = pol().choose(RouteInput(4000, views, "s"))
     assert c.pod == "d2"  # the decode pod with room, not the KV-full one
     assert c.prefill_pod == "p2"  # the prefill pod holding the prefix
@@ -199,8 +223,9 @@ def test_xpyd_decode_first_then_prefill_by_overlap():
 
 
 def test_xpyd_skips_remote_prefill_when_uncached_part_is_short():
-    views = pods(dict(name="p1", role="prefill"),
-                 dict(name="d1", role="decode", cached_tokens=3968))
+    views = pods(
+        dict(name="p1", role="prefill"), dict(name="d1", role="decode", cached_tokens=3968)
+    )
     c = pol(remote_prefill_threshold=256).choose(RouteInput(4000, views, "s", Binding("d1")))
     assert c.prefill_pod is None and c.pod == "d1"
     assert "local-prefill:short-uncached" in c.reason and c.local_prefill == "short_uncached"
@@ -209,8 +234,10 @@ def test_xpyd_skips_remote_prefill_when_uncached_part_is_short():
 
 
 def test_xpyd_pod_scope_counts_the_decode_pods_pending_prefill():
-    views = pods(dict(name="p1", role="prefill"),
-                 dict(name="d1", role="decode", cached_tokens=3800, pending_prefill_tokens=100))
+    views = pods(
+        dict(name="p1", role="prefill"),
+        dict(name="d1", role="decode", cached_tokens=3800, pending_prefill_tokens=100),
+    )
     route = RouteInput(4000, views, "s", Binding("d1"))
     c = pol(remote_prefill_threshold=256).choose(route)
     assert c.prefill_pod is None and c.local_prefill == "short_uncached"  # 200 < 256

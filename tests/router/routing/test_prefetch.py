@@ -13,12 +13,19 @@ IDLE = PodGate(available=True, queued=0, prefetching=0)
 
 
 def test_warms_what_is_missing_on_the_next_turns_pod():
-    chosen = plan([Candidate("moved", 2000, "b", 0, moves=True),
-                   Candidate("evicted", 1500, "c", 500, moves=False),
-                   Candidate("warm", 2000, "a", 1920, moves=False)],  # 80 missing: not worth it
-                  {"a": IDLE, "b": IDLE, "c": IDLE}, S)
+    chosen = plan(
+        [
+            Candidate("moved", 2000, "b", 0, moves=True),
+            Candidate("evicted", 1500, "c", 500, moves=False),
+            Candidate("warm", 2000, "a", 1920, moves=False),
+        ],  # 80 missing: not worth it
+        {"a": IDLE, "b": IDLE, "c": IDLE},
+        S,
+    )
     assert [(p.session, p.pod, p.tokens, p.reason) for p in chosen] == [
-        ("moved", "b", 2000, "moves"), ("evicted", "c", 1000, "evicted")]
+        ("moved", "b", 2000, "moves"),
+        ("evicted", "c", 1000, "evicted"),
+    ]
 
 
 def test_never_evicts_other_live_sessions_kv():
@@ -36,9 +43,11 @@ def test_never_on_a_pod_with_queued_requests_or_unavailable():
 
 
 def test_bounded_per_pod_most_missing_first():
-    c = [Candidate("small", 600, "a", 0, moves=True),
-         Candidate("big", 3000, "a", 0, moves=True),
-         Candidate("other", 600, "b", 0, moves=True)]
+    c = [
+        Candidate("small", 600, "a", 0, moves=True),
+        Candidate("big", 3000, "a", 0, moves=True),
+        Candidate("other", 600, "b", 0, moves=True),
+    ]
     chosen = plan(c, {"a": IDLE, "b": IDLE}, S)
     assert [(p.session, p.pod) for p in chosen] == [("big", "a"), ("other", "b")]
     busy = {"a": PodGate(True, 0, prefetching=1), "b": IDLE}
@@ -68,9 +77,11 @@ def test_next_turn_asks_the_policy_without_holding_anything():
     core.release(d)
     held = {p: core.local_load(p) for p in core.pods}
     counts = {p: dict(st.class_counts) for p, st in core.pods.items()}
+
     def next_turn(now):
-        view = core.next_turn(core.hasher.event_hashes(tokens), len(tokens), "s",
-                               Binding(d.decode_pod), now)
+        view = core.next_turn(
+            core.hasher.event_hashes(tokens), len(tokens), "s", Binding(d.decode_pod), now
+        )
         return view.name, view.cached_tokens
 
     assert next_turn(1.0) == (d.decode_pod, 396)

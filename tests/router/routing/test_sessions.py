@@ -39,8 +39,9 @@ def test_identity_header_then_user_then_derived():
 def conversation(turns):
     msgs = [{"role": "system", "content": "You are a coding agent.  Tools: grep, edit."}]
     for t in range(turns):
-        msgs.append({"role": "user",
-                     "content": f"Step {t}: run `grep -n foo{t}`\n\n  and fix it. "})
+        msgs.append(
+            {"role": "user", "content": f"Step {t}: run `grep -n foo{t}`\n\n  and fix it. "}
+        )
         msgs.append({"role": "assistant", "content": f"<tool>grep foo{t}</tool>\nDone {t}.  "})
     return msgs
 
@@ -63,8 +64,10 @@ def test_edited_history_still_equals_full(tok):
     text = inc.render_chat(msgs)
     assert inc.encode(text, "s") == tok(text, add_special_tokens=False)["input_ids"]
     # unrelated text for the session: falls back to full tokenization
-    assert inc.encode("no special tokens here", "s") == tok(
-        "no special tokens here", add_special_tokens=False)["input_ids"]
+    assert (
+        inc.encode("no special tokens here", "s")
+        == tok("no special tokens here", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_tokenizes_only_the_new_suffix(tok):
@@ -90,8 +93,15 @@ def test_session_memory_is_bounded(tok):
 def test_common_prefix_len_matches_commonprefix():
     rng = random.Random(7)
     base = "".join(rng.choice("ab<|>\n é") for _ in range(300))
-    cases = [("", ""), ("", "x"), ("abc", "abc"), ("abc", "abd"), ("ab", "abc"), (base, base),
-             (base, base + "tail")]
+    cases = [
+        ("", ""),
+        ("", "x"),
+        ("abc", "abc"),
+        ("abc", "abd"),
+        ("ab", "abc"),
+        (base, base),
+        (base, base + "tail"),
+    ]
     for _ in range(200):
         cut = rng.randrange(len(base) + 1)
         cases.append((base, base[:cut] + rng.choice("xyz") + base[cut:]))
@@ -101,10 +111,18 @@ def test_common_prefix_len_matches_commonprefix():
         assert common_prefix_len(a, b) == want == common_prefix_len(b, a)
 
 
-@pytest.mark.parametrize("text", [
-    "plain words", "  leading and trailing spaces  ", "<|im_start|>user\nhi<|im_end|>\n",
-    "<|im_start|>assistant\n  \n\n<|im_end|><|endoftext|>", "unicode: é ü 汉字 🤖", "x" * 5000,
-    "code:\n\tdef f(x):\n\t\treturn x  # <|im_end|> inside"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain words",
+        "  leading and trailing spaces  ",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "<|im_start|>assistant\n  \n\n<|im_end|><|endoftext|>",
+        "unicode: é ü 汉字 🤖",
+        "x" * 5000,
+        "code:\n\tdef f(x):\n\t\treturn x  # <|im_end|> inside",
+    ],
+)
 def test_backend_encoder_equals_the_tokenizer(tok, text):
     enc = backend_encoder(tok)
     for special in (False, True):

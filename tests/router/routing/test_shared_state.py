@@ -32,8 +32,9 @@ def replica_for(redis, name):
     core = RoutingCore(RoutingSettings(block_size=4), PODS)
     for pod in PODS:
         core.update_pod(pod.name, 0.0, healthy=True)
-    return Replica(core, RedisState(redis.url, name, timeout_s=TIMEOUT_S, refresh_s=0.05,
-                                    retry_s=0.1))
+    return Replica(
+        core, RedisState(redis.url, name, timeout_s=TIMEOUT_S, refresh_s=0.05, retry_s=0.1)
+    )
 
 
 async def others_load(state, pod):
@@ -74,11 +75,11 @@ async def test_redis_loss_and_return(redis_server):
         redis_server.stop()
         await asyncio.sleep(0.3)
         # Both keep serving on local state.
-        d = await a.route(RouteRequest(list(range(40)), session="during-outage"),
-                          time.monotonic())
+        d = await a.route(RouteRequest(list(range(40)), session="during-outage"), time.monotonic())
         assert not a.state.up and a.state.outages == 1
-        again = await a.route(RouteRequest(list(range(44)), session="during-outage"),
-                              time.monotonic())
+        again = await a.route(
+            RouteRequest(list(range(44)), session="during-outage"), time.monotonic()
+        )
         assert again.decode_pod == d.decode_pod  # local binding holds
         redis_server.start()
         deadline = time.monotonic() + 10
@@ -86,8 +87,9 @@ async def test_redis_loss_and_return(redis_server):
             assert time.monotonic() < deadline, "replicas did not reconnect"
             await asyncio.sleep(0.05)
         # a re-synced the binding it made during the outage: b now sees it.
-        d_b = await b.route(RouteRequest(list(range(48)), session="during-outage"),
-                            time.monotonic())
+        d_b = await b.route(
+            RouteRequest(list(range(48)), session="during-outage"), time.monotonic()
+        )
         assert d_b.decode_pod == d.decode_pod and d_b.reason == "sticky"
         await asyncio.sleep(0.2)
         # a re-wrote the load it took on during the outage: b sees both requests.

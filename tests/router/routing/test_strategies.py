@@ -26,8 +26,7 @@ def crd_router_policy() -> dict:
 
 
 def test_each_policy_is_registered_once_under_its_own_name():
-    assert POLICIES == tuple(REGISTRY) == ("cost", "round-robin", "least-load", "prefix",
-                                           "session")
+    assert POLICIES == tuple(REGISTRY) == ("cost", "round-robin", "least-load", "prefix", "session")
     for name, cls in REGISTRY.items():
         assert cls.name == name
         assert Policy(PolicySettings(policy=name)).strategy.name == name
@@ -39,8 +38,10 @@ def test_the_default_policy_is_registered_and_public():
 
 def test_the_router_flag_offers_every_registered_policy():
     for name in POLICIES:
-        assert parse_settings(["--engine", "e:1", "--routing-policy", name]
-                              ).routing.policy.policy == name
+        assert (
+            parse_settings(["--engine", "e:1", "--routing-policy", name]).routing.policy.policy
+            == name
+        )
     with pytest.raises(SystemExit):
         parse_settings(["--engine", "e:1", "--routing-policy", "fastest"])
     help_text = " ".join(build_parser().format_help().split())
@@ -53,7 +54,8 @@ def test_the_crd_offers_the_public_policies_with_the_routers_default():
     policy = crd_router_policy()
     assert policy["enum"] == list(PUBLIC_POLICIES), (
         f"{CRD.relative_to(ROOT)}: router.policy's enum must be the registry's public "
-        f"policies: enum: [{', '.join(PUBLIC_POLICIES)}]")
+        f"policies: enum: [{', '.join(PUBLIC_POLICIES)}]"
+    )
     assert policy["default"] == PolicySettings().policy
 
 
@@ -62,7 +64,8 @@ def test_the_chart_offers_the_public_policies_with_the_routers_default():
     policy = schema["properties"]["router"]["properties"]["policy"]
     assert policy["enum"] == list(PUBLIC_POLICIES), (
         "helm/tandem/values.schema.json: router.policy's enum must be the registry's "
-        f"public policies: {json.dumps(list(PUBLIC_POLICIES))}")
+        f"public policies: {json.dumps(list(PUBLIC_POLICIES))}"
+    )
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["router"]["policy"] == PolicySettings().policy
 
@@ -71,8 +74,12 @@ def test_the_chart_offers_the_public_policies_with_the_routers_default():
 def test_every_strategy_answers_for_decode_and_prefill_pods(name):
     # Two prefill pods and two decode pods, nothing cached and a long prompt:
     # the P/D path asks the strategy for both pods.
-    views = [PodView("p1", role="prefill"), PodView("p2", role="prefill"),
-             PodView("d1", role="decode"), PodView("d2", role="decode")]
+    views = [
+        PodView("p1", role="prefill"),
+        PodView("p2", role="prefill"),
+        PodView("d1", role="decode"),
+        PodView("d2", role="decode"),
+    ]
     c = Policy(PolicySettings(policy=name)).choose(RouteInput(4000, views, "s"))
     assert c.pod in ("d1", "d2") and c.prefill_pod in ("p1", "p2")
     assert c.local_prefill is None and "+prefill-" in c.reason

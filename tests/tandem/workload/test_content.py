@@ -31,7 +31,7 @@ def _engine_tokens(tok, messages):
 def _blocks(ids, n_in, bs):
     """The trace's blocks: the first ``in`` rendered tokens cut every ``bs``."""
     ids = ids[:n_in]
-    return [tuple(ids[i:i + bs]) for i in range(0, n_in, bs)]
+    return [tuple(ids[i : i + bs]) for i in range(0, n_in, bs)]
 
 
 def test_prompt_length_and_engine_tokens(tok, builder):
@@ -50,8 +50,7 @@ def test_identical_ids_identical_blocks_different_ids_different(tok, builder, bs
     b = _engine_tokens(tok, builder.build("", b_ids, b_in, bs).messages)
     c = _engine_tokens(tok, builder.build("", c_ids, c_in, bs).messages)
     A, B, C = _blocks(a, a_in, bs), _blocks(b, b_in, bs), _blocks(c, c_in, bs)
-    for X, X_ids, Y, Y_ids in ((A, a_ids, B, b_ids), (A, a_ids, C, c_ids),
-                               (B, b_ids, C, c_ids)):
+    for X, X_ids, Y, Y_ids in ((A, a_ids, B, b_ids), (A, a_ids, C, c_ids), (B, b_ids, C, c_ids)):
         for i in range(min(len(X), len(Y))):
             full = len(X[i]) == bs and len(Y[i]) == bs
             if X_ids[i] == Y_ids[i] and full:
@@ -77,10 +76,10 @@ def test_scope_and_salt(tok, builder):
     g2 = builder.build(scope_key("s2", "global"), [1, 2], 2 * bs, bs).token_ids
     l1 = builder.build(scope_key("s1", "local"), [1, 2], 2 * bs, bs).token_ids
     l2 = builder.build(scope_key("s2", "local"), [1, 2], 2 * bs, bs).token_ids
-    assert g1 == g2                       # global ids are shared across sessions
-    assert l1[:bs] != l2[:bs]             # local ids are private to a session
+    assert g1 == g2  # global ids are shared across sessions
+    assert l1[:bs] != l2[:bs]  # local ids are private to a session
     other = PromptBuilder(tok, salt="another").build("", [1, 2], 2 * bs, bs).token_ids
-    assert other[len(builder.header):bs] != g1[len(builder.header):bs]
+    assert other[len(builder.header) : bs] != g1[len(builder.header) : bs]
 
 
 def test_every_generated_request_verifies(tok):
@@ -90,8 +89,7 @@ def test_every_generated_request_verifies(tok):
     n = 0
     for s in sessions:
         for _, _, r in s.iter_requests():
-            p = b.build(scope_key(s.id, s.hash_id_scope), r.hash_ids, r.in_tokens,
-                        s.block_size)
+            p = b.build(scope_key(s.id, s.hash_id_scope), r.hash_ids, r.in_tokens, s.block_size)
             assert len(p.token_ids) == r.in_tokens + len(b.suffix)
             n += 1
     assert n > 20

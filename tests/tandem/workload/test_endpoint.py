@@ -19,8 +19,12 @@ def test_sse_data_reads_data_lines_of_text_and_bytes():
 def test_output_deltas_count_choices_with_text():
     assert output_deltas({"choices": [{"delta": {"role": "assistant", "content": ""}}]}) == 0
     assert output_deltas({"choices": [{"delta": {"content": " a"}}]}) == 1
-    assert output_deltas({"choices": [{"delta": {"reasoning_content": "hm"}},
-                                      {"delta": {"content": "b"}}]}) == 2
+    assert (
+        output_deltas(
+            {"choices": [{"delta": {"reasoning_content": "hm"}}, {"delta": {"content": "b"}}]}
+        )
+        == 2
+    )
     assert output_deltas({"choices": [], "usage": {"completion_tokens": 3}}) == 0
 
 

@@ -12,8 +12,14 @@ from tandem.workload.trace import Request, Subagent
 
 # Contexts large enough that a 96% per-turn reuse is feasible (the previous
 # output and the partial last block are small against the input).
-LARGE = dict(sessions=800, seed=11, first_in_median=8000, shared_prefix=1024,
-             max_context=60000, turns_median=10)
+LARGE = dict(
+    sessions=800,
+    seed=11,
+    first_in_median=8000,
+    shared_prefix=1024,
+    max_context=60000,
+    turns_median=10,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +59,7 @@ def test_structure_invariants(sample):
     for s in sessions[:200]:
         assert s.hash_id_scope == "global"
         first = s.requests[0]
-        assert first.hash_ids[: len(shared)] == shared          # common prefix
+        assert first.hash_ids[: len(shared)] == shared  # common prefix
         for _, _, r in s.iter_requests():
             assert len(r.hash_ids) == -(-r.in_tokens // p.block_size)
             assert 1 <= r.out_tokens <= p.out_max
@@ -68,7 +74,7 @@ def test_structure_invariants(sample):
                 full = parent.hash_ids[: parent.in_tokens // p.block_size]
                 sub_first = e.requests[0]
                 assert sub_first.hash_ids[: len(full)] == full
-                assert any(isinstance(x, Request) for x in s.requests[i + 1:])
+                assert any(isinstance(x, Request) for x in s.requests[i + 1 :])
 
 
 def test_small_profile_fits_a_4096_token_engine():

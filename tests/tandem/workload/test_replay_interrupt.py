@@ -22,18 +22,19 @@ async def test_sigint_returns_partial_results():
     held = []
 
     async def hang(reader, writer):
-        held.append(writer)          # read nothing, answer nothing
+        held.append(writer)  # read nothing, answer nothing
 
     server = await asyncio.start_server(hang, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     tok = AutoTokenizer.from_pretrained(str(resolve_model(None)))
     sessions = generate(params_for("small", sessions=3, seed=4))
     prompts = build_prompts(sessions, PromptBuilder(tok, salt="int"))
-    cfg = ReplayConfig(url=f"http://127.0.0.1:{port}", model="m", concurrency=2,
-                       progress=False, timeout_s=120)
+    cfg = ReplayConfig(
+        url=f"http://127.0.0.1:{port}", model="m", concurrency=2, progress=False, timeout_s=120
+    )
     replayer = Replayer(cfg, sessions, prompts, salt="int")
     task = asyncio.create_task(replayer.run())
-    for _ in range(200):                      # until both lanes have a request in flight
+    for _ in range(200):  # until both lanes have a request in flight
         await asyncio.sleep(0.05)
         if len(held) >= 2:
             break

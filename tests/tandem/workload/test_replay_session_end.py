@@ -16,15 +16,18 @@ _CHUNK = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
 _BODY = f"data: {json.dumps(_CHUNK)}\n\ndata: [DONE]\n\n".encode()
 
 
-async def _serve(seen: list[tuple[str, bool]], reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+async def _serve(
+    seen: list[tuple[str, bool]], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     """One HTTP request per connection: records (session, ends) and answers."""
     head = (await reader.readuntil(b"\r\n\r\n")).decode().lower().split("\r\n")
     headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
     await reader.readexactly(int(headers["content-length"]))
     seen.append((headers["x-session-id"], headers.get("x-session-end") == "1"))
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                 b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(_BODY) + _BODY)
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(_BODY) + _BODY
+    )
     await writer.drain()
     writer.close()
 
@@ -37,15 +40,26 @@ async def _replay(header: str | None) -> list[tuple[str, bool]]:
     seen: list[tuple[str, bool]] = []
     server = await asyncio.start_server(lambda r, w: _serve(seen, r, w), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    subs = [Subagent([_request(3), _request(4)], agent_id="sa1"),
-            Subagent([_request(5)], agent_id="sa2")]
+    subs = [
+        Subagent([_request(3), _request(4)], agent_id="sa1"),
+        Subagent([_request(5)], agent_id="sa2"),
+    ]
     # The session's last entry is a request after the sub-agents join.
-    session = Session(id="s", block_size=64,
-                      requests=[_request(1), _request(2), *subs, _request(6)])
-    prompts = {id(r): BuiltPrompt([{"role": "user", "content": "hi"}], [1], 1)
-               for _, _, r in session.iter_requests()}
-    cfg = ReplayConfig(url=f"http://127.0.0.1:{port}", model="m", concurrency=1,
-                       progress=False, timeout_s=30, session_end_header=header)
+    session = Session(
+        id="s", block_size=64, requests=[_request(1), _request(2), *subs, _request(6)]
+    )
+    prompts = {
+        id(r): BuiltPrompt([{"role": "user", "content": "hi"}], [1], 1)
+        for _, _, r in session.iter_requests()
+    }
+    cfg = ReplayConfig(
+        url=f"http://127.0.0.1:{port}",
+        model="m",
+        concurrency=1,
+        progress=False,
+        timeout_s=30,
+        session_end_header=header,
+    )
     result = await Replayer(cfg, [session], prompts, salt="k").run()
     server.close()
     await server.wait_closed()

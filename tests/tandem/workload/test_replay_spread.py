@@ -17,6 +17,7 @@ async def test_requests_alternate_over_the_replicas():
         def handle(request: httpx.Request) -> httpx.Response:
             hits.append(name)
             return httpx.Response(200, text="data: [DONE]\n\n")
+
         return httpx.MockTransport(handle)
 
     clients = [httpx.AsyncClient(base_url=f"http://{n}", transport=replica(n)) for n in "ab"]

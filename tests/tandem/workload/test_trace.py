@@ -13,13 +13,29 @@ from tandem.workload.trace import TraceError
 
 
 def _session(**over):
-    s = {"id": "abc", "block_size": 4, "hash_id_scope": "local", "requests": [
-        {"t": 0.0, "type": "s", "in": 9, "out": 3, "hash_ids": [1, 2, 3], "think_time": 0.0},
-        {"type": "subagent", "agent_id": "sa1", "t": 1.0, "requests": [
-            {"t": 1.0, "type": "n", "in": 8, "out": 2, "hash_ids": [1, 2]}]},
-        {"t": 2.0, "type": "s", "in": 12, "out": 3, "hash_ids": [1, 2, 4],
-         "think_time": 0.5, "stop": "tool_use"},
-    ]}
+    s = {
+        "id": "abc",
+        "block_size": 4,
+        "hash_id_scope": "local",
+        "requests": [
+            {"t": 0.0, "type": "s", "in": 9, "out": 3, "hash_ids": [1, 2, 3], "think_time": 0.0},
+            {
+                "type": "subagent",
+                "agent_id": "sa1",
+                "t": 1.0,
+                "requests": [{"t": 1.0, "type": "n", "in": 8, "out": 2, "hash_ids": [1, 2]}],
+            },
+            {
+                "t": 2.0,
+                "type": "s",
+                "in": 12,
+                "out": 3,
+                "hash_ids": [1, 2, 4],
+                "think_time": 0.5,
+                "stop": "tool_use",
+            },
+        ],
+    }
     s.update(over)
     return s
 
@@ -48,21 +64,33 @@ def test_array_and_directory(tmp_path):
     assert [s.id for s in trace.load(tmp_path / "d")] == ["x", "y"]
 
 
-@pytest.mark.parametrize("mutate, field, words", [
-    (lambda s: s.pop("block_size"), "block_size", "positive integer"),
-    (lambda s: s.update(hash_id_scope="world"), "hash_id_scope", "must be one of"),
-    (lambda s: s["requests"][0].pop("in"), "requests[0].in", "missing"),
-    (lambda s: s["requests"][0].update(out=-1), "requests[0].out", ">= 0"),
-    (lambda s: s["requests"][0].update(hash_ids=[1, 2]), "requests[0].hash_ids",
-     "expected ceil(in=9 / block_size=4) = 3"),
-    (lambda s: s["requests"][0].update(hash_ids=[1, "2", 3]), "requests[0].hash_ids[1]",
-     "integer"),
-    (lambda s: s["requests"][1]["requests"][0].update(t=-1),
-     "requests[1].requests[0].t", ">= 0"),
-    (lambda s: s["requests"][2].update(type="x"), "requests[2].type", "'s', 'n' or"),
-    (lambda s: s["requests"][2].update(think_time="soon"), "requests[2].think_time", "number"),
-    (lambda s: s.update(requests=[]), "requests", "non-empty"),
-])
+@pytest.mark.parametrize(
+    "mutate, field, words",
+    [
+        (lambda s: s.pop("block_size"), "block_size", "positive integer"),
+        (lambda s: s.update(hash_id_scope="world"), "hash_id_scope", "must be one of"),
+        (lambda s: s["requests"][0].pop("in"), "requests[0].in", "missing"),
+        (lambda s: s["requests"][0].update(out=-1), "requests[0].out", ">= 0"),
+        (
+            lambda s: s["requests"][0].update(hash_ids=[1, 2]),
+            "requests[0].hash_ids",
+            "expected ceil(in=9 / block_size=4) = 3",
+        ),
+        (
+            lambda s: s["requests"][0].update(hash_ids=[1, "2", 3]),
+            "requests[0].hash_ids[1]",
+            "integer",
+        ),
+        (
+            lambda s: s["requests"][1]["requests"][0].update(t=-1),
+            "requests[1].requests[0].t",
+            ">= 0",
+        ),
+        (lambda s: s["requests"][2].update(type="x"), "requests[2].type", "'s', 'n' or"),
+        (lambda s: s["requests"][2].update(think_time="soon"), "requests[2].think_time", "number"),
+        (lambda s: s.update(requests=[]), "requests", "non-empty"),
+    ],
+)
 def test_bad_field_is_named(tmp_path, mutate, field, words):
     s = _session()
     mutate(s)

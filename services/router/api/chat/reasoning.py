@@ -53,7 +53,8 @@ class ReasoningSplit:
         self._text = previous_text + text
         self._ids = previous_ids + token_ids
         message = self._parser.extract_reasoning_streaming(
-            previous_text, self._text, text, previous_ids, self._ids, token_ids)
+            previous_text, self._text, text, previous_ids, self._ids, token_ids
+        )
         if message is None:
             return None, ""
         return message.reasoning or None, message.content or ""

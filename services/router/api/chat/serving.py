@@ -36,16 +36,30 @@ def _token_bytes(token: str) -> list[int]:
 
 def chat_logprobs(entries, top: int) -> dict:
     """OpenAI chat `logprobs` for generated tokens."""
-    return {"content": [
-        {"token": e.token, "logprob": e.logprob, "bytes": _token_bytes(e.token),
-         "top_logprobs": [{"token": t.token, "logprob": t.logprob,
-                           "bytes": _token_bytes(t.token)} for t in e.top[:top]]}
-        for e in entries]}
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": _token_bytes(e.token),
+                "top_logprobs": [
+                    {"token": t.token, "logprob": t.logprob, "bytes": _token_bytes(t.token)}
+                    for t in e.top[:top]
+                ],
+            }
+            for e in entries
+        ]
+    }
 
 
 class ChatShape(Shape):
-    def __init__(self, card: ModelCard, calls: ForcedCalls | None = None,
-                 top_logprobs: int | None = None, reasoning: ReasoningSplit | None = None) -> None:
+    def __init__(
+        self,
+        card: ModelCard,
+        calls: ForcedCalls | None = None,
+        top_logprobs: int | None = None,
+        reasoning: ReasoningSplit | None = None,
+    ) -> None:
         super().__init__(card)
         self._calls = calls  # reads tool calls from the output (None: plain text)
         self._top = top_logprobs  # None: no logprobs
@@ -67,16 +81,31 @@ class ChatShape(Shape):
             if calls:
                 message["tool_calls"] = calls
                 finish_reason = "tool_calls"
-        return {**self._base(request_id, "chat.completion"),
-                "choices": [{"index": 0, "message": message,
-                             "logprobs": self._logprobs(logprobs),
-                             "finish_reason": finish_reason}],
-                "usage": usage}
+        return {
+            **self._base(request_id, "chat.completion"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": self._logprobs(logprobs),
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage,
+        }
 
     def opening(self, request_id):
-        return {**self._base(request_id, "chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None}]}
+        return {
+            **self._base(request_id, "chat.completion.chunk"),
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
 
     def deltas(self, request_id, message):
         finish_reason = message.finish_reason or None
@@ -87,28 +116,44 @@ class ChatShape(Shape):
         if self._calls is None:
             delta = {"content": text} if text else {}
         else:
-            delta = (self._calls.delta(text, token_ids, final=finish_reason is not None) or {}
-                     if text or finish_reason else {})
+            delta = (
+                self._calls.delta(text, token_ids, final=finish_reason is not None) or {}
+                if text or finish_reason
+                else {}
+            )
             if finish_reason and self._calls.called:
                 finish_reason = "tool_calls"
         if reasoning:
             delta = {"reasoning_content": reasoning, **delta}
         if not delta and not finish_reason:
             return []
-        return [{**self._base(request_id, "chat.completion.chunk"),
-                 "choices": [{"index": 0, "delta": delta,
-                              "logprobs": self._logprobs(message.logprobs),
-                              "finish_reason": finish_reason}]}]
+        return [
+            {
+                **self._base(request_id, "chat.completion.chunk"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": delta,
+                        "logprobs": self._logprobs(message.logprobs),
+                        "finish_reason": finish_reason,
+                    }
+                ],
+            }
+        ]
 
     def usage_chunk(self, request_id, usage):
-        return {**self._base(request_id, "chat.completion.chunk"), "choices": [],
-                "usage": usage}
+        return {**self._base(request_id, "chat.completion.chunk"), "choices": [], "usage": usage}
 
 
 class ChatServing:
-    def __init__(self, requests: EngineRequests, responder: Responder, tokenizer: ChatTokenizer,
-                 tool_parser: AutoParser | None = None,
-                 reasoning: ReasoningParsers | None = None) -> None:
+    def __init__(
+        self,
+        requests: EngineRequests,
+        responder: Responder,
+        tokenizer: ChatTokenizer,
+        tool_parser: AutoParser | None = None,
+        reasoning: ReasoningParsers | None = None,
+    ) -> None:
         self.requests = requests
         self.responder = responder
         self.tokenizer = tokenizer
@@ -124,16 +169,19 @@ class ChatServing:
         """The router was started with a reasoning parser."""
         return self._reasoning is not None
 
-    async def chat(self, request: Request,
-                   body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+    async def chat(
+        self, request: Request, body: ChatCompletionRequest
+    ) -> JSONResponse | StreamingResponse:
         ereq, new_shape = await self.prepare(request, body)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         shapes: list[Shape] = [new_shape() for _ in range(body.n)]
-        return await respond_choices(self.responder, request, ereq, shapes, body.stream,
-                                     include_usage)
+        return await respond_choices(
+            self.responder, request, ereq, shapes, body.stream, include_usage
+        )
 
-    async def prepare(self, request: Request, body: ChatCompletionRequest
-                      ) -> tuple[EngineRequest, Callable[[], ChatShape]]:
+    async def prepare(
+        self, request: Request, body: ChatCompletionRequest
+    ) -> tuple[EngineRequest, Callable[[], ChatShape]]:
         """The engine request of a chat request, and how to make the shape of
         a reply to it (one per choice: each reads its own tool calls). The one
         path every chat-like API (chat, Messages, Responses) goes through."""
@@ -149,13 +197,17 @@ class ChatServing:
             structured = forced_constraint(choice, tools, body.parallel_tool_calls)
             if body.response_format is not None or body.structured_outputs is not None:
                 if structured is not None:
-                    raise ValueError("response_format: cannot be combined with tool_choice "
-                                     f"{choice.mode!r}, which constrains the output itself")
+                    raise ValueError(
+                        "response_format: cannot be combined with tool_choice "
+                        f"{choice.mode!r}, which constrains the output itself"
+                    )
                 if body.response_format is not None and body.structured_outputs is not None:
                     raise ValueError("structured_outputs: give it or response_format, not both")
-                structured = (from_response_format(body.response_format)
-                              if body.response_format is not None
-                              else from_structured_outputs(body.structured_outputs))
+                structured = (
+                    from_response_format(body.response_format)
+                    if body.response_format is not None
+                    else from_structured_outputs(body.structured_outputs)
+                )
         except ValueError as exc:
             raise named_bad_request(exc) from None
         # Tools are rendered under "none" too (as vLLM does by default): an
@@ -163,12 +215,15 @@ class ChatServing:
         # and hits the prefix cache.
         rendered = tools
         if rendered and not self.tokenizer.renders_tools:
-            raise bad_request("this model's chat template does not render tools; start the "
-                              "router with --chat-template (see docs/api.md, 'Tool calling')",
-                              param="tools")
+            raise bad_request(
+                "this model's chat template does not render tools; start the "
+                "router with --chat-template (see docs/api.md, 'Tool calling')",
+                param="tools",
+            )
         session = self.requests.session(request, body, messages=messages)
         token_ids = await self.tokenizer.chat_async(
-            messages, session.key if session else None, [t.definition for t in rendered])
+            messages, session.key if session else None, [t.definition for t in rendered]
+        )
         ereq = self.requests.build("chatcmpl", request, body, token_ids, "messages", session)
         if structured is not None:
             ereq.sampling.structured.CopyFrom(structured)

@@ -56,9 +56,11 @@ def from_response_format(response_format: dict[str, Any]) -> pb.StructuredOutput
             raise ValueError("response_format.json_schema.name: required, a non-empty string")
         schema = spec.get("schema", {"type": "object"})
         return pb.StructuredOutput(
-            json_schema=check_schema(schema, "response_format.json_schema.schema"))
-    raise ValueError(f"response_format.type: {kind!r} is not one of "
-                     "'text', 'json_object', 'json_schema'")
+            json_schema=check_schema(schema, "response_format.json_schema.schema")
+        )
+    raise ValueError(
+        f"response_format.type: {kind!r} is not one of 'text', 'json_object', 'json_schema'"
+    )
 
 
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -70,8 +72,10 @@ def from_structured_outputs(options: dict[str, Any]) -> pb.StructuredOutput:
     given = [k for k in STRUCTURED_KINDS if options.get(k) is not None]
     unknown = sorted(set(options) - set(STRUCTURED_KINDS))
     if unknown:
-        raise ValueError(f"structured_outputs: unsupported option(s) {unknown}; "
-                         f"give one of {list(STRUCTURED_KINDS)}")
+        raise ValueError(
+            f"structured_outputs: unsupported option(s) {unknown}; "
+            f"give one of {list(STRUCTURED_KINDS)}"
+        )
     if len(given) != 1:
         raise ValueError(f"structured_outputs: give exactly one of {list(STRUCTURED_KINDS)}")
     kind = given[0]
@@ -84,8 +88,7 @@ def from_structured_outputs(options: dict[str, Any]) -> pb.StructuredOutput:
             raise ValueError("structured_outputs.json_object: must be true")
         return pb.StructuredOutput(json_object=True)
     if kind == "choice":
-        if not isinstance(value, list) or not value or \
-                not all(isinstance(c, str) for c in value):
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
             raise ValueError("structured_outputs.choice: a non-empty list of strings")
         return pb.StructuredOutput(choice=pb.Choices(values=value))
     if not isinstance(value, str) or not value:

@@ -78,8 +78,10 @@ def resolve_choice(tool_choice: Any, tools: list[Tool]) -> ToolChoice:
         if not any(t.name == name for t in tools):
             raise ValueError(f"tool_choice: no tool named {name!r} in `tools`")
         return ToolChoice("named", name)
-    raise ValueError("tool_choice: must be 'none', 'auto', 'required' or "
-                     "{'type': 'function', 'function': {'name': ...}}")
+    raise ValueError(
+        "tool_choice: must be 'none', 'auto', 'required' or "
+        "{'type': 'function', 'function': {'name': ...}}"
+    )
 
 
 def check_history(messages: list[dict[str, Any]]) -> None:
@@ -88,44 +90,54 @@ def check_history(messages: list[dict[str, Any]]) -> None:
     for i, message in enumerate(messages):
         for j, call in enumerate(message.get("tool_calls") or []):
             if message["role"] != "assistant":
-                raise ValueError(f"messages[{i}].tool_calls: only assistant messages "
-                                 "carry tool calls")
+                raise ValueError(
+                    f"messages[{i}].tool_calls: only assistant messages carry tool calls"
+                )
             call_id = call.get("id") if isinstance(call, dict) else None
             if not isinstance(call_id, str) or not call_id:
                 raise ValueError(f"messages[{i}].tool_calls[{j}].id: required, a string")
             function = call.get("function")
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise ValueError(  # noqa: TRY004 (a 400)
-                    f"messages[{i}].tool_calls[{j}].function.name: required")
+                    f"messages[{i}].tool_calls[{j}].function.name: required"
+                )
             called.add(call_id)
         if message["role"] == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise ValueError(f"messages[{i}].tool_call_id: required in a tool message")
             if call_id not in called:
-                raise ValueError(f"messages[{i}].tool_call_id: {call_id!r} answers no "
-                                 "tool call made earlier in the conversation")
+                raise ValueError(
+                    f"messages[{i}].tool_call_id: {call_id!r} answers no "
+                    "tool call made earlier in the conversation"
+                )
 
 
-def forced_constraint(choice: ToolChoice, tools: list[Tool],
-                      parallel: bool) -> pb.StructuredOutput | None:
+def forced_constraint(
+    choice: ToolChoice, tools: list[Tool], parallel: bool
+) -> pb.StructuredOutput | None:
     """The structured-output constraint that enforces `choice` (None: free)."""
     if choice.mode == "named":
         tool = next(t for t in tools if t.name == choice.name)
         schema: dict[str, Any] = tool.parameters
     elif choice.mode == "required":
-        item = {"anyOf": [{"type": "object",
-                           "properties": {"name": {"const": t.name},
-                                          "arguments": t.parameters},
-                           "required": ["name", "arguments"],
-                           "additionalProperties": False} for t in tools]}
+        item = {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+                for t in tools
+            ]
+        }
         schema = {"type": "array", "items": item, "minItems": 1}
         if not parallel:
             schema["maxItems"] = 1
     else:
         return None
-    return pb.StructuredOutput(json_schema=json.dumps(schema, separators=(",", ":")),
-                               compact=True)
+    return pb.StructuredOutput(json_schema=json.dumps(schema, separators=(",", ":")), compact=True)
 
 
 def new_call_id() -> str:
@@ -133,8 +145,11 @@ def new_call_id() -> str:
 
 
 def call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
-    return {"id": call_id or new_call_id(), "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": call_id or new_call_id(),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def parse_forced(text: str, choice: ToolChoice) -> list[dict[str, Any]]:
@@ -144,8 +159,7 @@ def parse_forced(text: str, choice: ToolChoice) -> list[dict[str, Any]]:
     if choice.mode == "named":
         assert choice.name is not None
         return [call(choice.name, json.dumps(value, ensure_ascii=False))]
-    return [call(item["name"], json.dumps(item["arguments"], ensure_ascii=False))
-            for item in value]
+    return [call(item["name"], json.dumps(item["arguments"], ensure_ascii=False)) for item in value]
 
 
 class AutoParser:
@@ -165,8 +179,7 @@ class AutoParser:
         self._tokenizer = tokenizer
 
     def start(self, model: str, tools: list[Tool]) -> AutoParse:
-        request = self._request_cls(model=model, messages=[],
-                                    tools=[t.definition for t in tools])
+        request = self._request_cls(model=model, messages=[], tools=[t.definition for t in tools])
         return AutoParse(self._cls(self._tokenizer), request)
 
 
@@ -214,8 +227,9 @@ class AutoParse:
         if not info.tools_called:
             return text, []
         self.called = True
-        return info.content or None, [call(c.function.name, c.function.arguments)
-                                      for c in info.tool_calls]
+        return info.content or None, [
+            call(c.function.name, c.function.arguments) for c in info.tool_calls
+        ]
 
     def delta(self, text: str, token_ids: list[int], final: bool) -> dict[str, Any] | None:
         """The OpenAI chat delta for the next piece of output (None: nothing
@@ -224,8 +238,8 @@ class AutoParse:
         self._text = previous_text + text
         self._ids = previous_ids + list(token_ids)
         message = self._parser.extract_tool_calls_streaming(
-            previous_text, self._text, text, previous_ids, self._ids, list(token_ids),
-            self._request)
+            previous_text, self._text, text, previous_ids, self._ids, list(token_ids), self._request
+        )
         if message is None:
             return None
         delta = message.model_dump(exclude_none=True)

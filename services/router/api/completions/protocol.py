@@ -11,8 +11,11 @@ from services.router.api.protocol import UINT32_MAX, SamplingFields
 
 
 class CompletionRequest(SamplingFields):
-    unsupported: ClassVar[tuple[str, ...]] = (*SamplingFields.unsupported, "tools",
-                                              "response_format")
+    unsupported: ClassVar[tuple[str, ...]] = (
+        *SamplingFields.unsupported,
+        "tools",
+        "response_format",
+    )
 
     prompt: str | list[int] | list[str] | list[list[int]]
     # Top log-probabilities per token (OpenAI allows up to 5).

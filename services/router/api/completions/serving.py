@@ -26,37 +26,57 @@ class CompletionShape(Shape):
         for e in entries:
             offsets.append(self._offset)
             self._offset += len(e.token)
-        return {"tokens": [e.token for e in entries],
-                "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{t.token: t.logprob for t in e.top[:self._top]}
-                                 for e in entries],
-                "text_offset": offsets}
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top[: self._top]} for e in entries],
+            "text_offset": offsets,
+        }
 
     def whole(self, request_id, text, finish_reason, usage, logprobs):
-        return {**self._base(request_id, "text_completion"),
-                "choices": [{"index": 0, "text": text, "logprobs": self._logprobs(logprobs),
-                             "finish_reason": finish_reason}],
-                "usage": usage}
+        return {
+            **self._base(request_id, "text_completion"),
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": self._logprobs(logprobs),
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage,
+        }
 
     def deltas(self, request_id, message):
-        return [{**self._base(request_id, "text_completion"),
-                 "choices": [{"index": 0, "text": message.text,
-                              "logprobs": self._logprobs(message.logprobs),
-                              "finish_reason": message.finish_reason or None}]}]
+        return [
+            {
+                **self._base(request_id, "text_completion"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": message.text,
+                        "logprobs": self._logprobs(message.logprobs),
+                        "finish_reason": message.finish_reason or None,
+                    }
+                ],
+            }
+        ]
 
     def usage_chunk(self, request_id, usage):
         return {**self._base(request_id, "text_completion"), "choices": [], "usage": usage}
 
 
 class CompletionsServing:
-    def __init__(self, requests: EngineRequests, responder: Responder,
-                 tokenizer: ChatTokenizer) -> None:
+    def __init__(
+        self, requests: EngineRequests, responder: Responder, tokenizer: ChatTokenizer
+    ) -> None:
         self._requests = requests
         self._responder = responder
         self._tokenizer = tokenizer
 
-    async def completions(self, request: Request,
-                          body: CompletionRequest) -> JSONResponse | StreamingResponse:
+    async def completions(
+        self, request: Request, body: CompletionRequest
+    ) -> JSONResponse | StreamingResponse:
         self._requests.check_model(body)
         if isinstance(body.prompt, str):
             token_ids = await self._tokenizer.prompt_async(body.prompt)
@@ -67,7 +87,9 @@ class CompletionsServing:
         if body.logprobs is not None:
             ereq.sampling.logprobs = body.logprobs
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        shapes: list[Shape] = [CompletionShape(self._requests.card, body.logprobs)
-                               for _ in range(body.n)]
-        return await respond_choices(self._responder, request, ereq, shapes, body.stream,
-                                     include_usage)
+        shapes: list[Shape] = [
+            CompletionShape(self._requests.card, body.logprobs) for _ in range(body.n)
+        ]
+        return await respond_choices(
+            self._responder, request, ereq, shapes, body.stream, include_usage
+        )

@@ -30,14 +30,18 @@ class MessagesShape(Shape):
 
     def whole(self, request_id, text, finish_reason, usage, logprobs):
         return translate.message_from_chat(
-            self._chat.whole(request_id, text, finish_reason, usage, logprobs))
+            self._chat.whole(request_id, text, finish_reason, usage, logprobs)
+        )
 
     def opening_payloads(self, request_id):
         return self._stream.opening()
 
     def stream_payloads(self, request_id, message, include_usage):
-        return [event for chunk in self._chat.stream_payloads(request_id, message, True)
-                for event in self._stream.feed(chunk)]
+        return [
+            event
+            for chunk in self._chat.stream_payloads(request_id, message, True)
+            for event in self._stream.feed(chunk)
+        ]
 
     def frame(self, payload):
         return named_event(payload)
@@ -50,22 +54,27 @@ class MessagesServing:
     def __init__(self, chat: ChatServing) -> None:
         self._chat = chat
 
-    async def messages(self, request: Request,
-                       body: MessagesRequest) -> JSONResponse | StreamingResponse:
+    async def messages(
+        self, request: Request, body: MessagesRequest
+    ) -> JSONResponse | StreamingResponse:
         """Anthropic's Messages API, translated onto the chat path."""
         if body.wants_thinking() and not self._chat.splits_reasoning:
-            raise bad_request("thinking: this server splits no reasoning out (start the "
-                              "router with --reasoning-parser)", param="thinking")
+            raise bad_request(
+                "thinking: this server splits no reasoning out (start the "
+                "router with --reasoning-parser)",
+                param="thinking",
+            )
         try:
             chat = translate.to_chat(body)
         except ValueError as exc:
             raise named_bad_request(exc) from None
         ereq, new_shape = await self._chat.prepare(request, chat)
-        stream = translate.MessagesStream(ereq.request_id, self._chat.card.name,
-                                          len(ereq.token_ids))
-        return await self._chat.responder.respond(request, ereq,
-                                                  MessagesShape(new_shape(), stream),
-                                                  body.stream, include_usage=True)
+        stream = translate.MessagesStream(
+            ereq.request_id, self._chat.card.name, len(ereq.token_ids)
+        )
+        return await self._chat.responder.respond(
+            request, ereq, MessagesShape(new_shape(), stream), body.stream, include_usage=True
+        )
 
     async def count_tokens(self, body: MessagesRequest) -> dict:
         """Anthropic's token count: the prompt tokens this Messages request

@@ -19,12 +19,17 @@ from services.router.api.translation import ChatStreamTranslator, chat_request, 
 
 # Chat finish reasons → Anthropic stop reasons. ("abort" only reaches a
 # client when the engine gave up on the request.)
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
-                "abort": "end_turn"}
+STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "abort": "end_turn",
+}
 
 
-def _user_messages(content: list[dict[str, Any]], where: str,
-                   called: set[str]) -> list[dict[str, Any]]:
+def _user_messages(
+    content: list[dict[str, Any]], where: str, called: set[str]
+) -> list[dict[str, Any]]:
     """A user turn's blocks: tool results become tool messages, runs of text
     one user message, in order."""
     out: list[dict[str, Any]] = []
@@ -42,20 +47,25 @@ def _user_messages(content: list[dict[str, Any]], where: str,
             if not isinstance(call_id, str) or not call_id:
                 raise ValueError(f"{at}.tool_use_id: required, a string")
             if call_id not in called:
-                raise ValueError(f"{at}.tool_use_id: {call_id!r} answers no tool_use "
-                                 "block earlier in the conversation")
+                raise ValueError(
+                    f"{at}.tool_use_id: {call_id!r} answers no tool_use "
+                    "block earlier in the conversation"
+                )
             result = text_of(block.get("content", ""), f"{at}.content")
             if block.get("is_error"):
                 result = f"Error: {result}"
             out.append({"role": "tool", "tool_call_id": call_id, "content": result})
         else:
-            raise ValueError(f"{at}.type: {kind!r} blocks are not supported in user turns "
-                             "(text and tool_result are)")
+            raise ValueError(
+                f"{at}.type: {kind!r} blocks are not supported in user turns "
+                "(text and tool_result are)"
+            )
     return out
 
 
-def _assistant_message(content: list[dict[str, Any]], where: str,
-                       called: set[str]) -> dict[str, Any]:
+def _assistant_message(
+    content: list[dict[str, Any]], where: str, called: set[str]
+) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
@@ -72,13 +82,23 @@ def _assistant_message(content: list[dict[str, Any]], where: str,
             if not isinstance(arguments, dict):
                 raise ValueError(f"{at}.input: required, an object")
             called.add(call_id)
-            calls.append({"id": call_id, "type": "function", "function": {
-                "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "arguments": json.dumps(arguments, ensure_ascii=False),
+                    },
+                }
+            )
         elif kind in ("thinking", "redacted_thinking"):
             continue  # earlier turns' reasoning is not fed back to the model
         else:
-            raise ValueError(f"{at}.type: {kind!r} blocks are not supported in assistant "
-                             "turns (text and tool_use are)")
+            raise ValueError(
+                f"{at}.type: {kind!r} blocks are not supported in assistant "
+                "turns (text and tool_use are)"
+            )
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         message["tool_calls"] = calls
@@ -145,8 +165,10 @@ def _response_format(output_config: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(form, dict) or form.get("type") != "json_schema":
         raise ValueError("output_config.format.type: only 'json_schema' is supported")
     check_schema(form.get("schema"), "output_config.format.schema")
-    return {"type": "json_schema",
-            "json_schema": {"name": "output", "schema": form["schema"], "strict": True}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": form["schema"], "strict": True},
+    }
 
 
 def to_chat(body: MessagesRequest) -> ChatCompletionRequest:
@@ -154,9 +176,15 @@ def to_chat(body: MessagesRequest) -> ChatCompletionRequest:
     Messages field when it cannot be served."""
     tools = _chat_tools(body.tools or [])
     chat: dict[str, Any] = {
-        "model": body.model, "messages": _chat_messages(body), "max_tokens": body.max_tokens,
-        "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
-        "top_k": body.top_k, "stop": body.stop_sequences}
+        "model": body.model,
+        "messages": _chat_messages(body),
+        "max_tokens": body.max_tokens,
+        "stream": body.stream,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "stop": body.stop_sequences,
+    }
     if tools:
         chat["tools"] = tools
     if body.tool_choice is not None:
@@ -180,9 +208,12 @@ def message_id(chat_id: str) -> str:
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
     """Anthropic counts cache reads apart from the (uncached) input tokens."""
     cached = usage["prompt_tokens_details"]["cached_tokens"]
-    return {"input_tokens": usage["prompt_tokens"] - cached,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
-            "output_tokens": usage["completion_tokens"]}
+    return {
+        "input_tokens": usage["prompt_tokens"] - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": usage["completion_tokens"],
+    }
 
 
 def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
@@ -203,17 +234,29 @@ def message_from_chat(completion: dict[str, Any]) -> dict[str, Any]:
     choice = completion["choices"][0]
     content: list[dict[str, Any]] = []
     if choice["message"].get("reasoning_content"):
-        content.append({"type": "thinking", "thinking": choice["message"]["reasoning_content"],
-                        "signature": ""})
+        content.append(
+            {
+                "type": "thinking",
+                "thinking": choice["message"]["reasoning_content"],
+                "signature": "",
+            }
+        )
     if choice["message"].get("content"):
         content.append({"type": "text", "text": choice["message"]["content"]})
     content.extend(_tool_use(c) for c in choice["message"].get("tool_calls") or [])
     stop_reason = STOP_REASONS.get(choice["finish_reason"], "end_turn")
     if stop_reason == "tool_use" and not any(b["type"] == "tool_use" for b in content):
         stop_reason = "end_turn"
-    return {"id": message_id(completion["id"]), "type": "message", "role": "assistant",
-            "model": completion["model"], "content": content, "stop_reason": stop_reason,
-            "stop_sequence": None, "usage": _usage(completion["usage"])}
+    return {
+        "id": message_id(completion["id"]),
+        "type": "message",
+        "role": "assistant",
+        "model": completion["model"],
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": _usage(completion["usage"]),
+    }
 
 
 class MessagesStream(ChatStreamTranslator):
@@ -232,10 +275,21 @@ class MessagesStream(ChatStreamTranslator):
         self._called = False
 
     def opening(self) -> list[dict[str, Any]]:
-        return [{"type": "message_start", "message": {
-            "id": self._id, "type": "message", "role": "assistant", "model": self._model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": self._input_tokens, "output_tokens": 0}}}]
+        return [
+            {
+                "type": "message_start",
+                "message": {
+                    "id": self._id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": self._model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": self._input_tokens, "output_tokens": 0},
+                },
+            }
+        ]
 
     def _close(self) -> list[dict[str, Any]]:
         if self._open is None:
@@ -247,40 +301,68 @@ class MessagesStream(ChatStreamTranslator):
         events = self._close()
         self._index += 1
         self._open = block["type"]
-        return [*events, {"type": "content_block_start", "index": self._index,
-                          "content_block": block}]
+        return [
+            *events,
+            {"type": "content_block_start", "index": self._index, "content_block": block},
+        ]
 
     def _delta(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if delta.get("reasoning_content"):
             if self._open != "thinking":
                 events += self._start({"type": "thinking", "thinking": "", "signature": ""})
-            events.append({"type": "content_block_delta", "index": self._index,
-                           "delta": {"type": "thinking_delta",
-                                     "thinking": delta["reasoning_content"]}})
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": self._index,
+                    "delta": {"type": "thinking_delta", "thinking": delta["reasoning_content"]},
+                }
+            )
         if delta.get("content"):
             if self._open != "text":
                 events += self._start({"type": "text", "text": ""})
-            events.append({"type": "content_block_delta", "index": self._index,
-                           "delta": {"type": "text_delta", "text": delta["content"]}})
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": self._index,
+                    "delta": {"type": "text_delta", "text": delta["content"]},
+                }
+            )
         for call in delta.get("tool_calls") or []:
             function = call.get("function") or {}
             if call.get("id"):
                 self._called = True
-                events += self._start({"type": "tool_use", "id": call["id"],
-                                       "name": function.get("name", ""), "input": {}})
+                events += self._start(
+                    {
+                        "type": "tool_use",
+                        "id": call["id"],
+                        "name": function.get("name", ""),
+                        "input": {},
+                    }
+                )
             if function.get("arguments") and self._open == "tool_use":
-                events.append({"type": "content_block_delta", "index": self._index,
-                               "delta": {"type": "input_json_delta",
-                                         "partial_json": function["arguments"]}})
+                events.append(
+                    {
+                        "type": "content_block_delta",
+                        "index": self._index,
+                        "delta": {
+                            "type": "input_json_delta",
+                            "partial_json": function["arguments"],
+                        },
+                    }
+                )
         return events
 
     def _complete(self, usage: dict[str, Any]) -> list[dict[str, Any]]:
         stop_reason = STOP_REASONS.get(self._finish or "stop", "end_turn")
         if stop_reason == "tool_use" and not self._called:
             stop_reason = "end_turn"
-        return [*self._close(),
-                {"type": "message_delta",
-                 "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                 "usage": _usage(usage)},
-                {"type": "message_stop"}]
+        return [
+            *self._close(),
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                "usage": _usage(usage),
+            },
+            {"type": "message_stop"},
+        ]

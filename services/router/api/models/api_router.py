@@ -12,6 +12,15 @@ router = APIRouter()
 @router.get("/v1/models")
 async def models(request: Request):
     card = parts_of(request).card
-    return {"object": "list", "data": [{
-        "id": card.name, "object": "model", "created": card.created,
-        "owned_by": "tandem", "max_model_len": card.max_model_len}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": card.name,
+                "object": "model",
+                "created": card.created,
+                "owned_by": "tandem",
+                "max_model_len": card.max_model_len,
+            }
+        ],
+    }

@@ -26,8 +26,7 @@ class ResponseStore:
     kept: what `previous_response_id` continues. Bounded; the oldest go first."""
 
     def __init__(self, max_entries: int = 10_000) -> None:
-        self._entries: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = \
-            OrderedDict()
+        self._entries: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
         self._max = max_entries
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
@@ -51,8 +50,9 @@ class ResponsesShape(Shape):
 
     closing = b""
 
-    def __init__(self, chat: ChatShape, builder: translate.ResponseBuilder,
-                 store: Callable[[dict], None]) -> None:
+    def __init__(
+        self, chat: ChatShape, builder: translate.ResponseBuilder, store: Callable[[dict], None]
+    ) -> None:
         super().__init__(chat.card)
         self._chat = chat
         self._builder = builder
@@ -61,7 +61,8 @@ class ResponsesShape(Shape):
 
     def whole(self, request_id, text, finish_reason, usage, logprobs):
         response = self._builder.from_chat(
-            self._chat.whole(request_id, text, finish_reason, usage, logprobs))
+            self._chat.whole(request_id, text, finish_reason, usage, logprobs)
+        )
         self._store(response)
         return response
 
@@ -69,8 +70,11 @@ class ResponsesShape(Shape):
         return self._stream.opening()
 
     def stream_payloads(self, request_id, message, include_usage):
-        events = [event for chunk in self._chat.stream_payloads(request_id, message, True)
-                  for event in self._stream.feed(chunk)]
+        events = [
+            event
+            for chunk in self._chat.stream_payloads(request_id, message, True)
+            for event in self._stream.feed(chunk)
+        ]
         if message.finish_reason and self._stream.final is not None:
             self._store(self._stream.final)
         return events
@@ -87,18 +91,21 @@ class ResponsesServing:
         self._chat = chat
         self._store = ResponseStore()
 
-    async def responses(self, request: Request,
-                        body: ResponsesRequest) -> JSONResponse | StreamingResponse:
+    async def responses(
+        self, request: Request, body: ResponsesRequest
+    ) -> JSONResponse | StreamingResponse:
         """OpenAI's Responses API, translated onto the chat path; stored
         responses continue as conversations (`previous_response_id`)."""
         previous: list[dict] = []
         if body.previous_response_id is not None:
             found = self._store.conversation(body.previous_response_id)
             if found is None:
-                raise OpenAIError(404, f"Previous response with id "
-                                  f"'{body.previous_response_id}' not found",
-                                  param="previous_response_id",
-                                  code="previous_response_not_found")
+                raise OpenAIError(
+                    404,
+                    f"Previous response with id '{body.previous_response_id}' not found",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
             previous = found
         try:
             messages = translate.conversation(body, previous)
@@ -113,12 +120,20 @@ class ResponsesServing:
                 self._store.put(response, translate.stored_conversation(messages, response))
 
         return await self._chat.responder.respond(
-            request, ereq, ResponsesShape(new_shape(), builder, store), body.stream,
-            include_usage=True)
+            request,
+            ereq,
+            ResponsesShape(new_shape(), builder, store),
+            body.stream,
+            include_usage=True,
+        )
 
     def stored_response(self, response_id: str) -> dict:
         response = self._store.response(response_id)
         if response is None:
-            raise OpenAIError(404, f"Response with id '{response_id}' not found",
-                              param="response_id", code="response_not_found")
+            raise OpenAIError(
+                404,
+                f"Response with id '{response_id}' not found",
+                param="response_id",
+                code="response_not_found",
+            )
         return response

@@ -38,13 +38,11 @@ def _called(conversation: list[dict[str, Any]]) -> set[str]:
     return {c["id"] for m in conversation for c in m.get("tool_calls") or []}
 
 
-def conversation(body: ResponsesRequest,
-                 previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def conversation(body: ResponsesRequest, previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The chat messages of the conversation so far: the previous response's,
     then this request's input items (instructions are per request, not part
     of it)."""
-    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) \
-        else body.input
+    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
     messages = [dict(m) for m in previous]
     called = _called(messages)
     for i, item in enumerate(items):
@@ -53,15 +51,20 @@ def conversation(body: ResponsesRequest,
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
-                raise ValueError(f"{where}.role: one of 'user', 'assistant', 'system', "
-                                 "'developer'")
-            messages.append({"role": role, "content": _text(item.get("content"),
-                                                            f"{where}.content")})
+                raise ValueError(f"{where}.role: one of 'user', 'assistant', 'system', 'developer'")
+            messages.append(
+                {"role": role, "content": _text(item.get("content"), f"{where}.content")}
+            )
         elif kind == "function_call":
-            call_id, name, arguments = (_string(item, field, where, empty=field == "arguments")
-                                        for field in ("call_id", "name", "arguments"))
-            call = {"id": call_id, "type": "function",
-                    "function": {"name": name, "arguments": arguments}}
+            call_id, name, arguments = (
+                _string(item, field, where, empty=field == "arguments")
+                for field in ("call_id", "name", "arguments")
+            )
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
                 last["tool_calls"] = [*last["tool_calls"], call]
@@ -71,15 +74,24 @@ def conversation(body: ResponsesRequest,
         elif kind == "function_call_output":
             answered = item.get("call_id")
             if not isinstance(answered, str) or answered not in called:
-                raise ValueError(f"{where}.call_id: {answered!r} answers no function_call "
-                                 "earlier in the conversation")
-            messages.append({"role": "tool", "tool_call_id": answered,
-                             "content": _text(item.get("output"), f"{where}.output")})
+                raise ValueError(
+                    f"{where}.call_id: {answered!r} answers no function_call "
+                    "earlier in the conversation"
+                )
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": answered,
+                    "content": _text(item.get("output"), f"{where}.output"),
+                }
+            )
         elif kind == "reasoning":
             continue  # earlier turns' reasoning is not fed back to the model
         else:
-            raise ValueError(f"{where}.type: {kind!r} items are not supported (message, "
-                             "function_call and function_call_output are)")
+            raise ValueError(
+                f"{where}.type: {kind!r} items are not supported (message, "
+                "function_call and function_call_output are)"
+            )
     return messages
 
 
@@ -111,8 +123,7 @@ def _chat_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> Any:
         if not any(t["function"]["name"] == name for t in tools):
             raise ValueError(f"tool_choice.name: no tool named {name!r} in `tools`")
         return {"type": "function", "function": {"name": name}}
-    raise ValueError("tool_choice: 'auto', 'none', 'required' or "
-                     "{'type': 'function', 'name': ...}")
+    raise ValueError("tool_choice: 'auto', 'none', 'required' or {'type': 'function', 'name': ...}")
 
 
 def _response_format(text: dict[str, Any]) -> dict[str, Any] | None:
@@ -128,9 +139,14 @@ def _response_format(text: dict[str, Any]) -> dict[str, Any] | None:
         return {"type": "json_object"}
     if kind == "json_schema":
         check_schema(form.get("schema"), "text.format.schema")
-        return {"type": "json_schema", "json_schema": {
-            "name": form.get("name", "response"), "schema": form["schema"],
-            "strict": bool(form.get("strict"))}}
+        return {
+            "type": "json_schema",
+            "json_schema": {
+                "name": form.get("name", "response"),
+                "schema": form["schema"],
+                "strict": bool(form.get("strict")),
+            },
+        }
     raise ValueError("text.format.type: one of 'text', 'json_object', 'json_schema'")
 
 
@@ -143,9 +159,15 @@ def to_chat(body: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatCompl
     if not messages:
         raise ValueError("input: empty")
     chat: dict[str, Any] = {
-        "model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
-        "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
-        "parallel_tool_calls": body.parallel_tool_calls, "user": body.user}
+        "model": body.model,
+        "messages": messages,
+        "max_tokens": body.max_output_tokens,
+        "stream": body.stream,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "user": body.user,
+    }
     if tools:
         chat["tools"] = tools
     if body.tool_choice is not None:
@@ -160,13 +182,16 @@ def response_id(chat_id: str) -> str:
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
-    return {"input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens":
-                                     usage["prompt_tokens_details"]["cached_tokens"],
-                                     "cache_write_tokens": 0},
-            "output_tokens": usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+    return {
+        "input_tokens": usage["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+    }
 
 
 def _status(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
@@ -176,31 +201,53 @@ def _status(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [],
-                         "logprobs": []}] if status != "in_progress" else []}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        if status != "in_progress"
+        else [],
+    }
 
 
 def _call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-            "status": status}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"],
+        "status": status,
+    }
 
 
 def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
-            "content": [{"type": "reasoning_text", "text": text}] if status != "in_progress"
-            else []}
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [],
+        "status": status,
+        "content": [{"type": "reasoning_text", "text": text}] if status != "in_progress" else [],
+    }
 
 
 def assistant_message(output: list[dict[str, Any]]) -> dict[str, Any]:
     """A response's output items as the chat message that continues the
     conversation."""
-    text = "".join(part["text"] for item in output if item["type"] == "message"
-                   for part in item["content"])
-    calls = [{"id": i["call_id"], "type": "function",
-              "function": {"name": i["name"], "arguments": i["arguments"]}}
-             for i in output if i["type"] == "function_call"]
+    text = "".join(
+        part["text"] for item in output if item["type"] == "message" for part in item["content"]
+    )
+    calls = [
+        {
+            "id": i["call_id"],
+            "type": "function",
+            "function": {"name": i["name"], "arguments": i["arguments"]},
+        }
+        for i in output
+        if i["type"] == "function_call"
+    ]
     if not calls:
         return {"role": "assistant", "content": text}
     return {"role": "assistant", "content": text or None, "tool_calls": calls}
@@ -214,35 +261,61 @@ class ResponseBuilder:
         self.id = response_id(chat_id)
         self._suffix = chat_id.rsplit("-", 1)[-1]
         self._base = {
-            "id": self.id, "object": "response", "created_at": created_at,
-            "model": body.model, "instructions": body.instructions,
-            "tools": body.tools or [], "tool_choice": body.tool_choice or "auto",
-            "parallel_tool_calls": body.parallel_tool_calls, "temperature": body.temperature,
-            "top_p": body.top_p, "max_output_tokens": body.max_output_tokens,
-            "previous_response_id": body.previous_response_id, "store": body.store,
-            "text": body.text or {"format": {"type": "text"}}, "metadata": body.metadata or {},
-            "user": body.user, "truncation": "disabled", "error": None,
-            "incomplete_details": None}
+            "id": self.id,
+            "object": "response",
+            "created_at": created_at,
+            "model": body.model,
+            "instructions": body.instructions,
+            "tools": body.tools or [],
+            "tool_choice": body.tool_choice or "auto",
+            "parallel_tool_calls": body.parallel_tool_calls,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "max_output_tokens": body.max_output_tokens,
+            "previous_response_id": body.previous_response_id,
+            "store": body.store,
+            "text": body.text or {"format": {"type": "text"}},
+            "metadata": body.metadata or {},
+            "user": body.user,
+            "truncation": "disabled",
+            "error": None,
+            "incomplete_details": None,
+        }
 
     def item_id(self, prefix: str, index: int) -> str:
         return f"{prefix}_{self._suffix}{index}"
 
-    def build(self, status: str, output: list[dict[str, Any]],
-              usage: dict[str, Any] | None = None,
-              incomplete: dict[str, str] | None = None) -> dict[str, Any]:
-        return {**self._base, "status": status, "output": output,
-                "usage": _usage(usage) if usage else None, "incomplete_details": incomplete}
+    def build(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None = None,
+        incomplete: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        return {
+            **self._base,
+            "status": status,
+            "output": output,
+            "usage": _usage(usage) if usage else None,
+            "incomplete_details": incomplete,
+        }
 
     def from_chat(self, completion: dict[str, Any]) -> dict[str, Any]:
         """A whole chat completion as the Response."""
         choice = completion["choices"][0]
         output: list[dict[str, Any]] = []
         if choice["message"].get("reasoning_content"):
-            output.append(_reasoning_item(self.item_id("rs", 0),
-                                          choice["message"]["reasoning_content"], "completed"))
+            output.append(
+                _reasoning_item(
+                    self.item_id("rs", 0), choice["message"]["reasoning_content"], "completed"
+                )
+            )
         if choice["message"].get("content"):
-            output.append(_message_item(self.item_id("msg", len(output)),
-                                        choice["message"]["content"], "completed"))
+            output.append(
+                _message_item(
+                    self.item_id("msg", len(output)), choice["message"]["content"], "completed"
+                )
+            )
         for call in choice["message"].get("tool_calls") or []:
             output.append(_call_item(self.item_id("fc", len(output)), call, "completed"))
         status, incomplete = _status(choice["finish_reason"])
@@ -270,8 +343,10 @@ class ResponsesStream(ChatStreamTranslator):
 
     def opening(self) -> list[dict[str, Any]]:
         response = self._builder.build("in_progress", [])
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response)]
+        return [
+            self._event("response.created", response=response),
+            self._event("response.in_progress", response=response),
+        ]
 
     def _close(self) -> list[dict[str, Any]]:
         item = self._open
@@ -282,54 +357,93 @@ class ResponsesStream(ChatStreamTranslator):
         where = {"item_id": item["id"], "output_index": index}
         if item["type"] == "reasoning":
             done = _reasoning_item(item["id"], item["text"], "completed")
-            events = [self._event("response.reasoning_text.done", **where, content_index=0,
-                                  text=item["text"])]
+            events = [
+                self._event(
+                    "response.reasoning_text.done", **where, content_index=0, text=item["text"]
+                )
+            ]
         elif item["type"] == "message":
             done = _message_item(item["id"], item["text"], "completed")
             part = done["content"][0]
-            events = [self._event("response.output_text.done", **where, content_index=0,
-                                  text=item["text"], logprobs=[]),
-                      self._event("response.content_part.done", **where, content_index=0,
-                                  part=part)]
+            events = [
+                self._event(
+                    "response.output_text.done",
+                    **where,
+                    content_index=0,
+                    text=item["text"],
+                    logprobs=[],
+                ),
+                self._event("response.content_part.done", **where, content_index=0, part=part),
+            ]
         else:
             done = _call_item(item["id"], item["call"], "completed")
-            events = [self._event("response.function_call_arguments.done", **where,
-                                  name=done["name"], arguments=done["arguments"])]
+            events = [
+                self._event(
+                    "response.function_call_arguments.done",
+                    **where,
+                    name=done["name"],
+                    arguments=done["arguments"],
+                )
+            ]
         self._output.append(done)
-        return [*events, self._event("response.output_item.done", output_index=index,
-                                     item=done)]
+        return [*events, self._event("response.output_item.done", output_index=index, item=done)]
 
     def _start_reasoning(self) -> list[dict[str, Any]]:
         events = self._close()
         index = len(self._output)
         item_id = self._builder.item_id("rs", index)
         self._open = {"type": "reasoning", "id": item_id, "text": ""}
-        return [*events, self._event("response.output_item.added", output_index=index,
-                                     item=_reasoning_item(item_id, "", "in_progress"))]
+        return [
+            *events,
+            self._event(
+                "response.output_item.added",
+                output_index=index,
+                item=_reasoning_item(item_id, "", "in_progress"),
+            ),
+        ]
 
     def _start_message(self) -> list[dict[str, Any]]:
         events = self._close()
         index = len(self._output)
         item_id = self._builder.item_id("msg", index)
         self._open = {"type": "message", "id": item_id, "text": ""}
-        return [*events,
-                self._event("response.output_item.added", output_index=index,
-                            item=_message_item(item_id, "", "in_progress")),
-                self._event("response.content_part.added", item_id=item_id,
-                            output_index=index, content_index=0,
-                            part={"type": "output_text", "text": "", "annotations": [],
-                                  "logprobs": []})]
+        return [
+            *events,
+            self._event(
+                "response.output_item.added",
+                output_index=index,
+                item=_message_item(item_id, "", "in_progress"),
+            ),
+            self._event(
+                "response.content_part.added",
+                item_id=item_id,
+                output_index=index,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+            ),
+        ]
 
     def _start_call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         events = self._close()
         index = len(self._output)
         item_id = self._builder.item_id("fc", index)
         function = call.get("function") or {}
-        self._open = {"type": "function_call", "id": item_id, "call": {
-            "id": call["id"], "function": {"name": function.get("name", ""), "arguments": ""}}}
-        return [*events, self._event("response.output_item.added", output_index=index,
-                                     item=_call_item(item_id, self._open["call"],
-                                                     "in_progress"))]
+        self._open = {
+            "type": "function_call",
+            "id": item_id,
+            "call": {
+                "id": call["id"],
+                "function": {"name": function.get("name", ""), "arguments": ""},
+            },
+        }
+        return [
+            *events,
+            self._event(
+                "response.output_item.added",
+                output_index=index,
+                item=_call_item(item_id, self._open["call"], "in_progress"),
+            ),
+        ]
 
     def _delta(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
@@ -338,26 +452,44 @@ class ResponsesStream(ChatStreamTranslator):
                 events += self._start_reasoning()
             assert self._open is not None
             self._open["text"] += delta["reasoning_content"]
-            events.append(self._event("response.reasoning_text.delta",
-                                      item_id=self._open["id"], output_index=len(self._output),
-                                      content_index=0, delta=delta["reasoning_content"]))
+            events.append(
+                self._event(
+                    "response.reasoning_text.delta",
+                    item_id=self._open["id"],
+                    output_index=len(self._output),
+                    content_index=0,
+                    delta=delta["reasoning_content"],
+                )
+            )
         if delta.get("content"):
             if self._open is None or self._open["type"] != "message":
                 events += self._start_message()
             assert self._open is not None
             self._open["text"] += delta["content"]
-            events.append(self._event("response.output_text.delta", item_id=self._open["id"],
-                                      output_index=len(self._output), content_index=0,
-                                      delta=delta["content"], logprobs=[]))
+            events.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=self._open["id"],
+                    output_index=len(self._output),
+                    content_index=0,
+                    delta=delta["content"],
+                    logprobs=[],
+                )
+            )
         for call in delta.get("tool_calls") or []:
             if call.get("id"):
                 events += self._start_call(call)
             piece = (call.get("function") or {}).get("arguments")
             if piece and self._open is not None and self._open["type"] == "function_call":
                 self._open["call"]["function"]["arguments"] += piece
-                events.append(self._event("response.function_call_arguments.delta",
-                                          item_id=self._open["id"],
-                                          output_index=len(self._output), delta=piece))
+                events.append(
+                    self._event(
+                        "response.function_call_arguments.delta",
+                        item_id=self._open["id"],
+                        output_index=len(self._output),
+                        delta=piece,
+                    )
+                )
         return events
 
     def _complete(self, usage: dict[str, Any]) -> list[dict[str, Any]]:
@@ -369,12 +501,17 @@ class ResponsesStream(ChatStreamTranslator):
 
     def error(self, error: dict[str, Any]) -> dict[str, Any]:
         """An error after streaming began, as the Responses stream reports it."""
-        return self._event("error", code=error.get("code") or error.get("type"),
-                           message=error["message"], param=error.get("param"))
+        return self._event(
+            "error",
+            code=error.get("code") or error.get("type"),
+            message=error["message"],
+            param=error.get("param"),
+        )
 
 
-def stored_conversation(messages: list[dict[str, Any]],
-                        response: dict[str, Any]) -> list[dict[str, Any]]:
+def stored_conversation(
+    messages: list[dict[str, Any]], response: dict[str, Any]
+) -> list[dict[str, Any]]:
     """The conversation a follow-up continues: this turn's messages and its
     reply."""
     return [*messages, assistant_message(response["output"])]

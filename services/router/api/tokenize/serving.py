@@ -29,18 +29,22 @@ class TokenizeServing:
             except ValueError as exc:
                 raise named_bad_request(exc) from None
             if tools and not self._tokenizer.renders_tools:
-                raise bad_request("this model's chat template does not render tools",
-                                  param="tools")
-            text = await asyncio.to_thread(self._tokenizer.render, messages, tools,
-                                           body.add_generation_prompt)
+                raise bad_request("this model's chat template does not render tools", param="tools")
+            text = await asyncio.to_thread(
+                self._tokenizer.render, messages, tools, body.add_generation_prompt
+            )
             add_special = bool(body.add_special_tokens)
         else:
             assert body.prompt is not None
             text = body.prompt
             add_special = body.add_special_tokens is not False
         ids = await asyncio.to_thread(self._tokenizer.ids, text, add_special)
-        result = {"count": len(ids), "max_model_len": self._requests.card.max_model_len,
-                  "tokens": ids, "token_strs": None}
+        result = {
+            "count": len(ids),
+            "max_model_len": self._requests.card.max_model_len,
+            "tokens": ids,
+            "token_strs": None,
+        }
         if body.return_token_strs:
             result["token_strs"] = self._tokenizer.hf_tokenizer.convert_ids_to_tokens(ids)
         return result
@@ -52,6 +56,8 @@ class TokenizeServing:
         tokenizer = self._tokenizer.hf_tokenizer
         unknown = [t for t in body.tokens if t >= len(tokenizer)]
         if unknown:
-            raise bad_request(f"tokens: {unknown[0]} is not a token id of this model "
-                              f"(it has {len(tokenizer)})", param="tokens")
+            raise bad_request(
+                f"tokens: {unknown[0]} is not a token id of this model (it has {len(tokenizer)})",
+                param="tokens",
+            )
         return {"prompt": await asyncio.to_thread(tokenizer.decode, body.tokens)}
