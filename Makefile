@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -22,6 +22,7 @@ help:
 	@echo "make docs   build the docs site (docs/, MkDocs) into site/, failing on a broken link"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 	@echo "make images build the container images the Helm chart runs (needs docker or podman)"
+	@echo "make chart-schema  write the pool and scaling parts of the chart's values schema from the CRD"
 
 setup: apt $(STAMP) proto model
 
@@ -166,6 +167,12 @@ bench-scheduler: setup
 	$(PY) -m bench.long_prefill $(BENCH_SCHEDULER_ARGS)
 	$(PY) -m bench.session_prefetch
 	$(PY) -m bench.remote_prefill_scope
+
+# The chart's values pass the pools and `scaling` to the TandemDeployment as they
+# are, so values.schema.json's schema of them is written from the CRD; run this
+# after changing operators/crds/tandemdeployments.yaml (tests/helm checks it).
+chart-schema: $(STAMP)
+	$(PY) helm/schema_from_crd.py
 
 # The two images helm/tandem runs, tagged as its values.yaml names them (the
 # chart's appVersion is the project's version). Needs a container engine.

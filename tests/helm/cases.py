@@ -73,6 +73,50 @@ FEATURES: dict[str, dict] = {
     "scaling-auto": {
         "scaling": {"mode": "Auto", "gpuBudget": 8, "slo": {"ttftP90Ms": 1500, "itlP90Ms": 40}}
     },
+    # Every key of the CRD's scaling block, through values.
+    "scaling-every-key": {
+        "model": {"maxModelLen": 65536},
+        "scaling": {
+            "mode": "Recommend",
+            "gpuBudget": 8,
+            "profiles": {"prefill": "qwen-prefill", "decode": "qwen-decode"},
+            "headroom": 1.5,
+            "slo": {"ttftP90Ms": 2000, "interactivityP90": 20.5, "longestContextTokens": 32768},
+            "capacity": {
+                "layers": 36,
+                "kvKind": "gqa",
+                "kvHeads": 8,
+                "headDim": 128,
+                "kvBytes": 2,
+                "gpuFreeGiB": 40.5,
+                "sequences": 2,
+            },
+            "upCooldownSeconds": 30,
+            "downCooldownSeconds": 900,
+            "downWindowSeconds": 600,
+            "maxStep": 1,
+            "historyLimit": 20,
+            "prometheus": {
+                "url": "http://prometheus.monitoring:9090",
+                "selector": 'namespace="serving"',
+                "windowSeconds": 120,
+            },
+        },
+    },
+    "aggregated-pool": {
+        "aggregated": {
+            "replicas": 1,
+            "minReplicas": 0,
+            "maxReplicas": 4,
+            "gpusPerPod": 2,
+            "parallelism": {"tensor": 2},
+            "engineArgs": ["--max-num-seqs=128"],
+            "resources": {"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "64Gi"}},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        },
+        "scaling": {"profiles": {"aggregated": "qwen-aggregated"}},
+        "rdma": {"enabled": True},
+    },
     "no-kv-store": {"kvStore": {"enabled": False}},
     "no-helm-test": {"helmTest": {"enabled": False}},
 }

@@ -32,6 +32,10 @@ CHART_LABELS = (
 )
 
 
+def pools(td_spec: dict) -> list[str]:
+    return [role for role in ("prefill", "decode", "aggregated") if role in td_spec]
+
+
 def pinned(image: str) -> bool:
     match = IMAGE.match(image)
     return bool(match) and match["tag"] != "latest"
@@ -50,7 +54,7 @@ def test_every_container_requests_cpu_and_memory(rendered):
             assert {"cpu", "memory"} <= set(requests), f"{case}: {doc['kind']} {c['name']}"
             assert "memory" in c["resources"].get("limits", {}), f"{case}: {c['name']}"
     td = by_kind(docs, "TandemDeployment")[0]["spec"]
-    for part in (td["prefill"], td["decode"], td["router"]):
+    for part in [td[role] for role in pools(td)] + [td["router"]]:
         assert {"cpu", "memory"} <= set(part["resources"]["requests"]), case
         assert "memory" in part["resources"]["limits"], case
 
@@ -83,7 +87,7 @@ def test_rdma_only_when_enabled(rendered):
     case, docs = rendered
     td = by_kind(docs, "TandemDeployment")[0]["spec"]
     values = chart().merge_values(CASES[case])
-    for role in ("prefill", "decode"):
+    for role in pools(td):
         requests = td[role]["resources"]["requests"]
         has_rdma = any(k.startswith("rdma/") for k in requests)
         assert has_rdma == values["rdma"]["enabled"], f"{case}: {role}"

@@ -217,6 +217,26 @@ def test_external_redis_and_api_keys_reach_the_tandem_deployment():
     assert one(existing, "TandemDeployment")["spec"]["router"]["apiKeySecretRef"]["name"] == "mine"
 
 
+def test_scaling_and_an_aggregated_pool_pass_through_as_the_values_say():
+    values = CASES["feature-scaling-every-key"]
+    spec = one(render(values), "TandemDeployment")["spec"]
+    assert spec["scaling"] == values["scaling"]
+    assert "aggregated" not in spec  # `aggregated: {}`: no pool
+    values = CASES["feature-aggregated-pool"]
+    spec = one(render(values), "TandemDeployment")["spec"]
+    pool = values["aggregated"]
+    rdma = chart().values["rdma"]
+    assert spec["aggregated"] == {
+        **pool,
+        "rdma": True,
+        "resources": {
+            "requests": {**pool["resources"]["requests"], **rdma["resources"]},
+            "limits": {**pool["resources"]["limits"], **rdma["resources"]},
+        },
+    }
+    assert spec["scaling"] == {"mode": "Off", "profiles": {"aggregated": "qwen-aggregated"}}
+
+
 def test_watch_all_namespaces_binds_the_operator_cluster_wide():
     docs = render(CASES["feature-watch-all-namespaces"])
     assert not by_kind(docs, "RoleBinding")
@@ -251,6 +271,11 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
         ({"kvStore": {"ramPool": "32G"}}, "/kvStore/ramPool"),
         ({"kvStore": {"disk": {"hostPath": "relative/dir"}}}, "/kvStore/disk/hostPath"),
         ({"scaling": {"mode": "auto"}}, "/scaling/mode"),
+        ({"scaling": {"headroom": 0.5}}, "/scaling/headroom"),
+        ({"scaling": {"slo": {"ttftP90Ms": 0}}}, "/scaling/slo/ttftP90Ms"),
+        ({"scaling": {"capacity": {"layers": 80}}}, "/scaling/capacity"),
+        ({"scaling": {"profiles": {"decode": ""}}}, "/scaling/profiles/decode"),
+        ({"aggregated": {"replicaz": 1}}, "additional properties 'replicaz'"),
         ({"monitoring": {"interval": "15"}}, "/monitoring/interval"),
         ({"monitoring": {"router": {"scrapeTimeout": "soon"}}}, "/monitoring/router/scrapeTimeout"),
         ({"inferencePool": {"enabled": True}}, "/inferencePool/endpointPicker/name"),
@@ -279,6 +304,18 @@ def test_invalid_values_fail_naming_the_field(values, field):
             "a multi-node replica",
         ),
         ({"scaling": {"gpuBudget": 1}}, "scaling.gpuBudget is below"),
+        (
+            {"scaling": {"slo": {"itlP90Ms": 50, "interactivityP90": 20}}},
+            "not both",
+        ),
+        (
+            {"model": {"maxModelLen": 8192}, "scaling": {"slo": {"longestContextTokens": 32768}}},
+            "longestContextTokens exceeds model.maxModelLen",
+        ),
+        (
+            {"scaling": {"upCooldownSeconds": 900}},
+            "downCooldownSeconds must be at least",
+        ),
     ],
 )
 def test_cross_field_rules_are_refused_by_the_crd(values, rule):

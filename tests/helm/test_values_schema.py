@@ -1,14 +1,18 @@
 """values.schema.json is kept in step with values.yaml and with the CRDs.
 
 Every key values.yaml sets is declared in the schema and every property the
-schema declares has its default in values.yaml; objects refuse unknown keys
-(so a typo fails `helm install` naming it); values.yaml passes its own schema
-(checked by Helm and by jsonschema alike). Where a value passes straight into
-the TandemDeployment, the schema's constraints are the CRD's.
+schema declares has its default in values.yaml (but in the parts the chart
+leaves to the CRD's defaults); objects refuse unknown keys (so a typo fails
+`helm install` naming it); values.yaml passes its own schema (checked by Helm
+and by jsonschema alike). The engine pools and `scaling` are generated from the
+CRD (helm/schema_from_crd.py): the committed file is what the generator writes,
+and they accept what the CRD accepts, property by property. Elsewhere, where a
+value passes straight into the TandemDeployment, the constraints are the CRD's.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import jsonschema
@@ -16,7 +20,7 @@ import pytest
 import yaml
 
 from operators.spec import crd_schema
-from tests.helm.chart import CHART_DIR, chart
+from tests.helm.chart import CHART_DIR, REPO, chart
 
 VALUES = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
 SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
@@ -56,8 +60,15 @@ def walk(schema: dict, values, path: str = ""):
             yield from walk(sub, value, f"{path}.{key}")
 
 
+# Parts values.yaml leaves (wholly or in part) to the CRD's defaults: the API
+# server fills them, so the chart cannot pin a default the CRD has since changed.
+LEFT_TO_CRD = (".aggregated", ".scaling")
+
+
 def test_every_value_is_declared_and_every_declared_property_has_a_default():
     for path, schema, value in walk(SCHEMA, VALUES):
+        if path.startswith(LEFT_TO_CRD):
+            continue
         if isinstance(value, dict) and "properties" in schema:
             missing = set(schema["properties"]) - set(value)
             assert not missing, (
@@ -103,26 +114,7 @@ TD = crd_schema("tandemdeployments")["properties"]["spec"]["properties"]
         ("kvStore.ramPool", "kvStore.ramPool"),
         ("kvStore.disk.size", "kvStore.disk.size"),
         ("images.pullPolicy", "images.pullPolicy"),
-        *[
-            (f"{pool}.{field}", f"{pool}.{field}")
-            for pool in ("prefill", "decode")
-            for field in (
-                "replicas",
-                "minReplicas",
-                "maxReplicas",
-                "gpusPerPod",
-                "nodesPerReplica",
-                "terminationGracePeriodSeconds",
-                "shmSize",
-                "parallelism.tensor",
-                "parallelism.pipeline",
-                "parallelism.data",
-                "parallelism.prefillContext",
-                "parallelism.decodeContext",
-            )
-        ],
         ("router.replicas", "router.replicas"),
-        ("scaling.gpuBudget", "scaling.gpuBudget"),
     ],
 )
 def test_pass_through_values_carry_the_crds_constraints(values_path, crd_path):
@@ -135,3 +127,76 @@ def test_pass_through_values_carry_the_crds_constraints(values_path, crd_path):
         assert node.get(key) == crd.get(key), (
             f"{values_path}.{key}: chart {node.get(key)!r}, CRD {crd.get(key)!r}"
         )
+
+
+def load_generator():
+    path = REPO / "helm" / "schema_from_crd.py"
+    spec = importlib.util.spec_from_file_location("schema_from_crd", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_schema_is_what_the_generator_writes():
+    generator = load_generator()
+    text = (CHART_DIR / "values.schema.json").read_text()
+    assert text == generator.render(generator.generate(json.loads(text))), (
+        "values.schema.json lags operators/crds/tandemdeployments.yaml: run `make chart-schema`"
+    )
+    assert generator.main(["--check"]) == 0
+
+
+# Where the chart checks more than the CRD, on purpose (helm/schema_from_crd.py NARROWER),
+# and what the chart sets itself (a pool's rdma comes from rdma.enabled).
+NARROWER = {"prefill.resources", "prefill.env", "prefill.engineArgs"}
+CHART_SET = {"prefill.rdma"}
+CONSTRAINTS = ("type", "enum", "minimum", "maximum", "pattern", "minLength")
+
+
+def same_language(crd: dict, values: dict, path: str) -> list[str]:
+    """Where the values schema at `path` accepts other values than the CRD's schema."""
+    values = resolve(values)
+    out = [
+        f"{path}.{key}: CRD {crd.get(key)!r}, chart {values.get(key)!r}"
+        for key in CONSTRAINTS
+        if crd.get(key) != values.get(key)
+    ]
+    if sorted(crd.get("required", [])) != sorted(values.get("required", [])):
+        out.append(f"{path}: required {crd.get('required')} vs {values.get('required')}")
+    if crd.get("x-kubernetes-preserve-unknown-fields"):
+        if "properties" in values:
+            out.append(f"{path}: open in the CRD, closed in the chart")
+        return out
+    crd_props = {
+        k: v for k, v in crd.get("properties", {}).items() if f"{path}.{k}" not in CHART_SET
+    }
+    if set(crd_props) != set(values.get("properties", {})):
+        out.append(f"{path}: properties {sorted(crd_props)} vs {sorted(values['properties'])}")
+    elif crd_props and values.get("additionalProperties") is not False:
+        out.append(f"{path}: the chart takes unknown keys the API server refuses")
+    for key, sub in crd_props.items():
+        if f"{path}.{key}" not in NARROWER and key in values.get("properties", {}):
+            out += same_language(sub, values["properties"][key], f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(crd.get(key), dict):
+            out += same_language(crd[key], values.get(key) or {}, f"{path}.{key}")
+    return out
+
+
+@pytest.mark.parametrize("part", ["prefill", "decode", "aggregated", "scaling"])
+def test_pools_and_scaling_accept_what_the_crd_accepts(part):
+    # Every pool is checked against the CRD's as `prefill` (the exceptions' names).
+    path = part if part == "scaling" else "prefill"
+    found = same_language(TD[part], SCHEMA["properties"][part], path)
+    assert not found, "\n".join(found)
+
+
+def test_the_comparison_sees_a_lagging_chart():
+    lagging = json.loads(json.dumps(SCHEMA))
+    scaling = lagging["properties"]["scaling"]
+    del scaling["properties"]["headroom"]
+    scaling["properties"]["slo"]["properties"]["ttftP90Ms"]["minimum"] = 0
+    scaling["properties"]["capacity"]["properties"]["kvKind"]["enum"] = ["gqa"]
+    found = same_language(TD["scaling"], scaling, "scaling")
+    assert len(found) == 3, found

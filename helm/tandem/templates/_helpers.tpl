@@ -62,47 +62,29 @@ interval: {{ default .root.Values.monitoring.interval .component.interval }}
 scrapeTimeout: {{ default .root.Values.monitoring.scrapeTimeout .component.scrapeTimeout }}
 {{- end -}}
 
-{{/* One engine pool of the TandemDeployment's spec; (dict "root" $ "pool" .Values.prefill). */}}
+{{/*
+One engine pool of the TandemDeployment's spec; (dict "root" $ "pool" .Values.prefill).
+The pool's values are the CRD's pool (values.schema.json is generated from it)
+and pass through as they are, less empty lists and maps; the chart adds rdma
+(rdma.enabled) and, with it, the RDMA env and resources.
+*/}}
 {{- define "tandem.pool" -}}
-{{- $pool := .pool -}}
 {{- $rdma := .root.Values.rdma -}}
-replicas: {{ $pool.replicas }}
-minReplicas: {{ $pool.minReplicas }}
-maxReplicas: {{ $pool.maxReplicas }}
-gpusPerPod: {{ $pool.gpusPerPod }}
-nodesPerReplica: {{ $pool.nodesPerReplica }}
-parallelism:
-  {{- toYaml $pool.parallelism | nindent 2 }}
-shmSize: {{ $pool.shmSize }}
-rdma: {{ $rdma.enabled }}
-terminationGracePeriodSeconds: {{ $pool.terminationGracePeriodSeconds }}
-{{- with $pool.engineArgs }}
-engineArgs:
-  {{- toYaml . | nindent 2 }}
+{{- $pool := dict -}}
+{{- range $key, $value := .pool }}
+{{- if not (and (or (kindIs "slice" $value) (kindIs "map" $value)) (empty $value)) }}
+{{- $_ := set $pool $key $value }}
 {{- end }}
-{{- $env := $pool.env }}
+{{- end }}
+{{- $_ := set $pool "rdma" $rdma.enabled }}
 {{- if $rdma.enabled }}
-{{- $env = concat $pool.env $rdma.env }}
+{{- with concat (default (list) .pool.env) $rdma.env }}
+{{- $_ := set $pool "env" . }}
 {{- end }}
-{{- with $env }}
-env:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- $resources := deepCopy $pool.resources }}
-{{- if $rdma.enabled }}
+{{- $resources := deepCopy (default (dict) .pool.resources) }}
 {{- $_ := set $resources "requests" (merge (deepCopy $rdma.resources) (default (dict) $resources.requests)) }}
 {{- $_ := set $resources "limits" (merge (deepCopy $rdma.resources) (default (dict) $resources.limits)) }}
+{{- $_ := set $pool "resources" $resources }}
 {{- end }}
-{{- with $resources }}
-resources:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $pool.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $pool.tolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- toYaml $pool }}
 {{- end -}}
