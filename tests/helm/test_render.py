@@ -10,6 +10,7 @@ PodMonitor) as tests/helm/foreign_schemas.py writes them from their API docs.
 from __future__ import annotations
 
 import os
+import re
 import tarfile
 
 import helm_python as helm
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from operators.manifests import GRPC_PORT, ROUTER_PORT
-from operators.spec import CRD_DIR
+from operators.spec import API_VERSION, CRD_DIR
 from tests.helm.cases import CASES, EXAMPLE_NAMES
 from tests.helm.chart import (
     CHART_DIR,
@@ -344,3 +345,34 @@ def test_notes_tell_how_to_send_the_first_request():
     assert "export TANDEM_URL=https://llm.example.com" in text
     assert "Authorization: Bearer $TANDEM_API_KEY" in text
     assert "get secret tandem-api-keys" in text
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_notes_scale_command_is_one_the_enginepool_admits(case):
+    """The NOTES' `kubectl scale` changes the decode pool to a size its EnginePool's
+    CEL rule admits, or says why the pool cannot be scaled."""
+    values = chart().merge_values(CASES[case])
+    decode = values["decode"]
+    text = notes(CASES[case])
+    found = re.search(r"scale enginepool/tandem-decode --replicas (\d+)", text)
+    if found is None:
+        assert decode["minReplicas"] == decode["maxReplicas"], text
+        assert f"fixed at {decode['replicas']} replica(s)" in text
+        return
+    to = int(found[1])
+    assert to != decode["replicas"], f"{case}: --replicas {to} changes nothing"
+    if values["scaling"]["mode"] == "Auto":
+        assert "holds only until its next decision" in text
+    pool = {
+        "apiVersion": API_VERSION,
+        "kind": "EnginePool",
+        "metadata": {"name": f"{RELEASE}-decode", "namespace": NAMESPACE},
+        "spec": {
+            "deployment": RELEASE,
+            "role": "decode",
+            "replicas": to,
+            "minReplicas": decode["minReplicas"],
+            "maxReplicas": decode["maxReplicas"],
+        },
+    }
+    assert problems(pool) == []
