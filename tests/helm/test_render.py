@@ -9,8 +9,10 @@ PodMonitor) as tests/helm/foreign_schemas.py writes them from their API docs.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shlex
 import tarfile
 
 import helm_python as helm
@@ -19,6 +21,7 @@ import yaml
 
 from operators.manifests import GRPC_PORT, ROUTER_PORT
 from operators.spec import API_VERSION, CRD_DIR
+from tandem import profile
 from tests.helm.cases import CASES, EXAMPLE_NAMES
 from tests.helm.chart import (
     CHART_DIR,
@@ -132,12 +135,39 @@ def test_examples_render_what_they_say():
     assert spec["scaling"] == {
         "mode": "Recommend",
         "gpuBudget": 16,
+        "profiles": {"prefill": "llama-70b-prefill-tp4", "decode": "llama-70b-decode-tp4"},
         "slo": {"ttftP90Ms": 2000, "itlP90Ms": 50},
     }
     lws = one(
         render(yaml.safe_load((EXAMPLES / "multinode-lws.yaml").read_text())), "TandemDeployment"
     )["spec"]
     assert lws["decode"]["nodesPerReplica"] == 2
+
+
+def profile_commands(text: str) -> list[argparse.Namespace]:
+    """The `tandem profile` commands a values file's comments give, as that command parses them."""
+    joined = re.sub(r"\\\n#\s*", " ", text)
+    return [
+        profile.build_parser().parse_args(shlex.split(line)[2:])
+        for line in re.findall(r"^#\s+(tandem profile .*)$", joined, re.M)
+    ]
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_an_example_that_scales_names_each_pools_profile_and_how_to_take_it(name):
+    """Recommend and Auto need every pool's profile (else ProfileUnusable at once): an
+    example that turns them on names each, with the `tandem profile` command that
+    writes that ConfigMap."""
+    text = (EXAMPLES / f"{name}.yaml").read_text()
+    spec = one(render(yaml.safe_load(text)), "TandemDeployment")["spec"]
+    if spec["scaling"]["mode"] == "Off":
+        return
+    named = spec["scaling"].get("profiles", {})
+    commands = {(c.role, c.name) for c in profile_commands(text)}
+    for role in ("prefill", "decode", "aggregated"):
+        if role in spec:
+            assert named.get(role), f"{name}: scaling.profiles.{role} is not set"
+            assert (role, named[role]) in commands, f"{name}: no tandem profile for {role}"
 
 
 def test_monitoring_renders_a_monitor_per_component_and_the_dashboard():
