@@ -3,9 +3,11 @@ and each optional feature switched on."""
 
 from __future__ import annotations
 
-from tests.helm.chart import example
+from tests.helm.chart import EXAMPLES, example
 
-EXAMPLE_NAMES = ("minimal", "one-node-8gpu-1p1d-tp4", "two-nodes", "multinode-lws")
+# Every values file under helm/examples/, so a new example is rendered and admitted
+# (CEL rules included) like the others without being listed here.
+EXAMPLE_NAMES = tuple(sorted(p.stem for p in EXAMPLES.glob("*.yaml")))
 
 FEATURES: dict[str, dict] = {
     "monitoring": {
