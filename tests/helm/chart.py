@@ -48,6 +48,26 @@ def chart() -> helm.Chart:
     return helm.Chart.load(CHART_DIR)
 
 
+class KubectlLoader(yaml.SafeLoader):
+    """YAML read as kubectl and Helm read it (go-yaml v2 through sigs.k8s.io/yaml),
+    which takes more plain scalars for bools and numbers than PyYAML does:
+    `y`/`n` are bools, `1e3` is a number. Checked against kubectl 1.32: a label
+    value of `y` or `1e3` is refused as "cannot unmarshal bool/number into ...
+    string"."""
+
+    bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
+
+
+KubectlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN")
+)
+KubectlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
+    list("-+.0123456789"),
+)
+
+
 def render_files(
     values: dict | None = None, release: str = RELEASE, namespace: str = NAMESPACE
 ) -> dict[str, str]:
@@ -65,7 +85,7 @@ def render(
     for path, text in sorted(render_files(values, release, namespace).items()):
         if path.endswith("NOTES.txt"):
             continue
-        docs.extend(d for d in yaml.safe_load_all(text) if d)
+        docs.extend(d for d in yaml.load_all(text, Loader=KubectlLoader) if d)
     return docs
 
 

@@ -21,25 +21,25 @@ use those two labels. Kept to 40 characters so the operator's longest names
 {{/* Labels of an object the chart renders; call with (dict "root" $ "component" "x"). */}}
 {{- define "tandem.labels" -}}
 app.kubernetes.io/name: tandem
-app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service | quote }}
 app.kubernetes.io/part-of: tandem
-app.kubernetes.io/component: {{ .component }}
-helm.sh/chart: {{ include "tandem.chart" .root }}
-tandem.dev/deployment: {{ include "tandem.fullname" .root }}
+app.kubernetes.io/component: {{ .component | quote }}
+helm.sh/chart: {{ include "tandem.chart" .root | quote }}
+tandem.dev/deployment: {{ include "tandem.fullname" .root | quote }}
 {{- end -}}
 
 {{/* Selector of the pods of one component the operator runs; (dict "root" $ "component" "x"). */}}
 {{- define "tandem.operandSelector" -}}
-tandem.dev/deployment: {{ include "tandem.fullname" .root }}
-app.kubernetes.io/component: {{ .component }}
+tandem.dev/deployment: {{ include "tandem.fullname" .root | quote }}
+app.kubernetes.io/component: {{ .component | quote }}
 {{- end -}}
 
 {{/* Selector of the chart's own operator pods. */}}
 {{- define "tandem.operatorSelector" -}}
 app.kubernetes.io/name: tandem
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
