@@ -266,6 +266,8 @@ def test_scaling_and_an_aggregated_pool_pass_through_as_the_values_say():
         },
     }
     assert spec["scaling"] == {"mode": "Off", "profiles": {"aggregated": "qwen-aggregated"}}
+    assert "1 prefill,\n1 decode and 1 aggregated engine replica(s)" in notes(values)
+    assert "1 prefill,\n1 decode engine replica(s)" in notes({})
 
 
 def test_watch_all_namespaces_binds_the_operator_cluster_wide():
