@@ -238,3 +238,16 @@ async def test_a_pod_without_load_leaves_no_fields_in_redis(redis_server):
     finally:
         client.close()
         await a.state.close()
+
+
+async def test_bindings_made_while_redis_is_down_are_bounded_too(redis_servers):
+    server = redis_servers()  # never started: Redis is unreachable
+    state = RedisState(server.url, "ra", timeout_s=TIMEOUT_S, max_sessions=2)
+    try:
+        for i in range(3):
+            await state.set_binding(f"s{i}", Binding("p"), now=float(i))
+        assert state.entries == 2 and state.evictions == 1
+        # The evicted binding is not written back when Redis returns.
+        assert state._dirty_sessions == {"s1", "s2"}
+    finally:
+        await state.close()
