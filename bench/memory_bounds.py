@@ -213,7 +213,11 @@ def drive_responses(marks: Sequence[int], bound: int) -> list[Point]:
 
 def flat_after_bound(points: Sequence[Point], tolerance: float = FLAT_TOLERANCE) -> str | None:
     """None when memory grew before the last two checkpoints and stayed
-    within ``tolerance`` between them; else what went wrong."""
+    within ``tolerance`` between them; else what went wrong.
+
+    The last two must both be at least twice the bound: a table that has
+    just filled holds less than one whose entries have turned over (its
+    hash table settles at a larger size once deletions leave dummies)."""
     if len(points) < 3:
         return "needs three checkpoints: one below the bound, two past it"
     first, before, last = points[0], points[-2], points[-1]
@@ -255,11 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--kinds", default="blocks,sessions,responses")
     parser.add_argument("--blocks", type=_ints, default=_ints("10000,100000,1000000"))
-    parser.add_argument("--block-bound", type=int, default=100_000)
+    parser.add_argument("--block-bound", type=int, default=50_000)
     parser.add_argument("--sessions", type=_ints, default=_ints("1000,10000,100000"))
-    parser.add_argument("--session-bound", type=int, default=10_000)
+    parser.add_argument("--session-bound", type=int, default=5_000)
     parser.add_argument("--responses", type=_ints, default=_ints("1000,10000,100000"))
-    parser.add_argument("--response-bound", type=int, default=10_000)
+    parser.add_argument("--response-bound", type=int, default=5_000)
     parser.add_argument("--model", default=None, help="tokenizer's model folder")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
