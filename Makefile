@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -23,6 +23,10 @@ help:
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 	@echo "make images build the container images the Helm chart runs (needs docker or podman)"
 	@echo "make chart-schema  write the pool and scaling parts of the chart's values schema from the CRD"
+	@echo "make soak-memory  the router's tables at 10^6 blocks, 10^5 sessions and responses:"
+	@echo "           memory flat past each bound (in process, no engines; several minutes)"
+	@echo "make soak   an hour of agentic replay on the embedded stack: router and engine RSS and"
+	@echo "           open fds sampled each minute, failing on growth (SOAK_ARGS, e.g. --minutes 10)"
 
 setup: apt $(STAMP) proto model
 
@@ -173,6 +177,21 @@ bench-scheduler: setup
 # after changing operators/crds/tandemdeployments.yaml (tests/helm checks it).
 chart-schema: $(STAMP)
 	$(PY) helm/schema_from_crd.py
+
+# The router's tables driven far past their bounds in process (no engines):
+# 10^6 distinct blocks, 10^5 sessions, 10^5 stored responses; fails when the
+# memory they hold grows past a bound (bench/memory_bounds.py). The unit
+# suite runs the same at a smaller scale.
+soak-memory: setup
+	$(PY) -m bench.memory_bounds
+
+# An hour (SOAK_ARGS="--minutes N" to change) of agentic replay on the
+# embedded stack; the router's and engines' RSS and open fds each minute,
+# failing on growth past the tolerances once warmed up (bench/soak.py).
+# Not in CI.
+SOAK_ARGS ?=
+soak: setup
+	$(PY) -m bench.soak $(SOAK_ARGS)
 
 # The two images helm/tandem runs, tagged as its values.yaml names them (the
 # chart's appVersion is the project's version). Needs a container engine.

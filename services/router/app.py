@@ -27,6 +27,7 @@ from pathlib import Path
 
 import grpc
 from fastapi import FastAPI
+from starlette.routing import Match
 
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
@@ -44,7 +45,7 @@ from services.router.api.messages.serving import MessagesServing
 from services.router.api.models import api_router as models
 from services.router.api.parts import RouterParts
 from services.router.api.responses import api_router as responses
-from services.router.api.responses.serving import ResponsesServing
+from services.router.api.responses.serving import ResponsesServing, ResponseStore
 from services.router.api.streaming import Responder
 from services.router.api.tokenize import api_router as tokenize
 from services.router.api.tokenize.serving import TokenizeServing
@@ -52,7 +53,7 @@ from services.router.auth import ApiKeyAuth
 from services.router.config import RouterSettings
 from services.router.discovery import PodSource, pod_source
 from services.router.errors import OpenAIError, install_error_handlers
-from services.router.metrics import RouterMetrics
+from services.router.metrics import RouterMetrics, TableSize
 from services.router.pd import Orchestrator
 from services.router.pods import PodPool
 from services.router.prefetch import SessionPrefetcher
@@ -83,10 +84,30 @@ class RequestAccounting:
 
         async def send_counted(message):
             if message["type"] == "http.response.start":
-                self.metrics.requests.labels(scope["path"], str(message["status"])).inc()
+                endpoint = endpoint_label(scope)
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
             await send(message)
 
         await self.app(scope, receive, send_counted)
+
+
+def endpoint_label(scope) -> str:
+    """The route a request's path matches, as declared (``/v1/responses/{response_id}``,
+    not each id), else ``unmatched``: one label per route, however many
+    distinct paths clients send. Middleware that answers before routing (401,
+    429) sees no matched route in the scope, so the app's routes are matched here."""
+    route = scope.get("route")
+    if route is None:
+        partial = None  # the path matches, the method does not (a 405)
+        for candidate in getattr(scope.get("app"), "routes", ()):
+            match = candidate.matches(scope)[0]
+            if match == Match.FULL:
+                route = candidate
+                break
+            if match == Match.PARTIAL and partial is None:
+                partial = candidate
+        route = route or partial
+    return getattr(route, "path", None) or "unmatched"
 
 
 async def _model_info(addresses: list[str]) -> pb.GetModelInfoResponse:
@@ -107,6 +128,34 @@ async def _model_info(addresses: list[str]) -> pb.GetModelInfoResponse:
         await asyncio.sleep(1.0)
 
 
+def bounded_tables(
+    core: RoutingCore,
+    state: LocalState,
+    retention: SessionRetention,
+    tokenizer: ChatTokenizer,
+    store: ResponseStore,
+    prefetcher: SessionPrefetcher | None,
+) -> list[TableSize]:
+    """Every table of the router that grows with traffic, with its size and
+    evictions (docs/operate.md, "Memory bounds"; in-flight tables are bounded
+    by admission and are not listed)."""
+    index = core.index
+    tables = [
+        TableSize("prefix_index", len(index), index.evictions),
+        TableSize("predicted_index", index.predicted_entries, index.predicted_evictions),
+        TableSize("live_sessions", len(core.live), core.live.evictions),
+        TableSize("session_bindings", state.entries, state.evictions),
+        TableSize("retention_sessions", retention.active_sessions, retention.evictions),
+        TableSize("stored_responses", store.entries, store.evictions),
+    ]
+    cache = tokenizer.session_cache
+    if cache is not None:
+        tables.append(TableSize("tokenizer_sessions", cache.cached_sessions, cache.evictions))
+    if prefetcher is not None:
+        tables.append(TableSize("prefetch_sessions", prefetcher.entries, prefetcher.evictions))
+    return tables
+
+
 def shared_state(routing: RoutingSettings) -> LocalState:
     """Redis when configured (router replicas share bindings and load), else local."""
     if routing.redis_url:
@@ -115,8 +164,9 @@ def shared_state(routing: RoutingSettings) -> LocalState:
             routing.replica_id,
             binding_ttl_s=routing.session_ttl_s,
             timeout_s=routing.redis_timeout_s,
+            max_sessions=routing.max_session_bindings,
         )
-    return LocalState(routing.session_ttl_s)
+    return LocalState(routing.session_ttl_s, routing.max_session_bindings)
 
 
 def _routing_settings(routing: RoutingSettings, engine_block_size: int) -> RoutingSettings:
@@ -180,8 +230,13 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         )
         orchestrator = Orchestrator(pool, replica, metrics, retention, prefetcher)
         template = Path(settings.chat_template).read_text() if settings.chat_template else None
+        caches = settings.caches
         tokenizer = await asyncio.to_thread(
-            ChatTokenizer, Path(settings.model or info.model_path), template
+            ChatTokenizer,
+            Path(settings.model or info.model_path),
+            template,
+            caches.tokenizer_cache_sessions,
+            caches.tokenizer_cache_tokens,
         )
         tool_parser = (
             await asyncio.to_thread(AutoParser, settings.tool_call_parser, tokenizer.hf_tokenizer)
@@ -204,13 +259,17 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         requests = EngineRequests(card, routing.session_header, settings.retention.end_header)
         responder = Responder(orchestrator, metrics, settings.request_timeout_s)
         chat_serving = ChatServing(requests, responder, tokenizer, tool_parser, reasoning)
+        store = ResponseStore(caches.responses_store_max, caches.responses_store_max_chars)
+        metrics.watch_tables(
+            lambda: bounded_tables(core, state, retention, tokenizer, store, prefetcher)
+        )
         app.state.parts = RouterParts(
             card=card,
             core=core,
             chat=chat_serving,
             completions=CompletionsServing(requests, responder, tokenizer),
             messages=MessagesServing(chat_serving),
-            responses=ResponsesServing(chat_serving),
+            responses=ResponsesServing(chat_serving, store),
             tokenize=TokenizeServing(requests, tokenizer),
         )
         log.info(

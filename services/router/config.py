@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from common.roles import Role
 from common.router import RouterLaunchSettings
@@ -15,6 +15,7 @@ from common.settings import (
     add_arguments,
     comma_list,
     env_name,
+    flag_of,
     from_arguments,
     group,
     setting,
@@ -32,6 +33,42 @@ def split_pool(item: str) -> tuple[str, str]:
     """``[POOL=]ADDRESS`` of --prefill, --decode and --engine: (pool, address)."""
     pool, sep, address = item.rpartition("=")
     return (pool.strip(), address.strip()) if sep else ("", item.strip())
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Bounds of the router's caches outside the routing core (the core's own,
+    and retention's, are in their groups; docs/operate.md, "Memory bounds")."""
+
+    tokenizer_cache_sessions: int = setting(
+        10_000,
+        "sessions whose last turn's tokens the router keeps to tokenize only the next "
+        "turn's new text (least recently used forgotten beyond: that session's next turn "
+        "is tokenized in full)",
+        metavar="SESSIONS",
+    )
+    tokenizer_cache_tokens: int = setting(
+        20_000_000,
+        "most tokens those sessions hold in all (about 4 bytes each, plus their text)",
+        metavar="TOKENS",
+    )
+    responses_store_max: int = setting(
+        10_000,
+        "Responses API: most stored responses kept for previous_response_id (oldest "
+        "forgotten beyond: continuing one is a 404 previous_response_not_found)",
+        metavar="RESPONSES",
+    )
+    responses_store_max_chars: int = setting(
+        200_000_000,
+        "Responses API: most characters of message content the stored conversations "
+        "hold in all (a message shared by several counts in each; oldest forgotten beyond)",
+        metavar="CHARS",
+    )
+
+    def validate(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) <= 0:
+                raise SettingError(flag_of(CacheSettings, f.name), "must be positive")
 
 
 @dataclass(frozen=True)
@@ -91,6 +128,13 @@ class RouterSettings(RouterLaunchSettings):
         "terminating (its streams finish) and leaves once it is gone.",
     )
     routing: RoutingSettings = group(RoutingSettings, "routing")
+    caches: CacheSettings = group(
+        CacheSettings,
+        "memory bounds",
+        "Every table that grows with traffic has a bound; these are the caches outside the "
+        "routing core (whose bounds are under routing, and the KV retention's under KV store "
+        "retention hints). docs/operate.md, 'Memory bounds', lists them all.",
+    )
     retention: RetentionSettings = group(
         RetentionSettings,
         "KV store retention hints",
@@ -126,6 +170,7 @@ class RouterSettings(RouterLaunchSettings):
         self.admission.validate()
         self.routing.validate()
         self.retention.validate()
+        self.caches.validate()
         self.discovery.validate()
         if self.discovery.kubernetes:
             if self.prefill or self.decode or self.engines or self.kv_events:

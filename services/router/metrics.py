@@ -10,7 +10,8 @@ streams. Metrics of pods are read from the routing core when scraped
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -287,6 +288,42 @@ class RouterMetrics:
         """Expose the pods, the index and the shared state as they are at each scrape."""
         self.registry.register(_RoutingCollector(core, pool, state))
 
+    def watch_tables(self, tables: Callable[[], Iterable[TableSize]]) -> None:
+        """Expose the size and the evictions of each bounded table at each scrape."""
+        self.registry.register(_TableCollector(tables))
+
+
+@dataclass(frozen=True)
+class TableSize:
+    """A table that grows with traffic, as /metrics shows it (docs/operate.md,
+    "Memory bounds")."""
+
+    table: str
+    entries: int
+    evictions: int  # entries its bound dropped (not those that expired)
+
+
+class _TableCollector(Collector):
+    def __init__(self, tables: Callable[[], Iterable[TableSize]]) -> None:
+        self._tables = tables
+
+    def collect(self) -> Iterator[Metric]:
+        entries = GaugeMetricFamily(
+            "tandem_router_table_entries",
+            "Entries in each table that grows with traffic (prefix index, sessions, caches)",
+            labels=["table"],
+        )
+        evictions = CounterMetricFamily(
+            "tandem_router_table_evictions",
+            "Entries a table's memory bound dropped before they expired",
+            labels=["table"],
+        )
+        for t in self._tables():
+            entries.add_metric([t.table], t.entries)
+            evictions.add_metric([t.table], t.evictions)
+        yield entries
+        yield evictions
+
 
 class _RoutingCollector(Collector):
     def __init__(self, core: RoutingCore, pool: PodPool, state: LocalState) -> None:
@@ -358,17 +395,6 @@ class _RoutingCollector(Collector):
             for request_class, count in sorted(r.class_counts.items()):
                 classes.add_metric([request_class, r.name], count)
         yield from (in_flight, state, pending, cached, live, capacity, engine, ejections, classes)
-        index = self._core.index
-        yield GaugeMetricFamily(
-            "tandem_routing_index_blocks",
-            "Distinct block hashes in the prefix index",
-            value=len(index),
-        )
-        yield CounterMetricFamily(
-            "tandem_routing_index_evictions",
-            "Hashes dropped by the index's LRU bound",
-            value=index.evictions,
-        )
         batches = CounterMetricFamily(
             "tandem_routing_kv_event_batches", "KV event batches applied", labels=["pod"]
         )

@@ -33,8 +33,6 @@ from services.router.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-_MAX_SESSIONS = 10_000  # idle sessions remembered (least recently ended out)
-
 
 @dataclass
 class _Turn:
@@ -61,7 +59,12 @@ class SessionPrefetcher:
         self._core = replica.core
         self._metrics = metrics
         self._interval_s = interval_s
+        # Idle sessions' last prompts: a session no longer live is dropped at
+        # the next sweep, and there are at most as many as live sessions
+        # (--live-max-sessions; least recently ended out, counted in evictions).
         self._idle: OrderedDict[str, _Turn] = OrderedDict()
+        self.max_idle = replica.core.live.max_sessions
+        self.evictions = 0
         self._turns: dict[str, int] = {}  # session -> its requests in flight
         self._running: dict[str, tuple[str, asyncio.Task[None]]] = {}  # session -> (pod, task)
         self._wake = asyncio.Event()
@@ -95,9 +98,15 @@ class SessionPrefetcher:
             return
         self._idle[session] = _Turn(token_ids, cache_salt)
         self._idle.move_to_end(session)
-        while len(self._idle) > _MAX_SESSIONS:
+        while len(self._idle) > self.max_idle:
             self._idle.popitem(last=False)
+            self.evictions += 1
         self._wake.set()
+
+    @property
+    def entries(self) -> int:
+        """Idle sessions remembered."""
+        return len(self._idle)
 
     # ----- deciding -------------------------------------------------------------
     async def sweep(self) -> list[Prefetch]:

@@ -65,9 +65,26 @@ class RetentionSettings:
         "request header (value 1/true/yes) marking a session's last request",
         flag="--session-end-header",
     )
-    max_sessions: int = 100_000
+    max_sessions: int = setting(
+        100_000,
+        "most sessions whose latest prompt the router keeps to compute shared "
+        "prefixes (least recently seen forgotten beyond: a release then keeps "
+        "less of a prefix they share)",
+        flag="--kv-retention-max-sessions",
+        metavar="SESSIONS",
+    )
+    max_blocks: int = setting(
+        4_000_000,
+        "most block hashes those prompts hold in all (least recently seen sessions "
+        "forgotten beyond)",
+        flag="--kv-retention-max-blocks",
+        metavar="BLOCKS",
+    )
 
     def validate(self) -> None:
+        for name in ("max_sessions", "max_blocks"):
+            if getattr(self, name) <= 0:
+                raise SettingError(flag_of(RetentionSettings, name), "must be positive")
         if self.policy not in POLICIES:
             raise SettingError(
                 flag_of(RetentionSettings, "policy"),
@@ -96,12 +113,18 @@ class SessionRetention:
         self.block_size = block_size
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # oldest first
         self._refs: Counter[int] = Counter()  # block hash → active sessions holding it
+        self._held = 0  # block hashes the sessions' prompts hold, in all
         self.pins = 0
         self.releases = 0
+        self.evictions = 0  # sessions forgotten by the bounds before their TTL
 
     @property
     def active_sessions(self) -> int:
         return len(self._sessions)
+
+    @property
+    def held_blocks(self) -> int:
+        return self._held
 
     def hint(
         self,
@@ -148,16 +171,24 @@ class SessionRetention:
     def _remember(self, session: str, hashes: tuple[int, ...], now: float) -> None:
         old = self._sessions.pop(session, None)
         if old is not None:
+            self._held -= len(old.hashes)
             self._refs.subtract(set(old.hashes))
         self._refs.update(set(hashes))
         self._sessions[session] = _Session(hashes, now)
-        while len(self._sessions) > self.settings.max_sessions:
+        self._held += len(hashes)
+        # The newest session stays even when it alone is over the block bound.
+        while len(self._sessions) > 1 and (
+            len(self._sessions) > self.settings.max_sessions
+            or self._held > self.settings.max_blocks
+        ):
             self._forget(next(iter(self._sessions)))
+            self.evictions += 1
         self._drop_zero_refs(old.hashes if old else ())
 
     def _forget(self, session: str) -> None:
         old = self._sessions.pop(session, None)
         if old is not None:
+            self._held -= len(old.hashes)
             self._refs.subtract(set(old.hashes))
             self._drop_zero_refs(old.hashes)
 

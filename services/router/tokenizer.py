@@ -22,7 +22,13 @@ INLINE_MAX_CHARS = 1024
 
 
 class ChatTokenizer:
-    def __init__(self, model_dir: Path, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        chat_template: str | None = None,
+        cache_sessions: int = 10_000,
+        cache_tokens: int = 20_000_000,
+    ) -> None:
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(model_dir)
@@ -32,9 +38,18 @@ class ChatTokenizer:
         self.renders_tools = "tools" in (self._tok.chat_template or "")
         # Incremental reuse needs offsets, which only fast tokenizers give;
         # their Rust backend also encodes without the Python wrapper's cost.
-        self._incremental = IncrementalTokenizer(self._tok) if self._tok.is_fast else None
+        self._incremental = (
+            IncrementalTokenizer(self._tok, cache_sessions, cache_tokens)
+            if self._tok.is_fast
+            else None
+        )
         self._encoder = self._incremental.encoder if self._incremental else None
         self._lock = threading.Lock()  # the session cache is shared by worker threads
+
+    @property
+    def session_cache(self) -> IncrementalTokenizer | None:
+        """The per-session token cache (None: a slow tokenizer, no cache)."""
+        return self._incremental
 
     @property
     def hf_tokenizer(self):

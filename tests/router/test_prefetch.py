@@ -136,3 +136,18 @@ async def test_the_next_turn_cancels_a_running_prefetch():
     finally:
         await r.close()
         await asyncio.gather(*(s.stop(grace=None) for s in servers))
+
+
+async def test_idle_sessions_are_bounded_as_live_sessions_are():
+    core = RoutingCore(RoutingSettings(block_size=16, live_max_sessions=2))
+    prefetcher = SessionPrefetcher(
+        PrefetchSettings(session_prefetch=True),
+        PodPool(core, poll_interval_s=60),
+        Replica(core, LocalState()),
+        RouterMetrics(),
+        interval_s=60,
+    )
+    for session in "abc":
+        prefetcher.turn_started(session)
+        prefetcher.turn_ended(session, TOKENS, None)
+    assert prefetcher.entries == 2 and prefetcher.evictions == 1

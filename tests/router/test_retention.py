@@ -103,3 +103,15 @@ def test_router_flags_build_the_settings():
     assert parse_settings(["--decode", "127.0.0.1:1"]).retention == RetentionSettings()
     with pytest.raises(SystemExit):
         parse_settings(["--decode", "127.0.0.1:1", "--kv-retention-ttl-s", "-1"])
+
+
+def test_the_block_bound_forgets_the_least_recently_seen_sessions():
+    r = tracker(max_blocks=5)
+    r.hint("h:a", "header", [1, 2, 3], now=0)
+    r.hint("h:b", "header", [1, 2, 4], now=1)  # 6 blocks: a is forgotten
+    assert r.active_sessions == 1 and r.held_blocks == 3 and r.evictions == 1
+    # b's release no longer sees a's share of the prefix.
+    assert r.hint("h:b", "header", [1, 2, 4], end=True, now=2).keep_tokens == 0
+    assert r.held_blocks == 0
+    with pytest.raises(ValueError, match="--kv-retention-max-blocks"):
+        tracker(max_blocks=0)

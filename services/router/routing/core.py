@@ -155,8 +155,10 @@ class RoutingCore:
         settings.validate()
         self.settings = settings
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
-        self.index = PrefixIndex(settings.index_capacity)
-        self.live = LiveSessions(settings.live_session_window_s)
+        self.index = PrefixIndex(settings.index_capacity, settings.predicted_capacity)
+        self.live = LiveSessions(
+            settings.live_session_window_s, settings.live_max_sessions, settings.live_max_blocks
+        )
         self.policy = Policy(settings.policy)
         self.health = PodHealth(settings.breaker)
         self._pods: dict[str, PodStatus] = {}

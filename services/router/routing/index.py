@@ -32,7 +32,8 @@ class PrefixIndex:
         self._held: dict[int, int] = {}  # bit -> distinct hashes held
         self._predicted: OrderedDict[tuple[int, int], float] = OrderedDict()  # -> expiry
         self._predicted_per_bit: dict[int, int] = {}
-        self.evictions = 0
+        self.evictions = 0  # confirmed hashes dropped by the capacity bound
+        self.predicted_evictions = 0  # predictions dropped by theirs before their TTL
 
     # ----- pods -------------------------------------------------------------
     def add_pod(self, pod: str) -> int:
@@ -61,6 +62,10 @@ class PrefixIndex:
 
     def __len__(self) -> int:
         return len(self._blocks)
+
+    @property
+    def predicted_entries(self) -> int:
+        return len(self._predicted)
 
     # ----- confirmed blocks (KV events) -------------------------------------
     def stored(self, pod: str, hashes: Iterable[int]) -> None:
@@ -148,6 +153,7 @@ class PrefixIndex:
         while len(predicted) > self.predicted_capacity:
             (old_bit, _), _ = predicted.popitem(last=False)
             self._predicted_per_bit[old_bit] -= 1
+            self.predicted_evictions += 1
 
     def expire_predictions(self, now: float) -> None:
         """Drop expired predictions (oldest first; refreshes move keys to the end)."""

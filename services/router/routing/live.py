@@ -13,6 +13,11 @@ blocks nobody will ask for again, and evicting those costs nothing. Evicting a
 live session's blocks costs a recompute of its next turn, which is what the
 policy prices (``policy.evicted_tokens``) from ``occupied_blocks``. Each router replica knows the
 sessions it routed; with several replicas this is an estimate per replica.
+
+Memory is bounded: beyond ``max_sessions`` sessions, or ``max_blocks`` block
+hashes held by all of them, the least recently seen sessions are forgotten
+(``evictions`` counts them) as if idle past the window: their KV is no
+longer priced as live, which costs at worst a recompute of their next turn.
 """
 
 from __future__ import annotations
@@ -22,10 +27,18 @@ from collections.abc import Iterable, Sequence
 
 
 class LiveSessions:
-    def __init__(self, window_s: float = 300.0) -> None:
+    def __init__(
+        self, window_s: float = 300.0, max_sessions: int = 100_000, max_blocks: int = 4_000_000
+    ) -> None:
         if window_s <= 0:
             raise ValueError("live-session window must be positive")
+        if max_sessions <= 0 or max_blocks <= 0:
+            raise ValueError("live-session bounds must be positive")
         self.window_s = window_s
+        self.max_sessions = max_sessions
+        self.max_blocks = max_blocks
+        self.evictions = 0
+        self._held = 0  # block hashes held by all sessions' entries
         # session -> (pods, block hashes, last seen), least recently seen first
         self._sessions: OrderedDict[str, tuple[frozenset[str], frozenset[int], float]] = (
             OrderedDict()
@@ -38,8 +51,15 @@ class LiveSessions:
         blocks = frozenset(hashes)
         where = frozenset(pods)
         self._sessions[session] = (where, blocks, now)
+        self._held += len(blocks)
         for pod in where:
             self._blocks.setdefault(pod, Counter()).update(blocks)
+        # The newest session stays even when it alone is over the block bound.
+        while len(self._sessions) > 1 and (
+            len(self._sessions) > self.max_sessions or self._held > self.max_blocks
+        ):
+            self._drop(next(iter(self._sessions)))
+            self.evictions += 1
 
     def end(self, session: str) -> None:
         self._drop(session)
@@ -75,6 +95,11 @@ class LiveSessions:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    @property
+    def held_blocks(self) -> int:
+        """Block hashes the sessions' entries hold, in all (what ``max_blocks`` bounds)."""
+        return self._held
+
     def __contains__(self, session: object) -> bool:
         return session in self._sessions
 
@@ -83,6 +108,7 @@ class LiveSessions:
         if entry is None:
             return
         pods, blocks, _ = entry
+        self._held -= len(blocks)
         for pod in pods:
             counts = self._blocks[pod]
             for h in blocks:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def derive_session_key(
 @dataclass
 class _Tokenized:
     text: str
-    ids: list[int]
+    ids: array[int]  # 4 bytes a token, where a list takes about 36
     # (char offset just past a special token, number of tokens up to it), ascending.
     cuts: list[tuple[int, int]]
 
@@ -129,13 +130,22 @@ class IncrementalTokenizer:
     """Tokenizes a session's rendered chat text, reusing the previous turn's tokens.
 
     ``tokenizer`` is a Hugging Face *fast* tokenizer (offsets are needed).
-    At most ``max_sessions`` sessions are remembered (least recently used out).
+    At most ``max_sessions`` sessions, holding at most ``max_tokens`` tokens
+    in all, are remembered (least recently used out; ``evictions`` counts
+    them): a forgotten session's next turn is tokenized in full.
     """
 
-    def __init__(self, tokenizer: Any, max_sessions: int = 10_000) -> None:
+    def __init__(
+        self, tokenizer: Any, max_sessions: int = 10_000, max_tokens: int = 20_000_000
+    ) -> None:
+        if max_sessions <= 0 or max_tokens <= 0:
+            raise ValueError("tokenizer cache bounds must be positive")
         self._tok = tokenizer
         self.encoder = backend_encoder(tokenizer)
         self.max_sessions = max_sessions
+        self.max_tokens = max_tokens
+        self.evictions = 0
+        self._tokens = 0  # tokens held by the cached sessions
         self._sessions: OrderedDict[str, _Tokenized] = OrderedDict()
         self.stats = TokenizeStats()
         # Split points are only safe after special tokens that do not swallow
@@ -158,16 +168,37 @@ class IncrementalTokenizer:
         prev = self._sessions.get(session) if session is not None else None
         result = self._encode_extending(prev, text) if prev is not None else None
         if result is None:
-            result = self._encode_from(text, 0, [], [])
+            result = self._encode_from(text, 0, array("I"), [])
             self.stats.full += 1
         else:
             self.stats.incremental += 1
         if session is not None:
-            self._sessions[session] = result
-            self._sessions.move_to_end(session)
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
-        return list(result.ids)
+            self._remember(session, result)
+        return result.ids.tolist()
+
+    @property
+    def cached_sessions(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens the cached sessions hold, in all (what ``max_tokens`` bounds)."""
+        return self._tokens
+
+    def _remember(self, session: str, result: _Tokenized) -> None:
+        sessions = self._sessions
+        old = sessions.pop(session, None)
+        if old is not None:
+            self._tokens -= len(old.ids)
+        sessions[session] = result
+        self._tokens += len(result.ids)
+        # The newest session stays even when it alone is over the token bound.
+        while len(sessions) > 1 and (
+            len(sessions) > self.max_sessions or self._tokens > self.max_tokens
+        ):
+            _, dropped = sessions.popitem(last=False)
+            self._tokens -= len(dropped.ids)
+            self.evictions += 1
 
     def _encode_extending(self, prev: _Tokenized, text: str) -> _Tokenized | None:
         common = common_prefix_len(prev.text, text)
@@ -180,7 +211,7 @@ class IncrementalTokenizer:
         return self._encode_from(text, char_at, prev.ids[:tokens_at], prev.cuts[: i + 1])
 
     def _encode_from(
-        self, text: str, start: int, ids: list[int], cuts: list[tuple[int, int]]
+        self, text: str, start: int, ids: array[int], cuts: list[tuple[int, int]]
     ) -> _Tokenized:
         enc = self.encoder.encode(text[start:], add_special_tokens=False)
         new_ids = enc.ids
@@ -190,4 +221,5 @@ class IncrementalTokenizer:
         for j, (tid, (_, end)) in enumerate(zip(new_ids, enc.offsets)):
             if tid in self._cut_ids:
                 cuts.append((start + end, base + j + 1))
-        return _Tokenized(text, ids + new_ids, cuts)
+        ids.extend(new_ids)  # a fresh array: a new one, or a slice of the previous turn's
+        return _Tokenized(text, ids, cuts)

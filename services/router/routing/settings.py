@@ -31,8 +31,17 @@ class RoutingSettings:
     hash_seed: str | None = None  # None: PYTHONHASHSEED, else vLLM's fixed seed
     index_capacity: int = setting(
         1_000_000,
-        "most block hashes the prefix index keeps (LRU beyond)",
+        "most block hashes the prefix index keeps (the least recently stored or "
+        "matched forgotten beyond: a missed prediction)",
         flag="--routing-index-capacity",
+        metavar="BLOCKS",
+    )
+    predicted_capacity: int = setting(
+        200_000,
+        "most predicted (pod, block) entries the prefix index keeps for pods whose "
+        "KV events have not confirmed them (oldest forgotten beyond, and each after its TTL)",
+        flag="--routing-predicted-capacity",
+        metavar="ENTRIES",
     )
     # Predicted entries: long-lived for pods without events, short for pods with
     # events (only bridging the time until the engine's own events arrive).
@@ -50,9 +59,32 @@ class RoutingSettings:
         "lost: the router serves on local state and re-syncs "
         "when Redis answers again",
     )
-    session_ttl_s: float = 3600.0
+    session_ttl_s: float = setting(
+        3600.0,
+        "a session's pod binding (stickiness) is forgotten after this long without a "
+        "turn; also the TTL of its Redis key",
+        flag="--session-binding-ttl-s",
+    )
+    max_session_bindings: int = setting(
+        1_000_000,
+        "most session bindings this replica keeps in memory (least recently routed "
+        "forgotten beyond: that session's next turn is routed as a new one)",
+        metavar="SESSIONS",
+    )
     live_session_window_s: float = setting(
         300.0, "a session counts as live (its KV worth keeping) until idle this long"
+    )
+    live_max_sessions: int = setting(
+        100_000,
+        "most live sessions whose KV working set the router tracks (least recently "
+        "seen forgotten beyond: their KV no longer priced as live)",
+        metavar="SESSIONS",
+    )
+    live_max_blocks: int = setting(
+        4_000_000,
+        "most block hashes the live sessions' working sets hold in all (least recently "
+        "seen sessions forgotten beyond)",
+        metavar="BLOCKS",
     )
     replica_id: str | None = None
 
@@ -62,8 +94,18 @@ class RoutingSettings:
 
         if self.block_size <= 0:
             raise bad("block_size", f"{self.block_size}: must be positive")
-        if self.index_capacity <= 0:
-            raise bad("index_capacity", f"{self.index_capacity}: must be positive")
+        for name in (
+            "index_capacity",
+            "predicted_capacity",
+            "max_session_bindings",
+            "live_max_sessions",
+            "live_max_blocks",
+        ):
+            value = getattr(self, name)
+            if value <= 0:
+                raise bad(name, f"{value}: must be positive")
+        if self.session_ttl_s <= 0:
+            raise bad("session_ttl_s", f"{self.session_ttl_s:g}: must be positive")
         if self.live_session_window_s <= 0:
             raise bad("live_session_window_s", f"{self.live_session_window_s:g}: must be positive")
         if self.redis_timeout_s <= 0:

@@ -64,9 +64,14 @@ class LocalState:
     up = False  # whether Redis is reachable (RedisState); nothing to reach here
 
     def __init__(self, binding_ttl_s: float = 3600.0, max_sessions: int = 1_000_000) -> None:
+        if binding_ttl_s <= 0 or max_sessions <= 0:
+            raise ValueError("binding TTL and bound must be positive")
         self.binding_ttl_s = binding_ttl_s
         self.max_sessions = max_sessions
+        # session -> (binding, expiry); least recently written first, which with
+        # one TTL for all is also soonest to expire.
         self._bindings: OrderedDict[str, tuple[Binding, float]] = OrderedDict()
+        self.evictions = 0  # bindings dropped by the bound before their TTL
 
     async def start(self) -> None:
         pass
@@ -98,10 +103,25 @@ class LocalState:
         return binding
 
     def set_local_binding(self, session: str, binding: Binding, now: float) -> None:
-        self._bindings[session] = (binding, now + self.binding_ttl_s)
-        self._bindings.move_to_end(session)
-        while len(self._bindings) > self.max_sessions:
-            self._bindings.popitem(last=False)
+        bindings = self._bindings
+        bindings[session] = (binding, now + self.binding_ttl_s)
+        bindings.move_to_end(session)
+        while bindings:
+            oldest, (_, expiry) = next(iter(bindings.items()))
+            if expiry >= now and len(bindings) <= self.max_sessions:
+                break
+            del bindings[oldest]
+            self._forgot(oldest)
+            if expiry >= now:
+                self.evictions += 1
+
+    @property
+    def entries(self) -> int:
+        """Bindings held in this replica's memory."""
+        return len(self._bindings)
+
+    def _forgot(self, session: str) -> None:
+        """``session``'s local binding was dropped (expired or evicted)."""
 
 
 class RedisState(LocalState):
@@ -116,8 +136,9 @@ class RedisState(LocalState):
         load_ttl_s: float = 15.0,
         timeout_s: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
+        max_sessions: int = 1_000_000,
     ) -> None:
-        super().__init__(binding_ttl_s)
+        super().__init__(binding_ttl_s, max_sessions)
         import redis.asyncio as aioredis
 
         self.url = url
@@ -142,6 +163,10 @@ class RedisState(LocalState):
     @property
     def shared(self) -> bool:
         return True
+
+    def _forgot(self, session: str) -> None:
+        # A binding made during an outage and dropped since cannot be written back.
+        self._dirty_sessions.discard(session)
 
     # ----- keys -------------------------------------------------------------
     def _sess_key(self, session: str) -> str:
@@ -308,7 +333,12 @@ class RedisState(LocalState):
 
     async def write(self, writes: StateWrites, now: float) -> None:
         """This replica's new load and binding, in one round trip."""
-        self._published.update(writes.loads)
+        for pod, load in writes.loads.items():
+            # A pod with no load has no fields: pods come and go, the hash stays small.
+            if load == PodLoad():
+                self._published.pop(pod, None)
+            else:
+                self._published[pod] = load
         if writes.binding is not None:
             self.set_local_binding(*writes.binding, now)
         if not (writes.loads or writes.binding):
@@ -320,7 +350,10 @@ class RedisState(LocalState):
                     # Absolute values, not increments: a lost write never skews the count.
                     key = self._load_key(self.replica_id)
                     for pod, load in writes.loads.items():
-                        pipe.hset(key, mapping=_load_fields(pod, load))
+                        if load == PodLoad():
+                            pipe.hdel(key, *_load_fields(pod, load))
+                        else:
+                            pipe.hset(key, mapping=_load_fields(pod, load))
                     pipe.expire(key, int(self.load_ttl_s))
                 if writes.binding is not None:
                     session, binding = writes.binding

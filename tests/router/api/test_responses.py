@@ -11,7 +11,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
 
 from services.router.api.responses.protocol import ResponsesRequest
-from services.router.api.responses.serving import ResponseStore
+from services.router.api.responses.serving import ResponsesServing, ResponseStore
 from services.router.api.responses.translate import (
     ResponseBuilder,
     ResponsesStream,
@@ -19,6 +19,7 @@ from services.router.api.responses.translate import (
     stored_conversation,
     to_chat,
 )
+from services.router.errors import OpenAIError
 from tests.helpers import chat_completion
 
 TOOL = {
@@ -298,3 +299,29 @@ def test_reasoning_becomes_a_reasoning_item():
     ]
     final = parsed[-1].response
     assert final.output[0].type == "reasoning" and final.output_text == "4."
+
+
+def test_store_bounds_the_characters_it_holds():
+    store = ResponseStore(max_entries=10, max_chars=3 * ResponseStore.MESSAGE_OVERHEAD_CHARS + 40)
+    for i in range(3):
+        store.put({"id": f"resp_{i}"}, [{"role": "user", "content": "x" * 10}])
+    assert store.entries == 3 and store.evictions == 0
+    store.put({"id": "resp_3"}, [{"role": "user", "content": "y" * 20}])  # over: resp_0 goes
+    assert store.response("resp_0") is None and store.entries == 3 and store.evictions == 1
+    assert store.chars == 2 * (ResponseStore.MESSAGE_OVERHEAD_CHARS + 10) + (
+        ResponseStore.MESSAGE_OVERHEAD_CHARS + 20
+    )
+
+
+async def test_continuing_an_evicted_response_is_a_404_in_the_api_format():
+    store = ResponseStore(max_entries=1)
+    serving = ResponsesServing(chat=None, store=store)
+    store.put({"id": "resp_old"}, [{"role": "user", "content": "a"}])
+    store.put({"id": "resp_new"}, [{"role": "user", "content": "b"}])
+    with pytest.raises(OpenAIError) as caught:
+        await serving.responses(None, _request(previous_response_id="resp_old"))
+    error = caught.value
+    assert error.status == 404
+    body = error.body()["error"]
+    assert body["param"] == "previous_response_id"
+    assert body["code"] == "previous_response_not_found" and "resp_old" in body["message"]

@@ -95,3 +95,13 @@ def test_million_blocks_stay_within_cap_and_memory():
         f"({per_block:.0f} B/block resident), 1.2e6 stores in {elapsed:.1f} s"
     )
     assert per_block < 300, per_block  # measured: 186 B/block traced, ~230 resident
+
+
+def test_predictions_beyond_their_bound_are_dropped_and_counted():
+    idx = PrefixIndex(capacity=10, predicted_capacity=3)
+    idx.predict("a", [1, 2], now=0, ttl_s=60)
+    idx.predict("b", [1, 2], now=0, ttl_s=60)  # 4 entries: a's block 1 goes
+    assert idx.predicted_entries == 3 and idx.predicted_evictions == 1
+    assert idx.match([1, 2], now=1) == {"a": 0, "b": 2}
+    idx.expire_predictions(now=61)  # expiry is not an eviction
+    assert idx.predicted_entries == 0 and idx.predicted_evictions == 1

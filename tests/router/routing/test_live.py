@@ -56,3 +56,22 @@ def test_a_pd_turn_is_live_on_its_prefill_and_decode_pods():
 def test_window_must_be_positive():
     with pytest.raises(ValueError):
         LiveSessions(window_s=0)
+
+
+def test_the_least_recently_seen_sessions_go_beyond_the_bounds():
+    live = LiveSessions(window_s=60, max_sessions=2, max_blocks=100)
+    live.touch("a", ["p"], [1, 2], now=0)
+    live.touch("b", ["p"], [2, 3], now=1)
+    live.touch("a", ["p"], [1, 2, 4], now=2)  # a is seen again: b is now the oldest
+    live.touch("c", ["p"], [5], now=3)
+    assert "b" not in live and "a" in live and "c" in live
+    assert live.evictions == 1 and live.held_blocks == 4
+    assert live.occupied_blocks("p", None) == 4  # b's block 3 is no longer counted
+    live = LiveSessions(window_s=60, max_sessions=10, max_blocks=5)
+    live.touch("a", ["p"], [1, 2, 3], now=0)
+    live.touch("b", ["p"], [4, 5, 6], now=1)  # 6 blocks held: a goes
+    assert "a" not in live and live.held_blocks == 3 and live.evictions == 1
+    live.touch("big", ["p"], list(range(10, 20)), now=2)  # alone over the bound: kept
+    assert len(live) == 1 and "big" in live and live.held_blocks == 10
+    with pytest.raises(ValueError):
+        LiveSessions(window_s=60, max_sessions=0)

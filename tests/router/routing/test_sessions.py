@@ -130,3 +130,21 @@ def test_backend_encoder_equals_the_tokenizer(tok, text):
         theirs = tok(text, add_special_tokens=special, return_offsets_mapping=True)
         assert ours.ids == theirs["input_ids"]
         assert ours.offsets == [tuple(o) for o in theirs["offset_mapping"]]
+
+
+def test_the_token_bound_forgets_old_sessions_and_results_stay_exact(tok):
+    inc = IncrementalTokenizer(tok, max_sessions=10, max_tokens=1)  # any session is over it
+    text = inc.render_chat(conversation(2))
+    for s in "abc":
+        assert inc.encode(text, s) == tok(text, add_special_tokens=False)["input_ids"]
+    # Only the newest is kept, alone over the bound; the others were evicted.
+    assert list(inc._sessions) == ["c"] and inc.evictions == 2
+    assert inc.cached_tokens == len(tok(text, add_special_tokens=False)["input_ids"])
+    longer = inc.render_chat(conversation(3))
+    reused = inc.stats.reused_tokens
+    assert inc.encode(longer, "c") == tok(longer, add_special_tokens=False)["input_ids"]
+    assert inc.stats.reused_tokens > reused  # the kept one still extends incrementally
+    inc.encode(longer, "a")  # evicted: tokenized in full, exactly
+    assert inc.stats.full == 4
+    with pytest.raises(ValueError):
+        IncrementalTokenizer(tok, max_tokens=0)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+import pytest
 import redis
 
 from services.router.routing import (
@@ -19,7 +20,7 @@ from services.router.routing import (
     shared_state,
 )
 from services.router.routing.policy import Binding
-from services.router.routing.shared_state import RedisState
+from services.router.routing.shared_state import LocalState, RedisState
 
 PODS = [PodSpec("10.0.0.1:1"), PodSpec("10.0.0.2:1"), PodSpec("10.0.0.3:1")]
 # Not the 0.25-s default: on a loaded test machine a slow reply would count as
@@ -207,3 +208,46 @@ async def test_an_idle_replica_is_not_taken_for_gone(redis_server):
     finally:
         await a.close()
         await b.close()
+
+
+def test_local_bindings_are_bounded_and_expired_ones_go_first():
+    state = LocalState(binding_ttl_s=10, max_sessions=3)
+    for i in range(3):
+        state.set_local_binding(f"s{i}", Binding(f"p{i}"), now=i)
+    state.set_local_binding("s3", Binding("p3"), now=3)  # over the bound: s0 is evicted
+    assert state.entries == 3 and state.evictions == 1
+    assert state.local_binding("s0", now=3) is None
+    # s1 and s2 expired by now=12.5: dropped as the next binding comes, not evicted.
+    state.set_local_binding("s4", Binding("p4"), now=12.5)
+    assert state.entries == 2 and state.evictions == 1
+    assert state.local_binding("s3", now=12.5) == Binding("p3")
+    with pytest.raises(ValueError):
+        LocalState(max_sessions=0)
+
+
+async def test_a_pod_without_load_leaves_no_fields_in_redis(redis_server):
+    a = replica_for(redis_server, "ra")
+    await a.state.start()
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        decision = await a.route(RouteRequest(list(range(40))), time.monotonic())
+        key = "tandem:load:ra"
+        assert client.hget(key, f"{decision.decode_pod}|r") == "1"
+        await a.release(decision, time.monotonic())
+        assert client.hgetall(key) == {"alive": "1"}
+    finally:
+        client.close()
+        await a.state.close()
+
+
+async def test_bindings_made_while_redis_is_down_are_bounded_too(redis_servers):
+    server = redis_servers()  # never started: Redis is unreachable
+    state = RedisState(server.url, "ra", timeout_s=TIMEOUT_S, max_sessions=2)
+    try:
+        for i in range(3):
+            await state.set_binding(f"s{i}", Binding("p"), now=float(i))
+        assert state.entries == 2 and state.evictions == 1
+        # The evicted binding is not written back when Redis returns.
+        assert state._dirty_sessions == {"s1", "s2"}
+    finally:
+        await state.close()

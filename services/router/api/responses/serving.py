@@ -23,17 +23,63 @@ from services.router.errors import OpenAIError
 
 class ResponseStore:
     """Stored responses and the chat conversation each one ends, newest
-    kept: what `previous_response_id` continues. Bounded; the oldest go first."""
+    kept: what `previous_response_id` continues.
 
-    def __init__(self, max_entries: int = 10_000) -> None:
-        self._entries: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+    Bounded: at most ``max_entries`` responses whose conversations hold at
+    most ``max_chars`` characters of message content in all (a message shared
+    by several stored conversations counts in each: an upper bound); beyond
+    either, the oldest stored go first (``evictions`` counts them), and a
+    request continuing one gets the API's 404 ``previous_response_not_found``."""
+
+    # What a message costs beside its text (its dict and keys), in characters' worth.
+    MESSAGE_OVERHEAD_CHARS = 64
+
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 200_000_000) -> None:
+        if max_entries <= 0 or max_chars <= 0:
+            raise ValueError("response store bounds must be positive")
+        # id -> (response, conversation, its weight in characters)
+        self._entries: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], int]] = (
+            OrderedDict()
+        )
         self._max = max_entries
+        self._max_chars = max_chars
+        self._chars = 0
+        self.evictions = 0
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    @property
+    def chars(self) -> int:
+        """Characters the stored conversations hold, as ``max_chars`` counts them."""
+        return self._chars
+
+    @classmethod
+    def weight(cls, conversation: list[dict[str, Any]]) -> int:
+        total = 0
+        for message in conversation:
+            content = message.get("content")
+            total += cls.MESSAGE_OVERHEAD_CHARS + (
+                len(content) if isinstance(content, str) else len(str(content or ""))
+            )
+            if message.get("tool_calls"):
+                total += len(str(message["tool_calls"]))
+        return total
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        self._entries[response["id"]] = (response, conversation)
-        self._entries.move_to_end(response["id"])
-        while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
+        entries = self._entries
+        old = entries.pop(response["id"], None)
+        if old is not None:
+            self._chars -= old[2]
+        weight = self.weight(conversation)
+        entries[response["id"]] = (response, conversation, weight)
+        self._chars += weight
+        # The newest stays even when it alone is over the character bound.
+        while len(entries) > 1 and (len(entries) > self._max or self._chars > self._max_chars):
+            _, (_, _, dropped) = entries.popitem(last=False)
+            self._chars -= dropped
+            self.evictions += 1
 
     def response(self, response_id: str) -> dict[str, Any] | None:
         entry = self._entries.get(response_id)
@@ -87,9 +133,9 @@ class ResponsesShape(Shape):
 
 
 class ResponsesServing:
-    def __init__(self, chat: ChatServing) -> None:
+    def __init__(self, chat: ChatServing, store: ResponseStore | None = None) -> None:
         self._chat = chat
-        self._store = ResponseStore()
+        self.store = ResponseStore() if store is None else store
 
     async def responses(
         self, request: Request, body: ResponsesRequest
@@ -98,7 +144,7 @@ class ResponsesServing:
         responses continue as conversations (`previous_response_id`)."""
         previous: list[dict] = []
         if body.previous_response_id is not None:
-            found = self._store.conversation(body.previous_response_id)
+            found = self.store.conversation(body.previous_response_id)
             if found is None:
                 raise OpenAIError(
                     404,
@@ -117,7 +163,7 @@ class ResponsesServing:
 
         def store(response: dict) -> None:
             if body.store:
-                self._store.put(response, translate.stored_conversation(messages, response))
+                self.store.put(response, translate.stored_conversation(messages, response))
 
         return await self._chat.responder.respond(
             request,
@@ -128,7 +174,7 @@ class ResponsesServing:
         )
 
     def stored_response(self, response_id: str) -> dict:
-        response = self._store.response(response_id)
+        response = self.store.response(response_id)
         if response is None:
             raise OpenAIError(
                 404,
