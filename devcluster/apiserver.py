@@ -147,6 +147,9 @@ class FakeApiServer(kmock.KubernetesScaffold):
             return await self._serve_raw(raw_request, json.dumps(body).encode())
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             return await self._serve_raw(raw_request, await raw_request.read())
+        # kmock keeps every request for a test's assertions; a server that runs
+        # for hours (python -m devcluster) must not.
+        self._requests.clear()
         return await super().__call__(raw_request)
 
     async def _serve_raw(self, raw_request: Any, body: bytes) -> Any:
