@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
+.PHONY: help setup apt venv proto model aiperf kubectl run cluster test test-unit lint docs format bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -22,6 +22,8 @@ help:
 	@echo "make docs   build the docs site (docs/, MkDocs) into site/, failing on a broken link"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 	@echo "make images build the container images the Helm chart runs (needs docker or podman)"
+	@echo "make cluster start a local cluster for the operator and chart (a test bed, not a"
+	@echo "           Kubernetes; prints its KUBECONFIG); tandem cluster down stops it"
 
 setup: apt $(STAMP) proto model
 
@@ -75,6 +77,10 @@ run: setup
 
 down:
 	$(VENV)/bin/tandem down
+
+# The local stand-in for Kubernetes (devcluster/), in the background.
+cluster: $(STAMP) kubectl
+	$(VENV)/bin/tandem cluster up
 
 # aiperf too: one test cross-checks the replay client against it. The tests
 # that start no engines run on TEST_WORKERS processes (pytest-xdist); then the

@@ -14,3 +14,8 @@ serves the parts of the Kubernetes API that Tandem's operator, its chart and
 It is no part of Tandem's control plane: it imports neither ``services`` nor
 ``operators`` (tests/test_layers.py); the launcher (``tandem``) may import it.
 """
+
+from pathlib import Path
+
+# Where `python -m devcluster` and `tandem cluster` keep its kubeconfig and log.
+DEFAULT_STATE_DIR = Path.home() / ".cache" / "tandem" / "cluster"

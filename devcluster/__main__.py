@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from devcluster import DEFAULT_STATE_DIR
+
 DESCRIPTION = """\
 A local stand-in for Kubernetes, for trying and testing Tandem on one machine.
 
@@ -24,8 +26,6 @@ It starts with Tandem's CRDs installed (operators/crds/, or --crds), writes a
 kubeconfig for kubectl, kopf and Kubernetes clients, prints where, and runs
 until Ctrl-C or SIGTERM.
 """
-
-DEFAULT_STATE = Path.home() / ".cache" / "tandem" / "cluster"
 
 
 def tandem_crds() -> list[Path]:
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-dir",
         type=Path,
-        default=DEFAULT_STATE,
+        default=DEFAULT_STATE_DIR,
         help="where the kubeconfig is written (default: %(default)s)",
     )
     parser.add_argument(
