@@ -160,7 +160,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
             params=dict(raw_request.query),
             headers=dict(raw_request.headers),
             body=body,
-            text=body.decode(),
+            text=body.decode(errors="replace"),
         )
         try:
             return await self._handle(request)
@@ -192,7 +192,8 @@ class FakeApiServer(kmock.KubernetesScaffold):
         # Watches too are JSON (a stream of objects): clients pick their decoder by it.
         headers = {"Content-Type": "application/json"}
         if warnings:
-            # One header line per warning, as kube-apiserver sends (kubectl prints each).
+            # Each warning a `299` warn-value, comma-joined as HTTP allows; kubectl
+            # prints each as "Warning: ...".
             headers["Warning"] = ", ".join(
                 '299 - "' + w.replace("\\", "\\\\").replace('"', '\\"') + '"' for w in warnings
             )

@@ -8,9 +8,12 @@ subresource the main endpoint ignores status and `/status` ignores the rest;
 `/scale` reads and writes the replica paths. Deletion honours finalizers
 (`deletionTimestamp` first, removal once they are gone), graceful deletion
 of scheduled pods, propagation policies (Background, Foreground, Orphan), and
-owner-reference garbage collection. Custom resources are pruned, defaulted
-and validated against their CRD (schema.py), built-ins against the real
-Kubernetes schemas (kubernetes-validate). Creating a CRD serves its kinds.
+owner-reference garbage collection, and namespaces (a deleted one
+terminates: its objects are deleted, it goes once empty). Custom resources
+are pruned, defaulted and validated against their CRD (schema.py), built-ins
+against the real Kubernetes schemas (kubernetes-validate); unknown fields
+are refused or pruned as `fieldValidation` says. Creating a CRD serves its
+kinds.
 
 Methods are synchronous: on the server's event loop each one is atomic.
 """
