@@ -105,7 +105,7 @@ async def serve(args: argparse.Namespace, crds: list[Path]) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    handler = FakeApiServer()
+    handler = FakeApiServer(keep_requests=False)
     kubeconfig: Path = args.kubeconfig or args.state_dir / "kubeconfig"
     async with handler, kmock.Server(handler, host="127.0.0.1", port=args.port or None) as server:
         handler.install(*load_yaml_documents(*crds))

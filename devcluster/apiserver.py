@@ -112,6 +112,9 @@ class FakeApiServer(kmock.KubernetesScaffold):
     history: int = 1000
     bookmark_interval: float = 1.0
     validate_builtins: bool = True
+    # kmock records every request (iterating the handler lists them: tests check
+    # RBAC with it); a server that runs for hours (python -m devcluster) keeps none.
+    keep_requests: bool = True
     store: Store = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -147,10 +150,11 @@ class FakeApiServer(kmock.KubernetesScaffold):
             return await self._serve_raw(raw_request, json.dumps(body).encode())
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             return await self._serve_raw(raw_request, await raw_request.read())
-        # kmock keeps every request for a test's assertions; a server that runs
-        # for hours (python -m devcluster) must not.
-        self._requests.clear()
-        return await super().__call__(raw_request)
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            if not self.keep_requests:
+                self._requests.clear()
 
     async def _serve_raw(self, raw_request: Any, body: bytes) -> Any:
         request = kmock.Request(
@@ -162,6 +166,8 @@ class FakeApiServer(kmock.KubernetesScaffold):
             body=body,
             text=body.decode(errors="replace"),
         )
+        if self.keep_requests:
+            self._requests.append(request)
         try:
             return await self._handle(request)
         except Exception as exc:  # noqa: BLE001  (a Status body, as kmock's own path does)

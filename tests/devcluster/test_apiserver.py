@@ -322,3 +322,14 @@ def test_kubectl_works_against_it(kubectl, kube_api):
     assert got == "4"
     kubectl("delete", "enginepool", "p-decode")
     assert "No resources found" in kubectl("get", "enginepools").stderr
+
+
+def test_requests_are_recorded_for_tests_and_not_by_a_long_running_server():
+    from devcluster.apiserver import running
+
+    for keep, expected in ((True, 3), (False, 0)):
+        with running(keep_requests=keep) as server:
+            httpx.get(server.url + "/api/v1/namespaces")  # served apart from kmock's parser
+            httpx.get(server.url + DEPLOY)
+            httpx.get(server.url + f"{NS}/configmaps")
+            assert len(list(server.handler)) == expected
