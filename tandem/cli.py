@@ -7,6 +7,8 @@
     tandem model     prepare the bundled model and print its folder
     tandem profile   profile one pool to saturation for the rate-matching controller
                      (`tandem profile --role prefill|decode|aggregated --url URL`)
+    tandem cluster   up|down|status: a local cluster to try the operator and chart on
+                     (a test bed, not a Kubernetes; devcluster/)
 
 The benchmarks are not part of the product: in a checkout, `python -m bench`.
 """
@@ -26,6 +28,7 @@ from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc, ProcessError, stop_process_groups
 from services.router.chat_templates import CHATML_TOOLS
 from services.stack import Stack, StackConfig, read_state, stop_tiers
+from tandem import cluster
 
 _DEFAULT_STATE = Path.home() / ".cache" / "tandem" / "run"
 # The bundled SmolLM2's own chat template ignores `tools`: the router renders
@@ -313,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.add_argument("rest", nargs=argparse.REMAINDER)
     operator.set_defaults(func=cmd_operator)
+    cluster.add_parser(sub)
     return parser
 
 

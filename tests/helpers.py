@@ -19,11 +19,11 @@ from common.model import DEFAULT_MODEL_NAME
 from common.procs import Proc
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
+from devcluster import schema as crd
 from operators.spec import crd_schema, parse, problems
 from services.router.chat_templates import CHATML_TOOLS
 from services.router.routing.hashing import BlockHasher
 from tandem.workload.endpoint import sse_data
-from tests.kube import schema as crd
 
 MODEL_NAME = DEFAULT_MODEL_NAME  # the name the stack serves the bundled model under
 # A prompt of about 1,500 tokens: long enough to span many KV blocks.

@@ -28,6 +28,7 @@ TOP_FOLDERS = (
     "kernels",
     "bench",
     "tandem",
+    "devcluster",
     "tests",
     "helm",
     "docker",

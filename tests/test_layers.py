@@ -5,15 +5,16 @@ Rules, each checked over every first-party module (lazy imports inside
 functions included):
 
 1. Layers, top to bottom: ``bench`` → ``tandem`` (the launcher) →
-   ``services``, ``operators`` → ``kernels`` → ``common``. A module imports
+   ``services``, ``operators``, ``devcluster`` → ``kernels`` → ``common``. A module imports
    its own package and the layers below it, never one above (``tests`` sit
    above everything and are exempt from this rule). ``bench`` is not part of
    the product: it may import anything, and no product package (``tandem``
    included) imports it; only tests do. ``kernels`` is a compute library the
    data path calls (the store connector packs blocks with it), so it sits
    below the services and imports none of them.
-2. ``services`` and ``operators`` share a layer and do not import each other
-   (modules of ``services`` import each other freely).
+2. ``services``, ``operators`` and ``devcluster`` (the local stand-in for
+   Kubernetes, no part of Tandem's control plane) share a layer and do not
+   import each other (modules of ``services`` import each other freely).
 3. No module edits ``sys.path`` (tests neither): imports resolve from the
    repository root.
 4. No ``from x import _name`` across modules outside tests: an underscore name
@@ -37,11 +38,12 @@ RANK = {
     "kernels": 1,
     "services": 2,
     "operators": 2,
+    "devcluster": 2,
     "tandem": 3,
     "bench": 4,
     "tests": 5,
 }
-SAME_LAYER_APART = {"services", "operators"}
+SAME_LAYER_APART = {"services", "operators", "devcluster"}
 SHARED_TEST_HELPERS = "tests.helpers"
 GENERATED = ("common/proto/",)
 
@@ -152,7 +154,7 @@ def test_every_module_imports_down_only():
 def test_the_scan_sees_every_layer():
     """The check above looks at real files: every present layer has modules."""
     seen = {module_name(p).split(".")[0] for p in first_party_files()}
-    assert {"common", "services", "bench", "tandem", "tests"} <= seen
+    assert {"common", "services", "bench", "tandem", "devcluster", "tests"} <= seen
 
 
 @pytest.mark.parametrize(
@@ -168,6 +170,10 @@ def test_the_scan_sees_every_layer():
         ("kernels.packed", "import services.engine"),
         ("kernels.packing", "from operators.planner import solve"),
         ("bench.harness", "import tests.conftest"),
+        ("devcluster.apiserver", "from operators.kube import PLURALS"),
+        ("devcluster.store", "import services.stack"),
+        ("operators.kube", "from devcluster.store import Store"),
+        ("common.ports", "import devcluster"),
         ("bench.cli", "import sys\nsys.path.insert(0, 'tests')"),
         ("tests.stack.test_x", "import sys\nsys.path = ['x']"),
         ("bench.cli", "from bench.router_overhead import _log"),
@@ -199,6 +205,9 @@ def test_the_rules_catch(module, source):
         ("tests.planner.test_x", "from tests.planner.synthetic import ramp_profile"),
         ("services.kvstore.packing", "from kernels import pack_blocks"),
         ("kernels.packing", "from common.ports import free_port"),
+        ("tandem.cli", "from devcluster.apiserver import RunningApiServer"),
+        ("devcluster.__main__", "from common.ports import free_port"),
+        ("tests.kube.plugin", "from devcluster.apiserver import RunningApiServer"),
     ],
 )
 def test_the_rules_allow(module, source):

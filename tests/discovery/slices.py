@@ -68,7 +68,7 @@ def endpoint_slice(
 
 
 class Slices:
-    """Writes EndpointSlices into the fake API server (tests/kube) as the
+    """Writes EndpointSlices into the fake API server (devcluster/) as the
     EndpointSlice controller would: create or replace, delete."""
 
     def __init__(self, kube_api) -> None:

@@ -12,12 +12,12 @@ from pathlib import Path
 import yaml
 
 from common.kube import engine_selector
+from devcluster.store import Store
 from operators import manifests
 from operators.spec import ENGINE_ROLE, parse, with_defaults
 from services.router.config import parse_settings
 from services.router.discovery import slice_endpoints
 from tests.discovery.slices import endpoint
-from tests.kube.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")

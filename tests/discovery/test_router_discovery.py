@@ -1,5 +1,5 @@
 """The real router process (``python -m services.router --discovery
-kubernetes``) following EndpointSlices in the fake API server (tests/kube,
+kubernetes``) following EndpointSlices in the fake API server (devcluster/,
 real HTTP), in front of two fake gRPC engines (bench/router_fakes.py) whose
 every token is their own name, so each answer says which pod served it.
 

@@ -10,12 +10,12 @@ import asyncio
 import pytest
 
 from common.ports import free_port
+from devcluster.apiserver import write_kubeconfig
 from services.router.discovery import DiscoverySettings, KubernetesPods
 from services.router.metrics import RouterMetrics
 from services.router.pods import PodPool
 from services.router.routing import RoutingCore, RoutingSettings
 from tests.discovery.slices import Slices, endpoint, endpoint_slice
-from tests.kube.apiserver import write_kubeconfig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ the oldest and newest Kubernetes the chart supports (kubernetes-validate's
 own schema files, each compiled once: its `validate` re-reads the multi-MB
 definitions file on every call); custom resources against
 their CRD's openAPIV3Schema the way kube-apiserver admits them (pruning,
-defaults, OpenAPI constraints, CEL rules; tests/kube/schema.py), unknown
+defaults, OpenAPI constraints, CEL rules; devcluster/schema.py), unknown
 fields counting as errors. The CRDs are the chart's own (operators/crds) and
 other projects' written here from their API docs (tests/helm/foreign_schemas.py:
 LeaderWorkerSet, InferencePool, ServiceMonitor, PodMonitor).
@@ -29,8 +29,8 @@ import referencing
 import yaml
 from kubernetes_validate.utils import schema_contents
 
+from devcluster import schema as crd_schema
 from tests.helm import foreign_schemas
-from tests.kube import schema as crd_schema
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "tandem"

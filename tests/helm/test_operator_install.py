@@ -1,7 +1,7 @@
 """`helm install` into the fake API server, then the real operator reconciles it.
 
 The chart's objects (CRDs first, as Helm applies crds/) are created in the
-fake Kubernetes API server (tests/kube: real HTTP, resourceVersions, CRD
+fake Kubernetes API server (devcluster/: real HTTP, resourceVersions, CRD
 validation with CEL, built-ins checked by kubernetes-validate); then the
 operator runs as its own process with the flags the chart gives its
 Deployment. No mocks. Checked:
@@ -33,6 +33,8 @@ from pathlib import Path
 import pytest
 
 from common.ports import free_port
+from devcluster.apiserver import RunningApiServer
+from devcluster.kinds import Kind
 from tests.helm.cases import CASES
 from tests.helm.chart import (
     NAMESPACE,
@@ -49,8 +51,6 @@ from tests.helm.chart import (
     render,
     selects,
 )
-from tests.kube.apiserver import RunningApiServer
-from tests.kube.kinds import Kind
 
 MANAGED = "app.kubernetes.io/managed-by=tandem-operator"
 # Kinds the operator creates, as (group, version, plural).

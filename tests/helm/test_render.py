@@ -2,7 +2,7 @@
 
 No mocks: Helm's Go SDK renders (helm-python-sdk), kubernetes-validate holds
 the Kubernetes OpenAPI schemas, custom resources are admitted against their
-CRDs with CEL rules evaluated (tests/kube/schema.py): the chart's own, and
+CRDs with CEL rules evaluated (devcluster/schema.py): the chart's own, and
 other projects' kinds (LeaderWorkerSet, InferencePool, ServiceMonitor,
 PodMonitor) as tests/helm/foreign_schemas.py writes them from their API docs.
 """

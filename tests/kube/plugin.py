@@ -4,14 +4,15 @@ Import the ones a test folder needs from its conftest.py:
 
     from tests.kube.plugin import kube_api, kubectl  # noqa: F401
 
-* `kube_api` — a fresh `RunningApiServer` (tests/kube/apiserver.py) on loopback
+* `kube_api` — a fresh `RunningApiServer` (devcluster/apiserver.py) on loopback
   with Tandem's CRDs (operators/crds/) installed and a kubeconfig written
   (`kube_api.kubeconfig`); read and write it over HTTP, or directly with
   `kube_api.get/list/install/call`.
 * `kubectl` — runs the real `kubectl` against it: `kubectl("get", "td")` returns
   the CompletedProcess; `check=False` lets a test look at a refusal.
 * `start_operator(kube_api, tmp_path)` starts `python -m operators` against it
-  (a real process, stopped by the returned handle's `stop()`).
+  (a real process, stopped by the returned handle's `stop()`); with
+  `namespace="x"` it watches that namespace only, as the chart runs it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import pytest
 
 from common.ports import free_ports
-from tests.kube.apiserver import RunningApiServer
+from devcluster.apiserver import RunningApiServer
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = sorted((REPO / "operators" / "crds").glob("*.yaml"))
@@ -150,6 +151,7 @@ def start_operator(
     resync: float = 2.0,
     name: str = "operator",
     scaling: float = 15.0,
+    namespace: str | None = None,
 ) -> OperatorProcess:
     log = tmp_path / f"{name}.log"
     health_port, metrics_port = free_ports(2)
@@ -167,6 +169,7 @@ def start_operator(
             str(resync),
             "--scaling-seconds",
             str(scaling),
+            *([] if namespace is None else ["--namespace", namespace]),
         ],
         cwd=REPO,
         env=env,

@@ -8,10 +8,10 @@ import json
 import kubernetes_validate
 import pytest
 
+from devcluster import schema as crd
 from operators import manifests
 from operators.spec import crd_schema, parse, problems, with_defaults
 from tests.helpers import assert_spec_refused
-from tests.kube import schema as crd
 from tests.operators import lws_schema
 
 OWNER = manifests.Owner("TandemDeployment", "demo", "uid-td")

@@ -8,9 +8,12 @@ subresource the main endpoint ignores status and `/status` ignores the rest;
 `/scale` reads and writes the replica paths. Deletion honours finalizers
 (`deletionTimestamp` first, removal once they are gone), graceful deletion
 of scheduled pods, propagation policies (Background, Foreground, Orphan), and
-owner-reference garbage collection. Custom resources are pruned, defaulted
-and validated against their CRD (schema.py), built-ins against the real
-Kubernetes schemas (kubernetes-validate). Creating a CRD serves its kinds.
+owner-reference garbage collection, and namespaces (a deleted one
+terminates: its objects are deleted, it goes once empty). Custom resources
+are pruned, defaulted and validated against their CRD (schema.py), built-ins
+against the real Kubernetes schemas (kubernetes-validate); unknown fields
+are refused or pruned as `fieldValidation` says. Creating a CRD serves its
+kinds.
 
 Methods are synchronous: on the server's event loop each one is atomic.
 """
@@ -28,9 +31,9 @@ from typing import Any
 import kmock
 import kubernetes_validate
 
-from tests.kube import schema as crd_schema
-from tests.kube import semantics
-from tests.kube.kinds import BUILTINS, Kind, kinds_from_crd
+from devcluster import schema as crd_schema
+from devcluster import semantics
+from devcluster.kinds import BUILTINS, Kind, kinds_from_crd
 
 Json = Any
 ObjKey = tuple[tuple[str, str, str], str | None, str]
@@ -76,6 +79,19 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message, {})
 
 
+FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+NAMESPACES = ("", "v1", "namespaces")
+
+
+def unknown_fields(kind: Kind, paths: list[str]) -> ApiError:
+    """What kube-apiserver answers to unknown fields under fieldValidation=Strict."""
+    found = ", ".join(f'unknown field "{path}"' for path in paths)
+    return bad_request(
+        f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: '
+        f"strict decoding error: {found}"
+    )
+
+
 STALE = (
     "the object has been modified; please apply your changes to the latest version and try again"
 )
@@ -110,7 +126,8 @@ class Store:
         self.subscriptions: set[Subscription] = set()
         self.validate_builtins = validate_builtins
         self.on_kinds_changed: Callable[[], None] = lambda: None
-        self.create(self.kind("", "v1", "namespaces"), None, {"metadata": {"name": "default"}})
+        for namespace in ("default", "kube-public", "kube-system"):
+            self.create(self.kinds[NAMESPACES], None, {"metadata": {"name": namespace}})
 
     # ---- kinds ---------------------------------------------------------------
 
@@ -153,7 +170,7 @@ class Store:
         label_selector: str | None = None,
         field_selector: str | None = None,
     ) -> list[dict]:
-        labels_ok, fields_ok = self.matchers(label_selector, field_selector)
+        labels_ok, fields_ok = self.matchers(label_selector, field_selector, kind.field_selectors)
         out = []
         for (key, ns, _), obj in sorted(
             self.objects.items(), key=lambda kv: (kv[0][1] or "", kv[0][2])
@@ -165,18 +182,32 @@ class Store:
         return out
 
     @staticmethod
-    def matchers(label_selector: str | None, field_selector: str | None):
+    def matchers(
+        label_selector: str | None,
+        field_selector: str | None,
+        fields: frozenset[str] = semantics.COMMON_FIELDS,
+    ):
         try:
             return (
                 semantics.label_matcher(label_selector),
-                semantics.field_matcher(field_selector),
+                semantics.field_matcher(field_selector, fields),
             )
         except semantics.SelectorError as exc:
             raise bad_request(str(exc)) from None
 
     # ---- writes --------------------------------------------------------------
 
-    def create(self, kind: Kind, namespace: str | None, body: dict, dry_run: bool = False) -> dict:
+    def create(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        body: dict,
+        dry_run: bool = False,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
+    ) -> dict:
+        """Store a new object. Unknown fields are refused under `field_validation`
+        "Strict", pruned otherwise (one line each in `warnings` under "Warn")."""
         body = copy.deepcopy(body)
         meta = body.setdefault("metadata", {})
         if kind.namespaced:
@@ -186,14 +217,22 @@ class Store:
                     "the namespace of the provided object does not match the "
                     "namespace sent on the request"
                 )
-            if ("", "v1", "namespaces") in self.kinds and not self.objects.get(
-                (("", "v1", "namespaces"), None, ns)
-            ):
+            home = self.objects.get((NAMESPACES, None, ns))
+            if home is None:
                 raise ApiError(
                     404,
                     "NotFound",
                     f'namespaces "{ns}" not found',
                     {"name": ns, "kind": "namespaces"},
+                )
+            if home["metadata"].get("deletionTimestamp"):
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'{kind.plural} "{meta.get("name") or meta.get("generateName", "")}" is '
+                    f"forbidden: unable to create new content in namespace {ns} because it "
+                    f"is being terminated",
+                    {"name": meta.get("name", ""), "kind": kind.plural},
                 )
             meta["namespace"] = ns
         else:
@@ -226,7 +265,7 @@ class Store:
             "managedFields",
         ):
             meta.pop(server_field, None)
-        body = self._admit(kind, body, None)
+        body = self._admit(kind, body, None, field_validation, warnings)
         meta = body["metadata"]
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = semantics.now_rfc3339()
@@ -275,6 +314,11 @@ class Store:
                 spec["clusterIP"] = f"10.96.{(n >> 8) & 255}.{n & 255}"
         if kind.key == ("", "v1", "pods"):
             body.setdefault("status", {}).setdefault("phase", "Pending")
+        if kind.key == ("", "v1", "secrets"):
+            body.setdefault("type", "Opaque")
+        if kind.key == NAMESPACES:
+            body.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+            body["status"] = {"phase": "Active"}
 
     def replace(
         self,
@@ -283,6 +327,8 @@ class Store:
         name: str,
         body: dict,
         subresource: str | None = None,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
     ) -> dict:
         key = self._key(kind, namespace, name)
         old = self.objects.get(key)
@@ -301,7 +347,7 @@ class Store:
             )
         if rv and rv != old["metadata"]["resourceVersion"]:
             raise conflict(kind, name, STALE)
-        return self._update(kind, key, old, body, subresource)
+        return self._update(kind, key, old, body, subresource, field_validation, warnings)
 
     def patch(
         self,
@@ -311,6 +357,8 @@ class Store:
         patch: Json,
         content_type: str,
         subresource: str | None = None,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
     ) -> dict:
         key = self._key(kind, namespace, name)
         old = self.objects.get(key)
@@ -366,7 +414,7 @@ class Store:
             raise conflict(kind, name, STALE)
         if subresource == "scale":
             return self.scale_of(kind, self._write_scale(kind, key, old, new))
-        return self._update(kind, key, old, new, subresource)
+        return self._update(kind, key, old, new, subresource, field_validation, warnings)
 
     def replace_scale(self, kind: Kind, namespace: str | None, name: str, scale: dict) -> dict:
         key = self._key(kind, namespace, name)
@@ -424,7 +472,14 @@ class Store:
         }
 
     def _update(
-        self, kind: Kind, key: ObjKey, old: dict, new: dict, subresource: str | None
+        self,
+        kind: Kind,
+        key: ObjKey,
+        old: dict,
+        new: dict,
+        subresource: str | None,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
     ) -> dict:
         new = copy.deepcopy(new)
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
@@ -471,7 +526,7 @@ class Store:
                         ],
                     )
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-        new = self._admit(kind, new, old)
+        new = self._admit(kind, new, old, field_validation, warnings)
         if _spec_changed(old, new):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         if new == old:
@@ -479,7 +534,9 @@ class Store:
         if kind.key == ("apiextensions.k8s.io", "v1", "customresourcedefinitions"):
             self._serve_crd(new)
         self._commit(kind, key, new, "MODIFIED", old)
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+        if kind.key == NAMESPACES:
+            self._finish_namespace(key[2])
+        elif new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
             self._remove(kind, key)
             self.collect_garbage()
         return copy.deepcopy(new)
@@ -502,6 +559,8 @@ class Store:
             raise conflict(kind, name, "Precondition failed: resourceVersion")
         if pre.get("uid") and pre["uid"] != obj["metadata"]["uid"]:
             raise conflict(kind, name, "Precondition failed: UID")
+        if kind.key == NAMESPACES:
+            return self._delete_namespace(obj)
         policy = options.get("propagationPolicy") or "Background"
         if options.get("orphanDependents"):
             policy = "Orphan"
@@ -543,6 +602,46 @@ class Store:
         self.collect_garbage()
         return removed
 
+    def _delete_namespace(self, obj: dict) -> dict:
+        """As the namespace controller does: Terminating, every object in it
+        deleted (finalizers and graceful pods still hold theirs), then gone
+        once empty."""
+        name = obj["metadata"]["name"]
+        if name in ("default", "kube-public", "kube-system"):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                {"name": name, "kind": "namespaces"},
+            )
+        key = (NAMESPACES, None, name)
+        terminating = obj
+        if not obj["metadata"].get("deletionTimestamp"):
+            terminating = copy.deepcopy(obj)
+            terminating["metadata"]["deletionTimestamp"] = semantics.now_rfc3339()
+            terminating["metadata"]["deletionGracePeriodSeconds"] = 0
+            terminating["status"] = {"phase": "Terminating"}
+            self._commit(self.kinds[NAMESPACES], key, terminating, "MODIFIED", obj)
+            terminating = copy.deepcopy(terminating)
+        for obj_key in list(self.objects):
+            if obj_key[1] != name or obj_key not in self.objects:
+                continue
+            if not self.objects[obj_key]["metadata"].get("deletionTimestamp"):
+                self.delete(self.kinds[obj_key[0]], name, obj_key[2])
+        self._finish_namespace(name)
+        self.collect_garbage()
+        # As kube-apiserver answers: the namespace as it began terminating.
+        return terminating
+
+    def _finish_namespace(self, name: str) -> None:
+        key = (NAMESPACES, None, name)
+        ns = self.objects.get(key)
+        if ns is None or not ns["metadata"].get("deletionTimestamp"):
+            return
+        if ns["metadata"].get("finalizers") or any(k[1] == name for k in self.objects):
+            return
+        self._remove(self.kinds[NAMESPACES], key)
+
     def delete_collection(
         self,
         kind: Kind,
@@ -565,6 +664,8 @@ class Store:
         self._publish(kind, Event(self.rv, "DELETED", gone, obj))
         if kind.key == ("apiextensions.k8s.io", "v1", "customresourcedefinitions"):
             self._unserve_crd(obj)
+        if key[1] is not None:
+            self._finish_namespace(key[1])
         return copy.deepcopy(gone)
 
     # ---- garbage collection --------------------------------------------------
@@ -643,12 +744,24 @@ class Store:
     def _key(self, kind: Kind, namespace: str | None, name: str) -> ObjKey:
         return (kind.key, namespace if kind.namespaced else None, name)
 
-    def _admit(self, kind: Kind, body: dict, old: dict | None) -> dict:
+    def _admit(
+        self,
+        kind: Kind,
+        body: dict,
+        old: dict | None,
+        field_validation: str = "Warn",
+        warnings: list[str] | None = None,
+    ) -> dict:
         name = body.get("metadata", {}).get("name", "")
         if kind.custom and kind.schema:
-            admitted, _dropped, errors = crd_schema.admit(kind.schema, body, old)
+            admitted, dropped, errors = crd_schema.admit(kind.schema, body, old)
+            # Strict decoding comes before validation, as in kube-apiserver.
+            if dropped and field_validation == "Strict":
+                raise unknown_fields(kind, dropped)
             if errors:
                 raise invalid(kind, name, errors)
+            if field_validation == "Warn" and warnings is not None:
+                warnings.extend(f'unknown field "{path}"' for path in dropped)
             return admitted
         if self.validate_builtins and not kind.custom:
             probe = copy.deepcopy(body)
@@ -665,6 +778,11 @@ class Store:
                 kubernetes_validate.validate(probe, KUBE_SCHEMA_VERSION, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 path = ".".join(str(p) for p in exc.path) or "<root>"
+                if exc.validator == "additionalProperties" and field_validation == "Strict":
+                    known = (exc.schema or {}).get("properties", {})
+                    prefix = f"{path}." if exc.path else ""
+                    extra = [f"{prefix}{k}" for k in exc.instance or {} if k not in known]
+                    raise unknown_fields(kind, extra) from None
                 raise invalid(kind, name, [f"{path}: {exc.message}"]) from None
         return body
 

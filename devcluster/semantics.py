@@ -76,21 +76,35 @@ def selector_string(match_labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
 
 
-_FIELDS = {"metadata.name", "metadata.namespace"}
+# Every kind selects on these; some kinds on more (kinds.FIELD_SELECTORS).
+COMMON_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
+# A field label that names another path (an Event's `source` is its component).
+_FIELD_ALIASES = {"source": "source.component"}
 
 
-def field_matcher(text: str | None):
-    """Field selectors on metadata.name / metadata.namespace (what every type supports)."""
+def field_value(obj: Json, label: str) -> str:
+    """The value a field selector compares: the field as text, "" when absent."""
+    node = obj
+    for part in _FIELD_ALIASES.get(label, label).split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if node is None:
+        return ""
+    if isinstance(node, bool):
+        return "true" if node else "false"
+    return str(node)
+
+
+def field_matcher(text: str | None, fields: frozenset[str] = COMMON_FIELDS):
+    """Field selectors (`a=b`, `a==b`, `a!=b`, comma-joined) on the given field labels."""
     if not text:
         return lambda obj: True
     checks = []
     for term in _split_selector(text):
         negate = "!=" in term
         key, value = (s.strip() for s in re.split(r"!=|==|=", term, maxsplit=1))
-        if key not in _FIELDS:
+        if key not in fields:
             raise SelectorError(f'field label not supported: "{key}"')
-        field = key.split(".", 1)[1]
-        checks.append(lambda o, f=field, v=value, n=negate: (o["metadata"].get(f) == v) != n)
+        checks.append(lambda o, k=key, v=value, n=negate: (field_value(o, k) == v) != n)
     return lambda obj: all(check(obj) for check in checks)
 
 
@@ -224,7 +238,9 @@ def now_rfc3339() -> str:
 
 def human_age(timestamp: str, now: dt.datetime | None = None) -> str:
     """kubectl's short age: 45s, 3m20s, 2h5m, 3d."""
-    then = dt.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    then = dt.datetime.fromisoformat(timestamp)  # RFC 3339, with or without fractions
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.UTC)
     seconds = int(((now or dt.datetime.now(dt.UTC)) - then).total_seconds())
     if seconds < 0:
         return "0s"

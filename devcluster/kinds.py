@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from devcluster.semantics import COMMON_FIELDS
+
 Json = Any
 
 
@@ -30,6 +32,8 @@ class Kind:
     schema: dict | None = None  # openAPIV3Schema (custom resources)
     printer_columns: list[dict] = field(default_factory=list)
     custom: bool = False
+    categories: tuple[str, ...] = ()  # `kubectl get all` lists the kinds in "all"
+    field_selectors: frozenset[str] = COMMON_FIELDS
     # PUT without metadata.resourceVersion: built-ins allow it, custom resources refuse.
     unconditional_update: bool = True
 
@@ -54,18 +58,62 @@ class Kind:
 
 
 _DEPLOYMENT_SCALE = ScalePaths(match_labels=".spec.selector")
+ALL = ("all",)
+# The field labels kube-apiserver selects on beyond metadata.name/namespace
+# (pkg/registry/*/strategy.go: ToSelectableFields), for the kinds that have them.
+_POD_FIELDS = COMMON_FIELDS | {
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+}
+_EVENT_FIELDS = COMMON_FIELDS | {
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+}
 
 BUILTINS: list[Kind] = [
-    Kind("", "v1", "namespaces", "Namespace", namespaced=False, short_names=("ns",), status=True),
+    Kind(
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        namespaced=False,
+        short_names=("ns",),
+        status=True,
+        field_selectors=COMMON_FIELDS | {"status.phase"},
+    ),
     Kind("", "v1", "nodes", "Node", namespaced=False, short_names=("no",), status=True),
-    Kind("", "v1", "pods", "Pod", short_names=("po",), status=True),
-    Kind("", "v1", "services", "Service", short_names=("svc",), status=True),
+    Kind(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        short_names=("po",),
+        status=True,
+        categories=ALL,
+        field_selectors=_POD_FIELDS,
+    ),
+    Kind("", "v1", "services", "Service", short_names=("svc",), status=True, categories=ALL),
     Kind("", "v1", "endpoints", "Endpoints", short_names=("ep",)),
     Kind("", "v1", "configmaps", "ConfigMap", short_names=("cm",)),
-    Kind("", "v1", "secrets", "Secret"),
+    Kind("", "v1", "secrets", "Secret", field_selectors=COMMON_FIELDS | {"type"}),
     Kind("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
     Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", short_names=("pvc",)),
-    Kind("", "v1", "events", "Event", short_names=("ev",)),
+    Kind("", "v1", "events", "Event", short_names=("ev",), field_selectors=_EVENT_FIELDS),
     Kind(
         "apps",
         "v1",
@@ -73,6 +121,7 @@ BUILTINS: list[Kind] = [
         "Deployment",
         short_names=("deploy",),
         status=True,
+        categories=ALL,
         scale=_DEPLOYMENT_SCALE,
     ),
     Kind(
@@ -82,6 +131,7 @@ BUILTINS: list[Kind] = [
         "StatefulSet",
         short_names=("sts",),
         status=True,
+        categories=ALL,
         scale=_DEPLOYMENT_SCALE,
     ),
     Kind(
@@ -91,9 +141,11 @@ BUILTINS: list[Kind] = [
         "ReplicaSet",
         short_names=("rs",),
         status=True,
+        categories=ALL,
         scale=_DEPLOYMENT_SCALE,
     ),
-    Kind("apps", "v1", "daemonsets", "DaemonSet", short_names=("ds",), status=True),
+    Kind("apps", "v1", "daemonsets", "DaemonSet", short_names=("ds",), status=True, categories=ALL),
+    Kind("batch", "v1", "jobs", "Job", status=True, categories=ALL),
     Kind(
         "policy",
         "v1",
@@ -111,6 +163,7 @@ BUILTINS: list[Kind] = [
         "HorizontalPodAutoscaler",
         short_names=("hpa",),
         status=True,
+        categories=ALL,
     ),
     Kind("coordination.k8s.io", "v1", "leases", "Lease"),
     Kind("events.k8s.io", "v1", "events", "Event", short_names=("ev",)),
@@ -166,6 +219,7 @@ def kinds_from_crd(crd: dict) -> list[Kind]:
                 schema=(version.get("schema") or {}).get("openAPIV3Schema"),
                 printer_columns=list(version.get("additionalPrinterColumns", [])),
                 custom=True,
+                categories=tuple(names.get("categories", ())),
                 unconditional_update=False,
             )
         )

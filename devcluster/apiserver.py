@@ -17,10 +17,16 @@ this module adds what clients rely on over HTTP:
   with `allowWatchBookmarks`, `timeoutSeconds`, objects entering and leaving a
   label selector as ADDED/DELETED;
 * `/status` and `/scale` subresources (`autoscaling/v1 Scale`);
-* `Table` responses (what `kubectl get` asks for) with the CRD's printer columns;
-* CRDs: POSTing one serves its kinds at once, with discovery.
+* `Table` responses (what `kubectl get` asks for): kubectl's columns for the
+  built-in kinds, the CRD's printer columns for custom resources (tables.py);
+* `fieldValidation` (Strict refuses unknown fields, Warn prunes them with a
+  `Warning` header, Ignore prunes them);
+* CRDs: POSTing one serves its kinds at once, with discovery;
+* the protobuf bodies of kubectl's typed generators for the kinds in
+  protobuf.py (`kubectl create namespace` and its kin);
+* `/api/v1/namespaces` itself, which kmock's path parser cannot split.
 
-Use `run_in_thread()` (or the pytest fixtures in tests/kube/plugin.py) and
+Use `RunningApiServer` (or the pytest fixtures in tests/kube/plugin.py) and
 `write_kubeconfig()` to point kubectl, kopf or a client at it.
 """
 
@@ -34,15 +40,37 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import attrs
 import kmock
 import yaml
 
-from tests.kube import semantics
-from tests.kube.kinds import Kind
-from tests.kube.store import ApiError, Event, Store, Subscription, bad_request
+from devcluster import protobuf, tables
+from devcluster.kinds import Kind
+from devcluster.store import (
+    FIELD_VALIDATION,
+    ApiError,
+    Event,
+    Store,
+    Subscription,
+    bad_request,
+)
 
 Json = Any
+
+# The Kubernetes release whose schemas validate the built-in kinds (store.py);
+# the server reports it, so clients and Helm's kubeVersion checks agree with it.
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0+devcluster",
+    "gitCommit": "",
+    "gitTreeState": "clean",
+    "buildDate": "2024-12-11T00:00:00Z",
+    "goVersion": "",
+    "compiler": "",
+    "platform": "linux/amd64",
+}
 
 
 def query_bool(value: str | None) -> bool:
@@ -64,6 +92,8 @@ def _parse_path(path: str) -> tuple[str, str, list[str]] | None:
 
 def _split_rest(rest: list[str]) -> tuple[str | None, str, str | None, str | None]:
     """(namespace, plural, name, subresource) from the path after group/version."""
+    if rest[0] == "namespaces" and len(rest) == 3 and rest[2] in ("status", "finalize"):
+        return None, "namespaces", rest[1], rest[2]
     if rest[0] == "namespaces" and len(rest) >= 3:
         ns, plural, *more = rest[1:]
     elif rest[0] == "namespaces" and len(rest) == 2:
@@ -82,6 +112,9 @@ class FakeApiServer(kmock.KubernetesScaffold):
     history: int = 1000
     bookmark_interval: float = 1.0
     validate_builtins: bool = True
+    # kmock records every request (iterating the handler lists them: tests check
+    # RBAC with it); a server that runs for hours (python -m devcluster) keeps none.
+    keep_requests: bool = True
     store: Store = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -106,30 +139,71 @@ class FakeApiServer(kmock.KubernetesScaffold):
             )
 
     async def __call__(self, raw_request: Any) -> Any:
-        # kmock decodes every body as text; a protobuf body (kubectl's typed
-        # generators send one) is refused first, as a server without protobuf would.
+        # kmock decodes every body as text, so a protobuf body (kubectl's typed
+        # generators send one) is decoded here first; and its path parser fails
+        # on /api/v1/namespaces. Both are served without it.
         if "protobuf" in raw_request.headers.get("Content-Type", ""):
-            return await self._render_error(
-                ApiError(415, "UnsupportedMediaType", "this server accepts JSON only", {})
-            )
-        return await super().__call__(raw_request)
+            try:
+                body = protobuf.decode(await raw_request.read())
+            except (protobuf.ProtobufError, UnicodeDecodeError) as exc:
+                return await self._render_error(ApiError(415, "UnsupportedMediaType", str(exc), {}))
+            return await self._serve_raw(raw_request, json.dumps(body).encode())
+        if raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            return await self._serve_raw(raw_request, await raw_request.read())
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            if not self.keep_requests:
+                self._requests.clear()
+
+    async def _serve_raw(self, raw_request: Any, body: bytes) -> Any:
+        request = kmock.Request(
+            raw_request=raw_request,
+            url=raw_request.url,
+            method=raw_request.method,
+            params=dict(raw_request.query),
+            headers=dict(raw_request.headers),
+            body=body,
+            text=body.decode(errors="replace"),
+        )
+        if self.keep_requests:
+            self._requests.append(request)
+        try:
+            return await self._handle(request)
+        except Exception as exc:  # noqa: BLE001  (a Status body, as kmock's own path does)
+            return await self._render_error(exc)
+
+    async def _render_error(self, exc: Exception) -> Any:
+        if isinstance(exc, ApiError):
+            # kmock fills empty details with a traceback; a user reads this body.
+            return aiohttp.web.json_response(_status_object(exc), status=exc.status)
+        return await super()._render_error(exc)
+
+    async def _serve_server_version(self, request: kmock.Request) -> Any:
+        return dict(SERVER_VERSION)
 
     async def _handle(self, request: kmock.Request) -> Any:
         path = request.url.path
         parsed = _parse_path(path)
+        warnings: list[str] = []
         try:
             if path.startswith("/openapi/v3"):
                 payload, status = self._openapi_v3(path), 200
             elif parsed is None or not parsed[2]:
                 return await super()._handle(request)  # discovery, /version
             else:
-                payload, status = await self._serve(request, *parsed)
+                payload, status = await self._serve(request, *parsed, warnings)
         except ApiError as exc:
             return await self._render_error(exc)
         # Watches too are JSON (a stream of objects): clients pick their decoder by it.
-        return await kmock.Response(
-            status=status, payload=payload, headers={"Content-Type": "application/json"}
-        )(request)
+        headers = {"Content-Type": "application/json"}
+        if warnings:
+            # Each warning a `299` warn-value, comma-joined as HTTP allows; kubectl
+            # prints each as "Warning: ...".
+            headers["Warning"] = ", ".join(
+                '299 - "' + w.replace("\\", "\\\\").replace('"', '\\"') + '"' for w in warnings
+            )
+        return await kmock.Response(status=status, payload=payload, headers=headers)(request)
 
     async def _serve_version(self, request: kmock.Request) -> Any:
         """APIResourceList for /api/v1 and /apis/{group}/{version}, subresources included."""
@@ -149,7 +223,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
                     "kind": kind.kind,
                     "verbs": sorted(kind.verbs()),
                     "shortNames": list(kind.short_names),
-                    "categories": ["all"] if kind.custom else [],
+                    "categories": list(kind.categories),
                 }
             )
             for sub in sorted(kind.subresources):
@@ -225,7 +299,12 @@ class FakeApiServer(kmock.KubernetesScaffold):
         }
 
     async def _serve(
-        self, request: kmock.Request, group: str, version: str, rest: list[str]
+        self,
+        request: kmock.Request,
+        group: str,
+        version: str,
+        rest: list[str],
+        warnings: list[str],
     ) -> tuple[Any, int]:
         store = self.store
         namespace, plural, name, sub = _split_rest(rest)
@@ -241,6 +320,12 @@ class FakeApiServer(kmock.KubernetesScaffold):
         if sub == "status" and not kind.status:
             raise ApiError(404, "NotFound", f"{plural} has no status subresource", {})
         body = self._body(request) if method in ("POST", "PUT", "PATCH", "DELETE") else None
+        # Kubernetes' default since 1.27 is Warn: unknown fields pruned, each one reported.
+        validation = params.get("fieldValidation") or "Warn"
+        if validation not in FIELD_VALIDATION:
+            raise bad_request(
+                f'fieldValidation must be one of "Ignore", "Warn" or "Strict", not "{validation}"'
+            )
 
         if method == "GET" and name is None:
             if query_bool(params.get("watch")):
@@ -249,7 +334,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
                 kind, namespace, params.get("labelSelector"), params.get("fieldSelector")
             )
             if self._wants_table(request):
-                return self._table(kind, items, str(store.rv)), 200
+                return tables.table(kind, items, str(store.rv)), 200
             return {
                 "apiVersion": kind.api_version,
                 "kind": kind.list_kind,
@@ -261,7 +346,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
             if sub == "scale":
                 return store.scale_of(kind, obj), 200
             if self._wants_table(request):
-                return self._table(kind, [obj], str(store.rv)), 200
+                return tables.table(kind, [obj], str(store.rv)), 200
             return obj, 200
         if method == "POST" and name is None:
             if not isinstance(body, dict):
@@ -271,16 +356,19 @@ class FakeApiServer(kmock.KubernetesScaffold):
                 if hasattr(params, "getall")
                 else params.get("dryRun") == "All"
             )
-            return store.create(kind, namespace, body, dry_run=dry), 201
+            return store.create(kind, namespace, body, dry, validation, warnings), 201
         if method == "PUT" and name is not None:
             if not isinstance(body, dict):
                 raise bad_request("the body of an update must be an object")
             if sub == "scale":
                 return store.replace_scale(kind, namespace, name, body), 200
-            return store.replace(kind, namespace, name, body, sub), 200
+            return store.replace(kind, namespace, name, body, sub, validation, warnings), 200
         if method == "PATCH" and name is not None:
             content_type = request.headers.get("Content-Type", "application/merge-patch+json")
-            return store.patch(kind, namespace, name, body, content_type, sub), 200
+            patched = store.patch(
+                kind, namespace, name, body, content_type, sub, validation, warnings
+            )
+            return patched, 200
         if method == "DELETE" and name is not None:
             options = dict(body) if isinstance(body, dict) else {}
             for key in ("propagationPolicy", "gracePeriodSeconds"):
@@ -321,7 +409,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
     async def _watch(self, kind: Kind, namespace: str | None, params: Any) -> AsyncIterator[Any]:
         store = self.store
         labels_ok, fields_ok = store.matchers(
-            params.get("labelSelector"), params.get("fieldSelector")
+            params.get("labelSelector"), params.get("fieldSelector"), kind.field_selectors
         )
         bookmarks = query_bool(params.get("allowWatchBookmarks"))
         timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
@@ -398,59 +486,6 @@ class FakeApiServer(kmock.KubernetesScaffold):
     def _wants_table(request: kmock.Request) -> bool:
         return "as=Table" in request.headers.get("Accept", "")
 
-    @staticmethod
-    def _table(kind: Kind, items: list[dict], rv: str) -> dict:
-        columns = [
-            {
-                "name": "Name",
-                "type": "string",
-                "format": "name",
-                "priority": 0,
-                "description": "Name must be unique within a namespace.",
-            }
-        ]
-        extra = kind.printer_columns or [
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-        ]
-        for col in extra:
-            columns.append(
-                {
-                    "name": col["name"],
-                    "type": col.get("type", "string"),
-                    "format": col.get("format", ""),
-                    "priority": col.get("priority", 0),
-                    "description": col.get("description", ""),
-                }
-            )
-        rows = []
-        for obj in items:
-            cells: list[Any] = [obj["metadata"]["name"]]
-            for col in extra:
-                found = semantics.jsonpath(obj, col["jsonPath"])
-                if not found:
-                    cells.append(None)
-                elif col.get("type") == "date":
-                    cells.append(semantics.human_age(found[0]))
-                else:
-                    cells.append(found[0])
-            rows.append(
-                {
-                    "cells": cells,
-                    "object": {
-                        "kind": "PartialObjectMetadata",
-                        "apiVersion": "meta.k8s.io/v1",
-                        "metadata": obj["metadata"],
-                    },
-                }
-            )
-        return {
-            "kind": "Table",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": rv},
-            "columnDefinitions": columns,
-            "rows": rows,
-        }
-
     # ---- direct access for tests ----------------------------------------------
 
     def install(self, *documents: dict) -> None:
@@ -482,7 +517,7 @@ def _translate(event: Event, visible) -> dict | None:
 
 
 def _status_object(exc: ApiError) -> dict:
-    return {
+    status = {
         "apiVersion": "v1",
         "kind": "Status",
         "metadata": {},
@@ -491,6 +526,9 @@ def _status_object(exc: ApiError) -> dict:
         "reason": exc.reason,
         "message": exc.message,
     }
+    if exc.details:
+        status["details"] = exc.details
+    return status
 
 
 def load_yaml_documents(*paths: str | Path) -> list[dict]:

@@ -11,8 +11,6 @@ import threading
 import httpx
 import pytest
 
-from tests.kube.plugin import kube_api, kubectl  # noqa: F401
-
 NS = "/api/v1/namespaces/default"
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments"
 POOLS = "/apis/tandem.dev/v1alpha1/namespaces/default/enginepools"
@@ -47,7 +45,7 @@ def pool(name: str = "p-decode", replicas: int = 1) -> dict:
 
 
 @pytest.fixture
-def http(kube_api):  # noqa: F811
+def http(kube_api):
     with httpx.Client(base_url=kube_api.url, timeout=10) as client:
         yield client
 
@@ -173,7 +171,7 @@ def test_label_and_field_selectors(http):
     assert http.get(DEPLOY).json()["kind"] == "DeploymentList"
 
 
-def _watch(kube_api, path: str, params: dict, count: int) -> list[dict]:  # noqa: F811
+def _watch(kube_api, path: str, params: dict, count: int) -> list[dict]:
     events: list[dict] = []
     with httpx.stream(
         "GET", kube_api.url + path, params={"watch": "true", **params}, timeout=10
@@ -186,7 +184,7 @@ def _watch(kube_api, path: str, params: dict, count: int) -> list[dict]:  # noqa
     return events
 
 
-def test_watch_resumes_from_a_resource_version_with_bookmarks_and_label_filtering(http, kube_api):  # noqa: F811
+def test_watch_resumes_from_a_resource_version_with_bookmarks_and_label_filtering(http, kube_api):
     rv = http.get(DEPLOY).json()["metadata"]["resourceVersion"]
     http.post(DEPLOY, json=deployment("a", tier="x"))
     http.post(DEPLOY, json=deployment("b", tier="y"))
@@ -202,7 +200,7 @@ def test_watch_resumes_from_a_resource_version_with_bookmarks_and_label_filterin
     assert int(events[2]["object"]["metadata"]["resourceVersion"]) >= int(rv) + 3
 
 
-def test_boolean_query_parameters_read_as_the_api_server_reads_them(http, kube_api):  # noqa: F811
+def test_boolean_query_parameters_read_as_the_api_server_reads_them(http, kube_api):
     http.post(DEPLOY, json=deployment())
     for value in ("true", "True", "1"):  # "True": kubernetes_asyncio sends Python's str(True)
         assert _watch(kube_api, DEPLOY, {"watch": value}, 1)[0]["type"] == "ADDED"
@@ -210,7 +208,7 @@ def test_boolean_query_parameters_read_as_the_api_server_reads_them(http, kube_a
         assert http.get(DEPLOY, params={"watch": value}).json()["kind"] == "DeploymentList"
 
 
-def test_watch_from_a_compacted_resource_version_gets_410(http, kube_api):  # noqa: F811
+def test_watch_from_a_compacted_resource_version_gets_410(http, kube_api):
     rv = http.post(DEPLOY, json=deployment()).json()["metadata"]["resourceVersion"]
     http.patch(f"{DEPLOY}/web", headers=MERGE, json={"spec": {"replicas": 3}})
     kube_api.call(kube_api.store.compact)
@@ -218,7 +216,7 @@ def test_watch_from_a_compacted_resource_version_gets_410(http, kube_api):  # no
     assert events[0]["type"] == "ERROR" and events[0]["object"]["code"] == 410
 
 
-def test_watch_sees_writes_made_while_it_is_open(http, kube_api):  # noqa: F811
+def test_watch_sees_writes_made_while_it_is_open(http, kube_api):
     rv = http.get(DEPLOY).json()["metadata"]["resourceVersion"]
     writer = threading.Timer(
         0.3, lambda: httpx.post(kube_api.url + DEPLOY, json=deployment("late"))
@@ -302,7 +300,7 @@ def test_scheduled_pods_terminate_gracefully_unscheduled_go_at_once(http):
     assert http.get(f"{NS}/pods/p").status_code == 404
 
 
-def test_kubectl_works_against_it(kubectl, kube_api):  # noqa: F811
+def test_kubectl_works_against_it(kubectl, kube_api):
     kubectl("create", "-f", "-", stdin=json.dumps(pool()))
     table = kubectl("get", "enginepools").stdout.splitlines()
     assert table[0].split() == ["NAME", "ROLE", "DESIRED", "READY", "DRAINING", "AGE"]
@@ -324,3 +322,14 @@ def test_kubectl_works_against_it(kubectl, kube_api):  # noqa: F811
     assert got == "4"
     kubectl("delete", "enginepool", "p-decode")
     assert "No resources found" in kubectl("get", "enginepools").stderr
+
+
+def test_requests_are_recorded_for_tests_and_not_by_a_long_running_server():
+    from devcluster.apiserver import running
+
+    for keep, expected in ((True, 3), (False, 0)):
+        with running(keep_requests=keep) as server:
+            httpx.get(server.url + "/api/v1/namespaces")  # served apart from kmock's parser
+            httpx.get(server.url + DEPLOY)
+            httpx.get(server.url + f"{NS}/configmaps")
+            assert len(list(server.handler)) == expected
