@@ -221,3 +221,30 @@ def test_restarted_mid_reconcile_converges_to_the_same_objects(kube_api, kubectl
         second.stop()
     print(f"\nobjects before the restart: {sorted(partial)}")
     assert deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 2
+
+
+def tds(api) -> dict[str, dict]:
+    return {
+        t["metadata"]["name"]: t for t in api.list("tandem.dev", "v1alpha1", "tandemdeployments")
+    }
+
+
+def test_deleting_needs_no_operator_and_old_finalizers_are_removed(kube_api, kubectl, tmp_path):
+    # Deleted while no operator ran, holding the finalizer an older operator put on it.
+    old = TD.replace(
+        "metadata: {name: demo}",
+        "metadata: {name: old, finalizers: [kopf.zalando.org/KopfFinalizerMarker]}",
+    )
+    kubectl("create", "-f", "-", stdin=old)
+    kubectl("delete", "td", "old", "--wait=false")
+    assert tds(kube_api)["old"]["metadata"]["deletionTimestamp"]
+    with running_operator(kube_api, tmp_path) as operator:
+        wait_for(lambda: "old" not in tds(kube_api), what="the old finalizer removed")
+        kubectl("create", "-f", "-", stdin=TD)
+        wait_for(lambda: set(deployments(kube_api)) >= WORKLOADS, what="workloads")
+        operator.wait_passes()
+        assert "finalizers" not in tds(kube_api)["demo"]["metadata"]
+    # The operator is down: the deletion returns and owner references collect the rest.
+    kubectl("delete", "td", "demo", "--timeout=20s")
+    assert tds(kube_api) == {} and deployments(kube_api) == {}
+    assert kube_api.list("tandem.dev", "v1alpha1", "enginepools", "default") == []
