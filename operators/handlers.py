@@ -1,8 +1,8 @@
 """kopf handlers: thin, each hands the owning TandemDeployment to controller.py.
 
-Every trigger (the deployment itself, its EnginePools' replica counts, any
-object the operator owns, an HPA, the periodic resync) runs the same
-level-based reconcile; a per-deployment lock keeps two from
+Every trigger (the deployment itself, its EnginePools' replica counts or
+deletion, any object the operator owns, an HPA, the periodic resync) runs
+the same level-based reconcile; a per-deployment lock keeps two from
 interleaving. `register` puts them in a kopf registry with the operator's
 settings (the loops' intervals); nothing is registered or read at import time.
 
@@ -247,6 +247,14 @@ class Handlers:
         ns = _namespace(namespace)
         await self.reconcile(memo, ns, parse_pool(spec).deployment, _hpas(kwargs, ns))
 
+    async def pool_event(
+        self, *, spec: kopf.Spec, namespace: str | None, memo: Any, type: str | None, **kwargs: Any
+    ) -> None:
+        """A deleted EnginePool is put back at once (at its workload's size)."""
+        if type == "DELETED":
+            ns = _namespace(namespace)
+            await self.reconcile(memo, ns, parse_pool(spec).deployment, _hpas(kwargs, ns))
+
     async def owned_changed(
         self,
         *,
@@ -325,6 +333,7 @@ def register(settings: OperatorSettings) -> kopf.OperatorRegistry:
     kopf.on.field(
         GROUP, VERSION, "enginepools", field="spec.replicas", id="pool_scaled", registry=registry
     )(h.pool_scaled)
+    kopf.on.event(GROUP, VERSION, "enginepools", id="pool_event", registry=registry)(h.pool_event)
     for group, version, plural in OWNED:
         kopf.on.event(
             group,
