@@ -213,6 +213,12 @@ class Handlers:
     ) -> None:
         ns = _namespace(namespace)
         await self.reconcile(memo, ns, name, _hpas(kwargs, ns))
+        # The scaling spec's validity too, without waiting for a tick or a metric.
+        async with self.locks[(ns, name)]:
+            body = await memo.kube.get(API_VERSION, "TandemDeployment", ns, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            await live.check_spec(memo.kube, body, memo.events, time.time())
 
     async def scaling_tick(self, memo: Any, ns: str, name: str) -> None:
         """The rate-matching controller's decision (operators/live.py)."""

@@ -533,3 +533,54 @@ def test_auto_leaves_a_pool_an_hpa_scales_to_the_hpa(kube_api, kubectl, operator
     assert status["targets"]["decode"] == expected()["decode"]
     assert any("decode" in h and "autoscaler" in h for h in status["held"]), status["held"]
     assert all("decode" not in e["message"] for e in events(kube_api, "Scaled"))
+
+
+def test_a_fixed_spec_clears_spec_valid_at_once_without_metrics(kube_api, kubectl, tmp_path):
+    # No router to scrape and no tick in the test's time: only the spec change acts.
+    kube_api.install(
+        profile_configmap(PREFILL, "prefill-test", "default"),
+        profile_configmap(DECODE, "decode-test", "default"),
+    )
+    with running_operator(kube_api, tmp_path, scaling=600.0):
+        kubectl(
+            "create",
+            "-f",
+            "-",
+            stdin=deployment(
+                {
+                    "mode": "Recommend",
+                    "slo": {"longestContextTokens": 2**20},
+                    "capacity": {
+                        "layers": 95,
+                        "kvKind": "mla",
+                        "kvBytes": 1,
+                        "latentDim": 576,
+                        "gpuFreeGiB": 15,
+                    },
+                }
+            ),
+        )
+        wait_for(
+            lambda: condition(kube_api, "ScalingSpecValid").get("reason") == "ContextDoesNotFit",
+            60,
+            "ScalingSpecValid=False (ContextDoesNotFit)",
+        )
+        kubectl(
+            "patch",
+            "td",
+            TD,
+            "--type",
+            "merge",
+            "-p",
+            '{"spec":{"scaling":{"slo":{"longestContextTokens":32768}}}}',
+        )
+        valid = wait_for(
+            lambda: (
+                condition(kube_api, "ScalingSpecValid").get("status") == "True"
+                and condition(kube_api, "ScalingSpecValid")
+            ),
+            60,
+            "ScalingSpecValid=True",
+        )
+        assert valid["observedGeneration"] == 2
+        wait_for(lambda: td_status(kube_api).get("observedGeneration") == 2, 30, "generation 2")
