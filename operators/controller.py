@@ -42,6 +42,15 @@ Emit = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason,
 Apply = Callable[[dict[str, Any], tuple[str, ...]], Awaitable[dict[str, Any]]]
 
 
+LWS_MISSING = (
+    "LeaderWorkerSet is not installed (needed for nodesPerReplica > 1): install LWS >= 0.6"
+)
+
+
+class MissingApi(Exception):
+    """The cluster does not serve a kind the spec needs; the message says what to install."""
+
+
 @dataclass
 class Outcome:
     applied: list[reconcile.Applied] = field(default_factory=list)
@@ -130,22 +139,41 @@ async def reconcile_deployment(
             emit(body, "Normal", applied.action.capitalize(), ref)
         return applied.obj
 
+    # Each part on its own: one that fails (an API the cluster lacks) is
+    # reported in Degraded and leaves the others reconciled.
     try:
         for obj in manifests.shared_objects(td, namespace, spec, owner):
             await apply(obj)
-        mode = spec.scaling.mode
-        for role, pool_obj in zip(
-            spec.roles, manifests.engine_pools(td, namespace, spec, owner), strict=True
-        ):
-            pool = await _ensure_pool(kube, pool_obj, spec.pool(role).replicas)
-            out.pools.append(
-                await _reconcile_pool(
-                    kube, td, namespace, spec, role, pool, hpas, mode, apply, emit
-                )
-            )
     except ApiException as exc:
         out.errors.append(f"API error {exc.status}: {exc.reason}")
         log.warning("reconcile of %s/%s failed: %s", namespace, td, exc)
+    mode = spec.scaling.mode
+    for role, pool_obj in zip(
+        spec.roles, manifests.engine_pools(td, namespace, spec, owner), strict=True
+    ):
+        try:
+            workload = manifests.workload_kind(spec.pool(role))
+            existing = await kube.get(
+                workload.api_version, workload.kind, namespace, manifests.pool_name(td, role)
+            )
+            pool = await _ensure_pool(
+                kube,
+                pool_obj,
+                spec.pool(role).replicas,
+                None if existing is None else existing.get("spec", {}).get("replicas"),
+            )
+            out.pools.append(
+                await _reconcile_pool(
+                    kube, td, namespace, spec, role, pool, owner, hpas, mode, apply, emit
+                )
+            )
+        except (ApiException, MissingApi) as exc:
+            why = (
+                str(exc) if isinstance(exc, MissingApi) else f"API error {exc.status}: {exc.reason}"
+            )
+            out.errors.append(f"{role} pool: {why}")
+            out.pools.append(PoolState(role, parse_pool(pool_obj["spec"]).replicas, 0, 0))
+            log.warning("reconcile of %s/%s, %s pool, failed: %s", namespace, td, role, exc)
     router = await kube.get("apps/v1", "Deployment", namespace, f"{td}-router")
     router_ready = router is not None and (
         router.get("status", {}).get("readyReplicas", 0) >= spec.router.replicas
@@ -157,17 +185,22 @@ async def reconcile_deployment(
 
 
 async def _ensure_pool(
-    kube: Kube, desired: dict[str, Any], template_replicas: int
+    kube: Kube, desired: dict[str, Any], template_replicas: int, workload_replicas: int | None
 ) -> dict[str, Any]:
     """Create the EnginePool, or update it without taking its replica count from the
-    template unless the template's count itself changed (see the module docstring)."""
+    template unless the template's count itself changed (see the module docstring).
+    A pool created while its workload exists (the EnginePool was deleted: the
+    workload, owned by the TandemDeployment, stayed) starts at the workload's size,
+    so deleting a pool loses neither its pods nor its scaled count."""
     desired["metadata"].setdefault("annotations", {})[TEMPLATE_REPLICAS] = str(template_replicas)
 
     def count_from_scale(want: dict[str, Any], current: dict[str, Any] | None) -> None:
         if current is None:
-            return
-        seeded = current["metadata"].get("annotations", {}).get(TEMPLATE_REPLICAS)
-        if seeded == str(template_replicas):
+            if workload_replicas is not None:
+                want["spec"]["replicas"] = workload_replicas
+        elif current["metadata"].get("annotations", {}).get(TEMPLATE_REPLICAS) == str(
+            template_replicas
+        ):
             want["spec"]["replicas"] = current["spec"]["replicas"]
         # Keep the count within the bounds even when it was set by /scale.
         want["spec"]["replicas"] = max(
@@ -184,12 +217,14 @@ async def _reconcile_pool(
     spec: TandemSpec,
     role: str,
     pool: dict[str, Any],
+    owner: manifests.Owner,
     hpas: list[dict[str, Any]],
     mode: str,
     apply: Apply,
     emit: Emit,
 ) -> PoolState:
-    pool_owner = manifests.Owner("EnginePool", pool["metadata"]["name"], pool["metadata"]["uid"])
+    """`owner`, the TandemDeployment, owns the pool's workload: deleting the
+    EnginePool must not collect its engines (all at once, undrained)."""
     workload = manifests.workload_kind(spec.pool(role))
     kind = workload.kind
     name = manifests.pool_name(td, role)
@@ -203,10 +238,15 @@ async def _reconcile_pool(
     label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
     if current_replicas is not None and desired < current_replicas:
         await _mark_cheapest(kube, namespace, td, label_selector, emit, pool)
-    for obj in manifests.pool_workload(td, namespace, spec, role, desired, pool_owner):
+    for obj in manifests.pool_workload(td, namespace, spec, role, desired, owner):
         # In a conflict the count is the autoscaler's, whatever it is when written.
         keep = ("spec.replicas",) if conflict and obj["kind"] == kind else ()
-        written = await apply(obj, keep)
+        try:
+            written = await apply(obj, keep)
+        except ApiException as exc:
+            if exc.status == 404 and obj["kind"] == manifests.LEADER_WORKER_SET.kind:
+                raise MissingApi(LWS_MISSING) from exc
+            raise
         if obj["kind"] == kind:
             current = written
     pods = await kube.list("v1", "Pod", namespace, label_selector)

@@ -1,5 +1,6 @@
 """The rate-matching controller's live loop: one tick per TandemDeployment,
-run by a kopf timer (handlers.py), observe → decide → apply.
+run every --scaling-seconds by the operator's loop (handlers.py), observe →
+decide → apply; `check_spec` runs on every spec change.
 
 `KubeActuator` is the Kubernetes side of the planner's `Actuator` protocol
 (operators/planner/actuator.py, whose `VirtualActuator` the simulator and
@@ -261,33 +262,79 @@ async def tick(
         return None
     mode = mode_of(spec.scaling)
     actuator = KubeActuator(kube, body, spec, emit)
-    profiles, problems, reason = await actuator.profiles()
-    if problems:
-        message = "; ".join(problems)
-        if condition(body, "ScalingSpecValid").get("message") != message:
-            emit(body, "Warning", "ScalingSpecInvalid", message)
-        await write_status(
-            kube,
-            body,
-            previous,
-            [
-                Condition("ScalingActive", "True", mode, f"scaling mode {mode}"),
-                Condition("ScalingSpecValid", "False", reason, message),
-            ],
-            now,
-        )
+    valid = await spec_validity(actuator, body, emit)
+    if valid.status == "False":
+        await write_status(kube, body, previous, [active(mode), valid], now)
         return None
     pools = await actuator.observe()
     if len(pools) != len(spec.roles):  # the reconcile has not created them all yet
+        await write_status(kube, body, previous, spec_conditions(body, mode, valid), now)
         return None
     window, metrics_ok = await read_window(kube, body, sources, spec, now, emit)
-    inputs = tick_inputs(spec, pools, profiles, window, external_writers(spec, td, hpas))
+    inputs = tick_inputs(
+        spec, pools, actuator.profiles_by_role, window, external_writers(spec, td, hpas)
+    )
     state, effects = on_tick(now, state_from_dict(previous), inputs, loop_settings(spec.scaling))
     await actuator.apply(effects)
-    await write_status(
-        kube, body, scaling_document(state, effects, mode), [*effects.conditions, metrics_ok], now
-    )
+    conditions = [*effects.conditions, metrics_ok]
+    if not any(c.type == "ScalingSpecValid" for c in conditions):  # nothing measured to plan on
+        conditions += spec_conditions(body, mode, valid)[1:]
+    await write_status(kube, body, scaling_document(state, effects, mode), conditions, now)
     return effects
+
+
+# The reasons the spec-level check gives (the others come from planning on a demand).
+SPEC_REASONS = ("ProfileUnusable", "ContextDoesNotFit")
+
+
+def active(mode: str) -> Condition:
+    return Condition("ScalingActive", "True", mode, f"scaling mode {mode}")
+
+
+async def spec_validity(actuator: KubeActuator, body: dict[str, Any], emit: Emit) -> Condition:
+    """ScalingSpecValid from the spec and the profiles alone (no metrics): each
+    pool's profile usable, the longest context held."""
+    _, problems, reason = await actuator.profiles()
+    if not problems:
+        return Condition(
+            "ScalingSpecValid",
+            "True",
+            "Valid",
+            "the profiles are usable and hold the longest context; the SLOs are "
+            "checked against the measured demand",
+        )
+    message = "; ".join(problems)
+    if condition(body, "ScalingSpecValid").get("message") != message:
+        emit(body, "Warning", "ScalingSpecInvalid", message)
+    return Condition("ScalingSpecValid", "False", reason, message)
+
+
+def spec_conditions(body: dict[str, Any], mode: str, valid: Condition) -> list[Condition]:
+    """ScalingActive and, unless a plan's verdict on this same spec stands
+    (an SLO no profile meets, or met: no new demand measured, nothing to
+    revise it), the spec-level ScalingSpecValid."""
+    before = condition(body, "ScalingSpecValid")
+    plan_verdict = (
+        valid.status == "True"
+        and bool(before)
+        and before.get("reason") not in SPEC_REASONS
+        and before.get("observedGeneration") == body["metadata"].get("generation", 1)
+    )
+    return [active(mode)] if plan_verdict else [active(mode), valid]
+
+
+async def check_spec(kube: Kube, body: dict[str, Any], emit: Emit, now: float) -> None:
+    """On every change of the spec, whatever the metrics: say at once whether
+    the scaling spec can be planned on (a fixed spec clears the condition
+    before any router answers)."""
+    spec = parse(body["spec"])
+    if spec.scaling.mode == "Off":
+        return
+    mode = mode_of(spec.scaling)
+    valid = await spec_validity(KubeActuator(kube, body, spec, emit), body, emit)
+    await write_status(
+        kube, body, body.get("status", {}).get("scaling"), spec_conditions(body, mode, valid), now
+    )
 
 
 def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -6,8 +6,9 @@ per role and each pool's engines: a Deployment when a replica is one pod, a
 LeaderWorkerSet running vLLM's Ray executor when a replica spans
 `nodesPerReplica` nodes, plus a headless Service whose EndpointSlices the
 router watches); `meta` holds what they share. Every object carries an owner
-reference (the TandemDeployment, or for pool workloads the EnginePool) and
-Tandem's labels; engine pods also carry `llm-d.ai/role`.
+reference to the TandemDeployment (pool workloads too, so that deleting an
+EnginePool leaves its engines running) and Tandem's labels; engine pods also
+carry `llm-d.ai/role`.
 """
 
 from __future__ import annotations

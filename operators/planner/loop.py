@@ -12,7 +12,8 @@ targets:
   its last change, shrinks only after ``down_cooldown_s``;
 * **sustained down** — it shrinks only when the target has stayed below its size
   for ``down_window_s``, and never below the highest target of that window;
-* **max step** — at most ``max_step`` groups per pool per tick;
+* **max step** — at most ``max_step`` groups per pool per tick (``Auto`` only:
+  ``Recommend`` never moves the pools, so it recommends the target itself);
 * **no new scale-up while the pool's pods are pending** (more would not schedule
   either);
 * **the budget holds mid-way** — GPUs still held by terminating pods count, so
@@ -21,7 +22,9 @@ targets:
   once, skipping the windows, never more than the cut.
 
 Modes: ``Off`` decides nothing (the pools are left to ``kubectl scale``),
-``Recommend`` publishes what ``Auto`` would write, ``Auto`` writes it.
+``Recommend`` publishes what to set (one event per changed recommendation),
+``Auto`` writes it. ``DemandMet`` says whether the pools as they are (their
+spec), not the plan, serve the measured demand within the SLOs.
 """
 
 from __future__ import annotations
@@ -32,7 +35,16 @@ from typing import Literal
 
 from .efficiency import PoolMeasurement, measure_efficiency
 from .profiles import EngineProfile, PoolRole
-from .solver import Decision, Demand, Problem, Slo, prefill_token_cost, solve
+from .solver import (
+    Decision,
+    Demand,
+    Problem,
+    Rejection,
+    Slo,
+    fixed_plan,
+    prefill_token_cost,
+    solve,
+)
 
 Mode = Literal["Off", "Recommend", "Auto"]
 MODES: tuple[Mode, ...] = ("Off", "Recommend", "Auto")
@@ -314,7 +326,11 @@ def on_tick(
             last_spec={**state.last_spec, **{s.role: s.replicas for s in scale}},
         )
     message = f"{plan_ratio(replicas)} — {summary}"
-    if inputs.mode == "Recommend" and replicas != spec and message != state.last_message:
+    # The summary carries the measured demand, which moves every tick: the
+    # event is about the recommendation.
+    previous = state.history[-1] if state.history else None
+    changed = previous is None or previous.mode != "Recommend" or previous.replicas != replicas
+    if inputs.mode == "Recommend" and replicas != spec and changed:
         events.append(
             Event(
                 "Normal",
@@ -336,6 +352,8 @@ def on_tick(
         conditions.append(Condition("DemandMet", "False", "MaxReplicas", message_capped))
         if message != state.last_message:
             events.append(Event("Warning", "MaxReplicas", message_capped))
+    elif short := _deployed_shortfall(problem, inputs, spec, replicas):
+        conditions.append(Condition("DemandMet", "False", "BelowDemand", short))
     else:
         conditions.append(Condition("DemandMet", "True", "Met", summary))
     history = (*state.history, record)[-settings.history :]
@@ -348,6 +366,29 @@ def on_tick(
         decision,
         plan_ratio(spec),
     )
+
+
+def _deployed_shortfall(
+    problem: Problem, inputs: TickInputs, spec: Mapping[str, int], replicas: Mapping[str, int]
+) -> str:
+    """Why the pools as deployed do not serve the measured demand within the
+    SLOs, or '' when they do (the plan's headroom is not asked of them)."""
+    rate = problem.demand.request_rate
+    if rate is None:
+        return ""
+    deployed = fixed_plan(problem, spec, {p.role: p.config for p in inputs.pools})
+    if isinstance(deployed, Rejection):
+        serves = f"cannot meet the SLOs ({deployed.reason})"
+    elif deployed.capacity_rps >= rate * (1 - 1e-9):
+        return ""
+    else:
+        serves = f"serves {deployed.capacity_rps:.3g} req/s within the SLOs"
+    then = (
+        f"scaling to {plan_ratio(replicas)}"
+        if inputs.mode == "Auto" and replicas != spec
+        else f"recommended: {plan_ratio(replicas)}"
+    )
+    return f"the deployed {plan_ratio(spec)} {serves}, below the measured {rate:.3g} req/s; {then}"
 
 
 def _invalid(
@@ -423,6 +464,7 @@ def _smooth(
 ) -> tuple[LoopState, dict[str, int], list[str], dict[str, str]]:
     below_since = dict(state.below_since)
     window_max = dict(state.window_max)
+    step = s.max_step if inputs.mode == "Auto" else max([*spec.values(), *targets.values(), 0])
     replicas = dict(spec)
     held: list[str] = []
     reasons: dict[str, str] = {}
@@ -460,7 +502,7 @@ def _smooth(
                 f"{role}: scale-down cooldown, {s.down_cooldown_s - since_change:.0f} s left"
             )
         else:
-            replicas[role] = max(window_max[role], current - s.max_step)
+            replicas[role] = max(window_max[role], current - step)
             reasons[role] = (
                 f"target {target} below {current} for {now - start:.0f} s; the "
                 f"window's highest target is {window_max[role]}"
@@ -485,7 +527,7 @@ def _smooth(
         if since_change < s.up_cooldown_s:
             held.append(f"{role}: scale-up cooldown, {s.up_cooldown_s - since_change:.0f} s left")
             continue
-        want = min(target, current + s.max_step)
+        want = min(target, current + step)
         if budget is not None:
             room = budget - _held_gpus(inputs.pools, {**replicas, role: current})
             want = min(want, current + max(0, room) // pool.gpus_per_replica)

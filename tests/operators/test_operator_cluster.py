@@ -57,8 +57,7 @@ def test_create_scale_update_foreign_edit_and_delete(kube_api, kubectl, operator
     )
     td = kube_api.get("tandem.dev", "v1alpha1", "tandemdeployments", "default", "demo")
     for obj in deployments(kube_api).values():
-        owner = obj["metadata"]["ownerReferences"][0]
-        assert owner["uid"] in (td["metadata"]["uid"],) or owner["kind"] == "EnginePool"
+        assert [o["uid"] for o in obj["metadata"]["ownerReferences"]] == [td["metadata"]["uid"]]
     assert deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 2
     status = wait_for(
         lambda: td_status(kube_api).get("decode") and td_status(kube_api), what="status"
@@ -221,3 +220,72 @@ def test_restarted_mid_reconcile_converges_to_the_same_objects(kube_api, kubectl
         second.stop()
     print(f"\nobjects before the restart: {sorted(partial)}")
     assert deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 2
+
+
+def pools(api) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in api.list("tandem.dev", "v1alpha1", "enginepools")}
+
+
+def tds(api) -> dict[str, dict]:
+    return {
+        t["metadata"]["name"]: t for t in api.list("tandem.dev", "v1alpha1", "tandemdeployments")
+    }
+
+
+def test_deleting_needs_no_operator_and_old_finalizers_are_removed(kube_api, kubectl, tmp_path):
+    # Deleted while no operator ran, holding the finalizer an older operator put on it.
+    old = TD.replace(
+        "metadata: {name: demo}",
+        "metadata: {name: old, finalizers: [kopf.zalando.org/KopfFinalizerMarker]}",
+    )
+    kubectl("create", "-f", "-", stdin=old)
+    kubectl("delete", "td", "old", "--wait=false")
+    assert tds(kube_api)["old"]["metadata"]["deletionTimestamp"]
+    with running_operator(kube_api, tmp_path) as operator:
+        wait_for(lambda: "old" not in tds(kube_api), what="the old finalizer removed")
+        kubectl("create", "-f", "-", stdin=TD)
+        wait_for(lambda: set(deployments(kube_api)) >= WORKLOADS, what="workloads")
+        operator.wait_passes()
+        assert "finalizers" not in tds(kube_api)["demo"]["metadata"]
+    # The operator is down: the deletion returns and owner references collect the rest.
+    kubectl("delete", "td", "demo", "--timeout=20s")
+    assert tds(kube_api) == {} and deployments(kube_api) == {}
+    assert kube_api.list("tandem.dev", "v1alpha1", "enginepools", "default") == []
+
+
+def test_a_pool_without_its_api_is_reported_and_a_deleted_pool_comes_back_as_it_was(
+    kube_api, kubectl, operator
+):
+    # No LeaderWorkerSet CRD in this API server: the prefill pool cannot be created.
+    multi_node = (
+        "prefill: {replicas: 1, nodesPerReplica: 2, gpusPerPod: 1, parallelism: {pipeline: 2}}"
+    )
+    kubectl("create", "-f", "-", stdin=TD.replace("prefill: {replicas: 1}", multi_node))
+    status = wait_for(
+        lambda: (
+            condition(td_status(kube_api), "Degraded").get("status") == "True"
+            and td_status(kube_api)
+        ),
+        what="Degraded",
+    )
+    assert (
+        "prefill pool: LeaderWorkerSet is not installed (needed for nodesPerReplica > 1): "
+        "install LWS >= 0.6" in condition(status, "Degraded")["message"]
+    )
+    # The rest is reconciled all the same.
+    wait_for(
+        lambda: {"demo-router", "demo-kvstore-master", "demo-decode"} <= set(deployments(kube_api)),
+        what="the other workloads",
+    )
+    assert wait_for(lambda: td_status(kube_api).get("decode") == "0/2", what="decode status")
+
+    # Deleting the decode EnginePool leaves its engines; it comes back at its scaled size.
+    kubectl("scale", "enginepool/demo-decode", "--replicas", "3")
+    wait_for(lambda: deployments(kube_api)["demo-decode"]["spec"]["replicas"] == 3, what="scaled")
+    uid = deployments(kube_api)["demo-decode"]["metadata"]["uid"]
+    kubectl("delete", "enginepool", "demo-decode")
+    pool = wait_for(lambda: pools(kube_api).get("demo-decode"), what="the pool back")
+    assert pool["spec"]["replicas"] == 3
+    operator.wait_passes()
+    decode = deployments(kube_api)["demo-decode"]
+    assert decode["metadata"]["uid"] == uid and decode["spec"]["replicas"] == 3

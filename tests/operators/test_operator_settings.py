@@ -45,8 +45,9 @@ def test_the_handlers_take_their_intervals_from_the_settings_not_the_import():
     default = kopf.get_default_registry()
     assert not any(default._spawning.get_all_handlers())
     registry = handlers.register(OperatorSettings(resync_seconds=7.0, scaling_seconds=3.0))
-    # kopf's registry has no public listing; its timers are its spawning handlers.
-    timers = {h.id: h.interval for h in registry._spawning.get_all_handlers()}
-    assert timers["resync"] == 7.0 and timers["scaling_tick"] == 3.0
+    # kopf's registry has no public listing. No timer or daemon (spawning handlers)
+    # and no mandatory delete handler: kopf would put a finalizer on every deployment.
+    assert not any(registry._spawning.get_all_handlers())
+    assert not any(h.requires_finalizer for h in registry._changing.get_all_handlers())
     indexes = {h.id for h in registry._indexing.get_all_handlers()}
     assert indexes == {"deployments_by_namespace", "hpas_by_namespace"}

@@ -112,8 +112,8 @@ def test_kubectl_scale_racing_a_pool_update_is_kept(kube_api):
         racing.race_patch = {"spec": {"replicas": 3}}
         racing.race_subresource = "scale"
         try:
-            created = await controller._ensure_pool(racing, engine_pool(4), 2)
-            updated = await controller._ensure_pool(racing, engine_pool(5), 2)
+            created = await controller._ensure_pool(racing, engine_pool(4), 2, None)
+            updated = await controller._ensure_pool(racing, engine_pool(5), 2, None)
             return [created["spec"]["replicas"], updated["spec"]["maxReplicas"]], racing.raced
         finally:
             await racer.close()

@@ -218,7 +218,8 @@ def test_auto_scales_the_pools_to_the_solvers_answer(kube_api, kubectl, operator
     assert decision["meanInputTokens"] == pytest.approx(INPUT_TOKENS, rel=0.01)
     assert {p["role"] for p in status["pools"]} == {"prefill", "decode"}
     assert condition(kube_api, "ScalingSpecValid")["status"] == "True"
-    assert condition(kube_api, "DemandMet")["status"] == "True"
+    # The tick that wrote 3:2 compared the pools deployed before it; the next, 3:2.
+    wait_for(lambda: condition(kube_api, "DemandMet")["status"] == "True", 30, "DemandMet")
     assert condition(kube_api, "MetricsAvailable")["status"] == "True"
     assert events(kube_api, "Scaled"), "no Scaled event"
     wide = kubectl("get", "td", "-o", "wide").stdout.splitlines()
@@ -242,20 +243,23 @@ def test_recommend_writes_status_only_and_off_leaves_the_pools(kube_api, kubectl
         lambda: scaling_status(kube_api).get("targets") == want, 60, "a recommendation in status"
     )
     status = scaling_status(kube_api)
-    # What Auto would write this tick: one step of at most maxStep toward the target.
-    assert status["replicas"] == {"prefill": 2, "decode": 2}
-    assert status["recommendation"] == "2:2"
+    # The target itself: maxStep paces what Auto writes, Recommend moves nothing.
+    assert status["replicas"] == want
+    assert status["recommendation"] == f"{want['prefill']}:{want['decode']}"
     recommended = {
         p["spec"]["role"]: p.get("status", {}).get("recommendedReplicas")
         for p in kube_api.list("tandem.dev", "v1alpha1", "enginepools", "default")
     }
-    assert recommended == {"prefill": 2, "decode": 2}
-    assert events(kube_api, "ScalingRecommended")
-    # Several more decisions: the pools are never written.
+    assert recommended == want
+    # The deployed 1:1, not the plan, is compared with the demand.
+    assert condition(kube_api, "DemandMet")["reason"] == "BelowDemand"
+    # Several more decisions: the pools are never written, the recommendation
+    # is posted once.
     decided = status["lastDecisionTime"]
     wait_for(lambda: len(scaling_status(kube_api)["history"]) >= 4, 30, "more decisions")
     assert pool_replicas(kube_api) == {"prefill": 1, "decode": 1}
     assert not events(kube_api, "Scaled")
+    assert len(events(kube_api, "ScalingRecommended")) == 1
     assert decided <= scaling_status(kube_api)["lastDecisionTime"]
 
     kubectl("patch", "td", TD, "--type", "merge", "-p", '{"spec":{"scaling":{"mode":"Off"}}}')
@@ -529,3 +533,54 @@ def test_auto_leaves_a_pool_an_hpa_scales_to_the_hpa(kube_api, kubectl, operator
     assert status["targets"]["decode"] == expected()["decode"]
     assert any("decode" in h and "autoscaler" in h for h in status["held"]), status["held"]
     assert all("decode" not in e["message"] for e in events(kube_api, "Scaled"))
+
+
+def test_a_fixed_spec_clears_spec_valid_at_once_without_metrics(kube_api, kubectl, tmp_path):
+    # No router to scrape and no tick in the test's time: only the spec change acts.
+    kube_api.install(
+        profile_configmap(PREFILL, "prefill-test", "default"),
+        profile_configmap(DECODE, "decode-test", "default"),
+    )
+    with running_operator(kube_api, tmp_path, scaling=600.0):
+        kubectl(
+            "create",
+            "-f",
+            "-",
+            stdin=deployment(
+                {
+                    "mode": "Recommend",
+                    "slo": {"longestContextTokens": 2**20},
+                    "capacity": {
+                        "layers": 95,
+                        "kvKind": "mla",
+                        "kvBytes": 1,
+                        "latentDim": 576,
+                        "gpuFreeGiB": 15,
+                    },
+                }
+            ),
+        )
+        wait_for(
+            lambda: condition(kube_api, "ScalingSpecValid").get("reason") == "ContextDoesNotFit",
+            60,
+            "ScalingSpecValid=False (ContextDoesNotFit)",
+        )
+        kubectl(
+            "patch",
+            "td",
+            TD,
+            "--type",
+            "merge",
+            "-p",
+            '{"spec":{"scaling":{"slo":{"longestContextTokens":32768}}}}',
+        )
+        valid = wait_for(
+            lambda: (
+                condition(kube_api, "ScalingSpecValid").get("status") == "True"
+                and condition(kube_api, "ScalingSpecValid")
+            ),
+            60,
+            "ScalingSpecValid=True",
+        )
+        assert valid["observedGeneration"] == 2
+        wait_for(lambda: td_status(kube_api).get("observedGeneration") == 2, 30, "generation 2")

@@ -187,19 +187,29 @@ def test_no_new_scale_up_while_pods_are_pending():
     assert spec["prefill"] < 7
 
 
-def test_recommend_never_writes_and_says_what_auto_would_do():
+def test_recommend_never_writes_and_says_what_to_set_once():
     run = Run(mode="Recommend")
     events = []
-    for _ in range(10):
-        effects = run.tick(195.0)
+    for i in range(10):
+        effects = run.tick(195.0 - 0.5 * (i % 3))  # the measured demand moves a little
         assert effects.scale == ()
         events += effects.events
     assert run.log[-1]["spec"] == {"prefill": 1, "decode": 1}
-    assert effects.record.replicas == {"prefill": 3, "decode": 3}  # one max step from 1:1
-    assert effects.record.targets == {"prefill": 7, "decode": 3}
+    # No step limit: the pools never move under Recommend, the target is what to set.
+    assert effects.record.replicas == effects.record.targets == {"prefill": 7, "decode": 3}
     recommended = [e for e in events if e.reason == "ScalingRecommended"]
-    assert len(recommended) == 1  # not one per tick
-    assert "recommend 3:3 (now 1:1)" in recommended[0].message
+    assert len(recommended) == 1  # one per changed recommendation, not per demand figure
+    assert "recommend 7:3 (now 1:1)" in recommended[0].message
+    met = {c.type: c for c in effects.conditions}["DemandMet"]
+    assert (met.status, met.reason) == ("False", "BelowDemand")  # the deployed 1:1 falls short
+    assert "the deployed 1:1 serves" in met.message and "recommended: 7:3" in met.message
+    # A new demand, a new recommendation: one more event.
+    effects = run.tick(60.0)
+    assert [e.reason for e in effects.events] == ["ScalingRecommended"]
+    assert effects.record.replicas != {"prefill": 7, "decode": 3}
+    # Pools deployed as recommended meet the demand.
+    met = {c.type: c for c in Run(mode="Recommend", prefill=7, decode=3).tick(195.0).conditions}
+    assert (met["DemandMet"].status, met["DemandMet"].reason) == ("True", "Met")
 
 
 def test_off_decides_nothing():
