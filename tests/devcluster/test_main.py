@@ -54,7 +54,7 @@ def test_it_serves_kubectl_until_sigterm(tmp_path: Path):
         def kubectl(*args: str) -> str:
             return subprocess.run(
                 [kubectl_binary(), *args],
-                env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+                env=dict(os.environ, KUBECONFIG=str(kubeconfig), KUBECACHEDIR=str(tmp_path / "kc")),
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -69,7 +69,7 @@ def test_it_serves_kubectl_until_sigterm(tmp_path: Path):
             "No resources found in team-a namespace"
             in subprocess.run(
                 [kubectl_binary(), "get", "td"],
-                env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+                env=dict(os.environ, KUBECONFIG=str(kubeconfig), KUBECACHEDIR=str(tmp_path / "kc")),
                 capture_output=True,
                 text=True,
                 timeout=60,

@@ -69,7 +69,16 @@ def kubectl(kube_api: RunningApiServer) -> Callable[..., subprocess.CompletedPro
         *args: str, stdin: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            [binary, "--kubeconfig", str(kube_api.kubeconfig), *args],
+            # A cache per server: kubectl keeps discovery per host:port for
+            # hours, and a later fake server on a reused port serves other kinds.
+            [
+                binary,
+                "--kubeconfig",
+                str(kube_api.kubeconfig),
+                "--cache-dir",
+                str(kube_api.kubeconfig.parent / "kubectl-cache"),
+                *args,
+            ],
             input=stdin,
             capture_output=True,
             text=True,
