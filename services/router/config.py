@@ -21,6 +21,7 @@ from common.settings import (
 )
 from services.router.admission import AdmissionSettings
 from services.router.auth import read_keys_file
+from services.router.body_limits import BodySettings
 from services.router.discovery import DiscoverySettings
 from services.router.retention import RetentionSettings
 from services.router.routing import PodSpec, RoutingSettings
@@ -67,6 +68,14 @@ class RouterSettings(RouterLaunchSettings):
         30.0,
         "on SIGTERM, seconds in-flight requests may "
         "finish; also how long a removed pod's calls may",
+    )
+    body: BodySettings = group(
+        BodySettings,
+        "request bodies",
+        "Every request body is bounded in size (413 beyond --max-body-mib) and in time "
+        "(408 when it has not fully arrived --body-timeout-s after the request began), "
+        "so no client can make the router buffer without bound or hold a connection by "
+        "sending slowly.",
     )
     admission: AdmissionSettings = group(
         AdmissionSettings,
@@ -124,6 +133,7 @@ class RouterSettings(RouterLaunchSettings):
 
     def validate(self) -> None:
         self.admission.validate()
+        self.body.validate()
         self.routing.validate()
         self.retention.validate()
         self.discovery.validate()

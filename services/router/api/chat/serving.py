@@ -189,7 +189,7 @@ class ChatServing:
         try:
             messages = body.template_messages()
         except ValueError as exc:
-            raise bad_request(str(exc), param="messages") from None
+            raise named_bad_request(exc) from None
         try:
             check_history(messages)
             tools = check_tools(body.tools or [])
