@@ -9,6 +9,8 @@ Hypothesis writes the bodies from the keys and words these APIs use
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +20,11 @@ from bench.router_fakes import MODEL_NAME
 from tests.helpers import ANY_JSON, JSON_SCALARS
 from tests.router.fuzz_helpers import check_answer
 
-EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(
+    max_examples=int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "60")),  # make fuzz: many
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 pytestmark = pytest.mark.timeout(600)
 

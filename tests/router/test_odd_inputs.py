@@ -337,6 +337,17 @@ def test_a_50mb_chunked_body_is_refused_without_buffering_it(fuzz_router):
     assert grown_mib < 40, f"peak RSS grew by {grown_mib:.0f} MiB for a 50 MB body"
 
 
+def _complete(answer: bytes) -> bool:
+    """Whether `answer` holds a whole HTTP response (head and body)."""
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":")[1])
+    return True
+
+
 def _slow_upload(url: str, path: str, seconds: float) -> tuple[float, bytes]:
     """Announce a 1000-byte body and send it a byte a second; return when the
     router answers (or after `seconds`) and what it answered."""
@@ -349,9 +360,10 @@ def _slow_upload(url: str, path: str, seconds: float) -> tuple[float, bytes]:
         )
         sock.settimeout(1.0)
         answer = b""
-        while time.monotonic() - start < seconds and b"\r\n\r\n" not in answer:
+        while time.monotonic() - start < seconds and not _complete(answer):
             try:
-                sock.sendall(b" ")
+                if not answer:  # still uploading, a byte a second
+                    sock.sendall(b" ")
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
