@@ -286,6 +286,16 @@ def test_an_image_part_on_a_text_model_names_the_part(fuzz_router, path):
     assert named_field(path, response) == "messages[0].content[1]", response.text
 
 
+def test_tokenize_checks_tool_calls_as_chat_does(fuzz_router):
+    """Found by Schemathesis: /tokenize rendered an assistant tool call
+    without a function, and the chat template failed (500 UndefinedError)."""
+    calls = [{"id": "call_1", "type": "function"}]
+    body = {"messages": [{"role": "assistant", "tool_calls": calls}, {"role": "developer"}]}
+    response = post(fuzz_router, "/tokenize", encoded(body))
+    assert response.status_code == 400, response.text
+    assert named_field("/tokenize", response) == "messages[0].tool_calls[0].function.name"
+
+
 def test_huge_max_tokens_is_400_naming_it(fuzz_router):
     for value in (2**32 - 1, 2**32, 10**30):
         body = with_field(BASES["/v1/chat/completions"], ("max_tokens",), value)

@@ -141,3 +141,11 @@ def named_bad_request(exc: ValueError) -> OpenAIError:
     """A 400 for a ValueError whose message starts with the field it names."""
     message = str(exc)
     return bad_request(message, param=message.split(":", 1)[0])
+
+
+def unrenderable(exc: Exception) -> OpenAIError:
+    """A 400 for messages the chat template fails on (a jinja2 error: the
+    template reads a key these messages lack)."""
+    return bad_request(
+        f"messages: the chat template cannot render these messages ({exc})", param="messages"
+    )
