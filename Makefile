@@ -18,7 +18,7 @@ help:
 	@echo "make test   set up everything and run the whole test suite"
 	@echo "make bench  small agentic replay, aggregated vs P/D (about 10 min); bench-all: every benchmark"
 	@echo "           (the benchmarks run from this checkout: python -m bench --help)"
-	@echo "make fuzz   fuzz every router endpoint (Schemathesis + odd-input Hypothesis), 500 examples each (~30 min)"
+	@echo "make fuzz   fuzz every router endpoint (Schemathesis + odd-input Hypothesis), 500 examples each (~20 min)"
 	@echo "make lint   ruff (checks and format), mypy --strict, the import-direction test, the docs"
 	@echo "make docs   build the docs site (docs/, MkDocs) into site/, failing on a broken link"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
