@@ -11,13 +11,14 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster fuzz
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
 	@echo "make test   set up everything and run the whole test suite"
 	@echo "make bench  small agentic replay, aggregated vs P/D (about 10 min); bench-all: every benchmark"
 	@echo "           (the benchmarks run from this checkout: python -m bench --help)"
+	@echo "make fuzz   fuzz every router endpoint (Schemathesis + odd-input Hypothesis), 500 examples each (~20 min)"
 	@echo "make lint   ruff (checks and format), mypy --strict, the import-direction test, the docs"
 	@echo "make docs   build the docs site (docs/, MkDocs) into site/, failing on a broken link"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
@@ -98,6 +99,14 @@ test: setup aiperf kubectl
 # Only the tests that start no engines (a few minutes).
 test-unit: setup kubectl
 	$(PY) -m pytest -m "not stack" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The router's API fuzzing at length: the unit suite runs the same tests with
+# a few examples each; FUZZ_EXAMPLES sets how many here.
+FUZZ_EXAMPLES ?= 500
+fuzz: setup
+	TANDEM_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -p no:cacheprovider -s \
+		--hypothesis-show-statistics tests/router/test_openapi_fuzz.py \
+		tests/router/test_odd_inputs.py tests/router/test_endpoint_properties.py $(PYTEST_ARGS)
 
 # Static checks, configured in pyproject.toml (seconds; CI runs them first).
 lint: $(STAMP) proto

@@ -50,6 +50,7 @@ from services.router.api.streaming import Responder
 from services.router.api.tokenize import api_router as tokenize
 from services.router.api.tokenize.serving import TokenizeServing
 from services.router.auth import ApiKeyAuth
+from services.router.body_limits import BodyLimits
 from services.router.config import RouterSettings
 from services.router.discovery import PodSource, pod_source
 from services.router.errors import OpenAIError, install_error_handlers
@@ -183,9 +184,10 @@ def _routing_settings(routing: RoutingSettings, engine_block_size: int) -> Routi
 
 
 def install_middleware(app: FastAPI, settings: RouterSettings, metrics: RouterMetrics) -> Limiter:
-    """Outermost first: accounting (so 401s and 429s are counted too), then
-    API keys (an unauthenticated request never takes a queue place), then
-    admission. Starlette wraps in reverse order of `add_middleware`."""
+    """Outermost first: accounting (so 401s, 413s and 429s are counted too),
+    body limits (size and time, before anything reads a body), then API keys
+    (an unauthenticated request never takes a queue place), then admission.
+    Starlette wraps in reverse order of `add_middleware`."""
     admission = settings.admission
     limiter = Limiter(
         admission.max_concurrent_requests,
@@ -195,6 +197,7 @@ def install_middleware(app: FastAPI, settings: RouterSettings, metrics: RouterMe
     )
     app.add_middleware(AdmissionMiddleware, limiter=limiter)
     app.add_middleware(ApiKeyAuth, keys=settings.api_keys, metrics=metrics)
+    app.add_middleware(BodyLimits, settings=settings.body)
     app.add_middleware(RequestAccounting, metrics=metrics)
     return limiter
 

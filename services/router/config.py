@@ -22,6 +22,7 @@ from common.settings import (
 )
 from services.router.admission import AdmissionSettings
 from services.router.auth import read_keys_file
+from services.router.body_limits import BodySettings
 from services.router.discovery import DiscoverySettings
 from services.router.retention import RetentionSettings
 from services.router.routing import PodSpec, RoutingSettings
@@ -105,6 +106,14 @@ class RouterSettings(RouterLaunchSettings):
         "on SIGTERM, seconds in-flight requests may "
         "finish; also how long a removed pod's calls may",
     )
+    body: BodySettings = group(
+        BodySettings,
+        "request bodies",
+        "Every request body is bounded in size (413 beyond --max-body-mib) and in time "
+        "(408 when it has not fully arrived --body-timeout-s after the request began), "
+        "so no client can make the router buffer without bound or hold a connection by "
+        "sending slowly.",
+    )
     admission: AdmissionSettings = group(
         AdmissionSettings,
         "admission and API keys",
@@ -168,6 +177,7 @@ class RouterSettings(RouterLaunchSettings):
 
     def validate(self) -> None:
         self.admission.validate()
+        self.body.validate()
         self.routing.validate()
         self.retention.validate()
         self.caches.validate()

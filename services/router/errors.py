@@ -25,6 +25,7 @@ _TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     499: "invalid_request_error",
@@ -112,6 +113,24 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return OpenAIError(400, message, param=param, code=code)
 
 
+# What pydantic puts in an error's location for the member of a union that
+# failed ("str", "list[dict[str,any]]", "function-after[...]"): no field name.
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "bytes"})
+
+
+def field_path(loc: tuple | list) -> str | None:
+    """An error location as the API names fields: ``messages[0].content``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif (part == "body" and not path) or part in _UNION_TAGS or "[" in str(part):
+            continue
+        else:
+            path += f".{part}" if path else str(part)
+    return path or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
@@ -119,12 +138,29 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('msg', '')}".rstrip(": "), None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    msg = first.get("msg", "invalid value")
+    param = field_path(first.get("loc", ()))
+    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    if param is None and first.get("type") == "value_error":
+        # A model-level check: its message starts with the field it names.
+        head, sep, rest = msg.partition(": ")
+        if sep and head.replace("_", "").replace(".", "").isalnum():
+            return msg, head
     if first.get("type") == "missing":
-        return f"'{param}' is a required property", param
+        return (f"{param}: this field is required" if param else "a field is missing"), param
     return (f"{param}: {msg}" if param else msg), param
+
+
+def _http_message(exc: StarletteHTTPException) -> str:
+    """The detail, or for a body FastAPI could not parse (it says only "There
+    was an error parsing the body"), why."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return f"request body is not valid UTF-8 (byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "request body is not valid JSON: nested too deeply"
+    if cause is not None and exc.status_code == 400:
+        return f"request body is not valid JSON: {type(cause).__name__}"
+    return str(exc.detail)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -139,7 +175,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return OpenAIError(exc.status_code, str(exc.detail)).response(request.url.path)
+        return OpenAIError(exc.status_code, _http_message(exc)).response(request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

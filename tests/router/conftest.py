@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import RedisServer
+from tests.router.fuzz_helpers import live_router
 
 
 @pytest.fixture
@@ -28,3 +29,11 @@ def redis_server(redis_servers):
     server = redis_servers()
     server.start()
     return server
+
+
+@pytest.fixture(scope="session")
+def fuzz_router(tmp_path_factory):
+    """The real router process before one fake engine (fuzz_helpers.py), shared
+    by the fuzz tests; bodies time out after 2 s so a slow-loris test is short."""
+    with live_router(tmp_path_factory.mktemp("fuzz-router"), "--body-timeout-s", "2") as live:
+        yield live

@@ -2,16 +2,14 @@
 process answers it — never a 5xx — and a refusal comes in that API's own
 error format (Anthropic's on /v1/messages, OpenAI's elsewhere).
 
-The router (``python -m services.router``, tool parsing on) runs in front of
-one fake gRPC engine (bench/router_fakes.py), so bodies that pass validation
-are really tokenized, routed and generated; Hypothesis writes the bodies from
-the keys and words these APIs use (tests/helpers.py)."""
+The router runs in front of one fake gRPC engine (tests/router/fuzz_helpers.py),
+so bodies that pass validation are really tokenized, routed and generated;
+Hypothesis writes the bodies from the keys and words these APIs use
+(tests/helpers.py)."""
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 
 import httpx
 import pytest
@@ -19,85 +17,28 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.router_fakes import MODEL_NAME
-from common.model import resolve_model
-from common.ports import free_port
-from common.procs import Processes, wait_grpc_serving, wait_http_ok
-from services.router.chat_templates import CHATML_TOOLS
 from tests.helpers import ANY_JSON, JSON_SCALARS
+from tests.router.fuzz_helpers import check_answer
 
-HOST = "127.0.0.1"
-STARTUP_S = 120.0
-EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(
+    max_examples=int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "60")),  # make fuzz: many
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory):
-    procs = Processes(tmp_path_factory.mktemp("endpoint-properties"))
-    cpus = set(os.sched_getaffinity(0))
-    model_dir = str(resolve_model(None))
-    try:
-        engine_port, port = free_port(), free_port()
-        fake, _ = procs.launch(
-            "fake-engine",
-            [
-                sys.executable,
-                "-m",
-                "bench.router_fakes",
-                "grpc",
-                "--host",
-                HOST,
-                "--port",
-                str(engine_port),
-                "--model-path",
-                model_dir,
-                "--token-text",
-                "ok",
-            ],
-            cpus,
-        )
-        wait_grpc_serving(f"{HOST}:{engine_port}", fake, time.monotonic() + STARTUP_S)
-        proc, _ = procs.launch(
-            "router",
-            [
-                sys.executable,
-                "-m",
-                "services.router",
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-                "--engine",
-                f"{HOST}:{engine_port}",
-                "--model",
-                model_dir,
-                "--chat-template",
-                str(CHATML_TOOLS),
-                "--tool-call-parser",
-                "hermes",
-            ],
-            cpus,
-        )
-        url = f"http://{HOST}:{port}"
-        wait_http_ok(f"{url}/health", proc, time.monotonic() + STARTUP_S)
-        with httpx.Client(base_url=url, timeout=60) as client:
-            yield client
-    finally:
-        procs.stop_all()
+def router(fuzz_router):
+    return fuzz_router.client
 
 
 def answered(client: httpx.Client, path: str, body: object) -> httpx.Response:
     """POST ``body``; the answer is not a 5xx, and a refusal is in the
     endpoint's own error format."""
     response = client.post(path, json=body)
-    assert response.status_code < 500, f"{path} {body!r}: {response.status_code} {response.text}"
-    if response.status_code >= 400:
-        error = response.json()
-        if path.startswith("/v1/messages"):
-            assert error["type"] == "error" and error["error"]["message"], error
-        else:
-            assert error["error"]["message"] and error["error"]["type"], error
+    check_answer(path, response, body)
     return response
 
 

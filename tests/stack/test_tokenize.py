@@ -85,7 +85,7 @@ def test_detokenize_round_trips(stack, reference):
         ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
         ("/tokenize", {"messages": CHAT, "tools": [{"type": "function"}]}, "tools[0].function"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
-        ("/detokenize", {"tokens": [-1]}, "tokens.0"),
+        ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
     ],
 )
 def test_bad_input_names_the_field(stack, path, body, param):

@@ -8,7 +8,8 @@ unsupported option gets a 400 naming the field, never a silent ignore.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+import json
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -24,11 +25,53 @@ TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
 MAX_CHOICES = 16
 
 
+def _surrogate_at(value: Any, path: str) -> str | None:
+    """The path of the first string in `value` that holds a lone surrogate."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path or "body"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = _surrogate_at(key, path) or _surrogate_at(item, f"{path}.{key}".lstrip("."))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _surrogate_at(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+class RequestBody(BaseModel):
+    """A request body of any family. JSON may spell a lone UTF-16 surrogate
+    (``"\\ud800"``), which no UTF-8 string can hold: the tokenizer, gRPC and
+    the session hash would all fail on it, so it is a 400 naming the field
+    before anything else reads the body."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        try:
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            param = _surrogate_at(data, "")
+            raise bad_request(
+                f"{param}: holds a lone UTF-16 surrogate, which is not valid Unicode",
+                param=param,
+            ) from None
+        except (TypeError, ValueError):
+            pass  # not JSON-shaped; the model's own validation says why
+        return data
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestBody):
     """Fields shared by chat and completions requests."""
 
     model_config = ConfigDict(extra="allow")
@@ -80,7 +123,7 @@ class SamplingFields(BaseModel):
                 or (name == "best_of" and value == 1)
             )
             if not harmless:
-                raise ValueError(f"'{name}' is not supported by this server")
+                raise ValueError(f"{name}: not supported by this server")
         return self
 
 
@@ -98,3 +141,11 @@ def named_bad_request(exc: ValueError) -> OpenAIError:
     """A 400 for a ValueError whose message starts with the field it names."""
     message = str(exc)
     return bad_request(message, param=message.split(":", 1)[0])
+
+
+def unrenderable(exc: Exception) -> OpenAIError:
+    """A 400 for messages the chat template fails on (a jinja2 error: the
+    template reads a key these messages lack)."""
+    return bad_request(
+        f"messages: the chat template cannot render these messages ({exc})", param="messages"
+    )

@@ -20,12 +20,17 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
     def text(self) -> str:
+        """The content as text; ValueError naming the part (``content[j]``)
+        that is not text."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         parts = []
-        for part in self.content:
+        for j, part in enumerate(self.content):
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError("only text content parts are supported")
+                raise ValueError(
+                    f"content[{j}]: only text content parts are supported "
+                    f"(this is a text model), got type {part.get('type')!r}"
+                )
             parts.append(part["text"])
         return "".join(parts)
 
@@ -51,7 +56,7 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise ValueError("top_logprobs: needs logprobs: true")
         return self
 
     def template_messages(self) -> list[dict[str, Any]]:
@@ -61,11 +66,14 @@ class ChatCompletionRequest(SamplingFields):
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """`messages` as the chat template expects them; ValueError naming
-    `messages` when one holds more than text."""
-    try:
-        return [_template_message(m) for m in messages]
-    except ValueError as exc:
-        raise ValueError(f"messages: {exc}") from None
+    the part (``messages[i].content[j]``) that holds more than text."""
+    out = []
+    for i, message in enumerate(messages):
+        try:
+            out.append(_template_message(message))
+        except ValueError as exc:
+            raise ValueError(f"messages[{i}].{exc}") from None
+    return out
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:

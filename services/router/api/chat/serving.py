@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -23,7 +24,7 @@ from services.router.api.chat.tools import (
 )
 from services.router.api.choices import respond_choices
 from services.router.api.engine_request import EngineRequests, ModelCard
-from services.router.api.protocol import named_bad_request
+from services.router.api.protocol import named_bad_request, unrenderable
 from services.router.api.streaming import Responder, Shape
 from services.router.errors import bad_request
 from services.router.pd import EngineRequest
@@ -189,7 +190,7 @@ class ChatServing:
         try:
             messages = body.template_messages()
         except ValueError as exc:
-            raise bad_request(str(exc), param="messages") from None
+            raise named_bad_request(exc) from None
         try:
             check_history(messages)
             tools = check_tools(body.tools or [])
@@ -221,9 +222,12 @@ class ChatServing:
                 param="tools",
             )
         session = self.requests.session(request, body, messages=messages)
-        token_ids = await self.tokenizer.chat_async(
-            messages, session.key if session else None, [t.definition for t in rendered]
-        )
+        try:
+            token_ids = await self.tokenizer.chat_async(
+                messages, session.key if session else None, [t.definition for t in rendered]
+            )
+        except jinja2.TemplateError as exc:
+            raise unrenderable(exc) from None
         ereq = self.requests.build("chatcmpl", request, body, token_ids, "messages", session)
         if structured is not None:
             ereq.sampling.structured.CopyFrom(structured)

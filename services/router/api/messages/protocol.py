@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.router.api.protocol import INT32_MAX, UINT32_MAX
+from services.router.api.protocol import INT32_MAX, UINT32_MAX, RequestBody
 
 
 class InputMessage(BaseModel):
@@ -18,7 +18,7 @@ class InputMessage(BaseModel):
     content: str | list[dict[str, Any]]
 
 
-class MessagesRequest(BaseModel):
+class MessagesRequest(RequestBody):
     """What Tandem serves of a Messages request; anything else it cannot honour
     is a 400 naming the field."""
 
@@ -49,7 +49,7 @@ class MessagesRequest(BaseModel):
     def _unsupported(self) -> MessagesRequest:
         for name in ("container", "mcp_servers"):
             if (self.model_extra or {}).get(name):
-                raise ValueError(f"'{name}' is not supported by this server")
+                raise ValueError(f"{name}: not supported by this server")
         return self
 
     def wants_thinking(self) -> bool:

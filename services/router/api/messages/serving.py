@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -87,6 +88,9 @@ class MessagesServing:
         except ValueError as exc:
             raise named_bad_request(exc) from None
         tokenizer = self._chat.tokenizer
-        text = await asyncio.to_thread(tokenizer.render, messages, tools)
+        try:
+            text = await asyncio.to_thread(tokenizer.render, messages, tools)
+        except jinja2.TemplateError as exc:
+            raise named_bad_request(ValueError(f"messages: {exc}")) from None
         ids = await asyncio.to_thread(tokenizer.ids, text, False)
         return {"input_tokens": len(ids)}

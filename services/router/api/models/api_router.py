@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from services.router.api.openapi import ModelList, answers
 from services.router.api.parts import parts_of
 
 router = APIRouter()
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=answers(ModelList))
 async def models(request: Request):
     card = parts_of(request).card
     return {

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from services.router.api.protocol import UINT32_MAX
+from services.router.api.protocol import UINT32_MAX, RequestBody
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(RequestBody):
     """What Tandem serves of a Responses request; options it cannot honour
     are a 400 naming the field."""
 
@@ -37,5 +37,5 @@ class ResponsesRequest(BaseModel):
         extra = self.model_extra or {}
         for name in ("background", "conversation", "prompt", "top_logprobs"):
             if extra.get(name):
-                raise ValueError(f"'{name}' is not supported by this server")
+                raise ValueError(f"{name}: not supported by this server")
         return self

@@ -158,7 +158,10 @@ class ResponsesServing:
             chat = translate.to_chat(body, messages)
         except ValueError as exc:
             raise named_bad_request(exc) from None
-        ereq, new_shape = await self._chat.prepare(request, chat)
+        try:
+            ereq, new_shape = await self._chat.prepare(request, chat)
+        except OpenAIError as exc:
+            raise _in_responses_terms(exc) from None
         builder = translate.ResponseBuilder(ereq.request_id, body, int(time.time()))
 
         def store(response: dict) -> None:
@@ -183,3 +186,14 @@ class ResponsesServing:
                 code="response_not_found",
             )
         return response
+
+
+def _in_responses_terms(exc: OpenAIError) -> OpenAIError:
+    """A refusal of the chat path, naming the Responses field: chat's
+    `max_tokens` is `max_output_tokens`, its `messages` come from `input`
+    (and `instructions`, so a chat message index says nothing here)."""
+    if exc.param == "max_tokens":
+        exc.param = "max_output_tokens"
+    elif exc.param is not None and exc.param.startswith("messages"):
+        exc.param = "input"
+    return exc

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from services.router.api.chat.protocol import ChatMessage, template_messages
-from services.router.api.protocol import TokenId
+from services.router.api.protocol import RequestBody, TokenId
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     """A prompt, or chat messages rendered by the chat template (exactly the
     tokens a chat request sends to the engines)."""
 
@@ -28,9 +28,9 @@ class TokenizeRequest(BaseModel):
     @model_validator(mode="after")
     def _prompt_or_messages(self):
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give either 'prompt' or 'messages'")
+            raise ValueError("prompt: give either 'prompt' or 'messages'")
         if self.tools and self.messages is None:
-            raise ValueError("'tools' go with 'messages'")
+            raise ValueError("tools: go with 'messages'")
         return self
 
     def template_messages(self) -> list[dict[str, Any]]:
@@ -38,7 +38,7 @@ class TokenizeRequest(BaseModel):
         return template_messages(self.messages or [])
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None

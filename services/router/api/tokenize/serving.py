@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from services.router.api.chat.tools import check_tools
+import jinja2
+
+from services.router.api.chat.tools import check_history, check_tools
 from services.router.api.engine_request import EngineRequests
-from services.router.api.protocol import named_bad_request
+from services.router.api.protocol import named_bad_request, unrenderable
 from services.router.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from services.router.errors import bad_request
 from services.router.tokenizer import ChatTokenizer
@@ -25,14 +27,18 @@ class TokenizeServing:
         if body.messages is not None:
             try:
                 messages = body.template_messages()
+                check_history(messages)
                 tools = [t.definition for t in check_tools(body.tools or [])]
             except ValueError as exc:
                 raise named_bad_request(exc) from None
             if tools and not self._tokenizer.renders_tools:
                 raise bad_request("this model's chat template does not render tools", param="tools")
-            text = await asyncio.to_thread(
-                self._tokenizer.render, messages, tools, body.add_generation_prompt
-            )
+            try:
+                text = await asyncio.to_thread(
+                    self._tokenizer.render, messages, tools, body.add_generation_prompt
+                )
+            except jinja2.TemplateError as exc:
+                raise unrenderable(exc) from None
             add_special = bool(body.add_special_tokens)
         else:
             assert body.prompt is not None
