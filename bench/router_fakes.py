@@ -410,6 +410,24 @@ def serve_grpc(host: str, port: int, timing: Timing, **kwargs) -> None:
     asyncio.run(main())
 
 
+def command(kind: str, host: str, port: int | str, model_path: str, *flags: str) -> list[str]:
+    """The command line that starts a fake backend of `kind` (``openai`` or
+    ``grpc``) on host:port with the model's tokenizer, plus `flags`."""
+    return [
+        sys.executable,
+        "-m",
+        "bench.router_fakes",
+        kind,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model-path",
+        model_path,
+        *flags,
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.router_fakes",

@@ -49,6 +49,7 @@ from typing import Any
 
 from orjson import loads as _loads
 
+from bench import router_fakes
 from bench.harness import cpu_busy_seconds, sigterm_as_interrupt
 from bench.router_fakes import MODEL_NAME
 from bench.routers import HOST, ROUTERS, RouterSpec, find_binary, http_router_argv
@@ -587,24 +588,18 @@ class Bench:
     def start_backend(self, kind: str) -> str:
         c = self.c
         port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "bench.router_fakes",
+        argv = router_fakes.command(
             "openai" if kind == "http" else kind,
-            "--host",
             HOST,
-            "--port",
             str(port),
+            self.model_dir,
             "--first-token-ms",
             str(c.first_token_ms),
             "--token-delay-ms",
             str(c.token_delay_ms),
             "--tokens",
             str(c.tokens),
-            "--model-path",
-            self.model_dir,
-        ]
+        )
         proc, _ = self.procs.launch(f"fake-{kind}", argv, self.load_cpus)
         if kind == "http":
             address = f"http://{HOST}:{port}"

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 
 import httpx
 import pytest
 
+from bench import router_fakes
 from bench.router_fakes import MODEL_NAME
 from common.model import resolve_model
 from common.ports import free_port
@@ -94,16 +94,10 @@ async def test_router_follows_endpoint_slices(kube_api, tmp_path):
             ports[name] = free_port()
             proc, _ = procs.launch(
                 name,
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.router_fakes",
+                router_fakes.command(
                     "grpc",
-                    "--host",
                     HOST,
-                    "--port",
                     str(ports[name]),
-                    "--model-path",
                     model_dir,
                     "--token-text",
                     name,
@@ -111,7 +105,7 @@ async def test_router_follows_endpoint_slices(kube_api, tmp_path):
                     "5",
                     "--token-delay-ms",
                     str(TOKEN_DELAY_MS),
-                ],
+                ),
                 cpus,
             )
             wait_grpc_serving(f"{HOST}:{ports[name]}", proc, time.monotonic() + STARTUP_S)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from bench import router_fakes
 from common.model import resolve_model
 from common.ports import free_port
 from common.procs import Processes, wait_grpc_serving, wait_http_ok
@@ -28,22 +29,16 @@ def fake_router(tmp_path_factory):
         engine_port, router_port = free_port(), free_port()
         engine, _ = procs.launch(
             "fake-engine",
-            [
-                sys.executable,
-                "-m",
-                "bench.router_fakes",
+            router_fakes.command(
                 "grpc",
-                "--host",
                 HOST,
-                "--port",
                 str(engine_port),
-                "--model-path",
                 str(resolve_model(None)),
                 "--first-token-ms",
                 str(FIRST_TOKEN_MS),
                 "--token-delay-ms",
                 str(TOKEN_DELAY_MS),
-            ],
+            ),
             cpus,
         )
         wait_grpc_serving(f"{HOST}:{engine_port}", engine, time.monotonic() + 120)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import router_fakes
 from common.model import resolve_model
 from common.ports import free_port
 from common.procs import Proc, Processes, wait_grpc_serving, wait_http_ok
@@ -49,16 +50,10 @@ def live_router(log_dir: Path, *router_args: str) -> Iterator[LiveRouter]:
         engine_port, port = free_port(), free_port()
         fake, _ = procs.launch(
             "fake-engine",
-            [
-                sys.executable,
-                "-m",
-                "bench.router_fakes",
+            router_fakes.command(
                 "grpc",
-                "--host",
                 HOST,
-                "--port",
                 str(engine_port),
-                "--model-path",
                 model_dir,
                 "--token-text",
                 "ok",
@@ -66,7 +61,7 @@ def live_router(log_dir: Path, *router_args: str) -> Iterator[LiveRouter]:
                 # generates to the end of the context (8k tokens), in a second.
                 "--token-delay-ms",
                 "0",
-            ],
+            ),
             cpus,
         )
         wait_grpc_serving(f"{HOST}:{engine_port}", fake, time.monotonic() + STARTUP_S)

@@ -29,6 +29,7 @@ import pytest
 import redis as redis_client
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import router_fakes
 from bench.harness import RedisServer
 from bench.router_fakes import MODEL_NAME
 from common.model import resolve_model
@@ -81,20 +82,14 @@ def cluster(tmp_path_factory):
             port = free_port()
             proc, _ = procs.launch(
                 f"fake-{name}",
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.router_fakes",
+                router_fakes.command(
                     "grpc",
-                    "--host",
                     HOST,
-                    "--port",
                     str(port),
-                    "--model-path",
                     model_dir,
                     "--token-text",
                     name,
-                ],
+                ),
                 cpus,
             )
             address[name] = f"{HOST}:{port}"
