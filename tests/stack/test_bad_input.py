@@ -32,7 +32,7 @@ CASES = {
             ],
         },
         400,
-        "messages",
+        "messages[0].content[0]",
     ),
     "unknown model": ("/v1/chat/completions", {"model": "gpt-9", "messages": USER}, 404, "model"),
     "negative temperature": (

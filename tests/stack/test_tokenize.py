@@ -81,7 +81,7 @@ def test_detokenize_round_trips(stack, reference):
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/tokenize", {"prompt": "x", "messages": CHAT}, None),
+        ("/tokenize", {"prompt": "x", "messages": CHAT}, "prompt"),
         ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
         ("/tokenize", {"messages": CHAT, "tools": [{"type": "function"}]}, "tools[0].function"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
