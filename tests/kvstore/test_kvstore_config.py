@@ -18,6 +18,7 @@ from common.mooncake import (
     master_command,
     parse_size,
 )
+from common.ports import free_ports
 from services.kvstore.engine import check_store, with_store
 from services.kvstore.metrics import parse_master_metrics, translate
 from services.kvstore.settings import SettingError, parse_settings, validate
@@ -58,11 +59,15 @@ def test_duplicate_ports_are_refused(tmp_path):
 
 
 def test_port_in_use_is_named(tmp_path):
+    # Every other port is a free one, so a store running on the defaults
+    # (a stack test elsewhere on this machine) cannot be named instead.
+    names = ("master_port", "metadata_port", "master_metrics_port", "client_port", "http_port")
+    others = dict(zip(names, free_ports(len(names)), strict=True))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        s = _settings(tmp_path, client_http_port=port)
+        s = _settings(tmp_path, client_http_port=port, **others)
         with pytest.raises(SettingError, match=f"--client-http-port.*127.0.0.1:{port}"):
             validate(s)
 
