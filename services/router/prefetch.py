@@ -18,7 +18,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ import grpc
 from common.proto import engine_pb2 as pb
 from services.router.metrics import RouterMetrics
 from services.router.pods import PodPool
+from services.router.routing.lru import BoundedLru
 from services.router.routing.prefetch import Candidate, PodGate, Prefetch, PrefetchSettings, plan
 from services.router.routing.replica import Replica
 from services.router.routing.tasks import cancel_and_wait
@@ -62,9 +62,7 @@ class SessionPrefetcher:
         # Idle sessions' last prompts: a session no longer live is dropped at
         # the next sweep, and there are at most as many as live sessions
         # (--live-max-sessions; least recently ended out, counted in evictions).
-        self._idle: OrderedDict[str, _Turn] = OrderedDict()
-        self.max_idle = replica.core.live.max_sessions
-        self.evictions = 0
+        self._idle: BoundedLru[str, _Turn] = BoundedLru(replica.core.live.max_sessions)
         self._turns: dict[str, int] = {}  # session -> its requests in flight
         self._running: dict[str, tuple[str, asyncio.Task[None]]] = {}  # session -> (pod, task)
         self._wake = asyncio.Event()
@@ -75,7 +73,7 @@ class SessionPrefetcher:
         """A request of ``session`` arrived: it is not idle, and a prefetch
         still warming it is cancelled."""
         self._turns[session] = self._turns.get(session, 0) + 1
-        self._idle.pop(session, None)
+        self._idle.pop(session)
         running = self._running.pop(session, None)
         if running is not None:
             running[1].cancel()
@@ -94,13 +92,9 @@ class SessionPrefetcher:
             return
         self._turns.pop(session, None)
         if last:
-            self._idle.pop(session, None)
+            self._idle.pop(session)
             return
-        self._idle[session] = _Turn(token_ids, cache_salt)
-        self._idle.move_to_end(session)
-        while len(self._idle) > self.max_idle:
-            self._idle.popitem(last=False)
-            self.evictions += 1
+        self._idle.put(session, _Turn(token_ids, cache_salt))
         self._wake.set()
 
     @property
@@ -108,15 +102,19 @@ class SessionPrefetcher:
         """Idle sessions remembered."""
         return len(self._idle)
 
+    @property
+    def evictions(self) -> int:
+        return self._idle.evictions
+
     # ----- deciding -------------------------------------------------------------
     async def sweep(self) -> list[Prefetch]:
         """Decide and start the prefetches due now."""
         now = time.monotonic()
         self._core.live.expire(now)
         candidates = []
-        for session, turn in list(self._idle.items()):
+        for session, turn in self._idle.items():
             if session not in self._core.live:  # idle past the live window, or ended
-                del self._idle[session]
+                self._idle.pop(session)
                 continue
             if turn.warmed:
                 continue

@@ -27,12 +27,13 @@ Several router replicas each see only their own sessions (docs/operate.md,
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.settings import SettingError, flag_of, setting
 from services.kvstore.retention import RetentionHint
+from services.router.routing.lru import BoundedLru
 
 POLICIES = ("off", "named-sessions", "all-sessions")
 # Session key sources (services/router/routing/sessions.py) a policy pins.
@@ -111,12 +112,16 @@ class SessionRetention:
         settings.validate()
         self.settings = settings
         self.block_size = block_size
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # oldest first
+        # Least recently seen first; the bounds forget sessions before their TTL.
+        self._sessions: BoundedLru[str, _Session] = BoundedLru(
+            settings.max_sessions,
+            settings.max_blocks,
+            weigh=lambda s: len(s.hashes),
+            on_drop=self._dropped,
+        )
         self._refs: Counter[int] = Counter()  # block hash → active sessions holding it
-        self._held = 0  # block hashes the sessions' prompts hold, in all
         self.pins = 0
         self.releases = 0
-        self.evictions = 0  # sessions forgotten by the bounds before their TTL
 
     @property
     def active_sessions(self) -> int:
@@ -124,7 +129,11 @@ class SessionRetention:
 
     @property
     def held_blocks(self) -> int:
-        return self._held
+        return self._sessions.weight
+
+    @property
+    def evictions(self) -> int:
+        return self._sessions.evictions
 
     def hint(
         self,
@@ -145,7 +154,7 @@ class SessionRetention:
             return None
         if end:
             keep = self._shared_prefix(session, hashes)
-            self._forget(session)
+            self._sessions.pop(session)
             self.releases += 1
             return RetentionHint(session, release=True, keep_tokens=keep * self.block_size)
         self._remember(session, tuple(hashes), now)
@@ -169,39 +178,18 @@ class SessionRetention:
         return keep
 
     def _remember(self, session: str, hashes: tuple[int, ...], now: float) -> None:
-        old = self._sessions.pop(session, None)
-        if old is not None:
-            self._held -= len(old.hashes)
-            self._refs.subtract(set(old.hashes))
+        self._sessions.pop(session)
         self._refs.update(set(hashes))
-        self._sessions[session] = _Session(hashes, now)
-        self._held += len(hashes)
-        # The newest session stays even when it alone is over the block bound.
-        while len(self._sessions) > 1 and (
-            len(self._sessions) > self.settings.max_sessions
-            or self._held > self.settings.max_blocks
-        ):
-            self._forget(next(iter(self._sessions)))
-            self.evictions += 1
-        self._drop_zero_refs(old.hashes if old else ())
+        self._sessions.put(session, _Session(hashes, now))
 
-    def _forget(self, session: str) -> None:
-        old = self._sessions.pop(session, None)
-        if old is not None:
-            self._held -= len(old.hashes)
-            self._refs.subtract(set(old.hashes))
-            self._drop_zero_refs(old.hashes)
-
-    def _drop_zero_refs(self, hashes: Sequence[int]) -> None:
-        for h in hashes:
+    def _dropped(self, _session: str, old: _Session) -> None:
+        self._refs.subtract(set(old.hashes))
+        for h in old.hashes:
             if self._refs.get(h, 1) <= 0:
                 del self._refs[h]
 
     def _expire(self, now: float) -> None:
         """Sessions idle past the TTL: their pins have lapsed; forget them."""
         horizon = now - self.settings.ttl_s
-        while self._sessions:
-            name, state = next(iter(self._sessions.items()))
-            if state.last_seen > horizon:
-                break
-            self._forget(name)
+        while (oldest := self._sessions.oldest()) is not None and oldest[1].last_seen <= horizon:
+            self._sessions.pop(oldest[0])

@@ -22,8 +22,10 @@ longer priced as live, which costs at worst a recompute of their next turn.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable, Sequence
+
+from services.router.routing.lru import BoundedLru
 
 
 class LiveSessions:
@@ -32,51 +34,38 @@ class LiveSessions:
     ) -> None:
         if window_s <= 0:
             raise ValueError("live-session window must be positive")
-        if max_sessions <= 0 or max_blocks <= 0:
-            raise ValueError("live-session bounds must be positive")
         self.window_s = window_s
         self.max_sessions = max_sessions
-        self.max_blocks = max_blocks
-        self.evictions = 0
-        self._held = 0  # block hashes held by all sessions' entries
         # session -> (pods, block hashes, last seen), least recently seen first
-        self._sessions: OrderedDict[str, tuple[frozenset[str], frozenset[int], float]] = (
-            OrderedDict()
+        self._sessions: BoundedLru[str, tuple[frozenset[str], frozenset[int], float]] = BoundedLru(
+            max_sessions, max_blocks, weigh=lambda e: len(e[1]), on_drop=self._unindex
         )
         self._blocks: dict[str, Counter[int]] = {}  # pod -> hash -> live sessions using it
 
     def touch(self, session: str, pods: Iterable[str], hashes: Sequence[int], now: float) -> None:
         """The session's latest turn went to ``pods`` with these blocks."""
-        self._drop(session)
+        self._sessions.pop(session)
         blocks = frozenset(hashes)
         where = frozenset(pods)
-        self._sessions[session] = (where, blocks, now)
-        self._held += len(blocks)
         for pod in where:
             self._blocks.setdefault(pod, Counter()).update(blocks)
-        # The newest session stays even when it alone is over the block bound.
-        while len(self._sessions) > 1 and (
-            len(self._sessions) > self.max_sessions or self._held > self.max_blocks
-        ):
-            self._drop(next(iter(self._sessions)))
-            self.evictions += 1
+        self._sessions.put(session, (where, blocks, now))
 
     def end(self, session: str) -> None:
-        self._drop(session)
+        self._sessions.pop(session)
 
     def remove_pod(self, pod: str) -> None:
         """The pod is gone: sessions that were live there are live elsewhere only."""
         self._blocks.pop(pod, None)
-        for session, (pods, blocks, seen) in list(self._sessions.items()):
+        for session, (pods, blocks, seen) in self._sessions.items():
             if pod in pods:
-                self._sessions[session] = (pods - {pod}, blocks, seen)
+                self._sessions.replace(session, (pods - {pod}, blocks, seen))
 
     def expire(self, now: float) -> None:
-        while self._sessions:
-            session, (_, _, seen) = next(iter(self._sessions.items()))
-            if now - seen < self.window_s:
-                break
-            self._drop(session)
+        while (oldest := self._sessions.oldest()) is not None and now - oldest[1][
+            2
+        ] >= self.window_s:
+            self._sessions.pop(oldest[0])
 
     def occupied_blocks(self, pod: str, session: str | None, cached: Sequence[int] = ()) -> int:
         """Blocks on ``pod`` a new turn of ``session`` may not evict: other live
@@ -98,17 +87,17 @@ class LiveSessions:
     @property
     def held_blocks(self) -> int:
         """Block hashes the sessions' entries hold, in all (what ``max_blocks`` bounds)."""
-        return self._held
+        return self._sessions.weight
+
+    @property
+    def evictions(self) -> int:
+        return self._sessions.evictions
 
     def __contains__(self, session: object) -> bool:
         return session in self._sessions
 
-    def _drop(self, session: str) -> None:
-        entry = self._sessions.pop(session, None)
-        if entry is None:
-            return
+    def _unindex(self, _session: str, entry: tuple[frozenset[str], frozenset[int], float]) -> None:
         pods, blocks, _ = entry
-        self._held -= len(blocks)
         for pod in pods:
             counts = self._blocks[pod]
             for h in blocks:

@@ -22,10 +22,11 @@ import bisect
 import hashlib
 import json
 from array import array
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from services.router.routing.lru import BoundedLru
 
 DEFAULT_SESSION_HEADER = "x-session-id"
 
@@ -138,15 +139,11 @@ class IncrementalTokenizer:
     def __init__(
         self, tokenizer: Any, max_sessions: int = 10_000, max_tokens: int = 20_000_000
     ) -> None:
-        if max_sessions <= 0 or max_tokens <= 0:
-            raise ValueError("tokenizer cache bounds must be positive")
         self._tok = tokenizer
         self.encoder = backend_encoder(tokenizer)
-        self.max_sessions = max_sessions
-        self.max_tokens = max_tokens
-        self.evictions = 0
-        self._tokens = 0  # tokens held by the cached sessions
-        self._sessions: OrderedDict[str, _Tokenized] = OrderedDict()
+        self._sessions: BoundedLru[str, _Tokenized] = BoundedLru(
+            max_sessions, max_tokens, weigh=lambda t: len(t.ids)
+        )
         self.stats = TokenizeStats()
         # Split points are only safe after special tokens that do not swallow
         # the whitespace following them.
@@ -183,22 +180,14 @@ class IncrementalTokenizer:
     @property
     def cached_tokens(self) -> int:
         """Tokens the cached sessions hold, in all (what ``max_tokens`` bounds)."""
-        return self._tokens
+        return self._sessions.weight
+
+    @property
+    def evictions(self) -> int:
+        return self._sessions.evictions
 
     def _remember(self, session: str, result: _Tokenized) -> None:
-        sessions = self._sessions
-        old = sessions.pop(session, None)
-        if old is not None:
-            self._tokens -= len(old.ids)
-        sessions[session] = result
-        self._tokens += len(result.ids)
-        # The newest session stays even when it alone is over the token bound.
-        while len(sessions) > 1 and (
-            len(sessions) > self.max_sessions or self._tokens > self.max_tokens
-        ):
-            _, dropped = sessions.popitem(last=False)
-            self._tokens -= len(dropped.ids)
-            self.evictions += 1
+        self._sessions.put(session, result)
 
     def _encode_extending(self, prev: _Tokenized, text: str) -> _Tokenized | None:
         common = common_prefix_len(prev.text, text)

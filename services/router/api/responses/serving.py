@@ -6,7 +6,6 @@ Responses stream events; stored responses continue as conversations
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from services.router.api.responses import translate
 from services.router.api.responses.protocol import ResponsesRequest
 from services.router.api.streaming import Shape, named_event
 from services.router.errors import OpenAIError
+from services.router.routing.lru import BoundedLru
 
 
 class ResponseStore:
@@ -35,16 +35,10 @@ class ResponseStore:
     MESSAGE_OVERHEAD_CHARS = 64
 
     def __init__(self, max_entries: int = 10_000, max_chars: int = 200_000_000) -> None:
-        if max_entries <= 0 or max_chars <= 0:
-            raise ValueError("response store bounds must be positive")
         # id -> (response, conversation, its weight in characters)
-        self._entries: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], int]] = (
-            OrderedDict()
+        self._entries: BoundedLru[str, tuple[dict[str, Any], list[dict[str, Any]], int]] = (
+            BoundedLru(max_entries, max_chars, weigh=lambda entry: entry[2])
         )
-        self._max = max_entries
-        self._max_chars = max_chars
-        self._chars = 0
-        self.evictions = 0
 
     @property
     def entries(self) -> int:
@@ -53,7 +47,11 @@ class ResponseStore:
     @property
     def chars(self) -> int:
         """Characters the stored conversations hold, as ``max_chars`` counts them."""
-        return self._chars
+        return self._entries.weight
+
+    @property
+    def evictions(self) -> int:
+        return self._entries.evictions
 
     @classmethod
     def weight(cls, conversation: list[dict[str, Any]]) -> int:
@@ -68,18 +66,7 @@ class ResponseStore:
         return total
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        entries = self._entries
-        old = entries.pop(response["id"], None)
-        if old is not None:
-            self._chars -= old[2]
-        weight = self.weight(conversation)
-        entries[response["id"]] = (response, conversation, weight)
-        self._chars += weight
-        # The newest stays even when it alone is over the character bound.
-        while len(entries) > 1 and (len(entries) > self._max or self._chars > self._max_chars):
-            _, (_, _, dropped) = entries.popitem(last=False)
-            self._chars -= dropped
-            self.evictions += 1
+        self._entries.put(response["id"], (response, conversation, self.weight(conversation)))
 
     def response(self, response_id: str) -> dict[str, Any] | None:
         entry = self._entries.get(response_id)
