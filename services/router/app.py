@@ -58,6 +58,7 @@ from services.router.metrics import RouterMetrics, TableSize
 from services.router.pd import Orchestrator
 from services.router.pods import PodPool
 from services.router.prefetch import SessionPrefetcher
+from services.router.rate_limits import MeteredOrchestrator, RateLimiter, RateLimits
 from services.router.retention import SessionRetention
 from services.router.routing import RoutingCore, RoutingSettings
 from services.router.routing.replica import Replica
@@ -136,6 +137,7 @@ def bounded_tables(
     tokenizer: ChatTokenizer,
     store: ResponseStore,
     prefetcher: SessionPrefetcher | None,
+    rate_limiter: RateLimiter | None = None,
 ) -> list[TableSize]:
     """Every table of the router that grows with traffic, with its size and
     evictions (docs/operate.md, "Memory bounds"; in-flight tables are bounded
@@ -154,6 +156,8 @@ def bounded_tables(
         tables.append(TableSize("tokenizer_sessions", cache.cached_sessions, cache.evictions))
     if prefetcher is not None:
         tables.append(TableSize("prefetch_sessions", prefetcher.entries, prefetcher.evictions))
+    if rate_limiter is not None:
+        tables.append(TableSize("rate_limit_clients", rate_limiter.clients, rate_limiter.evictions))
     return tables
 
 
@@ -183,11 +187,17 @@ def _routing_settings(routing: RoutingSettings, engine_block_size: int) -> Routi
     return routing
 
 
-def install_middleware(app: FastAPI, settings: RouterSettings, metrics: RouterMetrics) -> Limiter:
+def install_middleware(
+    app: FastAPI,
+    settings: RouterSettings,
+    metrics: RouterMetrics,
+    rate_limiter: RateLimiter | None = None,
+) -> Limiter:
     """Outermost first: accounting (so 401s, 413s and 429s are counted too),
     body limits (size and time, before anything reads a body), then API keys
-    (an unauthenticated request never takes a queue place), then admission.
-    Starlette wraps in reverse order of `add_middleware`."""
+    (an unauthenticated request never takes a queue place), rate limits (per
+    accepted key), then admission. Starlette wraps in reverse order of
+    `add_middleware`."""
     admission = settings.admission
     limiter = Limiter(
         admission.max_concurrent_requests,
@@ -196,6 +206,8 @@ def install_middleware(app: FastAPI, settings: RouterSettings, metrics: RouterMe
         metrics,
     )
     app.add_middleware(AdmissionMiddleware, limiter=limiter)
+    if rate_limiter is not None:
+        app.add_middleware(RateLimits, limiter=rate_limiter, keyed=bool(settings.api_keys))
     app.add_middleware(ApiKeyAuth, keys=settings.api_keys, metrics=metrics)
     app.add_middleware(BodyLimits, settings=settings.body)
     app.add_middleware(RequestAccounting, metrics=metrics)
@@ -206,6 +218,9 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
     """The router app; its pods come from ``source`` (default: the flags' static list)."""
     metrics = RouterMetrics()
     source = source or pod_source(settings.discovery, settings.pods(), metrics)
+    rate_limiter = (
+        RateLimiter(settings.rate_limits, metrics) if settings.rate_limits.enabled else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -260,11 +275,17 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
             prefetcher.start()
         watch = asyncio.create_task(source.watch(pool), name="pod-source")
         requests = EngineRequests(card, routing.session_header, settings.retention.end_header)
-        responder = Responder(orchestrator, metrics, settings.request_timeout_s)
+        responder = Responder(
+            MeteredOrchestrator(orchestrator) if rate_limiter is not None else orchestrator,
+            metrics,
+            settings.request_timeout_s,
+        )
         chat_serving = ChatServing(requests, responder, tokenizer, tool_parser, reasoning)
         store = ResponseStore(caches.responses_store_max, caches.responses_store_max_chars)
         metrics.watch_tables(
-            lambda: bounded_tables(core, state, retention, tokenizer, store, prefetcher)
+            lambda: bounded_tables(
+                core, state, retention, tokenizer, store, prefetcher, rate_limiter
+            )
         )
         app.state.parts = RouterParts(
             card=card,
@@ -305,7 +326,7 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
 
     app = FastAPI(title="Tandem router", lifespan=lifespan)
     app.state.metrics = metrics
-    install_middleware(app, settings, metrics)
+    install_middleware(app, settings, metrics, rate_limiter)
     install_error_handlers(app)
     for family in (chat, messages, responses, completions, tokenize, models, operations):
         app.include_router(family.router)
