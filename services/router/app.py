@@ -31,6 +31,7 @@ from starlette.routing import Match
 
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
+from common.tls import TlsFiles
 from services.router.admission import AdmissionMiddleware, Limiter
 from services.router.api import operations
 from services.router.api.chat import api_router as chat
@@ -56,7 +57,7 @@ from services.router.discovery import PodSource, pod_source
 from services.router.errors import OpenAIError, install_error_handlers
 from services.router.metrics import RouterMetrics, TableSize
 from services.router.pd import Orchestrator
-from services.router.pods import PodPool
+from services.router.pods import PodPool, open_channel
 from services.router.prefetch import SessionPrefetcher
 from services.router.rate_limits import MeteredOrchestrator, RateLimiter, RateLimits
 from services.router.retention import SessionRetention
@@ -112,12 +113,14 @@ def endpoint_label(scope) -> str:
     return getattr(route, "path", None) or "unmatched"
 
 
-async def _model_info(addresses: list[str]) -> pb.GetModelInfoResponse:
+async def _model_info(
+    addresses: list[str], credentials: grpc.ChannelCredentials | None = None
+) -> pb.GetModelInfoResponse:
     """Ask the engines what they serve (waiting for the first to answer)."""
     deadline = time.monotonic() + _STARTUP_WAIT_S
     while True:
         for address in addresses:
-            async with grpc.aio.insecure_channel(address) as channel:
+            async with open_channel(address, credentials) as channel:
                 try:
                     return await pb_grpc.EngineStub(channel).GetModelInfo(
                         pb.GetModelInfoRequest(), timeout=2.0
@@ -226,7 +229,10 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # gRPC channels belong to the serving event loop: create them here.
         specs = await source.initial()
-        info = await _model_info([s.name for s in specs])
+        tls = TlsFiles(settings.tls) if settings.tls.enabled else None
+        info = await _model_info(
+            [s.name for s in specs], tls.channel_credentials() if tls is not None else None
+        )
         card = ModelCard(
             name=settings.served_model_name or info.served_model_name,
             max_model_len=info.max_model_len,
@@ -235,7 +241,9 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         routing = _routing_settings(settings.routing, info.block_size)
         core = RoutingCore(routing)
         state = shared_state(routing)
-        pool = PodPool(core, settings.poll_interval_s, remove_grace_s=settings.shutdown_grace_s)
+        pool = PodPool(
+            core, settings.poll_interval_s, remove_grace_s=settings.shutdown_grace_s, tls=tls
+        )
         for spec in specs:
             pool.add_pod(spec)
         metrics.watch(core, pool, state)

@@ -20,6 +20,7 @@ from common.settings import (
     group,
     setting,
 )
+from common.tls import GrpcTlsSettings
 from services.router.admission import AdmissionSettings
 from services.router.auth import read_keys_file
 from services.router.body_limits import BodySettings
@@ -132,6 +133,13 @@ class RouterSettings(RouterLaunchSettings):
         "minute over the generation endpoints; beyond either, 429 with Retry-After "
         "(docs/operate.md, 'Rate limits').",
     )
+    tls: GrpcTlsSettings = group(
+        GrpcTlsSettings,
+        "mutual TLS to the engines",
+        "With --grpc-tls-cert, --grpc-tls-key and --grpc-tls-ca the router calls the engines "
+        "over mutual TLS (the engines need the same flags); the files are checked at each "
+        "health poll and the channels reopened when they change (docs/operate.md, 'mTLS').",
+    )
     # Not in repr: settings must be printable without leaking keys. Not a
     # derived flag either: --api-key, --api-keys-file and the environment merge.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -186,6 +194,7 @@ class RouterSettings(RouterLaunchSettings):
     def validate(self) -> None:
         self.admission.validate()
         self.rate_limits.validate()
+        self.tls.validate()
         self.body.validate()
         self.routing.validate()
         self.retention.validate()
