@@ -3,8 +3,9 @@ what they serve with on ``app.state`` (the metrics, and `api.parts.RouterParts`
 built at startup), includes each API family's routes (`api/`), installs
 middleware and error handlers.
 
-A request passes, in order: `auth.ApiKeyAuth` and `admission.AdmissionMiddleware`
-(API keys, concurrency and queueing) → its family's route in `api/<family>/`
+A request passes, in order: `auth.ApiKeyAuth`, `rate_limits.RateLimits` and
+`admission.AdmissionMiddleware` (API keys, per-client rate limits,
+concurrency and queueing) → its family's route in `api/<family>/`
 (`api_router.py`) → that family's serving (`serving.py`: validate, translate
 Messages and Responses onto chat, tokenize, build the one engine request in
 `api/engine_request.py`) → `api/streaming.py`'s `Responder` (the whole
