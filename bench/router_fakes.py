@@ -40,6 +40,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from common.model import DEFAULT_MODEL_NAME
+from common.settings import add_arguments, from_arguments
+from common.tls import GrpcTlsSettings
 
 MODEL_NAME = DEFAULT_MODEL_NAME
 TOKEN_TEXT = " tok"
@@ -376,20 +378,29 @@ def create_grpc_servicer(
     return FakeEngine()
 
 
-async def start_grpc_server(host: str, port: int, timing: Timing, **kwargs):
-    """Start the fake engine on this event loop; returns the grpc.aio server."""
+async def start_grpc_server(
+    host: str, port: int, timing: Timing, tls: GrpcTlsSettings | None = None, **kwargs
+):
+    """Start the fake engine on this event loop; returns the grpc.aio server.
+    With `tls`, it speaks mutual TLS only, as the engine host does."""
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
     from common.proto import engine_pb2_grpc as pb_grpc
+    from common.tls import TlsFiles
 
     server = grpc.aio.server()
     pb_grpc.add_EngineServicer_to_server(create_grpc_servicer(timing, **kwargs), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = (
+        server.add_secure_port(address, TlsFiles(tls).server_credentials())
+        if tls is not None and tls.enabled
+        else server.add_insecure_port(address)
+    )
     if bound == 0:
-        raise SystemExit(f"cannot listen on {host}:{port}")
+        raise SystemExit(f"cannot listen on {address}")
     await server.start()
     for name in ("", "tandem.engine.v1.Engine"):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -455,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         default=TOKEN_TEXT,
         help="grpc: the text of every generated token (e.g. the fake's name)",
     )
+    add_arguments(parser, GrpcTlsSettings, "TANDEM_FAKE_ENGINE_")
     args = parser.parse_args(argv)
     timing = Timing(args.first_token_ms, args.token_delay_ms, args.tokens)
     if args.kind == "openai":
@@ -475,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             model_path=args.model_path,
             max_model_len=args.max_model_len,
             token_text=args.token_text,
+            tls=from_arguments(GrpcTlsSettings, args),
         )
     return 0
 

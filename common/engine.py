@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass, field
 
 from common.roles import Role
-from common.settings import setting, to_argv
+from common.settings import group, setting, to_argv
+from common.tls import GrpcTlsSettings
 
 # Flags every launcher gives, even at their defaults: where the engine listens.
 ADDRESS = ("role", "host", "grpc_port", "metrics_port", "nixl_port")
@@ -60,6 +61,7 @@ class EngineHostSettings:
         "for the slowest legitimate step (a 2K-token prefill chunk on a loaded CPU takes "
         "tens of seconds); lower it on GPUs. 0 = never",
     )
+    tls: GrpcTlsSettings = group(GrpcTlsSettings, "mutual TLS on the gRPC link")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from common.settings import SettingError, setting, to_argv
+from common.settings import SettingError, flag_of, setting, to_argv
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,48 @@ class RouterLaunchSettings:
     )
 
 
+@dataclass(frozen=True)
+class RateLimitSettings:
+    """Per-client rate limits (services/router/rate_limits.py): a client is an
+    API key when keys are configured, else the connection's peer address."""
+
+    rate_limit_requests_per_s: float = setting(
+        0.0,
+        "requests per second each client may send, /health and /metrics aside (0: no limit)",
+        metavar="RATE",
+    )
+    rate_limit_burst: int = setting(
+        0,
+        "requests a client may send at once above that rate (0: one second's worth, at least 1)",
+        metavar="N",
+    )
+    rate_limit_tokens_per_min: int = setting(
+        0,
+        "prompt plus completion tokens per minute each client may use on the generation "
+        "endpoints (0: no limit); a client in debt gets 429 until it is paid back",
+        metavar="TOKENS",
+    )
+    rate_limit_max_clients: int = setting(
+        100_000,
+        "clients whose buckets are kept (least recently seen forgotten beyond: it starts "
+        "again with a full bucket)",
+        metavar="N",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate_limit_requests_per_s > 0 or self.rate_limit_tokens_per_min > 0
+
+    def validate(self) -> None:
+        for name in ("rate_limit_requests_per_s", "rate_limit_burst", "rate_limit_tokens_per_min"):
+            if getattr(self, name) < 0:
+                raise SettingError(flag_of(RateLimitSettings, name), "cannot be negative")
+        if self.rate_limit_max_clients <= 0:
+            raise SettingError(
+                flag_of(RateLimitSettings, "rate_limit_max_clients"), "must be positive"
+            )
+
+
 DISCOVERY_MODES = ("static", "kubernetes")
 
 
@@ -135,6 +177,7 @@ class RouterCommand:
     launch: RouterLaunchSettings = field(default_factory=RouterLaunchSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     extra: tuple[str, ...] = ()
+    rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
 
     def argv(self, python: str = "python", *, joined: bool = False) -> list[str]:
         return [
@@ -143,5 +186,6 @@ class RouterCommand:
             "services.router",
             *to_argv(self.launch, ("host", "port"), joined=joined),
             *to_argv(self.discovery, joined=joined),
+            *to_argv(self.rate_limits, joined=joined),
             *self.extra,
         ]

@@ -144,6 +144,10 @@ def parse_settings(
         except ValueError as exc:
             parser.error(str(exc))
     settings: EngineSettings = from_arguments(EngineSettings, args, engine_args=engine_args)
+    try:
+        settings.tls.validate()
+    except SettingError as exc:
+        parser.error(str(exc))
     return settings
 
 

@@ -35,6 +35,7 @@ from prometheus_client import start_http_server
 from common.logs import setup_logging
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
+from common.tls import TlsFiles
 from services.engine import leases
 from services.engine.config import EngineSettings, describe, parse_settings
 from services.engine.load import LoadTracker
@@ -92,7 +93,13 @@ async def serve(settings: EngineSettings) -> int:
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{settings.host}:{settings.grpc_port}"
-    if server.add_insecure_port(address) == 0:
+    # With TLS on the port speaks only TLS and requires a client certificate.
+    bound = (
+        server.add_secure_port(address, TlsFiles(settings.tls).server_credentials())
+        if settings.tls.enabled
+        else server.add_insecure_port(address)
+    )
+    if bound == 0:
         raise SystemExit(f"--grpc-port {settings.grpc_port}: cannot listen on {address}")
     await server.start()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import uvicorn
@@ -9,11 +10,13 @@ import uvicorn
 from common.logs import setup_logging
 from services.router.app import create_app
 from services.router.config import parse_settings
+from services.router.errors import WithholdMessages
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     setup_logging("router")
+    logging.getLogger("uvicorn.error").addFilter(WithholdMessages())
     # uvicorn stops accepting on SIGTERM and lets in-flight requests finish
     # for the grace period before closing connections.
     uvicorn.run(

@@ -3,8 +3,9 @@ what they serve with on ``app.state`` (the metrics, and `api.parts.RouterParts`
 built at startup), includes each API family's routes (`api/`), installs
 middleware and error handlers.
 
-A request passes, in order: `auth.ApiKeyAuth` and `admission.AdmissionMiddleware`
-(API keys, concurrency and queueing) → its family's route in `api/<family>/`
+A request passes, in order: `auth.ApiKeyAuth`, `rate_limits.RateLimits` and
+`admission.AdmissionMiddleware` (API keys, per-client rate limits,
+concurrency and queueing) → its family's route in `api/<family>/`
 (`api_router.py`) → that family's serving (`serving.py`: validate, translate
 Messages and Responses onto chat, tokenize, build the one engine request in
 `api/engine_request.py`) → `api/streaming.py`'s `Responder` (the whole
@@ -31,6 +32,7 @@ from starlette.routing import Match
 
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
+from common.tls import TlsFiles
 from services.router.admission import AdmissionMiddleware, Limiter
 from services.router.api import operations
 from services.router.api.chat import api_router as chat
@@ -56,8 +58,9 @@ from services.router.discovery import PodSource, pod_source
 from services.router.errors import OpenAIError, install_error_handlers
 from services.router.metrics import RouterMetrics, TableSize
 from services.router.pd import Orchestrator
-from services.router.pods import PodPool
+from services.router.pods import PodPool, open_channel
 from services.router.prefetch import SessionPrefetcher
+from services.router.rate_limits import MeteredOrchestrator, RateLimiter, RateLimits
 from services.router.retention import SessionRetention
 from services.router.routing import RoutingCore, RoutingSettings
 from services.router.routing.replica import Replica
@@ -111,12 +114,14 @@ def endpoint_label(scope) -> str:
     return getattr(route, "path", None) or "unmatched"
 
 
-async def _model_info(addresses: list[str]) -> pb.GetModelInfoResponse:
+async def _model_info(
+    addresses: list[str], credentials: grpc.ChannelCredentials | None = None
+) -> pb.GetModelInfoResponse:
     """Ask the engines what they serve (waiting for the first to answer)."""
     deadline = time.monotonic() + _STARTUP_WAIT_S
     while True:
         for address in addresses:
-            async with grpc.aio.insecure_channel(address) as channel:
+            async with open_channel(address, credentials) as channel:
                 try:
                     return await pb_grpc.EngineStub(channel).GetModelInfo(
                         pb.GetModelInfoRequest(), timeout=2.0
@@ -136,6 +141,7 @@ def bounded_tables(
     tokenizer: ChatTokenizer,
     store: ResponseStore,
     prefetcher: SessionPrefetcher | None,
+    rate_limiter: RateLimiter | None = None,
 ) -> list[TableSize]:
     """Every table of the router that grows with traffic, with its size and
     evictions (docs/operate.md, "Memory bounds"; in-flight tables are bounded
@@ -154,6 +160,8 @@ def bounded_tables(
         tables.append(TableSize("tokenizer_sessions", cache.cached_sessions, cache.evictions))
     if prefetcher is not None:
         tables.append(TableSize("prefetch_sessions", prefetcher.entries, prefetcher.evictions))
+    if rate_limiter is not None:
+        tables.append(TableSize("rate_limit_clients", rate_limiter.clients, rate_limiter.evictions))
     return tables
 
 
@@ -183,11 +191,17 @@ def _routing_settings(routing: RoutingSettings, engine_block_size: int) -> Routi
     return routing
 
 
-def install_middleware(app: FastAPI, settings: RouterSettings, metrics: RouterMetrics) -> Limiter:
+def install_middleware(
+    app: FastAPI,
+    settings: RouterSettings,
+    metrics: RouterMetrics,
+    rate_limiter: RateLimiter | None = None,
+) -> Limiter:
     """Outermost first: accounting (so 401s, 413s and 429s are counted too),
     body limits (size and time, before anything reads a body), then API keys
-    (an unauthenticated request never takes a queue place), then admission.
-    Starlette wraps in reverse order of `add_middleware`."""
+    (an unauthenticated request never takes a queue place), rate limits (per
+    accepted key), then admission. Starlette wraps in reverse order of
+    `add_middleware`."""
     admission = settings.admission
     limiter = Limiter(
         admission.max_concurrent_requests,
@@ -196,6 +210,8 @@ def install_middleware(app: FastAPI, settings: RouterSettings, metrics: RouterMe
         metrics,
     )
     app.add_middleware(AdmissionMiddleware, limiter=limiter)
+    if rate_limiter is not None:
+        app.add_middleware(RateLimits, limiter=rate_limiter, keyed=bool(settings.api_keys))
     app.add_middleware(ApiKeyAuth, keys=settings.api_keys, metrics=metrics)
     app.add_middleware(BodyLimits, settings=settings.body)
     app.add_middleware(RequestAccounting, metrics=metrics)
@@ -206,12 +222,18 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
     """The router app; its pods come from ``source`` (default: the flags' static list)."""
     metrics = RouterMetrics()
     source = source or pod_source(settings.discovery, settings.pods(), metrics)
+    rate_limiter = (
+        RateLimiter(settings.rate_limits, metrics) if settings.rate_limits.enabled else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # gRPC channels belong to the serving event loop: create them here.
         specs = await source.initial()
-        info = await _model_info([s.name for s in specs])
+        tls = TlsFiles(settings.tls) if settings.tls.enabled else None
+        info = await _model_info(
+            [s.name for s in specs], tls.channel_credentials() if tls is not None else None
+        )
         card = ModelCard(
             name=settings.served_model_name or info.served_model_name,
             max_model_len=info.max_model_len,
@@ -220,7 +242,9 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         routing = _routing_settings(settings.routing, info.block_size)
         core = RoutingCore(routing)
         state = shared_state(routing)
-        pool = PodPool(core, settings.poll_interval_s, remove_grace_s=settings.shutdown_grace_s)
+        pool = PodPool(
+            core, settings.poll_interval_s, remove_grace_s=settings.shutdown_grace_s, tls=tls
+        )
         for spec in specs:
             pool.add_pod(spec)
         metrics.watch(core, pool, state)
@@ -260,11 +284,17 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
             prefetcher.start()
         watch = asyncio.create_task(source.watch(pool), name="pod-source")
         requests = EngineRequests(card, routing.session_header, settings.retention.end_header)
-        responder = Responder(orchestrator, metrics, settings.request_timeout_s)
+        responder = Responder(
+            MeteredOrchestrator(orchestrator) if rate_limiter is not None else orchestrator,
+            metrics,
+            settings.request_timeout_s,
+        )
         chat_serving = ChatServing(requests, responder, tokenizer, tool_parser, reasoning)
         store = ResponseStore(caches.responses_store_max, caches.responses_store_max_chars)
         metrics.watch_tables(
-            lambda: bounded_tables(core, state, retention, tokenizer, store, prefetcher)
+            lambda: bounded_tables(
+                core, state, retention, tokenizer, store, prefetcher, rate_limiter
+            )
         )
         app.state.parts = RouterParts(
             card=card,
@@ -305,7 +335,7 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
 
     app = FastAPI(title="Tandem router", lifespan=lifespan)
     app.state.metrics = metrics
-    install_middleware(app, settings, metrics)
+    install_middleware(app, settings, metrics, rate_limiter)
     install_error_handlers(app)
     for family in (chat, messages, responses, completions, tokenize, models, operations):
         app.include_router(family.router)

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from common.roles import Role
-from common.router import RouterLaunchSettings
+from common.router import RateLimitSettings, RouterLaunchSettings
 from common.settings import (
     SettingError,
     add_arguments,
@@ -20,6 +20,7 @@ from common.settings import (
     group,
     setting,
 )
+from common.tls import GrpcTlsSettings
 from services.router.admission import AdmissionSettings
 from services.router.auth import read_keys_file
 from services.router.body_limits import BodySettings
@@ -124,6 +125,21 @@ class RouterSettings(RouterLaunchSettings):
         "every request except /health and /metrics needs 'Authorization: Bearer <key>' "
         "(else 401).",
     )
+    rate_limits: RateLimitSettings = group(
+        RateLimitSettings,
+        "rate limits",
+        "Per client (its API key when keys are set, else its address): requests per second "
+        "over every endpoint but /health and /metrics, and prompt plus completion tokens per "
+        "minute over the generation endpoints; beyond either, 429 with Retry-After "
+        "(docs/operate.md, 'Rate limits').",
+    )
+    tls: GrpcTlsSettings = group(
+        GrpcTlsSettings,
+        "mutual TLS to the engines",
+        "With --grpc-tls-cert, --grpc-tls-key and --grpc-tls-ca the router calls the engines "
+        "over mutual TLS (the engines need the same flags); the files are checked at each "
+        "health poll and the channels reopened when they change (docs/operate.md, 'mTLS').",
+    )
     # Not in repr: settings must be printable without leaking keys. Not a
     # derived flag either: --api-key, --api-keys-file and the environment merge.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -177,6 +193,8 @@ class RouterSettings(RouterLaunchSettings):
 
     def validate(self) -> None:
         self.admission.validate()
+        self.rate_limits.validate()
+        self.tls.validate()
         self.body.validate()
         self.routing.validate()
         self.retention.validate()

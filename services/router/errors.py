@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import traceback
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -163,6 +164,38 @@ def _http_message(exc: StarletteHTTPException) -> str:
     return str(exc.detail)
 
 
+def withheld_traceback(exc: BaseException) -> str:
+    """A traceback without the exception's message, which may quote the
+    request (a prompt, a header): its type and frames only."""
+    frames = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
+    return (
+        f"Traceback (most recent call last):\n{frames}\n{type(exc).__qualname__} "
+        "(message withheld: it may quote the request; TANDEM_LOG_LEVEL=debug shows it)"
+    )
+
+
+class WithholdMessages(logging.Filter):
+    """For loggers outside the router's own (uvicorn's "Exception in ASGI
+    application"): their tracebacks lose the exception's message unless the
+    router logs at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and not log.isEnabledFor(logging.DEBUG):
+            record.exc_info = None
+            record.exc_text = withheld_traceback(exc)
+        return True
+
+
+def log_unexpected(exc: BaseException) -> None:
+    """An unexpected error's type and where it happened; its message only at
+    DEBUG (docs/operate.md, "Logs")."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("unhandled error", exc_info=exc)
+    else:
+        log.error("unhandled error\n%s", withheld_traceback(exc))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai(request: Request, exc: OpenAIError):
@@ -179,5 +212,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        log.exception("unhandled error")
+        log_unexpected(exc)
         return OpenAIError(500, f"internal error: {type(exc).__name__}").response(request.url.path)

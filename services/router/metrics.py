@@ -120,6 +120,12 @@ class RouterMetrics:
             buckets=_QUEUE_BUCKETS,
             registry=r,
         )
+        self.rate_limited = Counter(
+            "tandem_router_rate_limited_total",
+            "Requests refused with 429 by a per-client rate limit, by limit (requests, tokens)",
+            ["limit"],
+            registry=r,
+        )
         self.auth_failures = Counter(
             "tandem_router_auth_failures_total",
             "Requests refused with 401, by reason (missing, invalid)",

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
+from common.tls import TlsFiles
 from services.router.routing import PodSpec, RoutingCore
 from services.router.routing.events import KvEventSubscriber
 from services.router.routing.tasks import cancel_and_wait
@@ -37,16 +38,44 @@ _CHANNEL_OPTIONS = [
 _SLOW_POLLS_BEFORE_UNHEALTHY = 3
 
 
+# Old channels closing in the background after a certificate reload.
+_closing: set[asyncio.Task[None]] = set()
+
+
+def open_channel(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    """A channel to an engine: mutual TLS with `credentials`, else plaintext."""
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
+
+
 class EnginePod:
     """One pod's connections: its gRPC channel and, if it publishes them, its KV events."""
 
-    def __init__(self, spec: PodSpec, events: KvEventSubscriber | None = None) -> None:
+    def __init__(
+        self,
+        spec: PodSpec,
+        events: KvEventSubscriber | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.spec = spec
-        self.channel = grpc.aio.insecure_channel(spec.name, options=_CHANNEL_OPTIONS)
-        self.stub = pb_grpc.EngineStub(self.channel)
-        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._connect(credentials)
         self.events = events
         self.slow_polls = 0
+
+    def _connect(self, credentials: grpc.ChannelCredentials | None) -> None:
+        self.channel = open_channel(self.spec.name, credentials)
+        self.stub = pb_grpc.EngineStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+
+    def reconnect(self, credentials: grpc.ChannelCredentials, grace_s: float) -> None:
+        """New calls go over a new channel with `credentials`; the old one
+        closes once its calls end (at most `grace_s` later)."""
+        old = self.channel
+        self._connect(credentials)
+        task = asyncio.get_running_loop().create_task(old.close(grace_s))
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
 
     @property
     def address(self) -> str:
@@ -72,9 +101,17 @@ class EnginePod:
 
 class PodPool:
     def __init__(
-        self, core: RoutingCore, poll_interval_s: float, remove_grace_s: float = 30.0
+        self,
+        core: RoutingCore,
+        poll_interval_s: float,
+        remove_grace_s: float = 30.0,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.core = core
+        # Mutual TLS to the engines: the files are checked at each poll and
+        # every channel is reopened when they change.
+        self._tls = tls
+        self._credentials = tls.channel_credentials() if tls is not None else None
         self._pods: dict[str, EnginePod] = {}
         self._poll_interval_s = poll_interval_s
         self._remove_grace_s = remove_grace_s
@@ -93,7 +130,7 @@ class PodPool:
                 spec.name, spec.kv_events, spec.kv_events_replay, self.core.index
             )
             events.start()
-        pod = self._pods[spec.name] = EnginePod(spec, events)
+        pod = self._pods[spec.name] = EnginePod(spec, events, self._credentials)
         log.info(
             "pod %s (%s) added%s",
             spec.name,
@@ -156,7 +193,22 @@ class PodPool:
         )
 
     async def poll_once(self) -> None:
+        self.reload_tls()
         await asyncio.gather(*(self._poll(p) for p in self.pods))
+
+    def reload_tls(self) -> bool:
+        """Reopen every pod's channel if the TLS files changed; whether they did."""
+        if self._tls is None or not self._tls.changed():
+            return False
+        try:
+            self._credentials = self._tls.channel_credentials()
+        except OSError as exc:  # caught mid-replacement: the next poll tries again
+            log.warning("TLS files changed but cannot be read yet: %s", exc)
+            return False
+        log.info("TLS files changed: reconnecting to %d pods with them", len(self._pods))
+        for pod in self._pods.values():
+            pod.reconnect(self._credentials, self._remove_grace_s)
+        return True
 
     async def _poll_forever(self) -> None:
         while True:

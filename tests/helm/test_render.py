@@ -200,7 +200,8 @@ def test_network_policies_deny_by_default_and_open_the_request_path():
     assert sorted(policies) == [
         "tandem-default-deny",
         "tandem-engines",
-        "tandem-kvstore",
+        "tandem-kvstore-clients",
+        "tandem-kvstore-master",
         "tandem-operator",
         "tandem-redis",
         "tandem-router",

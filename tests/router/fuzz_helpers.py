@@ -41,8 +41,10 @@ class LiveRouter:
 
 
 @contextmanager
-def live_router(log_dir: Path, *router_args: str) -> Iterator[LiveRouter]:
-    """The router with `router_args` added to its flags, before one fake engine."""
+def live_router(log_dir: Path, *router_args: str, token_text: str = "ok") -> Iterator[LiveRouter]:
+    """The router with `router_args` added to its flags, before one fake
+    engine generating `token_text` as each token. Each process's output is in
+    ``<log_dir>/<name>.log``."""
     procs = Processes(log_dir)
     cpus = set(os.sched_getaffinity(0))
     model_dir = str(resolve_model(None))
@@ -56,7 +58,7 @@ def live_router(log_dir: Path, *router_args: str) -> Iterator[LiveRouter]:
                 str(engine_port),
                 model_dir,
                 "--token-text",
-                "ok",
+                token_text,
                 # No delay between tokens: a body without max_tokens
                 # generates to the end of the context (8k tokens), in a second.
                 "--token-delay-ms",

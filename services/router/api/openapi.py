@@ -131,7 +131,7 @@ class Health(BaseModel):
 
 _ERROR_STATUSES = (
     "400: invalid body or field (named); 401: API key; 404: unknown model or id; "
-    "408: body not received in time; 413: body too large; 429: at capacity"
+    "408: body not received in time; 413: body too large; 429: at capacity or over a rate limit"
 )
 
 
