@@ -552,6 +552,22 @@ class Store:
         name: str,
         options: dict | None = None,
     ) -> dict:
+        """Delete as kube-apiserver does (finalizers, propagation, namespaces).
+
+        A pod bound to a node (`spec.nodeName`) is deleted gracefully: the
+        first DELETE sets `deletionGracePeriodSeconds` (`gracePeriodSeconds`
+        if given, else the pod's `terminationGracePeriodSeconds`, else 30) and
+        `deletionTimestamp` to now plus that (when it should be gone), and
+        leaves the object; a later DELETE may shorten the grace period (both
+        fields move), never lengthen it. The kubelet's side of the contract:
+        seeing `deletionTimestamp`, it runs `preStop`, sends SIGTERM, SIGKILL
+        once `deletionGracePeriodSeconds` have passed since it saw the
+        deletion (as the real kubelet counts, on its own clock), and when the
+        pod's processes are gone removes the object with a DELETE of
+        `gracePeriodSeconds=0`. `gracePeriodSeconds=0` from anyone
+        (`kubectl delete --force --grace-period=0`) and pods not bound to a
+        node are removed at once.
+        """
         options = options or {}
         key = self._key(kind, namespace, name)
         obj = self.objects.get(key)
@@ -581,6 +597,15 @@ class Store:
             and (grace is None or grace > 0)
         )
         if meta.get("deletionTimestamp"):
+            current_grace = meta.get("deletionGracePeriodSeconds", 0)
+            if graceful_pod and grace is not None and grace < current_grace:
+                shorter = copy.deepcopy(obj)
+                shorter["metadata"]["deletionTimestamp"] = semantics.rfc3339_plus(
+                    meta["deletionTimestamp"], grace - current_grace
+                )
+                shorter["metadata"]["deletionGracePeriodSeconds"] = grace
+                self._commit(kind, key, shorter, "MODIFIED", obj)
+                return copy.deepcopy(shorter)
             if graceful_pod or finalizers:
                 return copy.deepcopy(obj)
             self._remove(kind, key)
@@ -594,8 +619,11 @@ class Store:
             new["metadata"]["deletionTimestamp"] = semantics.now_rfc3339()
             if graceful_pod:
                 default_grace = obj["spec"].get("terminationGracePeriodSeconds", 30)
-                new["metadata"]["deletionGracePeriodSeconds"] = (
-                    default_grace if grace is None else grace
+                period = default_grace if grace is None else grace
+                new["metadata"]["deletionGracePeriodSeconds"] = period
+                # As kube-apiserver: the time by which the pod is to be gone.
+                new["metadata"]["deletionTimestamp"] = semantics.rfc3339_plus(
+                    new["metadata"]["deletionTimestamp"], period
                 )
             else:
                 new["metadata"]["deletionGracePeriodSeconds"] = 0
