@@ -274,13 +274,7 @@ class DeploymentController(Controller):
 
     def _clean_history(self, d: dict, olds: list[dict]) -> None:
         limit = (d.get("spec") or {}).get("revisionHistoryLimit", 10)
-        idle = [
-            r
-            for r in olds
-            if _replicas(r) == 0
-            and _status(r, "replicas") == 0
-            and self.get(REPLICASETS, r["metadata"]["namespace"], r["metadata"]["name"])
-        ]
+        idle = [r for r in olds if _replicas(r) == 0 and _status(r, "replicas") == 0]
         idle.sort(key=_revision)
         for rs in idle[: max(0, len(idle) - limit)]:
             self.store.delete(

@@ -12,6 +12,7 @@ queued again after it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 
 from devcluster.controllers.base import Controller, KindKey, ObjRef
@@ -55,6 +56,8 @@ class ControllerManager:
         self.queues = [_Queue(cls(store)) for cls in CONTROLLERS]
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Subscription] = []
+        # What reconciles raised (the newest 100), for tests to look at.
+        self.errors: collections.deque[str] = collections.deque(maxlen=100)
 
     def start(self) -> None:
         ensure_node(self.store)
@@ -102,8 +105,9 @@ class ControllerManager:
                 ref = queue.dirty.pop()
                 try:
                     again = queue.controller.reconcile(*ref)
-                except Exception:  # noqa: BLE001  (a controller keeps going, as in Kubernetes)
+                except Exception as exc:  # noqa: BLE001  (a controller keeps going, as in Kubernetes)
                     log.exception("%s controller: reconciling %s/%s", queue.controller.name, *ref)
+                    self.errors.append(f"{queue.controller.name} {ref[0]}/{ref[1]}: {exc!r}")
                     again = RETRY_S
                 if again is not None:
                     loop.call_later(max(again, 0.05), queue.add, ref)

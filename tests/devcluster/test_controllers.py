@@ -94,6 +94,7 @@ class Kubelet:
         while not self.api.call(manager.idle):
             assert time.monotonic() < deadline, "the controllers never settled"
             time.sleep(0.01)
+        assert not manager.errors, list(manager.errors)
 
 
 @pytest.fixture
@@ -412,7 +413,7 @@ def test_the_operators_strategy_never_drops_below_replicas(kube_api, kubelet):
 
 
 def test_recreate_starts_new_pods_only_once_the_old_are_gone(kube_api, kubelet):
-    kube_api.install(deployment(replicas=2, strategy={"type": "Recreate"}))
+    kube_api.install(deployment(replicas=2, strategy={"type": "Recreate"}, revisionHistoryLimit=0))
     wait_rollout(kube_api, kubelet, 2, 0)
     d = kube_api.get(*DEPLOYMENTS, NS, "web")
     d["spec"]["template"]["spec"]["containers"][0]["image"] = "i:2"
@@ -427,6 +428,9 @@ def test_recreate_starts_new_pods_only_once_the_old_are_gone(kube_api, kubelet):
     kubelet.settle()
     images = [p["spec"]["containers"][0]["image"] for p in kubelet.pods()]
     assert images == ["i:2", "i:2"]
+    # revisionHistoryLimit 0: the old, empty ReplicaSet is deleted.
+    (rs,) = kube_api.list(*REPLICASETS, NS)
+    assert rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "2"
 
 
 def test_deleting_a_deployment_collects_its_replicaset_and_pods_gracefully(kube_api, kubelet):
