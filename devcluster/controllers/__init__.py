@@ -11,6 +11,7 @@ validation, garbage collection. One module per controller:
 * ``daemonset`` — one pod on the one node;
 * ``lws`` — LeaderWorkerSet groups (leader + workers, ``LWS_*`` env);
 * ``endpointslice`` — Services' EndpointSlices from pod readiness and deletion;
+* ``scheduler`` — binds pods that name no node;
 * ``node`` — the one Node (``devcluster-node``) every pod is bound to.
 
 What runs pods (the kubelet) is not here: pods are created bound to the node

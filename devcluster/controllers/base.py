@@ -310,4 +310,18 @@ def pod_from_template(
     spec = json.loads(json.dumps(template.get("spec") or {}))
     # The scheduler's part, done at creation: there is one node.
     spec["nodeName"] = NODE_NAME
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": {"phase": "Pending", "conditions": [scheduled_condition()]},
+    }
+
+
+def scheduled_condition() -> dict:
+    return {
+        "type": "PodScheduled",
+        "status": "True",
+        "lastTransitionTime": semantics.now_rfc3339(),
+    }

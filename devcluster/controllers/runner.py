@@ -22,6 +22,7 @@ from devcluster.controllers.endpointslice import EndpointSliceController
 from devcluster.controllers.lws import LeaderWorkerSetController
 from devcluster.controllers.node import ensure_node
 from devcluster.controllers.replicaset import ReplicaSetController
+from devcluster.controllers.scheduler import Scheduler
 from devcluster.kinds import Kind
 from devcluster.store import Store, Subscription
 
@@ -33,6 +34,7 @@ CONTROLLERS: tuple[type[Controller], ...] = (
     DaemonSetController,
     LeaderWorkerSetController,
     EndpointSliceController,
+    Scheduler,
 )
 RETRY_S = 1.0
 

@@ -465,6 +465,25 @@ def test_kubectl_agrees_with_the_controllers(kube_api, kubelet, kubectl):
     assert "successfully rolled out" in kubectl("rollout", "status", "deploy/web").stdout
 
 
+def test_a_bare_pod_is_bound_to_the_node(kube_api, kubelet, kubectl):
+    bare = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bare", "namespace": NS},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }
+    other = copy.deepcopy(bare)
+    other["metadata"]["name"] = "elsewhere"
+    other["spec"]["schedulerName"] = "volcano"
+    kube_api.install(bare, other)
+    kubelet.settle()
+    pods = {p["metadata"]["name"]: p for p in kubelet.pods()}
+    assert pods["bare"]["spec"]["nodeName"] == NODE_NAME
+    (scheduled,) = pods["bare"]["status"]["conditions"]
+    assert (scheduled["type"], scheduled["status"]) == ("PodScheduled", "True")
+    assert "nodeName" not in pods["elsewhere"]["spec"]  # another scheduler's pod
+
+
 # ---- DaemonSet ----------------------------------------------------------------------
 
 
