@@ -51,6 +51,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "devcluster", "--state-dir", str(state_dir)]
     if args.port:
         argv += ["--port", str(args.port)]
+    if args.no_controllers:
+        argv.append("--no-controllers")
     log = state_dir / "devcluster.log"
     proc, popen = launch("devcluster", argv, log, env={"PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -137,5 +139,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "up":
             action.add_argument(
                 "--port", type=int, default=0, help="loopback port (default: a free one)"
+            )
+            action.add_argument(
+                "--no-controllers",
+                action="store_true",
+                help="the API server alone: no pods for Deployments, no EndpointSlices",
             )
         action.set_defaults(func=func)
