@@ -12,7 +12,8 @@ Import the ones a test folder needs from its conftest.py:
   the CompletedProcess; `check=False` lets a test look at a refusal.
 * `start_operator(kube_api, tmp_path)` starts `python -m operators` against it
   (a real process, stopped by the returned handle's `stop()`); with
-  `namespace="x"` it watches that namespace only, as the chart runs it.
+  `namespace="x"` it watches that namespace only, as the chart runs it;
+  `args` adds flags (the Lease's timings, for tests with several replicas).
 """
 
 from __future__ import annotations
@@ -117,6 +118,22 @@ class OperatorProcess:
             )
         )
 
+    def leading(self) -> bool:
+        """Whether this replica holds the operator's Lease (tandem_operator_leader)."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            text = httpx.get(self.metrics_url, timeout=5).text
+        except httpx.HTTPError:
+            return False
+        return any(
+            sample.value == 1
+            for family in text_string_to_metric_families(text)
+            if family.name == "tandem_operator_leader"
+            for sample in family.samples
+        )
+
     def wait_passes(self, count: int = 2, timeout: float = 120.0) -> None:
         """Until `count` more reconcile passes have finished. Passes of one
         deployment run one at a time, so with count >= 2 at least one whole
@@ -161,6 +178,7 @@ def start_operator(
     name: str = "operator",
     scaling: float = 15.0,
     namespace: str | None = None,
+    args: tuple[str, ...] = (),
 ) -> OperatorProcess:
     log = tmp_path / f"{name}.log"
     health_port, metrics_port = free_ports(2)
@@ -179,6 +197,7 @@ def start_operator(
             "--scaling-seconds",
             str(scaling),
             *([] if namespace is None else ["--namespace", namespace]),
+            *args,
         ],
         cwd=REPO,
         env=env,
