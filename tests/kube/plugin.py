@@ -13,7 +13,7 @@ Import the ones a test folder needs from its conftest.py:
 * `start_operator(kube_api, tmp_path)` starts `python -m operators` against it
   (a real process, stopped by the returned handle's `stop()`); with
   `namespace="x"` it watches that namespace only, as the chart runs it;
-  `args` adds flags (the Lease's timings, for tests with several replicas).
+  a short Lease (`TEST_LEASE`); `args` adds flags.
 """
 
 from __future__ import annotations
@@ -171,6 +171,18 @@ class OperatorProcess:
         return self.log.read_text(errors="replace")
 
 
+# Tests stop and restart operators often: a short Lease, so the next one leads
+# within seconds of a SIGKILLed one (the defaults would take 15 s).
+TEST_LEASE = (
+    "--lease-duration-seconds",
+    "3",
+    "--lease-renew-deadline-seconds",
+    "2",
+    "--lease-retry-seconds",
+    "0.5",
+)
+
+
 def start_operator(
     api: RunningApiServer,
     tmp_path: Path,
@@ -197,6 +209,7 @@ def start_operator(
             "--scaling-seconds",
             str(scaling),
             *([] if namespace is None else ["--namespace", namespace]),
+            *TEST_LEASE,
             *args,
         ],
         cwd=REPO,

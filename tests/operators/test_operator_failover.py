@@ -9,6 +9,9 @@ the ReplicaSet controller's part (it removes the pod with the lowest
 controller.kubernetes.io/pod-deletion-cost once the Deployment shrinks) and
 serves one router's /metrics (the loads the deletion costs come from).
 
+Last, the API server goes away: the leader, unable to renew its Lease,
+exits non-zero.
+
 Measured (printed): leader SIGKILL → the standby leads, and → the drain
 resumed (the Deployment shrunk by the new leader).
 """
@@ -42,14 +45,6 @@ spec:
   prefill: {replicas: 1}
   decode: {replicas: 3}
 """
-LEASE = (
-    "--lease-duration-seconds",
-    "3",
-    "--lease-renew-deadline-seconds",
-    "2",
-    "--lease-retry-seconds",
-    "0.5",
-)
 HOST = "127.0.0.1"
 DECODE_PODS = {"demo-decode-a": 50071, "demo-decode-b": 50072, "demo-decode-c": 50073}
 
@@ -191,7 +186,7 @@ def leader_of(*replicas):
 
 def test_leader_killed_mid_reconcile_then_mid_scale_down(kube_api, kubectl, tmp_path):
     # Three replicas: one leads, two stand by (one per kill).
-    replicas = [start_operator(kube_api, tmp_path, name=f"op-{n}", args=LEASE) for n in "abc"]
+    replicas = [start_operator(kube_api, tmp_path, name=f"op-{n}") for n in "abc"]
     router = Router()
     try:
         for r in replicas:
@@ -300,6 +295,14 @@ def test_leader_killed_mid_reconcile_then_mid_scale_down(kube_api, kubectl, tmp_
         assert "3 -> 2" in events(kube_api, "ScaledDown")[0]["message"]
         assert len(events(kube_api, "Updated", "Deployment/demo-decode")) == 1
         assert deployment(kube_api, "demo-decode")["spec"]["replicas"] == 2
+
+        # 3. Cut off from the API server, the leader gives up within its renew
+        # deadline and exits non-zero (Kubernetes restarts it as a standby).
+        cut = time.monotonic()
+        kube_api.stop()
+        assert third.proc.wait(30) == 1
+        print(f"leader exited {time.monotonic() - cut:.1f}s after the API server went")
+        assert "leadership lost" in third.output()
     finally:
         router.close()
         for r in replicas:
