@@ -29,10 +29,10 @@ import pytest
 from devcluster.store import Subscription
 from operators import manifests
 from operators.controller import SCALE_DOWN, scale_down_record
+from operators.drain import LIVE_BLOCKS_METRIC
 from operators.reconcile import RENDERED_HASH
 from operators.spec import parse, with_defaults
 from tests.kube.plugin import start_operator, wait_for
-from tests.operators.test_drain_costs import router_metrics
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -69,19 +69,26 @@ class KillOn:
         self.api.call(self.api.store.subscriptions.discard, self.sub)
 
 
+def router_metrics(live_blocks: dict[str, int]) -> str:
+    """A router's exposition of the live session blocks per engine address."""
+    lines = [f"# TYPE {LIVE_BLOCKS_METRIC} gauge"]
+    lines += [f'{LIVE_BLOCKS_METRIC}{{pod="{pod}"}} {n}' for pod, n in live_blocks.items()]
+    return "\n".join(lines) + "\n"
+
+
 class Router:
-    """One router's /metrics: per engine address, requests in flight and live
-    session blocks. Counts the scrapes."""
+    """One router's /metrics: per engine address, the live session blocks.
+    Counts the scrapes."""
 
     def __init__(self) -> None:
-        self.loads: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self.live_blocks: dict[str, int] = {}
         self.scrapes = 0
         router = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 router.scrapes += 1
-                body = router_metrics(*router.loads).encode()
+                body = router_metrics(router.live_blocks).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(len(body)))
@@ -244,7 +251,7 @@ def test_leader_killed_mid_reconcile_then_mid_scale_down(kube_api, kubectl, tmp_
         )
         # b is cheapest now (fewest live blocks); should anyone ask again later,
         # a would be.
-        router.loads = ({}, {f"{HOST}:50071": 50, f"{HOST}:50072": 5, f"{HOST}:50073": 90})
+        router.live_blocks = {f"{HOST}:50071": 50, f"{HOST}:50072": 5, f"{HOST}:50073": 90}
 
         def costs_recorded(event) -> bool:
             record = scale_down_record(event.obj) or {}
@@ -257,7 +264,7 @@ def test_leader_killed_mid_reconcile_then_mid_scale_down(kube_api, kubectl, tmp_
         wait_for(lambda: hook.killed_at, 60, "the second kill")
         hook.remove()
         killed = hook.killed_at
-        router.loads = ({}, {f"{HOST}:50071": 0, f"{HOST}:50072": 500, f"{HOST}:50073": 90})
+        router.live_blocks = {f"{HOST}:50071": 0, f"{HOST}:50072": 500, f"{HOST}:50073": 90}
         assert deployment(kube_api, "demo-decode")["spec"]["replicas"] == 3
         third = leader_of(*replicas)
         assert third not in (first, second)
