@@ -23,6 +23,11 @@ operator marks the pods the routers report cheapest to lose with
 controller.kubernetes.io/pod-deletion-cost. Install the CRDs
 (operators/crds/) and RBAC (operators/rbac/) first.
 
+Run two replicas or more: they elect a leader over a coordination.k8s.io
+Lease (--lease-name); only the leader reconciles, the others stand by and
+one takes over within --lease-duration-seconds when the leader dies, at once
+when it stops cleanly.
+
 Outside a cluster it reads the kubeconfig in $KUBECONFIG (or --kubeconfig);
 inside, its service account. Every flag also reads an environment variable
 TANDEM_OPERATOR_<FLAG>.
@@ -44,16 +49,18 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
     except SettingError as exc:  # a bad value in the environment
         raise SystemExit(f"tandem operator: error: {exc}") from None
-    settings: OperatorSettings = from_arguments(OperatorSettings, parser.parse_args(argv))
+    try:
+        settings: OperatorSettings = from_arguments(OperatorSettings, parser.parse_args(argv))
+    except SettingError as exc:
+        parser.error(str(exc))
     if settings.kubeconfig:
         # kopf's own login (kopf.login_with_kubeconfig) reads only the environment.
         os.environ["KUBECONFIG"] = settings.kubeconfig
 
-    import kopf
     from prometheus_client import start_http_server
 
     from common.logs import setup_logging
-    from operators.handlers import register
+    from operators.process import run
 
     setup_logging("operator")
     # kopf logs what it does (handlers, retries, watch errors) on its own logger.
@@ -63,16 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     kopf_logger.propagate = False
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
-    asyncio.run(
-        kopf.operator(
-            registry=register(settings),
-            standalone=True,
-            clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces,
-            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
-        )
-    )
-    return 0
+    return asyncio.run(run(settings))
 
 
 if __name__ == "__main__":

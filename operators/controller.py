@@ -5,6 +5,10 @@ of its EnginePools (`kubectl scale`, the rate-matching controller), of an
 object it owns (foreign edits) or of an HPA, and on a timer. Level-based:
 each pass compares everything, so a restart mid-way converges on the next.
 
+A scale-down's progress lives on its EnginePool (`tandem.dev/scale-down`), so
+the operator replica that leads after a failover finishes what the previous
+one began instead of deciding it again.
+
 Who owns a pool's replica count: `EnginePool.spec.replicas` (its `/scale`).
 The TandemDeployment's `<pool>.replicas` seeds it, and a later change to that
 field is copied over once (the value last copied is kept in the annotation
@@ -15,6 +19,7 @@ edits the template. The rate-matching controller writes
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +42,8 @@ from operators.status import (
 log = logging.getLogger(__name__)
 
 TEMPLATE_REPLICAS = "tandem.dev/template-replicas"
+# A scale-down in progress, on its EnginePool (see `_reconcile_pool`).
+SCALE_DOWN = "tandem.dev/scale-down"
 Emit = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
 # Apply one rendered object, keeping the fields at the given paths: the object written.
 Apply = Callable[[dict[str, Any], tuple[str, ...]], Awaitable[dict[str, Any]]]
@@ -224,7 +231,14 @@ async def _reconcile_pool(
     emit: Emit,
 ) -> PoolState:
     """`owner`, the TandemDeployment, owns the pool's workload: deleting the
-    EnginePool must not collect its engines (all at once, undrained)."""
+    EnginePool must not collect its engines (all at once, undrained).
+
+    A scale-down is recorded on the EnginePool (annotation `tandem.dev/scale-down`:
+    from, to, generation, whether the deletion costs are set) before anything
+    else is written, and cleared once the workload is at the target with no pod
+    above it. Whoever leads the next pass reads it there, not in memory: a
+    leader that died mid-way is followed by one that resumes the same decision
+    (the costs already set stay, no second marking) and completes it."""
     workload = manifests.workload_kind(spec.pool(role))
     kind = workload.kind
     name = manifests.pool_name(td, role)
@@ -236,8 +250,29 @@ async def _reconcile_pool(
         desired = current_replicas  # leave the count to the autoscaler, report it
     selector = manifests.pool_selector(td, role)
     label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    record = scale_down_record(pool)
     if current_replicas is not None and desired < current_replicas:
-        await _mark_cheapest(kube, namespace, td, label_selector, emit, pool)
+        if record is None or record.get("to") != desired:
+            record = {
+                "from": current_replicas,
+                "to": desired,
+                "generation": pool["metadata"].get("generation", 1),
+                "costsSet": False,
+                "startedAt": _now(),
+            }
+            await _write_record(kube, namespace, name, record)
+        if record.get("costsSet"):
+            log.info(
+                "%s/%s: resuming the scale-down %s -> %s with the deletion costs set before",
+                namespace,
+                name,
+                record.get("from"),
+                desired,
+            )
+        else:
+            await _mark_cheapest(kube, namespace, td, label_selector, emit, pool)
+            record = {**record, "costsSet": True}
+            await _write_record(kube, namespace, name, record)
     for obj in manifests.pool_workload(td, namespace, spec, role, desired, owner):
         # In a conflict the count is the autoscaler's, whatever it is when written.
         keep = ("spec.replicas",) if conflict and obj["kind"] == kind else ()
@@ -253,6 +288,21 @@ async def _reconcile_pool(
     draining = tuple(
         sorted(p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp"))
     )
+    if record is not None and (
+        record.get("to") != desired
+        or ((current or {}).get("spec", {}).get("replicas") == desired and len(pods) <= desired)
+    ):
+        # Over (its pods gone) or overtaken by another count: cleared before the
+        # Event, so a leader that dies between the two never reports it twice.
+        await _write_record(kube, namespace, name, None)
+        if record.get("to") == desired:
+            emit(
+                pool,
+                "Normal",
+                "ScaledDown",
+                f"{role} pool {record.get('from')} -> {desired}: the removed pods drained "
+                f"and are gone (started {record.get('startedAt')})",
+            )
     status = (current or {}).get("status", {})
     state = PoolState(
         role=role,
@@ -289,6 +339,32 @@ async def _reconcile_pool(
     if conflict:
         emit(pool, "Warning", "ScalingConflict", conflict)
     return state
+
+
+def scale_down_record(pool: dict[str, Any]) -> dict[str, Any] | None:
+    """The scale-down in progress on an EnginePool, as the annotation records it."""
+    raw = pool["metadata"].get("annotations", {}).get(SCALE_DOWN)
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        log.warning(
+            "%s: unreadable %s annotation %r: ignored", pool["metadata"]["name"], SCALE_DOWN, raw
+        )
+        return None
+    return record if isinstance(record, dict) else None
+
+
+async def _write_record(
+    kube: Kube, namespace: str, pool: str, record: dict[str, Any] | None
+) -> None:
+    value = None if record is None else json.dumps(record, sort_keys=True)
+    await kube.patch(
+        API_VERSION,
+        "EnginePool",
+        namespace,
+        pool,
+        {"metadata": {"annotations": {SCALE_DOWN: value}}},
+    )
 
 
 async def _mark_cheapest(

@@ -16,6 +16,13 @@ OBJECTS_WRITTEN = Counter(
     "unchanged)",
     ["kind", "action"],
 )
+LEADER = Gauge(
+    "tandem_operator_leader",
+    "1 while this replica holds the leader Lease and reconciles, 0 while it stands by",
+)
+LEADER_TRANSITIONS = Counter(
+    "tandem_operator_leader_acquired_total", "Times this replica became the leader"
+)
 
 # The rate-matching controller (operators/live.py), in Recommend and Auto.
 SCALING_RECOMMENDED = Gauge(

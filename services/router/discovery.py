@@ -16,12 +16,21 @@ turns EndpointSlices and the pool's pod set into changes; ``KubernetesPods``
 does the list-and-watch around it: it lists once, watches from the list's
 resourceVersion (bookmarks keep it fresh), watches again when the server ends a
 watch, and lists again after 410 Gone or any error.
+
+An unreachable API server changes nothing in the pool: the router keeps
+routing to the pods it last knew (an engine that died meanwhile fails its
+requests and health checks as it would anyway) and says so in
+``tandem_router_discovery_up`` (0) and
+``tandem_router_discovery_last_sync_timestamp_seconds`` (when the pod set
+was last confirmed). The list once it answers again brings the pool back in
+line with what is there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -285,6 +294,16 @@ class KubernetesPods:
         self._slices = {self._key(s): s for s in found.get("items") or []}
         self._rv = found["metadata"]["resourceVersion"]
         self._metrics.discovery_lists.inc()
+        self._synced()
+
+    def _synced(self) -> None:
+        """The API server just confirmed the pod set."""
+        self._metrics.discovery_up.set(1)
+        self._metrics.discovery_last_sync.set(time.time())
+
+    def _lost(self) -> None:
+        self._rv = None
+        self._metrics.discovery_up.set(0)
 
     @staticmethod
     def _key(endpoint_slice: Mapping[str, Any]) -> str:
@@ -303,26 +322,31 @@ class KubernetesPods:
                 if await self._watch_once(api, on_change):
                     return
             except ApiException as exc:
-                self._rv = None
                 if exc.status == 410:
+                    self._rv = None
                     self._metrics.discovery_restarts.labels("gone").inc()
                     log.info("discovery: watch history expired (410 Gone): listing again")
                     continue
+                self._lost()
                 self._metrics.discovery_restarts.labels("error").inc()
                 log.warning(
-                    "discovery: API server answered %s %s: listing again in %gs",
+                    "discovery: API server answered %s %s: keeping the %d known "
+                    "endpoint(s), listing again in %gs",
                     exc.status,
                     exc.reason,
+                    len(merge_endpoints(self._slices)),
                     self._retry_s,
                 )
                 await asyncio.sleep(self._retry_s)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                self._rv = None
+                self._lost()
                 self._metrics.discovery_restarts.labels("error").inc()
                 log.warning(
-                    "discovery: EndpointSlice watch failed (%s: %s): listing again in %gs",
+                    "discovery: EndpointSlice watch failed (%s: %s): keeping the %d known "
+                    "endpoint(s), listing again in %gs",
                     type(exc).__name__,
                     exc,
+                    len(merge_endpoints(self._slices)),
                     self._retry_s,
                 )
                 await asyncio.sleep(self._retry_s)
@@ -345,6 +369,7 @@ class KubernetesPods:
                 obj = event["raw_object"]
                 kind = event["type"]
                 self._rv = obj["metadata"]["resourceVersion"]
+                self._synced()
                 if kind == "BOOKMARK":
                     continue
                 if kind == "DELETED":

@@ -224,6 +224,18 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        self.discovery_up = Gauge(
+            "tandem_router_discovery_up",
+            "1 while the API server answers the EndpointSlice list/watch, 0 after an "
+            "error (the router keeps routing to the pods it last knew)",
+            registry=r,
+        )
+        self.discovery_last_sync = Gauge(
+            "tandem_router_discovery_last_sync_timestamp_seconds",
+            "When the API server last confirmed the pod set (a list, a watch event "
+            "or bookmark), Unix time; 0 before the first",
+            registry=r,
+        )
         # Routing decisions (services/router/routing).
         self.decisions = Counter(
             "tandem_routing_decisions_total",

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from common.ports import free_port
-from devcluster.apiserver import write_kubeconfig
+from devcluster.apiserver import RunningApiServer, write_kubeconfig
 from services.router.discovery import DiscoverySettings, KubernetesPods
 from services.router.metrics import RouterMetrics
 from services.router.pods import PodPool
@@ -178,3 +178,113 @@ async def test_an_unreachable_api_server_is_retried(tmp_path):
     )
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+class Proxy:
+    """A TCP proxy the router reaches the API server through: stopping it is
+    the API server becoming unreachable (listener closed, open watches cut);
+    starting it again on the same port, possibly towards another server, is
+    the API server back."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.target = ""
+        self.server: asyncio.Server | None = None
+        self.streams: set[asyncio.StreamWriter] = set()
+
+    async def start(self, target_url: str) -> None:
+        self.target = target_url
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in list(self.streams):
+            writer.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = self.target.removeprefix("http://").rsplit(":", 1)
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        self.streams |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self.streams -= {writer, up_writer}
+
+
+async def test_an_unreachable_api_server_keeps_the_pool_and_says_so(kube_api, tmp_path):
+    slices = Slices(kube_api)
+    slices.put(
+        endpoint_slice(
+            "demo-decode-a",
+            "decode",
+            50061,
+            [endpoint("10.0.0.1", "d-0"), endpoint("10.0.0.2", "d-1")],
+        )
+    )
+    proxy = Proxy()
+    await proxy.start(kube_api.url)
+    metrics = RouterMetrics()
+    pods = KubernetesPods(
+        DiscoverySettings(
+            discovery="kubernetes",
+            discovery_namespace="default",
+            discovery_deployment="demo",
+            kubeconfig=str(write_kubeconfig(f"http://127.0.0.1:{proxy.port}", tmp_path / "kc")),
+        ),
+        metrics,
+        retry_s=0.1,
+    )
+    core = RoutingCore(RoutingSettings())
+    pool = PodPool(core, poll_interval_s=60.0, remove_grace_s=0.1)
+    for spec in await pods.initial():
+        pool.add_pod(spec)
+    watching = asyncio.create_task(pods.watch(pool))
+    other = None
+    try:
+        known = {"10.0.0.1:50061": "in", "10.0.0.2:50061": "in"}
+        assert pod_set(core) == known
+        assert count(metrics, "tandem_router_discovery_up") == 1
+        synced = count(metrics, "tandem_router_discovery_last_sync_timestamp_seconds")
+        assert synced > 0
+
+        await proxy.stop()
+        await until(lambda: count(metrics, "tandem_router_discovery_up") == 0)
+        await until(
+            lambda: (
+                count(metrics, "tandem_router_discovery_watch_restarts_total", reason="error") >= 3
+            )
+        )
+        assert pod_set(core) == known  # served from what it last knew
+        assert count(metrics, "tandem_router_discovery_last_sync_timestamp_seconds") == synced
+
+        # Back, as a new API server whose slices moved on: the pool follows it.
+        other = RunningApiServer(bookmark_interval=0.5).start()
+        Slices(other).put(
+            endpoint_slice(
+                "demo-decode-a",
+                "decode",
+                50061,
+                [endpoint("10.0.0.2", "d-1"), endpoint("10.0.0.3", "d-2")],
+            )
+        )
+        await proxy.start(other.url)
+        await until(lambda: pod_set(core) == {"10.0.0.2:50061": "in", "10.0.0.3:50061": "in"})
+        assert count(metrics, "tandem_router_discovery_up") == 1
+        assert count(metrics, "tandem_router_discovery_last_sync_timestamp_seconds") > synced
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await pool.close()
+        if other is not None:
+            other.stop()

@@ -315,7 +315,7 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
         ({"inferencePool": {"enabled": True}}, "/inferencePool/endpointPicker/name"),
         ({"inferencePool": {"selects": "gateway"}}, "/inferencePool/selects"),
         ({"model": {"volume": {"hostPath": "/w", "persistentVolumeClaim": "w"}}}, "/model/volume"),
-        ({"operator": {"replicas": 2}}, "/operator/replicas"),
+        ({"operator": {"replicas": -1}}, "/operator/replicas"),
         ({"prefill": {"replica": 3}}, "additional properties 'replica'"),
     ],
 )

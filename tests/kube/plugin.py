@@ -16,7 +16,8 @@ Import the ones a test folder needs from its conftest.py:
   the CompletedProcess; `check=False` lets a test look at a refusal.
 * `start_operator(kube_api, tmp_path)` starts `python -m operators` against it
   (a real process, stopped by the returned handle's `stop()`); with
-  `namespace="x"` it watches that namespace only, as the chart runs it.
+  `namespace="x"` it watches that namespace only, as the chart runs it;
+  a short Lease (`TEST_LEASE`); `args` adds flags.
 """
 
 from __future__ import annotations
@@ -133,6 +134,22 @@ class OperatorProcess:
             )
         )
 
+    def leading(self) -> bool:
+        """Whether this replica holds the operator's Lease (tandem_operator_leader)."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            text = httpx.get(self.metrics_url, timeout=5).text
+        except httpx.HTTPError:
+            return False
+        return any(
+            sample.value == 1
+            for family in text_string_to_metric_families(text)
+            if family.name == "tandem_operator_leader"
+            for sample in family.samples
+        )
+
     def wait_passes(self, count: int = 2, timeout: float = 120.0) -> None:
         """Until `count` more reconcile passes have finished. Passes of one
         deployment run one at a time, so with count >= 2 at least one whole
@@ -170,6 +187,18 @@ class OperatorProcess:
         return self.log.read_text(errors="replace")
 
 
+# Tests stop and restart operators often: a short Lease, so the next one leads
+# within seconds of a SIGKILLed one (the defaults would take 15 s).
+TEST_LEASE = (
+    "--lease-duration-seconds",
+    "3",
+    "--lease-renew-deadline-seconds",
+    "2",
+    "--lease-retry-seconds",
+    "0.5",
+)
+
+
 def start_operator(
     api: RunningApiServer,
     tmp_path: Path,
@@ -177,6 +206,7 @@ def start_operator(
     name: str = "operator",
     scaling: float = 15.0,
     namespace: str | None = None,
+    args: tuple[str, ...] = (),
 ) -> OperatorProcess:
     log = tmp_path / f"{name}.log"
     health_port, metrics_port = free_ports(2)
@@ -195,6 +225,8 @@ def start_operator(
             "--scaling-seconds",
             str(scaling),
             *([] if namespace is None else ["--namespace", namespace]),
+            *TEST_LEASE,
+            *args,
         ],
         cwd=REPO,
         env=env,

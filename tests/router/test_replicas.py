@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -385,3 +386,36 @@ async def test_redis_killed_mid_traffic_then_restarted_empty(cluster):
             await asyncio.sleep(SETTLE_S)
             for s in before + during:
                 assert await s.turn(client, url) == s.pods[0], (s.sid, s.pods)
+
+
+async def test_a_replica_sigkilled_holding_bindings_loses_none(cluster):
+    """Last in this file: it kills replica 1. Its bindings were written to
+    Redis as it made them, so replica 2 (the Service's other endpoint, where
+    a client retries) sends the next turns to the same pods; and replica 1's
+    in-flight count dies with it instead of pinning load on a pod."""
+    c = cluster
+    r1, r2 = c.urls
+    async with httpx.AsyncClient(timeout=30) as client:
+        await asyncio.sleep(SETTLE_S)
+        sessions = []
+        for pod in PODS:
+            system = await seed(client, c, r1, pod, f"k-{pod}")
+            sessions.append(await placed_off_home(client, c, r1, pod, system, f"k-{pod}"))
+        assert all(c.home(s.sid) != s.pods[0] for s in sessions)
+        sticky_before = await metric(client, r2, "tandem_routing_decisions_total", reason="sticky")
+
+        os.kill(c.routers[0].pid, signal.SIGKILL)
+        await asyncio.to_thread(lambda: wait_until_dead(c.routers[0]))
+        for _ in range(2):
+            await asyncio.sleep(SETTLE_S)
+            for s in sessions:
+                assert await s.turn(client, r2) == s.pods[0], (s.sid, s.pods)
+        sticky = await metric(client, r2, "tandem_routing_decisions_total", reason="sticky")
+        assert sticky - sticky_before == 2 * len(sessions)
+
+
+def wait_until_dead(proc: Proc, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while proc.alive():
+        assert time.monotonic() < deadline, f"{proc.name} still alive"
+        time.sleep(0.05)
