@@ -110,6 +110,8 @@ class Container:
                     return
                 if asyncio.get_running_loop().time() - started > BACKOFF_RESET_S:
                     backoff = BACKOFF_START_S
+                # `kubectl logs --previous` reads the run that ended.
+                (self.log_dir / "current.log").replace(self.log_dir / "previous.log")
                 self._set(
                     restart_count=self.restart_count + 1,
                     last_state=self.state,
@@ -129,8 +131,6 @@ class Container:
         self.env = env
         self.log_dir.mkdir(parents=True, exist_ok=True)
         current = self.log_dir / "current.log"
-        if current.exists():
-            current.replace(self.log_dir / "previous.log")
         spec_file = self.pod.root / "run" / f"{self.name}.json"
         spec_file.parent.mkdir(parents=True, exist_ok=True)
         spec_file.touch(0o600)
