@@ -61,6 +61,7 @@ class Kubelet:
         self.pods: Informer
         self.service_objects: Informer
         self.slices: Informer
+        self.ingresses: Informer
 
     # ---- start and stop ------------------------------------------------------
 
@@ -82,7 +83,10 @@ class Kubelet:
             self.slices = Informer(
                 self.api, "/apis/discovery.k8s.io/v1/endpointslices", self._changed
             )
-            for informer in (self.pods, self.service_objects, self.slices):
+            self.ingresses = Informer(
+                self.api, "/apis/networking.k8s.io/v1/ingresses", self._changed
+            )
+            for informer in (self.pods, self.service_objects, self.slices, self.ingresses):
                 informer.start()
             self._tasks.append(asyncio.create_task(self._sync_loop(), name="kubelet sync"))
         except BaseException:
@@ -97,7 +101,9 @@ class Kubelet:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for informer in (getattr(self, n, None) for n in ("pods", "service_objects", "slices")):
+        for informer in (
+            getattr(self, n, None) for n in ("pods", "service_objects", "slices", "ingresses")
+        ):
             if informer is not None:
                 await informer.stop()
         await asyncio.gather(*(w.stop_now(STOP_GRACE_S) for w in list(self.workers.values())))
@@ -148,7 +154,9 @@ class Kubelet:
             # Deleted with grace 0 by someone else: stop what still runs.
             worker = self.workers.pop(uid)
             asyncio.create_task(worker.stop_now(worker.grace_period()))
-        await self.services.sync(self.service_objects.items, self.slices.items)
+        await self.services.sync(
+            self.service_objects.items, self.slices.items, self.ingresses.items
+        )
         self.sync_dns()
 
     def pod_gone(self, worker: PodWorker) -> None:

@@ -1,6 +1,8 @@
 """Services as pods and the host reach them: a ClusterIP and a loopback port per
 Service port, proxied to the ready endpoints of its EndpointSlices (proxy.py),
-and the names in each pod's hosts file."""
+a loopback port per Ingress (to its backend Service's endpoints), and the
+names in each pod's hosts file. The ports are printed and kept in the state
+file (services.json: "<ns>/<service>" → clusterIP and ports, "ingresses")."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class Services:
         # (namespace, name, port key) → (forwarder, service port, loopback port)
         self.forwarders: dict[tuple[str, str, str], tuple[Forwarder, int, int]] = {}
         self.slices: dict[Key, dict] = {}
+        # Ingress → (forwarder, "service:port" it sends to, loopback port)
+        self.ingresses: dict[Key, tuple[Forwarder, str, int]] = {}
 
     def endpoints(
         self, namespace: str, service: str, port_name: str | None
@@ -53,8 +57,57 @@ class Services:
                 found.extend((addr, int(ports[0]["port"])) for addr in ep.get("addresses", []))
         return found
 
-    async def sync(self, services: dict[Key, dict], slices: dict[Key, dict]) -> None:
+    async def sync(
+        self, services: dict[Key, dict], slices: dict[Key, dict], ingresses: dict[Key, dict]
+    ) -> None:
         self.slices = slices
+        await self._sync_services(services)
+        await self._sync_ingresses(services, ingresses)
+        self._write_state()
+
+    async def _sync_ingresses(self, services: dict[Key, dict], ingresses: dict[Key, dict]) -> None:
+        """One loopback port per Ingress, to the Service port of its default
+        backend (or its first rule's first path): no host or path routing."""
+        wanted: dict[Key, tuple[str, str | None]] = {}
+        for (ns, name), ing in ingresses.items():
+            spec = ing.get("spec", {})
+            backend = spec.get("defaultBackend")
+            for rule in spec.get("rules", []):
+                for path in (rule.get("http") or {}).get("paths", []):
+                    backend = backend or path.get("backend")
+            target = (backend or {}).get("service")
+            svc = services.get((ns, (target or {}).get("name", "")))
+            if target is None or svc is None:
+                continue
+            want = target.get("port", {})
+            port = next(
+                (
+                    p
+                    for p in svc.get("spec", {}).get("ports", [])
+                    if p.get("name") == want.get("name") or p["port"] == want.get("number")
+                ),
+                None,
+            )
+            if port is not None:
+                wanted[(ns, name)] = (f"{target['name']}:{port['port']}", port.get("name"))
+        for key in list(self.ingresses):
+            if key not in wanted or self.ingresses[key][1] != wanted[key][0]:
+                await self.ingresses.pop(key)[0].close()
+        for (ns, name), (backend, port_name) in wanted.items():
+            if (ns, name) in self.ingresses:
+                continue
+            service = backend.split(":")[0]
+            forwarder = Forwarder(
+                lambda ns=ns, svc=service, p=port_name: self.endpoints(ns, svc, p)
+            )
+            loopback = await forwarder.listen("127.0.0.1", 0)
+            self.ingresses[(ns, name)] = (forwarder, backend, loopback)
+            print(
+                f"devcluster: ingress {ns}/{name} → service {backend}: host 127.0.0.1:{loopback}",
+                flush=True,
+            )
+
+    async def _sync_services(self, services: dict[Key, dict]) -> None:
         wanted: dict[tuple[str, str, str], dict] = {}
         for (ns, name), svc in services.items():
             spec = svc.get("spec", {})
@@ -93,7 +146,6 @@ class Services:
                 f"{self.cluster_ips[(ns, name)]}:{port['port']}, host 127.0.0.1:{loopback}",
                 flush=True,
             )
-        self._write_state()
 
     def _write_state(self) -> None:
         state: dict[str, Any] = {}
@@ -101,7 +153,14 @@ class Services:
             state[f"{ns}/{name}"] = {"clusterIP": ip, "ports": {}}
         for (ns, name, key), (_, port, loopback) in sorted(self.forwarders.items()):
             state[f"{ns}/{name}"]["ports"][key] = {"port": port, "loopback": loopback}
-        self.state_file.write_text(json.dumps(state, indent=1))
+        state["ingresses"] = {
+            f"{ns}/{name}": {"backend": backend, "loopback": loopback}
+            for (ns, name), (_, backend, loopback) in sorted(self.ingresses.items())
+        }
+        # Whole or not at all: users and tests read it while it changes.
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.state_file)
 
     def loopback(self, namespace: str, name: str, port: str | int) -> int:
         """The host's loopback port for a Service port (by name or number)."""
@@ -114,6 +173,9 @@ class Services:
         for forwarder, _, _ in self.forwarders.values():
             await forwarder.close()
         self.forwarders.clear()
+        for forwarder, _, _ in self.ingresses.values():
+            await forwarder.close()
+        self.ingresses.clear()
         for ip in self.cluster_ips.values():
             self.network.remove_cluster_ip(ip)
         self.cluster_ips.clear()

@@ -164,6 +164,33 @@ def test_pods_reach_each_other_by_service_and_the_host_by_loopback(cluster: Clus
     loopback = entry["ports"]["http"]["loopback"]
     assert f"127.0.0.1:{loopback}" in cluster.log()  # printed
     assert httpx.get(f"http://127.0.0.1:{loopback}/").text == "hello from web"
+    cluster.apply(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "Ingress",
+            "metadata": {"name": "web"},
+            "spec": {
+                "rules": [
+                    {
+                        "http": {
+                            "paths": [
+                                {
+                                    "path": "/",
+                                    "pathType": "Prefix",
+                                    "backend": {
+                                        "service": {"name": "web", "port": {"name": "http"}}
+                                    },
+                                }
+                            ]
+                        }
+                    }
+                ]
+            },
+        }
+    )
+    ingress = cluster.wait(lambda: json.loads(services.read_text())["ingresses"].get("default/web"))
+    assert isinstance(ingress, dict) and ingress["backend"] == "web:80"
+    assert httpx.get(f"http://127.0.0.1:{ingress['loopback']}/").text == "hello from web"
 
     # Another pod: by the Service's name through its ClusterIP; env from the
     # downward API, a ConfigMap and a Secret, `$(VAR)` expanded.
