@@ -70,6 +70,9 @@ async def serve(
             400, "BadRequest", "no kubelet runs in this devcluster (started with --no-kubelet)", {}
         )
     path = log_path(log_dir, namespace, name, container, previous)
+    if not previous and not path.is_file():
+        # Waiting to restart (CrashLoopBackOff): the run that ended, as kubectl shows.
+        path = log_path(log_dir, namespace, name, container, True)
     if not path.is_file():
         what = "previous terminated container" if previous else "container"
         raise ApiError(

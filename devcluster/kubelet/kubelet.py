@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,8 @@ class Kubelet:
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             ca, cert, key = make_certificates(self.state_dir / "pki", self.network.gateway)
+            # A new CA each start: service-account files of an earlier run are stale.
+            shutil.rmtree(self.state_dir / "serviceaccount", ignore_errors=True)
             self.ca = ca
             api = urlsplit(self.api_url)
             target = [(api.hostname or "127.0.0.1", api.port or 80)]

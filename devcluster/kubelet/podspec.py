@@ -4,8 +4,9 @@ Images are not pulled or run: a container runs on the host's file system, with
 the project's virtualenv's bin first on PATH. IMAGES maps an image repository
 (registry and tag stripped) to what its Dockerfile sets: ENTRYPOINT and CMD,
 composed with the container's `command`/`args` as Kubernetes does, and ENV
-(PYTHONUNBUFFERED and kin, under the pod's own env). A container of an image
-not listed needs a `command`.
+(PYTHONUNBUFFERED and kin, under the pod's own env; Tandem's images also get
+PYTHONPATH=the checkout the cluster runs from, so pods run its code). A
+container of an image not listed needs a `command`.
 
 | image repository             | ENTRYPOINT     | CMD                    | from                    |
 |------------------------------|----------------|------------------------|-------------------------|
@@ -46,9 +47,17 @@ class PodSpecError(Exception):
         self.message = message
 
 
+# The checkout this cluster runs from: Tandem's images are it and the venv.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
 def image_env(image: str) -> dict[str, str]:
-    entry = IMAGES.get(image_repository(image))
-    return dict(entry[2]) if entry else {}
+    repo = image_repository(image)
+    entry = IMAGES.get(repo)
+    env = dict(entry[2]) if entry else {}
+    if repo.startswith("tandem-serving/"):
+        env["PYTHONPATH"] = str(CHECKOUT)
+    return env
 
 
 def image_repository(image: str) -> str:

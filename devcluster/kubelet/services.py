@@ -196,6 +196,9 @@ class Services:
             full = [f"{name}.{ns}", f"{name}.{ns}.{extra}", f"{name}.{ns}.{extra}.cluster.local"]
             return " ".join(([name] if ns == namespace else []) + full)
 
+        # The API server: clients of in-cluster config (kopf) use its name.
+        lines.append(f"{self.network.gateway}\t{names('kubernetes', 'default')}")
+
         for (ns, name), svc in sorted(services.items()):
             if (ns, name) in self.cluster_ips:
                 lines.append(f"{self.cluster_ips[(ns, name)]}\t{names(name, ns)}")
