@@ -9,7 +9,10 @@ serves the parts of the Kubernetes API that Tandem's operator, its chart and
 * ``devcluster.store`` — objects with Kubernetes' write semantics;
 * ``devcluster.kinds`` — the built-in kinds served, kinds from a CRD;
 * ``devcluster.schema`` — a CRD's structural schema: prune, default, validate, CEL;
-* ``devcluster.semantics`` — selectors, patches, printer-column JSONPath.
+* ``devcluster.semantics`` — selectors, patches, printer-column JSONPath;
+* ``devcluster.controllers`` — the controllers a real cluster runs, as far as
+  Tandem relies on them (Deployment, ReplicaSet, DaemonSet, LeaderWorkerSet,
+  EndpointSlice), on the server's loop.
 
 It is no part of Tandem's control plane: it imports neither ``services`` nor
 ``operators`` (tests/test_layers.py); the launcher (``tandem``) may import it.

@@ -21,14 +21,16 @@ It is a test bed, NOT a Kubernetes: one process serving the Kubernetes API
 (version 1.32, plain HTTP on loopback, no authentication) from memory, with
 the semantics Tandem's operator, its Helm chart and kubectl rely on
 (resourceVersions, watches, CRD validation with CEL, garbage collection,
-namespaces). Nothing it stores survives it, and no controllers run: a
-Deployment gets no pods. devcluster/README.md lists what it does and what it
-does not.
+namespaces), and the controllers Tandem relies on: Deployments get
+ReplicaSets and pods (scale-down honours pod-deletion-cost), DaemonSets and
+LeaderWorkerSets their pods, Services their EndpointSlices, all bound to one
+node (devcluster-node). Nothing it stores survives it. devcluster/README.md
+lists what it does and what it does not.
 
-A process kubelet runs the pods bound to node devcluster-node as local
-processes (the project's venv stands in for Tandem's images), each pod in a
-network namespace of its own on a bridge, with Services on ClusterIPs and
-on loopback ports it prints. It needs root; --no-kubelet serves the API only.
+A process kubelet runs the pods bound to that node as local processes (the
+project's venv stands in for Tandem's images), each pod in a network
+namespace of its own on a bridge, with Services on ClusterIPs and on
+loopback ports it prints. It needs root; --no-kubelet serves without pods.
 
 It starts with Tandem's CRDs installed (operators/crds/, or --crds), writes a
 kubeconfig for kubectl, kopf and Kubernetes clients, prints where, and runs
@@ -80,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="FILE_OR_DIR",
         help="CRD manifests to install at start instead of Tandem's (repeatable)",
+    )
+    parser.add_argument(
+        "--no-controllers",
+        action="store_true",
+        help="run the API server alone: nothing acts on what is written (no pods, no "
+        "EndpointSlices, no status)",
     )
     parser.add_argument(
         "--no-kubelet",
@@ -151,12 +159,19 @@ async def serve(args: argparse.Namespace, crds: list[Path]) -> None:
         except ApiError as exc:
             if exc.status != 409:  # AlreadyExists is fine
                 raise
+        controllers = None
+        if not args.no_controllers:
+            from devcluster.controllers import ControllerManager
+
+            controllers = ControllerManager(handler.store)
+            controllers.start()
         url = str(server.url).rstrip("/")
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         write_kubeconfig(url, kubeconfig, args.namespace)
         print(
             f"devcluster: Kubernetes {SERVER_VERSION['major']}.{SERVER_VERSION['minor']} API "
-            f"at {url} (a test bed, not a Kubernetes), {len(crds)} CRD file(s) installed\n"
+            f"at {url} (a test bed, not a Kubernetes), {len(crds)} CRD file(s) installed, "
+            f"controllers {'off' if controllers is None else 'on'}\n"
             f"kubeconfig: {kubeconfig}\n"
             f"  export KUBECONFIG={kubeconfig}\n"
             f"Ctrl-C or SIGTERM stops it; what it stores goes with it.",
@@ -173,6 +188,8 @@ async def serve(args: argparse.Namespace, crds: list[Path]) -> None:
             await stop.wait()
         finally:
             kubeconfig.unlink(missing_ok=True)
+            if controllers is not None:
+                await controllers.stop()
     print("devcluster: stopped", flush=True)
 
 

@@ -559,16 +559,19 @@ class RunningApiServer:
 
     Tests (sync or async), kubectl and subprocesses reach it over HTTP at
     `url`; `call(fn, *args)` runs `fn` on the server's loop (the store is not
-    thread-safe) and returns its result.
+    thread-safe) and returns its result. With `controllers=True` the
+    controllers of devcluster/controllers run on that loop too.
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, controllers: bool = False, **options: Any) -> None:
         self._options = options
+        self._controllers = controllers
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="fake-apiserver", daemon=True)
         self.handler: FakeApiServer | None = None
+        self.controllers: Any = None  # a ControllerManager when controllers=True
         self.url = ""
         self.kubeconfig: Path | None = None
         self._error: BaseException | None = None
@@ -584,8 +587,15 @@ class RunningApiServer:
             async with handler, kmock.Server(handler) as server:
                 self.handler = handler
                 self.url = str(server.url).rstrip("/")
+                if self._controllers:
+                    from devcluster.controllers import ControllerManager
+
+                    self.controllers = ControllerManager(handler.store)
+                    self.controllers.start()
                 self._ready.set()
                 await self._stop.wait()
+                if self.controllers is not None:
+                    await self.controllers.stop()
         except BaseException as exc:
             self._error = exc
             self._ready.set()

@@ -236,6 +236,12 @@ def now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339_plus(timestamp: str, seconds: float) -> str:
+    """An RFC 3339 time moved by `seconds`, in the API's form."""
+    moved = dt.datetime.fromisoformat(timestamp) + dt.timedelta(seconds=seconds)
+    return moved.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def human_age(timestamp: str, now: dt.datetime | None = None) -> str:
     """kubectl's short age: 45s, 3m20s, 2h5m, 3d."""
     then = dt.datetime.fromisoformat(timestamp)  # RFC 3339, with or without fractions

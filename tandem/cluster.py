@@ -54,6 +54,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "devcluster", "--state-dir", str(state_dir)]
     if args.port:
         argv += ["--port", str(args.port)]
+    if args.no_controllers:
+        argv.append("--no-controllers")
     if args.no_kubelet:
         argv.append("--no-kubelet")
     else:
@@ -165,6 +167,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "up":
             action.add_argument(
                 "--port", type=int, default=0, help="loopback port (default: a free one)"
+            )
+            action.add_argument(
+                "--no-controllers",
+                action="store_true",
+                help="the API server alone: no pods for Deployments, no EndpointSlices",
             )
             action.add_argument(
                 "--no-kubelet",

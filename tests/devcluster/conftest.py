@@ -1,3 +1,3 @@
 """The local cluster's own tests run against it through the shared fixtures."""
 
-from tests.kube.plugin import kube_api, kubectl  # noqa: F401
+from tests.kube.plugin import kube_api, kube_api_with_controllers, kubectl  # noqa: F401

@@ -5,6 +5,7 @@ No mocks: a real aiohttp server (kmock's) and the real kubectl binary.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 
@@ -296,6 +297,21 @@ def test_scheduled_pods_terminate_gracefully_unscheduled_go_at_once(http):
     terminating = http.delete(f"{NS}/pods/p").json()
     assert terminating["metadata"]["deletionGracePeriodSeconds"] == 60
     assert http.get(f"{NS}/pods/p").status_code == 200  # the kubelet's turn
+    # A second delete may shorten the grace period, never lengthen it.
+    assert (
+        http.delete(f"{NS}/pods/p", params={"gracePeriodSeconds": "90"}).json()["metadata"][
+            "deletionGracePeriodSeconds"
+        ]
+        == 60
+    )
+    shorter = http.delete(f"{NS}/pods/p", params={"gracePeriodSeconds": "5"}).json()
+    assert shorter["metadata"]["deletionGracePeriodSeconds"] == 5
+    # deletionTimestamp is when it is to be gone: 55 s sooner now.
+    was = dt.datetime.fromisoformat(terminating["metadata"]["deletionTimestamp"])
+    now = dt.datetime.fromisoformat(shorter["metadata"]["deletionTimestamp"])
+    assert was - now == dt.timedelta(seconds=55)
+    created = dt.datetime.fromisoformat(terminating["metadata"]["creationTimestamp"])
+    assert dt.timedelta(seconds=59) <= was - created <= dt.timedelta(seconds=62)
     http.delete(f"{NS}/pods/p", params={"gracePeriodSeconds": "0"})
     assert http.get(f"{NS}/pods/p").status_code == 404
 

@@ -11,7 +11,19 @@ import sys
 import time
 from pathlib import Path
 
-from tests.kube.plugin import REPO, kubectl_binary
+from tests.kube.plugin import REPO, kubectl_binary, wait_for
+
+DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: c, image: nginx:1.27}]}
+"""
 
 
 def test_help_says_what_it_is():
@@ -85,6 +97,23 @@ def test_it_serves_kubectl_until_sigterm(tmp_path: Path):
                 timeout=60,
             ).stderr
         )
+
+        # The controllers run: a Deployment gets a pod bound to the node.
+        subprocess.run(
+            [kubectl_binary(), "create", "-f", "-"],
+            input=DEPLOYMENT,
+            env=dict(os.environ, KUBECONFIG=str(kubeconfig), KUBECACHEDIR=str(tmp_path / "kc")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        wait_for(
+            lambda: kubectl("get", "pods", "-o", "name").startswith("pod/web-"),
+            30,
+            "a pod for the Deployment",
+        )
+        assert kubectl("get", "nodes", "-o", "name").split() == ["node/devcluster-node"]
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0

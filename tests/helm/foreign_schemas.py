@@ -198,7 +198,22 @@ INFERENCE_POOL: Schema = {
 }
 
 
-def _crd(group: str, version: str, kind: str, plural: str, schema: Schema) -> dict[str, Any]:
+def _crd(
+    group: str,
+    version: str,
+    kind: str,
+    plural: str,
+    schema: Schema,
+    subresources: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    served: dict[str, Any] = {
+        "name": version,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+    }
+    if subresources:
+        served["subresources"] = subresources
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -212,14 +227,7 @@ def _crd(group: str, version: str, kind: str, plural: str, schema: Schema) -> di
                 "singular": kind.lower(),
                 "listKind": f"{kind}List",
             },
-            "versions": [
-                {
-                    "name": version,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": schema},
-                }
-            ],
+            "versions": [served],
         },
     }
 
@@ -228,7 +236,14 @@ def crds() -> list[dict[str, Any]]:
     """The four as CustomResourceDefinitions, as their projects install them."""
     lws_group, _, lws_version = lws_schema.API_VERSION.rpartition("/")
     return [
-        _crd(lws_group, lws_version, lws_schema.KIND, "leaderworkersets", lws_schema.SCHEMA),
+        _crd(
+            lws_group,
+            lws_version,
+            lws_schema.KIND,
+            "leaderworkersets",
+            lws_schema.SCHEMA,
+            lws_schema.SUBRESOURCES,
+        ),
         _crd(
             "inference.networking.k8s.io", "v1", "InferencePool", "inferencepools", INFERENCE_POOL
         ),

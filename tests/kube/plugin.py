@@ -8,6 +8,10 @@ Import the ones a test folder needs from its conftest.py:
   with Tandem's CRDs (operators/crds/) installed and a kubeconfig written
   (`kube_api.kubeconfig`); read and write it over HTTP, or directly with
   `kube_api.get/list/install/call`.
+* `kube_api_with_controllers` — the same with devcluster's controllers
+  running (Deployments get ReplicaSets and pods, Services EndpointSlices; no
+  kubelet: a test writes pod status itself). `kube_api` runs none, since
+  most tests write objects and expect nothing to act on them.
 * `kubectl` — runs the real `kubectl` against it: `kubectl("get", "td")` returns
   the CompletedProcess; `check=False` lets a test look at a refusal.
 * `start_operator(kube_api, tmp_path)` starts `python -m operators` against it
@@ -50,15 +54,27 @@ def kubectl_binary() -> str:
     return found
 
 
-@pytest.fixture
-def kube_api(tmp_path: Path) -> Iterator[RunningApiServer]:
-    server = RunningApiServer(bookmark_interval=0.5).start()
+@contextmanager
+def _api_server(tmp_path: Path, controllers: bool) -> Iterator[RunningApiServer]:
+    server = RunningApiServer(bookmark_interval=0.5, controllers=controllers).start()
     try:
         server.install_files(*CRDS)
         server.kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def kube_api(tmp_path: Path) -> Iterator[RunningApiServer]:
+    with _api_server(tmp_path, controllers=False) as server:
+        yield server
+
+
+@pytest.fixture
+def kube_api_with_controllers(tmp_path: Path) -> Iterator[RunningApiServer]:
+    with _api_server(tmp_path, controllers=True) as server:
+        yield server
 
 
 @pytest.fixture

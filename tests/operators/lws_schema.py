@@ -1,7 +1,8 @@
 """The LeaderWorkerSet v1 API (leaderworkerset.x-k8s.io/v1) as a structural
 OpenAPI schema, written here by hand from LWS's documented API types (field
-names, enums, defaults, minimums); LWS's own CRD is not vendored. Pod templates
-are left open here and validated as Kubernetes PodTemplates (kubernetes-validate).
+names, enums, defaults, minimums, status, subresources); LWS's own CRD is not
+vendored. Pod templates are left open here and validated as Kubernetes
+PodTemplates (kubernetes-validate).
 """
 
 from __future__ import annotations
@@ -98,5 +99,28 @@ SCHEMA = {
                 },
             },
         },
+        "status": {
+            "type": "object",
+            "properties": {
+                "replicas": {"type": "integer", "format": "int32"},
+                "readyReplicas": {"type": "integer", "format": "int32"},
+                "updatedReplicas": {"type": "integer", "format": "int32"},
+                "hpaPodSelector": {"type": "string"},
+                "conditions": {
+                    "type": "array",
+                    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                },
+            },
+        },
+    },
+}
+
+# As LWS's CRD declares them: `kubectl scale lws/NAME` and a status of its own.
+SUBRESOURCES = {
+    "status": {},
+    "scale": {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.hpaPodSelector",
     },
 }

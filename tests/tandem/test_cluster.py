@@ -23,6 +23,26 @@ def tandem(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def test_up_without_controllers(tmp_path: Path):
+    state = ["--state-dir", str(tmp_path)]
+    up = tandem("cluster", "up", "--no-controllers", "--no-kubelet", *state)
+    try:
+        assert up.returncode == 0, up.stderr
+        nodes = subprocess.run(
+            [kubectl_binary(), "get", "nodes", "-o", "name"],
+            env=dict(os.environ, KUBECONFIG=str(tmp_path / "kubeconfig")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        assert nodes == []
+        log = json.loads((tmp_path / "cluster.json").read_text())["log"]
+        assert "controllers off" in Path(log).read_text()
+    finally:
+        assert tandem("cluster", "down", *state).returncode == 0
+
+
 def test_up_status_down(tmp_path: Path):
     state = ["--state-dir", str(tmp_path)]
     # The API alone: tests/devcluster/test_kubelet.py runs pods through `up`.
@@ -42,6 +62,15 @@ def test_up_status_down(tmp_path: Path):
             check=True,
         ).stdout.split()
         assert "namespace/default" in names
+        nodes = subprocess.run(
+            [kubectl_binary(), "get", "nodes", "-o", "name"],
+            env=dict(os.environ, KUBECONFIG=str(tmp_path / "kubeconfig")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        assert nodes == ["node/devcluster-node"]  # the controllers run
 
         status = tandem("cluster", "status", *state)
         assert status.returncode == 0 and "v1.32" in status.stdout
