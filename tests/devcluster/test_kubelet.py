@@ -250,7 +250,7 @@ def test_liveness_restart_logs_and_graceful_delete(cluster: Cluster, tmp_path: P
         },
         "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", f"echo ran > {stopped}"]}}},
     }
-    cluster.apply(pod("flaky", app, terminationGracePeriodSeconds=10))
+    cluster.apply(pod("flaky", app, terminationGracePeriodSeconds=30))
     cluster.wait(lambda: "run flaky" in cluster.kubectl("logs", "flaky", check=False))
     flag.touch()
     restarted = cluster.wait(
@@ -266,7 +266,8 @@ def test_liveness_restart_logs_and_graceful_delete(cluster: Cluster, tmp_path: P
     assert cluster.kubectl("logs", "flaky", "--previous") == "run flaky\ngot SIGTERM\n"
     assert stopped.read_text() == "ran\n"
     stopped.unlink()
-    cluster.wait(lambda: "run flaky" in cluster.kubectl("logs", "flaky", check=False))
+    # The new run has started (in the back-off, logs show the run that ended).
+    cluster.wait(lambda: cluster.kubectl("logs", "flaky", check=False) == "run flaky\n")
 
     follow = subprocess.Popen(
         [kubectl_binary(), "--cache-dir", str(cluster.state / "kc"), "logs", "-f", "flaky"],
@@ -278,7 +279,7 @@ def test_liveness_restart_logs_and_graceful_delete(cluster: Cluster, tmp_path: P
         # kubectl's delete waits until the object is gone: preStop, SIGTERM, then grace 0.
         started = time.monotonic()
         assert 'pod "flaky" deleted' in cluster.kubectl("delete", "pod", "flaky")
-        assert time.monotonic() - started < 8  # it exited on SIGTERM, not at the deadline
+        assert time.monotonic() - started < 20  # it exited on SIGTERM, not at the deadline
         assert cluster.pod("flaky") is None
         assert stopped.read_text() == "ran\n"
         out, _ = follow.communicate(timeout=10)
