@@ -24,7 +24,8 @@ this module adds what clients rely on over HTTP:
 * CRDs: POSTing one serves its kinds at once, with discovery;
 * the protobuf bodies of kubectl's typed generators for the kinds in
   protobuf.py (`kubectl create namespace` and its kin);
-* `/api/v1/namespaces` itself, which kmock's path parser cannot split.
+* `/api/v1/namespaces` itself, which kmock's path parser cannot split;
+* `pods/{name}/log` (`kubectl logs`) from the process kubelet's files (podlogs.py).
 
 Use `RunningApiServer` (or the pytest fixtures in tests/kube/plugin.py) and
 `write_kubeconfig()` to point kubectl, kopf or a client at it.
@@ -45,7 +46,7 @@ import attrs
 import kmock
 import yaml
 
-from devcluster import protobuf, tables
+from devcluster import podlogs, protobuf, tables
 from devcluster.kinds import Kind
 from devcluster.store import (
     FIELD_VALIDATION,
@@ -115,6 +116,8 @@ class FakeApiServer(kmock.KubernetesScaffold):
     # kmock records every request (iterating the handler lists them: tests check
     # RBAC with it); a server that runs for hours (python -m devcluster) keeps none.
     keep_requests: bool = True
+    # Where the process kubelet writes container logs (podlogs.py); None: no kubelet.
+    pod_log_dir: Path | None = None
     store: Store = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -150,6 +153,18 @@ class FakeApiServer(kmock.KubernetesScaffold):
             return await self._serve_raw(raw_request, json.dumps(body).encode())
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             return await self._serve_raw(raw_request, await raw_request.read())
+        parts = raw_request.path.strip("/").split("/")
+        if (
+            parts[:3] == ["api", "v1", "namespaces"]
+            and parts[4:5] == ["pods"]
+            and parts[6:] == ["log"]
+        ):
+            try:
+                return await podlogs.serve(
+                    self.store, self.pod_log_dir, raw_request, parts[3], parts[5]
+                )
+            except ApiError as exc:
+                return await self._render_error(exc)
         try:
             return await super().__call__(raw_request)
         finally:

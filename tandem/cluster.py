@@ -2,8 +2,11 @@
 
 `up` starts `python -m devcluster` in a process group of its own, waits until
 it has written its kubeconfig, records it in STATE_DIR/cluster.json and
-prints how to point kubectl at it; `down` stops it (SIGTERM, then SIGKILL to
-the group after a grace period); `status` says whether it runs and answers.
+prints how to point kubectl at it; it runs pods (the process kubelet and pod
+network, as root; `--no-kubelet` not), engine pods with the embedded stack's
+CPU settings. `down` stops it (SIGTERM, then SIGKILL to the group after a
+grace period): no pod process, network namespace or link stays; `status`
+says whether it runs and answers.
 It is a test bed, not a Kubernetes (`python -m devcluster --help`).
 """
 
@@ -53,6 +56,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         argv += ["--port", str(args.port)]
     if args.no_controllers:
         argv.append("--no-controllers")
+    if args.no_kubelet:
+        argv.append("--no-kubelet")
+    else:
+        argv += ["--pod-cidr", args.pod_cidr, "--bridge", args.bridge]
+        # Engine pods get the CPU settings the embedded stack gives its engines:
+        # unbound, one OpenMP thread each, so more engines than cores still start.
+        from services.stack import StackConfig, engine_env
+
+        for name, value in engine_env(StackConfig.kv_cache_gib, None).items():
+            argv += ["--engine-env", f"{name}={value}"]
     log = state_dir / "devcluster.log"
     proc, popen = launch("devcluster", argv, log, env={"PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -69,12 +82,27 @@ def cmd_up(args: argparse.Namespace) -> int:
         time.sleep(0.2)
     url = next(word for word in text.split() if word.startswith("http://"))
     kubeconfig = state_dir / "kubeconfig"
+    services = None if args.no_kubelet else str(state_dir / "services.json")
     (state_dir / STATE_FILE).write_text(
-        json.dumps({"pid": proc.pid, "url": url, "kubeconfig": str(kubeconfig), "log": str(log)})
+        json.dumps(
+            {
+                "pid": proc.pid,
+                "url": url,
+                "kubeconfig": str(kubeconfig),
+                "log": str(log),
+                "services": services,
+            }
+        )
+    )
+    pods = (
+        "no pods run (--no-kubelet)"
+        if services is None
+        else f"pods run here; Services' loopback ports are in the log and in {services}"
     )
     print(
         f"local cluster at {url} (a test bed, not a Kubernetes; pid {proc.pid}, log {log})\n"
         f"  export KUBECONFIG={kubeconfig}\n"
+        f"{pods}\n"
         f"`tandem cluster down` stops it."
     )
     return 0
@@ -144,5 +172,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                 "--no-controllers",
                 action="store_true",
                 help="the API server alone: no pods for Deployments, no EndpointSlices",
+            )
+            action.add_argument(
+                "--no-kubelet",
+                action="store_true",
+                help="the API server only: no pods run, no pod network (root not needed)",
+            )
+            action.add_argument(
+                "--pod-cidr",
+                default="10.250.0.0/16",
+                help="pods' and Services' addresses (default: %(default)s)",
+            )
+            action.add_argument(
+                "--bridge",
+                default="tandem0",
+                help="the pod network's bridge (default: %(default)s)",
             )
         action.set_defaults(func=func)

@@ -40,7 +40,17 @@ def test_help_says_what_it_is():
 
 def test_it_serves_kubectl_until_sigterm(tmp_path: Path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "devcluster", "--state-dir", str(tmp_path), "--namespace", "team-a"],
+        # The API alone: test_kubelet.py runs the pods (on a bridge of its own).
+        [
+            sys.executable,
+            "-m",
+            "devcluster",
+            "--state-dir",
+            str(tmp_path),
+            "--namespace",
+            "team-a",
+            "--no-kubelet",
+        ],
         cwd=REPO,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
         stdout=subprocess.PIPE,

@@ -25,7 +25,7 @@ def tandem(*args: str) -> subprocess.CompletedProcess:
 
 def test_up_without_controllers(tmp_path: Path):
     state = ["--state-dir", str(tmp_path)]
-    up = tandem("cluster", "up", "--no-controllers", *state)
+    up = tandem("cluster", "up", "--no-controllers", "--no-kubelet", *state)
     try:
         assert up.returncode == 0, up.stderr
         nodes = subprocess.run(
@@ -45,7 +45,8 @@ def test_up_without_controllers(tmp_path: Path):
 
 def test_up_status_down(tmp_path: Path):
     state = ["--state-dir", str(tmp_path)]
-    up = tandem("cluster", "up", *state)
+    # The API alone: tests/devcluster/test_kubelet.py runs pods through `up`.
+    up = tandem("cluster", "up", *state, "--no-kubelet")
     try:
         assert up.returncode == 0, up.stderr
         assert "not a Kubernetes" in up.stdout
