@@ -18,7 +18,7 @@ from common.model import resolve_model
 from common.ports import free_port
 from common.procs import launch, stop_process_group, wait_http_ok
 from services.stack import Stack, StackConfig, engine_cores, engine_env, vllm_flags
-from tests.helpers import MODEL_NAME, TOOLS_TEMPLATE
+from tests.helpers import AGGREGATED_BLOCK_SIZE, MODEL_NAME, TOOLS_TEMPLATE
 
 # Long enough that a prefill engine that never hands its KV over keeps it for
 # the whole test; early release is what the tests look for.
@@ -57,6 +57,47 @@ def stack(model_dir, tmp_path_factory):
     s.stop()
 
 
+# Session-scoped engines that only some stack tests use, by fixture name, and
+# how to stop them: each stops right after the last test that needs it
+# (pytest_runtest_teardown), so it is gone before the next group's engines start.
+EARLY_STOPS = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session")
+def aggregated_engines(model_dir, tmp_path_factory, request):
+    """Two aggregated engines (role both: whole requests, no P/D split) with
+    small KV blocks, publishing KV events, behind a cost-policy router. Shared
+    by tests/stack/test_sessions.py (through the router) and
+    tests/router/routing/test_engine_agreement.py (engine-0 alone, over gRPC),
+    so they start once."""
+    config = StackConfig(
+        prefill=0,
+        decode=0,
+        aggregated=2,
+        router_port=free_port(),
+        kv_cache_gib=1,
+        max_model_len=4096,
+        state_dir=tmp_path_factory.mktemp("two-engines"),
+        engine_args=["--block-size", str(AGGREGATED_BLOCK_SIZE)],
+        router_args=[
+            "--block-size",
+            str(AGGREGATED_BLOCK_SIZE),
+            "--routing-policy",
+            "cost",
+            "--chat-template",
+            str(TOOLS_TEMPLATE),
+        ],
+        # A guard against hangs, not a performance bound: on a
+        # loaded 2-core machine engines alone took 8 minutes.
+        startup_timeout_s=1800,
+    )
+    s = Stack(config)
+    s.start()
+    request.config.stash.setdefault(EARLY_STOPS, {})["aggregated_engines"] = s.stop
+    yield s
+    s.stop()  # a second stop does nothing
+
+
 @pytest.fixture(scope="session")
 def reference(model_dir, tmp_path_factory):
     """vLLM's own OpenAI server with the same model and dtype, aggregated (no
@@ -92,12 +133,30 @@ def reference(model_dir, tmp_path_factory):
 
 def pytest_collection_modifyitems(config, items):
     """Fast tests first, then tests that start their own engines, then the
-    tests on the shared session stack. Module-scoped engines are gone before
-    the session stack starts, so a 24 GiB machine never holds all at once."""
+    tests on the shared aggregated engines, then the tests on the shared P/D
+    stack. Module-scoped engines are gone, and the aggregated engines stopped
+    (pytest_runtest_teardown), before the next group starts, so a 24 GiB
+    machine never holds all at once."""
 
     def group(item) -> int:
         if item.get_closest_marker("stack") is None:
             return 0
-        return 2 if "stack" in item.fixturenames else 1
+        if "stack" in item.fixturenames:
+            return 3
+        return 2 if "aggregated_engines" in item.fixturenames else 1
 
     items.sort(key=group)  # stable: file order is kept within a group
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Stops each early-stopping session fixture (EARLY_STOPS) once no test
+    after this one uses it. Not under pytest-xdist, whose workers run the
+    items in another order than the list: there they stop at the end."""
+    result = yield
+    stops = item.config.stash.get(EARLY_STOPS, {})
+    if stops and not hasattr(item.config, "workerinput"):
+        later = item.session.items[item.session.items.index(item) + 1 :]
+        for name in [n for n in stops if not any(n in i.fixturenames for i in later)]:
+            stops.pop(name)()
+    return result

@@ -1,15 +1,15 @@
-"""Against ONE real vLLM engine (CPU, SmolLM2-135M) started once for this module:
-the router's block hashes equal the hashes in the engine's KV events, and on a
-short multi-turn replay the predicted cached tokens equal the engine's reported
-``cached_tokens``. No mocks: real engine host, real gRPC, real ZMQ events.
+"""Against ONE real vLLM engine (CPU, SmolLM2-135M): the router's block hashes
+equal the hashes in the engine's KV events, and on a short multi-turn replay
+the predicted cached tokens equal the engine's reported ``cached_tokens``. No
+mocks: real engine host, real gRPC, real ZMQ events. The engine is one of the
+session's aggregated engines (tests/conftest.py), talked to directly: the
+routing core here is the test's own, in-process. These prompts share no block
+with other tests' prompts, so what else the engine served does not count.
 Predictions from the router's own decisions are switched off here
 (``predicted_ttl_with_events_s=0``), so every hit comes from KV events alone.
 """
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 import uuid
 
@@ -18,75 +18,25 @@ import pytest
 from transformers import AutoTokenizer
 
 from common.model import resolve_model
-from common.ports import free_port
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings, SharedView
 from services.router.routing.events import KvEventSubscriber
 from services.router.routing.sessions import IncrementalTokenizer
+from tests.helpers import AGGREGATED_BLOCK_SIZE
 
 pytestmark = pytest.mark.stack
 
-BLOCK_SIZE = 32  # small blocks: short prompts still span many blocks
+BLOCK_SIZE = AGGREGATED_BLOCK_SIZE  # small blocks: short prompts still span many blocks
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    grpc_port, metrics_port, pub, replay = free_port(), free_port(), free_port(), free_port()
-    log_path = tmp_path_factory.mktemp("engine") / "engine.log"
-    kv_events = (
-        '{"enable_kv_cache_events": true, "publisher": "zmq", '
-        f'"endpoint": "tcp://*:{pub}", "replay_endpoint": "tcp://*:{replay}", '
-        '"topic": "kv"}'
-    )
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    env.pop("PYTHONHASHSEED", None)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "services.engine",
-                "--role",
-                "both",
-                "--grpc-port",
-                str(grpc_port),
-                "--metrics-port",
-                str(metrics_port),
-                "--dtype",
-                "float32",
-                "--enforce-eager",
-                "--max-model-len",
-                "4096",
-                "--block-size",
-                str(BLOCK_SIZE),
-                "--kv-events-config",
-                kv_events,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    address = f"127.0.0.1:{grpc_port}"
-    deadline = time.monotonic() + 300
-    ready = False
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with grpc.insecure_channel(address) as ch:
-                pb_grpc.EngineStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=2)
-                ready = True
-                break
-        except grpc.RpcError:
-            time.sleep(1)
-    if not ready:
-        proc.kill()
-        pytest.fail(f"engine did not start; log tail:\n{log_path.read_text()[-3000:]}")
-    yield address, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def engine(aggregated_engines):
+    """engine-0 of the session-wide aggregated engines (tests/conftest.py),
+    spoken to over gRPC directly: its gRPC address and KV-event endpoints."""
+    proc = next(p for p in aggregated_engines.procs if p.name == "engine-0")
+    pub, replay = proc.kv_events.split(",")
+    return proc.grpc, pub, replay
 
 
 async def wait_until_held(core, pod, hashes, timeout=60.0):
