@@ -31,7 +31,11 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def stack(model_dir, tmp_path_factory):
+def stack(model_dir, tmp_path_factory, request):
+    if any("reference" in item.fixturenames for item in request.session.items):
+        # Launched first, so its minute of start-up overlaps the stack's
+        # rather than following it.
+        reference_server(request, model_dir, tmp_path_factory)
     config = StackConfig(
         router_port=free_port(),
         kv_cache_gib=1,
@@ -98,37 +102,65 @@ def aggregated_engines(model_dir, tmp_path_factory, request):
     s.stop()  # a second stop does nothing
 
 
-@pytest.fixture(scope="session")
-def reference(model_dir, tmp_path_factory):
+class ReferenceServer:
     """vLLM's own OpenAI server with the same model and dtype, aggregated (no
-    P/D, no connector): the ground truth for token-identical output. Started
-    once: it takes a minute, and two test files compare against it."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("reference") / "vllm.log"
-    same_engine = StackConfig(kv_cache_gib=1, max_model_len=4096)
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *vllm_flags(same_engine, model=str(model_dir)),
-        "--served-model-name",
-        MODEL_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enable-prompt-tokens-details",
-    ]
-    proc, popen = launch(
-        "reference", argv, log, env=engine_env(same_engine.kv_cache_gib, engine_cores(1)[0])
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(f"{url}/health", proc, time.monotonic() + 1200)
-        yield url
-    finally:
-        stop_process_group(proc, grace_s=10)
-        popen.wait(timeout=10)
+    P/D, no connector). Launched when made; `url()` waits until it serves."""
+
+    def __init__(self, model_dir: Path, log: Path) -> None:
+        port = free_port()
+        same_engine = StackConfig(kv_cache_gib=1, max_model_len=4096)
+        argv = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *vllm_flags(same_engine, model=str(model_dir)),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--enable-prompt-tokens-details",
+        ]
+        self.proc, self.popen = launch(
+            "reference", argv, log, env=engine_env(same_engine.kv_cache_gib, engine_cores(1)[0])
+        )
+        self._url = f"http://127.0.0.1:{port}"
+        self.deadline = time.monotonic() + 1200
+
+    def url(self) -> str:
+        wait_http_ok(f"{self._url}/health", self.proc, self.deadline)
+        return self._url
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            stop_process_group(self.proc, grace_s=10)
+            self.popen.wait(timeout=10)
+
+
+REFERENCE = pytest.StashKey[ReferenceServer]()
+
+
+def reference_server(request, model_dir: Path, tmp_path_factory) -> ReferenceServer:
+    """The session's one ReferenceServer, launched on first call; it stops at
+    the end of the session whichever fixture launched it."""
+    stash = request.config.stash
+    if REFERENCE not in stash:
+        log = tmp_path_factory.mktemp("reference") / "vllm.log"
+        stash[REFERENCE] = server = ReferenceServer(model_dir, log)
+        request.config.add_cleanup(server.stop)
+    return stash[REFERENCE]
+
+
+@pytest.fixture(scope="session")
+def reference(model_dir, tmp_path_factory, request):
+    """vLLM's own OpenAI server (ReferenceServer): the ground truth for
+    token-identical output. Started once: it takes a minute, and two test
+    files compare against it. The `stack` fixture launches it already when a
+    test of the session needs it, so the two start side by side."""
+    server = reference_server(request, model_dir, tmp_path_factory)
+    yield server.url()
+    server.stop()
 
 
 def pytest_collection_modifyitems(config, items):
