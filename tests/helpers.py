@@ -33,6 +33,9 @@ LONG_CONTEXT = " ".join(
 )
 # The ChatML template with tool calls the router ships (SmolLM2's own ignores tools).
 TOOLS_TEMPLATE = CHATML_TOOLS
+# KV block size of the shared aggregated engines (tests/conftest.py): small,
+# so a short prompt still spans many blocks.
+AGGREGATED_BLOCK_SIZE = 32
 
 
 def engine(stack, role: str) -> Proc:

@@ -14,45 +14,20 @@ import httpx
 import jsonschema
 import pytest
 
-from common.ports import free_port
-from services.stack import Stack, StackConfig
-from tests.helpers import MODEL_NAME, TOOLS_TEMPLATE, metric_value, wait_for
+from tests.helpers import MODEL_NAME, metric_value, wait_for
 
 pytestmark = pytest.mark.stack
 
-BLOCK_SIZE = 32  # small blocks: a short chat already spans many of them
 RULES = " ".join(
     f"Rule {i}: answer in at most {i + 3} words and never mention rule {i + 1}." for i in range(24)
 )
 
 
 @pytest.fixture(scope="module")
-def two_engines(model_dir, tmp_path_factory):
-    config = StackConfig(
-        prefill=0,
-        decode=0,
-        aggregated=2,
-        router_port=free_port(),
-        kv_cache_gib=1,
-        max_model_len=4096,
-        state_dir=tmp_path_factory.mktemp("two-engines"),
-        engine_args=["--block-size", str(BLOCK_SIZE)],
-        router_args=[
-            "--block-size",
-            str(BLOCK_SIZE),
-            "--routing-policy",
-            "cost",
-            "--chat-template",
-            str(TOOLS_TEMPLATE),
-        ],
-        # A guard against hangs, not a performance bound: on a
-        # loaded 2-core machine engines alone took 8 minutes.
-        startup_timeout_s=1800,
-    )
-    s = Stack(config)
-    s.start()
-    yield s
-    s.stop()
+def two_engines(aggregated_engines):
+    """The session-wide aggregated engines (tests/conftest.py): 32-token
+    blocks, cost policy, the tools template."""
+    return aggregated_engines
 
 
 def _router_metrics(url: str) -> str:

@@ -1,15 +1,15 @@
-"""Against ONE real vLLM engine (CPU, SmolLM2-135M) started once for this module:
-the router's block hashes equal the hashes in the engine's KV events, and on a
-short multi-turn replay the predicted cached tokens equal the engine's reported
-``cached_tokens``. No mocks: real engine host, real gRPC, real ZMQ events.
+"""Against ONE real vLLM engine (CPU, SmolLM2-135M): the router's block hashes
+equal the hashes in the engine's KV events, and on a short multi-turn replay
+the predicted cached tokens equal the engine's reported ``cached_tokens``. No
+mocks: real engine host, real gRPC, real ZMQ events. The engine is one of the
+session's aggregated engines (tests/conftest.py), talked to directly: the
+routing core here is the test's own, in-process. These prompts share no block
+with other tests' prompts, so what else the engine served does not count.
 Predictions from the router's own decisions are switched off here
 (``predicted_ttl_with_events_s=0``), so every hit comes from KV events alone.
 """
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 import uuid
 
@@ -18,75 +18,30 @@ import pytest
 from transformers import AutoTokenizer
 
 from common.model import resolve_model
-from common.ports import free_port
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings, SharedView
 from services.router.routing.events import KvEventSubscriber
 from services.router.routing.sessions import IncrementalTokenizer
+from tests.helpers import AGGREGATED_BLOCK_SIZE
 
 pytestmark = pytest.mark.stack
 
-BLOCK_SIZE = 32  # small blocks: short prompts still span many blocks
+BLOCK_SIZE = AGGREGATED_BLOCK_SIZE  # small blocks: short prompts still span many blocks
+# The engines share a Mooncake store, whose connector publishes what it puts
+# there on the same stream (medium "cpu", the store's chunks; the router's
+# index skips them: services/router/routing/events.py). vLLM calls the
+# engine's own KV cache "GPU", even on CPU.
+ENGINE_MEDIUM = "GPU"
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    grpc_port, metrics_port, pub, replay = free_port(), free_port(), free_port(), free_port()
-    log_path = tmp_path_factory.mktemp("engine") / "engine.log"
-    kv_events = (
-        '{"enable_kv_cache_events": true, "publisher": "zmq", '
-        f'"endpoint": "tcp://*:{pub}", "replay_endpoint": "tcp://*:{replay}", '
-        '"topic": "kv"}'
-    )
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    env.pop("PYTHONHASHSEED", None)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "services.engine",
-                "--role",
-                "both",
-                "--grpc-port",
-                str(grpc_port),
-                "--metrics-port",
-                str(metrics_port),
-                "--dtype",
-                "float32",
-                "--enforce-eager",
-                "--max-model-len",
-                "4096",
-                "--block-size",
-                str(BLOCK_SIZE),
-                "--kv-events-config",
-                kv_events,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    address = f"127.0.0.1:{grpc_port}"
-    deadline = time.monotonic() + 300
-    ready = False
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with grpc.insecure_channel(address) as ch:
-                pb_grpc.EngineStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=2)
-                ready = True
-                break
-        except grpc.RpcError:
-            time.sleep(1)
-    if not ready:
-        proc.kill()
-        pytest.fail(f"engine did not start; log tail:\n{log_path.read_text()[-3000:]}")
-    yield address, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def engine(aggregated_engines):
+    """engine-0 of the session-wide aggregated engines (tests/conftest.py),
+    spoken to over gRPC directly: its gRPC address and KV-event endpoints."""
+    proc = next(p for p in aggregated_engines.procs if p.name == "engine-0")
+    pub, replay = proc.kv_events.split(",")
+    return proc.grpc, pub, replay
 
 
 async def wait_until_held(core, pod, hashes, timeout=60.0):
@@ -189,7 +144,8 @@ async def test_prediction_matches_engine_on_multi_turn_replay(engine):
 
 async def test_late_join_replay_and_event_hashes_from_tokens(engine):
     """A router that starts after the engine served requests recovers them by replay;
-    every root BlockStored's hashes recompute from its own token ids."""
+    every root BlockStored of the engine's KV cache has hashes that recompute
+    from its own token ids."""
     address, pub, replay = engine
     first = list(range(1000, 1000 + 5 * BLOCK_SIZE + 3))
     second = list(range(3000, 3000 + 3 * BLOCK_SIZE + 1))
@@ -213,7 +169,11 @@ async def test_late_join_replay_and_event_hashes_from_tokens(engine):
     assert stats.gaps >= 1 and stats.replayed > 0 and stats.lost == 0, stats
     checked = ok = 0
     for e in events:
-        if e.parent_block_hash is None and all(k is None for k in e.extra_keys or []):
+        if (
+            e.medium == ENGINE_MEDIUM
+            and e.parent_block_hash is None
+            and all(k is None for k in e.extra_keys or [])
+        ):
             ours = core.hasher.event_hashes(e.token_ids)
             checked += len(ours)
             ok += sum(a == b for a, b in zip(ours, e.block_hashes))
