@@ -21,6 +21,7 @@ from common.kube import (
 )
 from common.roles import Role
 from operators.manifests.meta import (
+    ENGINE_STARTUP_PERIODS,
     GRPC_PORT,
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
@@ -205,12 +206,11 @@ def _engine_container(
         "periodSeconds": 10,
         "failureThreshold": 6,
     }
-    # Loading weights and compiling (and, in a group, waiting for the workers
-    # to join Ray) may take long; liveness waits for it.
+    # Liveness waits for the engine's startup (see ENGINE_STARTUP_PERIODS).
     container["startupProbe"] = {
         "grpc": {"port": GRPC_PORT},
         "periodSeconds": 5,
-        "failureThreshold": 360,
+        "failureThreshold": ENGINE_STARTUP_PERIODS,
     }
     if spec.kv_store.enabled:
         container["volumeMounts"].append(

@@ -29,6 +29,9 @@ NIXL_PORT = 5600
 KV_EVENTS_PORT = 5557
 KV_REPLAY_PORT = 5558
 RAY_PORT = 6379
+# Startup probes at 5 s: loading weights and compiling (and, in a group,
+# waiting for the workers to join Ray) may take up to half an hour.
+ENGINE_STARTUP_PERIODS = 360
 REDIS_PORT = 6379
 KVSTORE_CONFIG_DIR = "/etc/tandem/kvstore"
 # Seconds a pod keeps serving after it is told to stop, before SIGTERM: the

@@ -7,6 +7,7 @@ from typing import Any
 
 from common.router import DiscoverySettings, RouterCommand, RouterLaunchSettings
 from operators.manifests.meta import (
+    ENGINE_STARTUP_PERIODS,
     PRESTOP_SECONDS,
     ROUTER_PORT,
     Manifest,
@@ -60,9 +61,18 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
         "args": command.argv(joined=True)[3:] + list(router.args or ()),
         "env": env,
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        # Ready while some engine can serve; alive while the process answers
+        # HTTP, engines or not. The router listens only once an engine has
+        # answered (it asks them the model), so startup waits as long as the
+        # engines' own startup probes do.
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 2},
+        "startupProbe": {
+            "httpGet": {"path": "/live", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": ENGINE_STARTUP_PERIODS,
+        },
         "livenessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
+            "httpGet": {"path": "/live", "port": "http"},
             "periodSeconds": 10,
             "failureThreshold": 6,
         },

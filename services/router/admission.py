@@ -20,7 +20,7 @@ from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 
 # Requests that generate: only these hold engine capacity, so only these
-# queue. /health, /metrics and /v1/models must answer under any load.
+# queue. /live, /health, /metrics and /v1/models must answer under any load.
 GENERATION_PATHS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
 )

@@ -16,7 +16,7 @@ from pathlib import Path
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/live", "/health", "/metrics"})
 
 
 def read_keys_file(path: str | Path) -> list[str]:

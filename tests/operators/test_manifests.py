@@ -347,6 +347,23 @@ def test_every_container_has_requests_and_probes(nodes):
                 assert not isinstance(port, str) or port in named, (c["name"], probe)
 
 
+def test_router_liveness_does_not_depend_on_engines():
+    # /health is 503 while no engine can serve: as liveness it would restart
+    # routers that wait for engines still loading, which restarting cannot help.
+    [router] = [
+        c
+        for o in everything(spec())
+        for t in _pod_templates(o)
+        for c in t["spec"]["containers"]
+        if c["name"] == "router"
+    ]
+    assert router["readinessProbe"]["httpGet"]["path"] == "/health"
+    for probe in ("livenessProbe", "startupProbe"):
+        assert router[probe]["httpGet"]["path"] == "/live", probe
+    startup = router["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60
+
+
 def test_store_client_asks_for_its_ram_pool():
     s = spec(kvStore={"ramPool": "32GB", "disk": {"size": "100GB"}})
     client = _store_clients(s)["containers"][0]

@@ -43,6 +43,7 @@ OPERATIONS = {
     "POST /tokenize",
     "POST /detokenize",
     "GET /v1/models",
+    "GET /live",
     "GET /health",
     "GET /metrics",
 }

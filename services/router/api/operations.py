@@ -1,5 +1,7 @@
-"""The routes operators and Kubernetes probe: ``/health`` (can this router
-serve: some decode-capable pod available) and ``/metrics`` (Prometheus)."""
+"""The routes operators and Kubernetes probe: ``/live`` (the process serves
+HTTP: liveness, which must not fail because engines are down — restarting the
+router would not bring them back), ``/health`` (can this router serve: some
+decode-capable pod available; readiness) and ``/metrics`` (Prometheus)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,14 @@ async def health(request: Request):
         },
     }
     return JSONResponse(body, status_code=200 if can_serve else 503)
+
+
+@router.get(
+    "/live",
+    responses={200: {"description": "the router process serves HTTP"}, "4XX": OPENAI_ERRORS["4XX"]},
+)
+async def live() -> dict[str, str]:
+    return {"status": "ok"}
 
 
 @router.get(
