@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from common.proto import engine_pb2 as pb
+from services.router.config import parse_settings
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
 from services.router.migration import DEADLINE, DISABLED, LIMIT, UNSUPPORTED, Migration
@@ -143,6 +144,16 @@ def test_a_request_lost_after_its_last_token_ends_as_length():
     assert (final.text, final.finish_reason) == ("09 ", "length")
     assert final.usage.completion_tokens == 10
     assert final.usage.prompt_tokens == 40
+
+
+def test_the_flag_defaults_on_and_refuses_negative_counts(capsys, monkeypatch):
+    assert parse_settings(["--decode", "a:1"]).max_migrations == 2
+    assert parse_settings(["--decode", "a:1", "--max-migrations", "0"]).max_migrations == 0
+    monkeypatch.setenv("TANDEM_ROUTER_MAX_MIGRATIONS", "5")
+    assert parse_settings(["--decode", "a:1"]).max_migrations == 5
+    with pytest.raises(SystemExit):
+        parse_settings(["--decode", "a:1", "--max-migrations", "-1"])
+    assert "--max-migrations: must be 0 (off) or more" in capsys.readouterr().err
 
 
 # -- the request path ------------------------------------------------------
