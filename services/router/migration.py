@@ -91,6 +91,7 @@ class Migration:
     stopped: bool = False  # a stop string across the seam ended the request
     _sent: list[str] = field(default_factory=list)
     _seam: _Seam | None = None
+    _held: pb.GenerateResponse = field(default_factory=pb.GenerateResponse)
 
     @property
     def sent_text(self) -> str:
@@ -115,19 +116,21 @@ class Migration:
         final = bool(message.finish_reason)
         if self._seam is not None:
             released = self._seam.feed(message.text, final)
+            # Held messages' tokens go out with the text they made, so that
+            # parsers that read token ids see every one.
+            held = self._held
+            held.token_ids.extend(message.token_ids)
+            held.logprobs.extend(message.logprobs)
             if released is None:
-                if not message.logprobs:
-                    return None
-                message = _copy(message)
-                message.text = ""
-            else:
-                self._seam = None
-                text, stopped = released
-                message = _copy(message)
-                message.text = text
-                if stopped:
-                    self.stopped = True
-                    message.finish_reason = "stop"
+                return None
+            self._seam, self._held = None, pb.GenerateResponse()
+            text, stopped = released
+            held.text, held.finish_reason = text, message.finish_reason
+            held.usage.CopyFrom(message.usage)
+            message = held
+            if stopped:
+                self.stopped = True
+                message.finish_reason = "stop"
         if message.finish_reason and self.migrations:
             message = _copy(message)
             message.usage.CopyFrom(self.usage(message.usage))

@@ -108,6 +108,7 @@ def test_held_back_text_is_released_when_no_stop_string_spans_the_seam():
     assert m.relay(_message([3])) is None
     out = m.relay(_message([4]))
     assert (out.text, out.finish_reason) == ("t2 t3 t4 ", "")
+    assert list(out.token_ids) == [3, 4]  # the held message's token too
     assert m.relay(_message([5])).text == "t5 "  # seam passed: text flows as it comes
     assert m.sent_text == _text([1, 2, 3, 4, 5])
 
