@@ -73,6 +73,13 @@ class RouterLaunchSettings:
     served_model_name: str | None = setting(
         None, "model name clients send (default: the engines' name)"
     )
+    max_migrations: int = setting(
+        2,
+        "how often a request whose decode pod is lost mid-stream may resume on another "
+        "pod from its prompt plus the tokens already sent, in the same stream (0: never; "
+        "the stream then ends in an error event)",
+        metavar="N",
+    )
 
 
 @dataclass(frozen=True)

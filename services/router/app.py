@@ -255,7 +255,6 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
             if routing.prefetch.session_prefetch
             else None
         )
-        orchestrator = Orchestrator(pool, replica, metrics, retention, prefetcher)
         template = Path(settings.chat_template).read_text() if settings.chat_template else None
         caches = settings.caches
         tokenizer = await asyncio.to_thread(
@@ -276,6 +275,20 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
             )
             if settings.reasoning_parser
             else None
+        )
+        hf_tokenizer = tokenizer.hf_tokenizer
+        orchestrator = Orchestrator(
+            pool,
+            replica,
+            metrics,
+            retention,
+            prefetcher,
+            max_migrations=settings.max_migrations,
+            request_timeout_s=settings.request_timeout_s,
+            # As the engines' incremental detokenizer: no clean-up of spaces.
+            detokenize=lambda ids: hf_tokenizer.decode(
+                ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            ),
         )
         await state.start()
         await pool.poll_once()

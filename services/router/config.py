@@ -215,6 +215,8 @@ class RouterSettings(RouterLaunchSettings):
                 "no engine pods: give --decode (with --prefill "
                 "for P/D) or --engine for aggregated engines",
             )
+        if self.max_migrations < 0:
+            raise SettingError("--max-migrations", "must be 0 (off) or more")
         if not 0 < self.port < 65536:
             raise SettingError("--port", f"{self.port}: not a TCP port")
         pods = {split_pool(item)[1] for item in self.prefill + self.decode + self.engines}

@@ -99,6 +99,25 @@ class RouterMetrics:
             "Requests aborted because the client went away",
             registry=r,
         )
+        # Request migration (services/router/migration.py).
+        self.migrations = Counter(
+            "tandem_router_migrations_total",
+            "Requests whose decode pod was lost mid-stream, by outcome: resumed on another "
+            "pod, failed (no pod could take it), disabled, refused_limit, refused_deadline, "
+            "refused_unsupported",
+            ["outcome"],
+            registry=r,
+        )
+        self.migrated_tokens = Counter(
+            "tandem_router_migrated_tokens_total",
+            "Generated tokens carried into resumed requests (their prompt grew by these)",
+            registry=r,
+        )
+        self.migration_seconds = Histogram(
+            "tandem_router_migration_seconds",
+            "Time to resume a migrated request: decode pod lost to the next message",
+            registry=r,
+        )
         # Admission (services/router/admission.py) and API keys (auth.py).
         self.running = Gauge(
             "tandem_router_requests_running",

@@ -17,6 +17,13 @@ Failure rules, in one place:
   through a decode engine (ReleaseKv), not left until its lease expires.
 * A client that leaves mid-request cancels the gRPC call; the engine aborts
   the request and frees its KV.
+* A decode pod lost after tokens were streamed (UNAVAILABLE or a server-side
+  CANCELLED: the engine died, stalled or was stopped; never the client's
+  cancel nor an engine's deliberate error) is marked unhealthy and the
+  request resumes on another pod from its prompt plus the tokens sent,
+  through the normal routing path (a prefill pod may compute the new
+  prefix; services/router/migration.py), at most ``--max-migrations`` times
+  and only before the request's deadline; else the stream ends in an error.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -33,6 +41,7 @@ from common.proto import engine_pb2 as pb
 from common.roles import Role
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
+from services.router.migration import Migration
 from services.router.pods import EnginePod, PodPool
 from services.router.prefetch import SessionPrefetcher
 from services.router.retention import SessionRetention
@@ -42,6 +51,9 @@ from services.router.routing.replica import Replica
 log = logging.getLogger(__name__)
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
+# Codes that mean the pod is lost mid-stream (not a request it refused): the
+# request may resume elsewhere. Our own cancel never arrives as an error.
+_MIGRATABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 _RELEASE_TIMEOUT_S = 5.0
 
 
@@ -70,6 +82,15 @@ def _to_openai_error(exc: grpc.aio.AioRpcError, pod: EnginePod) -> OpenAIError:
     return OpenAIError(502, f"{pod.role} pod {pod.address} failed: {code.name}: {detail}")
 
 
+class DecodeLost(Exception):
+    """The decode pod failed after its first message: the request may resume
+    elsewhere; `error` is what the client gets if it does not."""
+
+    def __init__(self, error: OpenAIError, pod: str, code: grpc.StatusCode) -> None:
+        super().__init__(error.message)
+        self.error, self.pod, self.code = error, pod, code
+
+
 @dataclass
 class _Routing:
     """One request's routing: the current decision, and every decision made
@@ -91,8 +112,19 @@ class Orchestrator:
         metrics: RouterMetrics,
         retention: SessionRetention | None = None,
         prefetcher: SessionPrefetcher | None = None,
+        max_migrations: int = 0,
+        request_timeout_s: float = float("inf"),
+        detokenize: Callable[[list[int]], str] | None = None,
     ) -> None:
+        """``max_migrations``: how often a request may resume on another pod
+        after its decode pod was lost mid-stream (0: never); not after
+        ``request_timeout_s`` since it arrived. ``detokenize``: token ids to
+        text as the engines do it (recovers text an engine held back for
+        stop strings when it was lost)."""
         self._pool = pool
+        self._max_migrations = max_migrations
+        self._timeout_s = request_timeout_s
+        self._detokenize = detokenize
         self._prefetcher = prefetcher
         self._replica = replica
         self._core = replica.core
@@ -135,30 +167,104 @@ class Orchestrator:
         routing.exclude(pod)
 
     async def stream(self, req: EngineRequest) -> AsyncIterator[pb.GenerateResponse]:
-        """Run a request; yields the decode's messages, the last one final."""
+        """Run a request; yields the decode's messages, the last one final.
+        A decode pod lost mid-stream: the request resumes on another pod and
+        the messages go on seamlessly (module docstring)."""
+        prefetcher, session = self._prefetcher, req.session
+        if prefetcher is not None and session:
+            prefetcher.turn_started(session)
+        migration = Migration(
+            req.request_id, req.token_ids, req.sampling, self._max_migrations, self._detokenize
+        )
+        attempt, lost_pods, lost_at = req, frozenset[str](), 0.0
+        try:
+            while True:
+                try:
+                    async with aclosing(
+                        self._attempt(attempt, lost_pods, first=attempt is req)
+                    ) as run:
+                        async for message in run:
+                            if lost_at:
+                                self._metrics.migration_seconds.observe(
+                                    time.perf_counter() - lost_at
+                                )
+                                lost_at = 0.0
+                            out = migration.relay(message)
+                            if out is not None:
+                                yield out
+                            if migration.stopped:
+                                return
+                    return
+                except DecodeLost as lost:
+                    lost_at = time.perf_counter()
+                    lost_pods |= {lost.pod}
+                    why = migration.refusal(lost_at, req.arrival + self._timeout_s)
+                    if why is not None:
+                        self._metrics.migrations.labels(why).inc()
+                        log.warning(
+                            "request %s: decode pod %s lost after %d tokens (%s); not resumed: %s",
+                            req.request_id,
+                            lost.pod,
+                            len(migration.generated),
+                            lost.code.name,
+                            why,
+                        )
+                        raise lost.error from None
+                    resume = migration.resume()
+                    self._metrics.migrations.labels("resumed").inc()
+                    self._metrics.migrated_tokens.inc(len(migration.generated))
+                    log.info(
+                        "request %s: decode pod %s lost after %d tokens (%s); "
+                        "resuming on another pod (migration %d of at most %d)",
+                        req.request_id,
+                        lost.pod,
+                        len(migration.generated),
+                        lost.code.name,
+                        migration.migrations,
+                        self._max_migrations,
+                    )
+                    if resume is None:  # every token was sent: nothing left to generate
+                        yield migration.exhausted()
+                        return
+                    attempt = replace(
+                        req,
+                        request_id=resume.request_id,
+                        token_ids=resume.token_ids,
+                        sampling=resume.sampling,
+                    )
+                except OpenAIError:
+                    if attempt is not req:
+                        self._metrics.migrations.labels("failed").inc()
+                    raise
+        finally:
+            if prefetcher is not None and session:
+                prefetcher.turn_ended(session, req.token_ids, req.cache_salt, last=req.session_end)
+
+    async def _attempt(
+        self, req: EngineRequest, lost_pods: frozenset[str], first: bool
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """One run of a request across engines: route, prefill, generate
+        (``lost_pods`` excluded; the first attempt carries the retention
+        hint)."""
         routing = _Routing(
             RouteRequest(
                 req.token_ids,
                 session=req.session,
                 cache_salt=req.cache_salt,
                 session_end=req.session_end,
+                exclude=lost_pods,
             )
         )
-        prefetcher, session = self._prefetcher, req.session
-        if prefetcher is not None and session:
-            prefetcher.turn_started(session)
         try:
             # Decode first: without a decode pod, a prefill would only strand KV.
             decision = await self._route(routing)
-            hint = self._retention_hint(req, decision)
+            hint = self._retention_hint(req, decision) if first else None
             kv_params = await self._prefill(req, routing, hint)
             async for message in self._generate(req, routing, kv_params, hint):
                 yield message
         finally:
             for decision in routing.decisions:
                 await self._replica.release(decision, time.monotonic())
-            if prefetcher is not None and session:
-                prefetcher.turn_ended(session, req.token_ids, req.cache_salt, last=req.session_end)
 
     def _retention_hint(
         self, req: EngineRequest, decision: RouteDecision
@@ -297,6 +403,14 @@ class Orchestrator:
                         yield message
                     return
                 except grpc.aio.AioRpcError as exc:
+                    if first_byte and exc.code() in _MIGRATABLE:
+                        why = f"Generate failed mid-stream: {exc.code().name}"
+                        await self._replica.report_failure(
+                            decision, pod.address, time.monotonic(), why
+                        )
+                        raise DecodeLost(
+                            _to_openai_error(exc, pod), pod.address, exc.code()
+                        ) from None
                     if first_byte or exc.code() not in _RETRYABLE:
                         raise _to_openai_error(exc, pod) from None
                     await self._failed(routing, pod.address, f"Generate failed: {exc.code().name}")

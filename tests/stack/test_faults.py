@@ -12,13 +12,13 @@ import signal
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import httpx
 import pytest
 
 from common.ports import free_port
-from common.procs import launch, stop_process_group
+from common.procs import launch, stop_process_group, wait_grpc_serving
 from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError
 from services.router.metrics import RouterMetrics
@@ -35,7 +35,6 @@ from tests.helpers import (
     engine,
     engine_load,
     metric_value,
-    sse_events,
     wait_for,
 )
 
@@ -220,10 +219,71 @@ def test_dead_prefill_pod_falls_back_to_local_prefill(stack, tmp_path):
         )
 
 
-def test_decode_pod_dying_mid_stream_ends_with_error_event(stack, tmp_path):
-    """A decode engine killed mid-stream: the client gets an error event and
-    [DONE], the router keeps running, and the rest of the stack is untouched."""
-    prefill = engine(stack, "prefill").grpc
+def _content_events(lines, events: list[dict], until: int) -> None:
+    """Read a chat stream's events into `events` until `until` carry tokens."""
+    while sum(bool(_tokens(e)) for e in events) < until:
+        data = sse_data(next(lines))
+        if data is not None and data != "[DONE]":
+            events.append(json.loads(data))
+
+
+def _tokens(event: dict) -> list[str]:
+    """The tokens of one chat chunk, from its logprobs."""
+    for choice in event.get("choices", ()):
+        return [t["token"] for t in (choice.get("logprobs") or {}).get("content") or ()]
+    return []
+
+
+def _rest(lines, events: list[dict], arrivals: list[tuple[float, int]] | None = None) -> list[str]:
+    """Read the stream to its end; returns its raw data payloads after
+    `events`. `arrivals`: (time, tokens so far) as each event came."""
+    raw = []
+    tokens = sum(len(_tokens(e)) for e in events)
+    for line in lines:
+        if (data := sse_data(line)) is None:
+            continue
+        raw.append(data)
+        if data != "[DONE]":
+            events.append(json.loads(data))
+            tokens += len(_tokens(events[-1]))
+            if arrivals is not None:
+                arrivals.append((time.monotonic(), tokens))
+    return raw
+
+
+def _content(events: list[dict]) -> str:
+    return "".join(c["delta"].get("content", "") for e in events for c in e["choices"])
+
+
+def _finish(events: list[dict]) -> list[str]:
+    return [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+
+
+def _on_doomed(streams: ExitStack, url: str, body: dict, doomed: str, busy: int):
+    """A stream of `body` whose decode runs on the doomed pod (the routers
+    take turns: round-robin), read to its first tokens; earlier tries, on the
+    other pod, are closed."""
+    for _ in range(8):
+        response = streams.enter_context(
+            httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120)
+        )
+        assert response.status_code == 200
+        lines, events = response.iter_lines(), []
+        _content_events(lines, events, 2)
+        if engine_load(doomed).in_flight == busy:
+            return lines, events
+        response.close()
+        time.sleep(0.5)
+    raise AssertionError("no stream landed on the doomed decode pod")
+
+
+def test_decode_pod_dying_mid_stream_resumes_on_another_pod(stack, tmp_path):
+    """A decode engine killed mid-stream of a greedy request: the router
+    resumes it on the other decode pod and the client's stream is token for
+    token the undisturbed output, usage included. With --max-migrations 0
+    the stream ends in an error event and [DONE] instead. Both routers keep
+    serving; the rest of the stack is untouched."""
+    prefill, decode = engine(stack, "prefill").grpc, engine(stack, "decode").grpc
     grpc_port, nixl_port = free_port(), free_port()
     log = tmp_path / "doomed-decode.log"
     argv = [
@@ -244,32 +304,70 @@ def test_decode_pod_dying_mid_stream_ends_with_error_event(stack, tmp_path):
     ]
     doomed, popen = launch("doomed", argv, log, env=engine_env(1, None))
     doomed.grpc = f"127.0.0.1:{grpc_port}"
+    pods = ("--prefill", prefill, "--decode", doomed.grpc, "--decode", decode)
+    pods += ("--routing-policy", "round-robin")
+    body = {
+        "model": MODEL_NAME,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+        "max_tokens": 300,
+        "logprobs": True,
+        "messages": [{"role": "user", "content": "Count from 1 to 200, separated by commas."}],
+    }
     try:
-        with router_process(tmp_path, "--prefill", prefill, "--decode", doomed.grpc) as url:
-            assert wait_for(
-                lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, timeout=300
-            ), log.read_text()[-2000:]
-            body = {
-                "model": MODEL_NAME,
-                "stream": True,
-                "max_tokens": 3000,
-                "ignore_eos": True,
-                "messages": [{"role": "user", "content": "Go on."}],
-            }
-            lines = []
+        wait_grpc_serving(doomed.grpc, doomed, time.monotonic() + 600)
+        with (
+            router_process(tmp_path, *pods) as on,
+            router_process(tmp_path, *pods, "--max-migrations", "0") as off,
+            ExitStack() as streams,
+        ):
+            on_lines, on_events = _on_doomed(streams, on, body, doomed.grpc, 1)
+            off_lines, off_events = _on_doomed(streams, off, body, doomed.grpc, 2)
+            os.killpg(popen.pid, signal.SIGKILL)
+            killed, arrivals = time.monotonic(), []
+            on_raw = _rest(on_lines, on_events, arrivals)
+            off_raw = _rest(off_lines, off_events)
+
+            # Undisturbed, on the surviving pods (its own cache salt: no KV reuse).
+            reference: list[dict] = []
             with httpx.stream(
-                "POST", f"{url}/v1/chat/completions", json=body, timeout=120
+                "POST",
+                f"{on}/v1/chat/completions",
+                json={**body, "cache_salt": uuid.uuid4().hex},
+                timeout=120,
             ) as response:
-                assert response.status_code == 200
-                for line in response.iter_lines():
-                    lines.append(line)
-                    if len(lines) == 6:
-                        os.killpg(popen.pid, signal.SIGKILL)
-            events = sse_events(httpx.Response(200, text="\n".join(lines) + "\n\n"))
-            assert events[-1] == "[DONE]"
-            assert "error" in json.loads(events[-2]), events[-3:]
-            after = chat(url, MODEL_NAME, "hello", max_tokens=4)
-            assert after.status_code == 503
+                _rest(response.iter_lines(), reference)
+            expected = [t for e in reference for t in _tokens(e)]
+            tokens = [t for e in on_events for t in _tokens(e)]
+            assert on_raw[-1] == "[DONE]"
+            assert not any("error" in e for e in on_events), on_events[-3:]
+            assert tokens == expected, "output differs from the undisturbed run"
+            assert _content(on_events) == _content(reference)
+            assert _finish(on_events) == _finish(reference)
+            for count in ("prompt_tokens", "completion_tokens", "total_tokens"):
+                assert on_events[-1]["usage"][count] == reference[-1]["usage"][count], count
+            metrics = httpx.get(f"{on}/metrics", timeout=10).text
+            assert metric_value(metrics, "tandem_router_migrations_total", 'outcome="resumed"') == 1
+            carried = metric_value(metrics, "tandem_router_migrated_tokens_total")
+            assert 2 <= carried < len(expected)
+            to_resume = metric_value(metrics, "tandem_router_migration_seconds_sum")
+            next_token = next(t for t, n in arrivals if n > carried) - killed
+            print(
+                f"\nmigration: {carried:.0f} tokens resumed of {len(expected)}; "
+                f"kill to next token {next_token:.2f} s (router: lost to next message "
+                f"{to_resume:.2f} s); output identical: {tokens == expected}"
+            )
+
+            # Migration off: the old behaviour, an error event then [DONE].
+            assert off_raw[-1] == "[DONE]"
+            assert "error" in off_events[-1], off_events[-3:]
+            metrics = httpx.get(f"{off}/metrics", timeout=10).text
+            assert (
+                metric_value(metrics, "tandem_router_migrations_total", 'outcome="disabled"') == 1
+            )
+            for url in (on, off):
+                assert chat(url, MODEL_NAME, "hello", max_tokens=4).status_code == 200
     finally:
         stop_process_group(doomed, 5)
         popen.wait(timeout=10)
