@@ -20,15 +20,18 @@ def load_profiles(path: Path) -> dict[str, EngineProfile]:
     return {p.config.role: p for p in profiles_from_yaml(path.read_text())}
 
 
-def cpu_model(cores: int = 1, path: Path = CPU_PROFILES) -> StepModel:
-    """One CPU engine pinned to ``cores`` cores, fitted from the shipped CPU profiles."""
-    profiles = load_profiles(path)
-    prefill, decode = profiles["prefill"], profiles["decode"]
+def fitted_model(profiles: Path = CPU_PROFILES, gpus_per_pod: int = 1) -> StepModel:
+    """The step model of one pod on ``gpus_per_pod`` GPUs (cores on CPU), from
+    the prefill and the decode profile of a file, each side scaled from the
+    GPUs its own profile ran on."""
+    found = load_profiles(profiles)
+    missing = {"prefill", "decode"} - set(found)
+    if missing:
+        raise ValueError(f"{profiles}: no {' or '.join(sorted(missing))} profile")
+    prefill, decode = found["prefill"], found["decode"]
     model = fit_engine(prefill, decode)
-    # The two profiles ran on different core counts: fit_engine keeps each
-    # side's own; bring both to `cores`.
-    p_side = per_gpu(model, prefill, cores)
-    d_side = per_gpu(model, decode, cores)
+    p_side = per_gpu(model, prefill, gpus_per_pod)
+    d_side = per_gpu(model, decode, gpus_per_pod)
     return StepModel(
         step_s=d_side.step_s,
         token_s=p_side.token_s,
