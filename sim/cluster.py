@@ -170,7 +170,9 @@ class Simulation:
         if self.active_lanes:
             self.loop.after(self.config.poll_interval_s, self._poll)
 
-    def _send(self, session: Session, index: int, key: str, r: Request, done: Callable[[], None]):
+    def _send(
+        self, session: Session, index: int, key: str, r: Request, done: Callable[[], None]
+    ) -> None:
         now = self.loop.now
         tokens = tokens_for(session, index, r)
         decision = self.core.route(
@@ -233,7 +235,12 @@ class Simulation:
 
     # ----- traffic: agents as the replay client plays them ------------------
     def _agent(
-        self, session: Session, index: int, key: str, entries: list, done: Callable[[], None]
+        self,
+        session: Session,
+        index: int,
+        key: str,
+        entries: list[Request | Subagent],
+        done: Callable[[], None],
     ) -> None:
         i = 0
 
@@ -248,9 +255,12 @@ class Simulation:
                 think = (e.think_time or 0.0) * self.traffic.think_scale
                 self.loop.after(think, lambda: self._send(session, index, key, e, step))
                 return
-            group = []
-            while i < len(entries) and isinstance(entries[i], Subagent):
-                group.append(entries[i])
+            group: list[Subagent] = []
+            while i < len(entries):
+                nxt = entries[i]
+                if not isinstance(nxt, Subagent):
+                    break
+                group.append(nxt)
                 i += 1
             pending = len(group)
 

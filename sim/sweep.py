@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -127,7 +128,10 @@ def run_on_ray(
         if str(ROOT) not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, paths)])
         ray.init(
-            num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING", log_to_driver=False
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
         )
     try:
         task = ray.remote(num_cpus=1)(run_point)

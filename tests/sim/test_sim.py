@@ -14,7 +14,13 @@ from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
 from sim.cli import main as sim_main
 from sim.cluster import ClusterConfig, Simulation, Traffic
 from sim.costs import fit_decode, fit_prefill
-from sim.defaults import CPU_PROFILES, PROFILES, fitted_model, load_profiles
+from sim.defaults import (
+    CPU_BLOCK_BYTES_PER_TOKEN,
+    CPU_PROFILES,
+    PROFILES,
+    fitted_model,
+    load_profiles,
+)
 from sim.engine import EngineSettings, KVCache
 from sim.events import EventLoop
 from sim.sweep import grid, model_fields, run_on_ray, run_point
@@ -46,7 +52,7 @@ def test_run_stops_at_until():
 def _small(policy="cost", kv_blocks=24, **kw):
     return ClusterConfig(
         policy=policy,
-        engine=EngineSettings(kv_blocks=kv_blocks, block_bytes=128 * 23040),
+        engine=EngineSettings(kv_blocks=kv_blocks, block_bytes=128 * CPU_BLOCK_BYTES_PER_TOKEN),
         model=fitted_model(),
         **kw,
     )
@@ -194,7 +200,7 @@ def _point_dict(**kw):
         "model": model_fields(fitted_model()),
         "gpus_per_pod": 1,
         "block_size": 128,
-        "block_bytes": 128 * 23040,
+        "block_bytes": 128 * CPU_BLOCK_BYTES_PER_TOKEN,
         "max_num_batched_tokens": 2048,
         "long_prefill_threshold": 0,
         "link_gbps": 5.0,
