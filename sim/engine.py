@@ -7,7 +7,7 @@ What it keeps of vLLM's behaviour:
   left of ``max_num_batched_tokens`` on prompt chunks, first-come first-served
   (chunked prefill); ``long_prefill_threshold`` caps one request's chunk in a
   step it shares with other work (vLLM lifts the cap for a lone request).
-* A request is admitted when its blocks fit: the longest cached prefix of its
+* A request is admitted when its first chunk's blocks fit: the longest cached prefix of its
   full-block hashes is reused (capped at ``(n - 1) // block_size`` blocks),
   the rest is allocated, evicting cached blocks no request uses, least
   recently freed first (vLLM's free-block queue); the step that finishes a
@@ -19,9 +19,13 @@ What it keeps of vLLM's behaviour:
 * A P/D decode request's prompt KV arrives over the link; a P/D prefill
   request holds its blocks until the decode pod has pulled them.
 
-Simplifications, each a bias the README names: a request reserves the blocks
-of its whole output at admission (no preemption), output blocks are not
-cached, and the decode side's cost is the fitted step model.
+* Blocks are allocated as a request's chunks and tokens need them; when a
+  running request cannot grow, the newest running request is preempted
+  (recompute: its blocks freed, it waits at the head of the queue).
+
+Simplifications, each a bias the README names: output blocks are not cached,
+a preempted request recomputes its prompt but not its output tokens, and the
+decode side's cost is the fitted step model.
 """
 
 from __future__ import annotations
@@ -75,13 +79,15 @@ class KVCache:
         self.anonymous += blocks
         return evicted
 
-    def register(self, hashes: Sequence[int]) -> list[int]:
-        """New blocks of a finished prompt now hold these hashes; returns those
-        newly cached here (a hash another request computed meanwhile stays anonymous)."""
+    def register(self, hashes: Sequence[int], owned: int) -> list[int]:
+        """A request's next ``hashes`` blocks are full: they become cached, in
+        order, up to the ``owned`` anonymous blocks it holds. Stops at a hash
+        already cached here (another request computed it meanwhile: this copy
+        stays anonymous, and so do the blocks after it)."""
         stored = []
-        for h in hashes:
-            if h in self.in_use or h in self.free_cached or self.anonymous == 0:
-                continue
+        for h in hashes[:owned]:
+            if h in self.in_use or h in self.free_cached:
+                break
             self.anonymous -= 1
             self.in_use[h] = 1
             stored.append(h)
@@ -121,13 +127,25 @@ class Job:
     generated: int = 0
     ready_at: float = 0.0
     prompt_done: bool = False
+    first_token_sent: bool = False
     finished: bool = False
+    admitted: bool = False
+    preemptions: int = 0
     held: list[int] = field(default_factory=list)  # hashes it uses
     anonymous: int = 0  # blocks it holds beyond ``held``
 
     @property
     def todo(self) -> int:
         return 0 if self.remote_kv else self.prompt_tokens - self.done_tokens
+
+    @property
+    def blocks(self) -> int:
+        return len(self.held) + self.anonymous
+
+    def kv_tokens(self) -> int:
+        """Tokens whose KV the job holds (or, remote, will hold once pulled)."""
+        prompt = self.prompt_tokens if self.remote_kv else self.done_tokens
+        return prompt + max(0, self.generated - 1)
 
 
 @dataclass(frozen=True)
@@ -188,8 +206,12 @@ class Engine:
         """A held P/D prefill's blocks are pulled: free them."""
         if job.hold_kv and job.finished:
             job.hold_kv = False
-            self.kv.release(job.held, job.anonymous)
+            self._free(job)
             self._kick()
+
+    def _free(self, job: Job) -> None:
+        self.kv.release(job.held, job.anonymous)
+        job.held, job.anonymous = [], 0
 
     def _kick(self) -> None:
         if self._busy:
@@ -208,21 +230,65 @@ class Engine:
         self.steps += 1
         self.loop.after(dt, lambda: self._finish_step(chunks, decodes))
 
+    def _grow(self, job: Job, tokens: int) -> bool:
+        """Blocks for ``tokens`` of KV in all; False when they do not fit."""
+        more = blocks_for(tokens, self.s.block_size) - job.blocks
+        if more <= 0:
+            return True
+        if not self.kv.can_allocate([], more):
+            return False
+        evicted = self.kv.acquire([], more)
+        if evicted:
+            self._removed(self.name, evicted)
+        job.anonymous += more
+        return True
+
+    def _preempt(self, job: Job) -> None:
+        """vLLM's recompute preemption: the job frees its blocks and waits at
+        the head of the queue; its prompt is computed again (from the cache
+        where its blocks survive)."""
+        self.running.remove(job)
+        self._free(job)
+        job.preemptions += 1
+        job.admitted = job.prompt_done = job.remote_kv = False
+        job.done_tokens = 0
+        self.waiting.appendleft(job)
+
     def _plan(self, now: float) -> tuple[list[tuple[Job, int]], list[Job], float] | None:
-        ready = [j for j in self.running if j.ready_at <= now]
-        decodes = [j for j in ready if j.prompt_done or (j.remote_kv and not j.finished)]
-        budget = self.s.max_num_batched_tokens - len(decodes)
+        budget = self.s.max_num_batched_tokens
         chunks: list[tuple[Job, int]] = []
-        prefilling = [j for j in ready if j.todo > 0]
-        for job in prefilling:
-            if budget <= 0:
-                break
-            n = self._chunk(job, budget, len(decodes) + len(prefilling) + len(self.waiting) > 1)
-            chunks.append((job, n))
-            budget -= n
+        decodes: list[Job] = []
+        busy = len(self.running) + len(self.waiting) > 1
+        # Running requests first, oldest first; a request that cannot grow
+        # preempts the newest running one (itself, if it is the newest).
+        i = 0
+        while i < len(self.running) and budget > 0:
+            job = self.running[i]
+            if job.ready_at > now:
+                i += 1
+                continue
+            decoding = job.todo == 0
+            n = 1 if decoding else self._chunk(job, budget, busy)
+            while not self._grow(job, job.kv_tokens() + n):
+                victim = self.running[-1]
+                chunks = [(j, c) for j, c in chunks if j is not victim]
+                decodes = [j for j in decodes if j is not victim]
+                self._preempt(victim)
+                if victim is job:
+                    break
+            else:
+                if decoding:
+                    decodes.append(job)
+                else:
+                    chunks.append((job, n))
+                budget -= n
+                i += 1
+                continue
+            break  # the job itself was preempted: the newest are gone
         while self.waiting and budget > 0 and len(self.running) < self.s.max_num_seqs:
             job = self.waiting[0]
-            if not self._admit(job, now):
+            first = self._admit(job, now, budget, busy)
+            if first is None:
                 break  # first come, first served: the head waits for blocks
             self.waiting.popleft()
             self.running.append(job)
@@ -231,13 +297,12 @@ class Engine:
             if job.remote_kv:
                 decodes.append(job)
                 budget -= 1
-            elif job.todo > 0:
-                n = self._chunk(job, budget, bool(chunks or decodes or self.waiting))
-                chunks.append((job, n))
-                budget -= n
+            elif first:
+                chunks.append((job, first))
+                budget -= first
         if not chunks and not decodes:
             return None
-        context = sum(j.prompt_tokens + j.generated for j in decodes)
+        context = sum(j.kv_tokens() for j in decodes)
         dt = self.model.step([(n, j.done_tokens) for j, n in chunks], len(decodes), context)
         return chunks, decodes, dt
 
@@ -247,75 +312,98 @@ class Engine:
             n = min(n, self.s.long_prefill_threshold)
         return n
 
-    def _admit(self, job: Job, now: float) -> bool:
+    def _admit(self, job: Job, now: float, budget: int, busy: bool) -> int | None:
+        """Admit the head of the queue: its cached prefix, and blocks for its
+        first chunk (a P/D decode: for the whole prompt it pulls). The chunk's
+        tokens, or None when its blocks do not fit."""
         bs = self.s.block_size
         cap = (job.prompt_tokens - 1) // bs
         hit = self.kv.match(job.hashes, cap)
-        total = blocks_for(job.prompt_tokens + job.out_tokens, bs)
-        if not self.kv.can_allocate(job.hashes[:hit], total - hit):
-            return False
-        evicted = self.kv.acquire(job.hashes[:hit], total - hit)
+        from_store = 0
+        if self.store is not None and not job.remote_kv:
+            from_store = self.store.match(job.hashes[hit:cap])
+        cached = (hit + from_store) * bs
+        if job.remote_kv:
+            first = job.prompt_tokens + 1
+        else:
+            first = cached + min(job.prompt_tokens - cached, budget)
+            if busy and self.s.long_prefill_threshold > 0:
+                first = min(first, cached + self.s.long_prefill_threshold)
+        more = blocks_for(first, bs) - hit
+        if not self.kv.can_allocate(job.hashes[:hit], more):
+            return None
+        evicted = self.kv.acquire(job.hashes[:hit], more)
         if evicted:
             self._removed(self.name, evicted)
         job.held = list(job.hashes[:hit])
-        job.anonymous = total - hit
+        job.anonymous = more
+        job.admitted = True
+        if not job.preemptions:  # what the client sees: the first admission's hits
+            job.cached_tokens = cached
+            job.store_tokens = from_store * bs
         if job.remote_kv:
-            full = len(job.hashes)
-            job.transferred_blocks = max(0, full - hit)
-            job.cached_tokens = hit * bs
+            job.transferred_blocks = max(0, len(job.hashes) - hit)
             link = self.link or Link(float("inf"), 0.0)
             job.ready_at = now + link.transfer_s(job.transferred_blocks, self.s.block_bytes)
-            return True
-        from_store = 0
-        if self.store is not None:
-            from_store = self.store.match(job.hashes[hit:cap])
-        job.cached_tokens = (hit + from_store) * bs
-        job.store_tokens = from_store * bs
-        job.done_tokens = job.cached_tokens
+            return 0
+        job.done_tokens = cached
         if from_store:
-            job.ready_at = now + self.store.load_s(from_store, self.s.block_bytes)  # type: ignore[union-attr]
-        return True
+            assert self.store is not None
+            job.ready_at = now + self.store.load_s(from_store, self.s.block_bytes)
+            return 0
+        return first - cached
 
     def _finish_step(self, chunks: list[tuple[Job, int]], decodes: list[Job]) -> None:
         self._busy = False
         for job, n in chunks:
+            if not job.admitted:
+                continue  # preempted meanwhile
             job.done_tokens += n
+            self._publish(job, job.done_tokens // self.s.block_size)
             if job.todo == 0:
                 self._prompt_done(job)
         for job in decodes:
+            if not job.admitted:
+                continue
             job.generated += 1
-            if job.generated == 1:
+            if not job.prompt_done:  # a pulled prompt: its first token is the decode's
                 job.prompt_done = True
-                self._publish(job)
-                job.on_first_token(job)
+                self._publish(job, len(job.hashes))
+            self._first_token(job)
             if job.generated >= job.out_tokens:
                 self._finish(job)
         self._kick()
 
     def _prompt_done(self, job: Job) -> None:
-        self._publish(job)
         job.prompt_done = True
-        job.on_prompt_done(job)
-        job.generated = 1  # the step that ends a prompt samples its first token
-        job.on_first_token(job)
+        if self.store is not None:
+            self.store.put(job.hashes)
+        if job.generated == 0:
+            job.on_prompt_done(job)
+            job.generated = 1  # the step that ends a prompt samples its first token
+        self._first_token(job)
         if job.generated >= job.out_tokens:
             self._finish(job)
 
-    def _publish(self, job: Job) -> None:
-        new = job.hashes[len(job.held) :]
-        stored = self.kv.register(new)
+    def _first_token(self, job: Job) -> None:
+        if not job.first_token_sent:
+            job.first_token_sent = True
+            job.on_first_token(job)
+
+    def _publish(self, job: Job, full_blocks: int) -> None:
+        """The prompt's blocks now full become cached (``BlockStored``)."""
+        new = job.hashes[len(job.held) : min(full_blocks, len(job.hashes))]
+        stored = self.kv.register(new, job.anonymous)
         if stored:
             job.held.extend(stored)
             job.anonymous -= len(stored)
             self._stored(self.name, stored)
-        if self.store is not None and not job.remote_kv:
-            self.store.put(job.hashes)
 
     def _finish(self, job: Job) -> None:
         job.finished = True
         self.running.remove(job)
         if not job.hold_kv:
-            self.kv.release(job.held, job.anonymous)
+            self._free(job)
         job.on_done(job)
 
 

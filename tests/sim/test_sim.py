@@ -13,7 +13,7 @@ import pytest
 from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
 from sim.cli import main as sim_main
 from sim.cluster import ClusterConfig, Simulation, Traffic
-from sim.costs import fit_decode, fit_prefill
+from sim.costs import StepModel, fit_decode, fit_prefill
 from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
     CPU_PROFILES,
@@ -21,7 +21,7 @@ from sim.defaults import (
     fitted_model,
     load_profiles,
 )
-from sim.engine import EngineSettings, KVCache
+from sim.engine import Engine, EngineSettings, Job, KVCache
 from sim.events import EventLoop
 from sim.sweep import grid, model_fields, run_on_ray, run_point
 
@@ -146,7 +146,7 @@ def test_published_gpu_profiles_fit():
 def test_kv_cache_evicts_the_least_recently_freed_block_tail_first():
     kv = KVCache(4)
     assert kv.acquire([], 2) == []
-    assert kv.register([11, 12]) == [11, 12]
+    assert kv.register([11, 12], owned=2) == [11, 12]
     kv.release([11, 12], 0)  # both free, cached; 12 (the tail) first in line
     assert kv.match([11, 12, 13], cap=3) == 2
     assert kv.acquire([], 3) == [12]  # one block had to go
@@ -240,3 +240,27 @@ def test_cli_run_prints_a_row_and_refuses_bad_pods(capsys):
         sim_main(["run", "--pods", "2X"])
     assert exc.value.code == 2
     assert "xPyD" in capsys.readouterr().err
+
+
+def test_a_request_that_cannot_grow_preempts_the_newest_and_it_recomputes():
+    """vLLM's recompute preemption: with 4 blocks of 4 tokens, two requests of
+    6-token prompts and 6 output tokens cannot both finish in KV; the newer
+    one is preempted, waits, and computes its prompt again."""
+    loop = EventLoop()
+    stored, removed = [], []
+    engine = Engine(
+        "pod",
+        EngineSettings(kv_blocks=4, block_size=4, max_num_batched_tokens=64),
+        StepModel(step_s=0.01, token_s=0.001, seq_s=0.001),
+        loop,
+        lambda pod, hs: stored.extend(hs),
+        lambda pod, hs: removed.extend(hs),
+    )
+    done = []
+    jobs = [Job(6, [10 + i], 6, on_done=lambda j: done.append((j, loop.now))) for i in range(2)]
+    for job in jobs:
+        engine.submit(job)
+    loop.run()
+    assert [j for j, _ in done] == jobs
+    assert jobs[0].preemptions == 0 and jobs[1].preemptions == 1
+    assert engine.kv.used() == 0 and sorted(stored) == [10, 11]
