@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-
-@dataclass(order=True)
-class _Event:
-    time: float
-    seq: int
-    action: Callable[[], None] = field(compare=False)
+# (time, sequence number, action): tuples compare fastest, and the sequence
+# number, unique, keeps the comparison off the action.
+_Event = tuple[float, int, Callable[[], None]]
 
 
 class EventLoop:
@@ -30,7 +26,7 @@ class EventLoop:
         """Run ``action`` at simulated ``time`` (not before now)."""
         if time < self.now:
             raise ValueError(f"event at {time} is in the past (now {self.now})")
-        heapq.heappush(self._heap, _Event(time, self._seq, action))
+        heapq.heappush(self._heap, (time, self._seq, action))
         self._seq += 1
 
     def after(self, delay: float, action: Callable[[], None]) -> None:
@@ -39,15 +35,14 @@ class EventLoop:
     def run(self, until: float | None = None, max_events: int | None = None) -> None:
         """Run events in time order until none is left (or ``until``, or ``max_events``)."""
         while self._heap:
-            if until is not None and self._heap[0].time > until:
+            if until is not None and self._heap[0][0] > until:
                 self.now = until
                 return
             if max_events is not None and self.processed >= max_events:
                 raise RuntimeError(f"simulation passed {max_events} events (a livelock?)")
-            ev = heapq.heappop(self._heap)
-            self.now = ev.time
+            self.now, _, action = heapq.heappop(self._heap)
             self.processed += 1
-            ev.action()
+            action()
 
     def __len__(self) -> int:
         return len(self._heap)
