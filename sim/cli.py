@@ -1,7 +1,7 @@
 """`tandem sim`: the serving cluster simulated, with the router's routing core
 and cost models fitted from engine profiles (sim/README.md).
 
-    tandem sim run     one configuration: prefix hit rate, TTFT, interactivity, goodput
+    tandem sim run     one configuration: prefix hit rate, TTFT, interactivity, tok/s per GPU
     tandem sim sweep   a grid of configurations as Ray tasks: one CSV, a table, a plot
 
 Pods are N (aggregated) or xPyD (prefill and decode). Speeds come from
