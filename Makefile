@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster fuzz
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster fuzz sim-sweep
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -28,6 +28,8 @@ help:
 	@echo "           memory flat past each bound (in process, no engines; several minutes)"
 	@echo "make soak   an hour of agentic replay on the embedded stack: router and engine RSS and"
 	@echo "           open fds sampled each minute, failing on growth (SOAK_ARGS, e.g. --minutes 10)"
+	@echo "make sim-sweep  the cluster simulator (sim/): policies x pods x KV x store x sessions x"
+	@echo "           seeds as Ray tasks on a local Ray, CSV and plot in sim-results/ (SIM_SWEEP_ARGS)"
 	@echo "make cluster start a local cluster for the operator and chart (a test bed, not a"
 	@echo "           Kubernetes; prints its KUBECONFIG); tandem cluster down stops it"
 
@@ -176,6 +178,20 @@ bench-policies: setup
 BENCH_PLANNER_ARGS ?=
 bench-planner: setup
 	$(PY) -m bench.planner_sweep $(BENCH_PLANNER_ARGS)
+
+# The cluster simulator (sim/README.md): routing policies x pod counts x KV per
+# pod x store x sessions, each point a Ray task on a local Ray (or --address in
+# SIM_SWEEP_ARGS), at published H800 speeds (DeepSeek-V3, 8 GPUs a pod) on the
+# agentx trace; CSV, table and plot in sim-results/. 48 points; one of 200
+# sessions (5,912 requests) on 16 pods took 88 s of CPU here. Not in `make test`.
+SIM_SWEEP_ARGS ?=
+sim-sweep: setup
+	$(PY) -m sim sweep --profiles operators/planner/published/deepseek-v3-h800.yaml \
+		--gpus-per-pod 8 --block-size 64 --block-bytes 4497408 --trace-profile agentx \
+		--turns-median 10 --think-scale 1 --concurrency 0 \
+		--policies cost,round-robin,least-load \
+		--pods 4,16 --kv-blocks 4000,20000 --store-blocks 0,200000 --sessions 50,200 \
+		$(SIM_SWEEP_ARGS)
 
 # vLLM's long-prefill threshold off vs 512 vs 2048 tokens, aggregated and P/D,
 # on an agentic replay of long fresh first turns and append turns (about 40

@@ -9,6 +9,8 @@
                      (`tandem profile --role prefill|decode|aggregated --url URL`)
     tandem cluster   up|down|status: a local cluster to try the operator and chart on
                      (a test bed, not a Kubernetes; devcluster/)
+    tandem sim       run|sweep: the cluster simulated at scales this machine cannot run,
+                     the router's routing core inside, sweeps on Ray (sim/)
 
 The benchmarks are not part of the product: in a checkout, `python -m bench`.
 """
@@ -215,6 +217,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return profile_main(args.rest)
 
 
+def cmd_sim(args: argparse.Namespace) -> int:
+    from sim.cli import main as sim_main
+
+    return sim_main(args.rest)
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from operators.__main__ import main as operator_main
 
@@ -316,6 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.add_argument("rest", nargs=argparse.REMAINDER)
     operator.set_defaults(func=cmd_operator)
+    simulate = sub.add_parser(
+        "sim", help="simulate the cluster: run|sweep (sim/README.md)", add_help=False
+    )
+    simulate.add_argument("rest", nargs=argparse.REMAINDER)
+    simulate.set_defaults(func=cmd_sim)
     cluster.add_parser(sub)
     return parser
 
@@ -326,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(argparse.Namespace(rest=argv[1:]))
     if argv[:1] == ["profile"]:  # everything after `profile` is its own, --help included
         return cmd_profile(argparse.Namespace(rest=argv[1:]))
+    if argv[:1] == ["sim"]:  # likewise the simulator's
+        return cmd_sim(argparse.Namespace(rest=argv[1:]))
     if argv[:1] == ["operator"]:  # likewise the operator's flags
         return cmd_operator(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)

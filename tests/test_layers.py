@@ -4,7 +4,8 @@ source with `ast`; nothing is imported or run.
 Rules, each checked over every first-party module (lazy imports inside
 functions included):
 
-1. Layers, top to bottom: ``bench`` → ``tandem`` (the launcher) →
+1. Layers, top to bottom: ``bench`` → ``tandem`` (the launcher) and ``sim``
+   (the cluster simulator) →
    ``services``, ``operators``, ``devcluster`` → ``kernels`` → ``common``. A module imports
    its own package and the layers below it, never one above (``tests`` sit
    above everything and are exempt from this rule). ``bench`` is not part of
@@ -19,7 +20,13 @@ functions included):
    repository root.
 4. No ``from x import _name`` across modules outside tests: an underscore name
    belongs to its module.
-5. A test module never imports another test file (``test_*``) or a conftest:
+5. ``sim`` shares the launcher's layer: it drives the routing core and the
+   planner (below) with traffic from ``tandem.workload`` (the trace format and
+   generator, which ``tandem profile`` and ``bench`` use too), and the launcher's
+   ``tandem sim`` calls it. So that no cycle forms, ``sim`` imports nothing of
+   ``tandem`` but ``tandem.workload``, and nothing of ``tandem`` but ``tandem.cli``
+   imports ``sim``.
+6. A test module never imports another test file (``test_*``) or a conftest:
    what several test files share lives in a helper module (``tests.helpers``;
    ``tests.planner.synthetic`` for the planner's synthetic profiles).
 """
@@ -40,6 +47,7 @@ RANK = {
     "operators": 2,
     "devcluster": 2,
     "tandem": 3,
+    "sim": 3,
     "bench": 4,
     "tests": 5,
 }
@@ -80,6 +88,10 @@ def imports(tree: ast.AST, module: str, is_package: bool):
             else:
                 target = node.module or ""
             yield node.lineno, target, [alias.name for alias in node.names]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def sys_path_edits(tree: ast.AST):
@@ -125,6 +137,10 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
             found.append(f"line {line}: {top} imports {target} from a layer above it")
         elif top in SAME_LAYER_APART and target_top in SAME_LAYER_APART:
             found.append(f"line {line}: {top} imports {target} (same layer, kept apart)")
+        elif (top, target_top) == ("sim", "tandem") and not _within(target, "tandem.workload"):
+            found.append(f"line {line}: sim imports {target}; of tandem only tandem.workload")
+        elif (top, target_top) == ("tandem", "sim") and module != "tandem.cli":
+            found.append(f"line {line}: {module} imports {target}; of tandem only tandem.cli")
         if top == "tests" and target_top == "tests":
             modules = [target, *(f"{target}.{n}" for n in names)]
             for imported in modules:
@@ -182,6 +198,10 @@ def test_the_scan_sees_every_layer():
         ("tests.stack.test_x", "from tests.stack.test_pd_identity import LONG_CONTEXT"),
         ("tests.router.test_x", "from .test_admission import FakeRouter"),
         ("tests.router.conftest", "from tests import conftest"),
+        ("sim.cluster", "from tandem.cli import main"),
+        ("sim.cluster", "from tandem import profile"),
+        ("tandem.profile", "from sim.cluster import Simulation"),
+        ("sim.cluster", "import bench.harness"),
     ],
 )
 def test_the_rules_catch(module, source):
@@ -208,6 +228,10 @@ def test_the_rules_catch(module, source):
         ("tandem.cli", "from devcluster.apiserver import RunningApiServer"),
         ("devcluster.__main__", "from common.ports import free_port"),
         ("tests.kube.plugin", "from devcluster.apiserver import RunningApiServer"),
+        ("sim.cluster", "from tandem.workload.generate import generate"),
+        ("sim.cluster", "from services.router.routing import RoutingCore"),
+        ("sim.costs", "from operators.planner.profiles import EngineProfile"),
+        ("tandem.cli", "def f():\n    from sim.cli import main"),
     ],
 )
 def test_the_rules_allow(module, source):

@@ -1,0 +1,209 @@
+"""`tandem sim`: the serving cluster simulated, with the router's routing core
+and cost models fitted from engine profiles (sim/README.md).
+
+    tandem sim run     one configuration: prefix hit rate, TTFT, interactivity, tok/s per GPU
+    tandem sim sweep   a grid of configurations as Ray tasks: one CSV, a table, a plot
+
+Pods are N (aggregated) or xPyD (prefill and decode). Speeds come from
+engine profiles (`--profiles`, ConfigMaps as `tandem profile` writes them or
+operators/planner/published; default: the CPU profiles of SmolLM2-135M shipped
+in sim/profiles), scaled to `--gpus-per-pod`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from services.router.routing.strategies import POLICIES
+from sim.defaults import CPU_BLOCK_BYTES_PER_TOKEN, CPU_PROFILES, fitted_model
+from sim.sweep import grid, model_fields, parse_pods, plot, run_on_ray, run_point, table, write_csv
+
+
+def _csv(kind: type) -> Any:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+    return parse
+
+
+def _pods(text: str) -> str:
+    try:
+        parse_pods(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _pods_list(text: str) -> list[str]:
+    return [_pods(v) for v in text.split(",") if v.strip()]
+
+
+def _policies(text: str) -> list[str]:
+    names = [v for v in text.split(",") if v.strip()]
+    for n in names:
+        if n not in POLICIES:
+            raise argparse.ArgumentTypeError(f"policy {n!r}: choose from {', '.join(POLICIES)}")
+    return names
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engines")
+    g.add_argument("--profiles", type=Path, default=CPU_PROFILES, help="engine profiles (YAML)")
+    g.add_argument("--gpus-per-pod", type=int, default=1, help="GPUs (cores on CPU) per pod")
+    g.add_argument("--block-size", type=int, default=128, help="KV block size, tokens")
+    g.add_argument(
+        "--block-bytes",
+        type=int,
+        default=None,
+        help="bytes of one KV block (store loads, P->D transfers); default: "
+        "SmolLM2-135M in float32",
+    )
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="step token budget")
+    g.add_argument(
+        "--long-prefill-threshold", type=int, default=0, help="per-request chunk cap (0: off)"
+    )
+    g.add_argument("--link-gbps", type=float, default=5.0, help="P->D transfer, GB/s")
+    g.add_argument("--link-latency-ms", type=float, default=1.0, help="P->D transfer latency")
+    g.add_argument("--store-gbps", type=float, default=1.0, help="KV store load, GB/s")
+    g.add_argument("--store-latency-ms", type=float, default=2.0, help="KV store load latency")
+    r = p.add_argument_group("router")
+    r.add_argument(
+        "--remote-prefill-threshold",
+        type=int,
+        default=256,
+        help="P/D: below this many uncached tokens the decode pod prefills",
+    )
+    t = p.add_argument_group("traffic (tandem.workload's generator, played as the replay client)")
+    t.add_argument("--trace-profile", default="small", help="generator profile: small or agentx")
+    t.add_argument("--turns-median", type=float, default=4.0, help="median turns per session")
+    t.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
+    t.add_argument(
+        "--concurrency", type=int, default=4, help="session lanes (0: every session at once)"
+    )
+
+
+def base_point(a: argparse.Namespace) -> dict[str, Any]:
+    bs = a.block_size
+    return {
+        "model": model_fields(fitted_model(a.profiles, a.gpus_per_pod)),
+        "gpus_per_pod": a.gpus_per_pod,
+        "block_size": bs,
+        "block_bytes": a.block_bytes or bs * CPU_BLOCK_BYTES_PER_TOKEN,
+        "max_num_batched_tokens": a.max_num_batched_tokens,
+        "long_prefill_threshold": a.long_prefill_threshold,
+        "link_gbps": a.link_gbps,
+        "link_latency_ms": a.link_latency_ms,
+        "store_gbps": a.store_gbps,
+        "store_latency_ms": a.store_latency_ms,
+        "remote_prefill_threshold": a.remote_prefill_threshold,
+        "trace_profile": a.trace_profile,
+        "turns_median": a.turns_median,
+        "think_scale": a.think_scale,
+        "concurrency": a.concurrency,
+    }
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    point = dict(
+        base_point(a),
+        policy=a.policy,
+        pods=a.pods,
+        kv_blocks=a.kv_blocks,
+        store_blocks=a.store_blocks,
+        sessions=a.sessions,
+        seed=a.seed,
+    )
+    row = run_point(point)
+    print(json.dumps(row, indent=1) if a.json else table([row]))
+    return 0
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    points = grid(
+        base_point(a),
+        policy=a.policies,
+        pods=a.pods,
+        kv_blocks=a.kv_blocks,
+        store_blocks=a.store_blocks,
+        sessions=a.sessions,
+        seed=a.seeds,
+    )
+    print(f"{len(points)} simulations on Ray ({a.address or 'local'})", file=sys.stderr)
+    t0 = time.perf_counter()
+    rows = run_on_ray(points, a.address, a.num_cpus)
+    wall = time.perf_counter() - t0
+    print(table(rows))
+    out = a.out or Path("sim-results") / time.strftime("%Y%m%d-%H%M%S")
+    csv_path = write_csv(rows, out / "sweep.csv")
+    print(f"\n{len(rows)} rows in {wall:.1f} s wall: {csv_path}", file=sys.stderr)
+    if not a.no_plot:
+        print(f"plot: {plot(rows, out / 'sweep.png')}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="simulate one configuration",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run.add_argument("--policy", choices=POLICIES, default="cost", help="routing policy")
+    run.add_argument("--pods", type=_pods, default="2", help="N aggregated, or xPyD")
+    run.add_argument("--kv-blocks", type=int, default=8192, help="KV blocks per pod")
+    run.add_argument("--store-blocks", type=int, default=0, help="KV store capacity (0: no store)")
+    run.add_argument("--sessions", type=int, default=4, help="sessions")
+    run.add_argument("--seed", type=int, default=0, help="trace seed")
+    run.add_argument("--json", action="store_true", help="print the row as JSON")
+    add_common(run)
+    run.set_defaults(func=cmd_run)
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="simulate a grid of configurations as Ray tasks",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sweep.add_argument(
+        "--policies",
+        type=_policies,
+        default=["cost", "round-robin", "least-load"],
+        help=f"comma list of routing policies ({', '.join(POLICIES)})",
+    )
+    sweep.add_argument("--pods", type=_pods_list, default=["2"], help="comma list: N or xPyD")
+    sweep.add_argument("--kv-blocks", type=_csv(int), default=[24, 8192], help="comma list")
+    sweep.add_argument("--store-blocks", type=_csv(int), default=[0], help="comma list (0: none)")
+    sweep.add_argument("--sessions", type=_csv(int), default=[4], help="comma list")
+    sweep.add_argument("--seeds", type=_csv(int), default=[0], help="comma list")
+    sweep.add_argument(
+        "--address", default=None, help="a Ray cluster's address (None: a local Ray)"
+    )
+    sweep.add_argument("--num-cpus", type=int, default=None, help="local Ray's CPUs (None: all)")
+    sweep.add_argument("--out", type=Path, default=None, help="results folder")
+    sweep.add_argument("--no-plot", action="store_true", help="write no plot")
+    add_common(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ValueError as exc:
+        print(f"tandem sim: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""One simulated cluster run: engines on the event loop, the router's real
+routing core deciding every placement, agentic traffic from the trace
+generator, and the run's figures.
+
+The routing core (``services/router/routing``) is used through its seam as
+the router uses it: ``update_pod`` with each engine's load once per poll
+interval, ``route`` per request with the session's binding, the engines' KV
+events applied to ``core.index`` as they happen, ``report_prefill`` when the
+prompt's KV is computed and ``release`` when the request ends. The simulator
+supplies only time, load and KV state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from common.roles import Role
+from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings, SharedView
+from services.router.routing.policy import Binding, PolicySettings
+from sim.costs import Link, StepModel, StoreTier
+from sim.engine import Engine, EngineSettings, Job, SharedStore
+from sim.events import EventLoop
+from tandem.workload.generate import generate as generate_trace
+from tandem.workload.generate import params_for
+from tandem.workload.metrics import percentile
+from tandem.workload.trace import Request, Session, Subagent
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The agentic trace (``tandem.workload.generate``) and how it is played:
+    ``concurrency`` session lanes (0: every session at once), think times
+    scaled by ``think_scale``, as the replay client plays it."""
+
+    profile: str = "small"
+    sessions: int = 4
+    turns_median: float = 4.0
+    seed: int = 0
+    think_scale: float = 0.2
+    concurrency: int = 4
+    overrides: tuple[tuple[str, Any], ...] = ()  # other generator parameters
+
+    def generate(self) -> list[Session]:
+        return generate_trace(
+            params_for(
+                self.profile,
+                sessions=self.sessions,
+                turns_median=self.turns_median,
+                seed=self.seed,
+                **dict(self.overrides),
+            )
+        )
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    policy: str = "cost"
+    aggregated: int = 2  # aggregated pods
+    prefill: int = 0  # P/D pods (with decode > 0)
+    decode: int = 0
+    engine: EngineSettings = field(default_factory=lambda: EngineSettings(kv_blocks=8192))
+    model: StepModel = field(default_factory=StepModel)
+    store: StoreTier | None = None
+    link: Link = field(default_factory=lambda: Link(5e9, 1e-3))
+    gpus_per_pod: int = 1
+    poll_interval_s: float = 1.0
+    remote_prefill_threshold: int = 256
+
+    def validate(self) -> None:
+        if self.aggregated < 0 or self.prefill < 0 or self.decode < 0:
+            raise ValueError("pod counts must be >= 0")
+        if self.aggregated + self.decode == 0:
+            raise ValueError("need at least one aggregated or decode pod")
+        if self.prefill and not self.decode:
+            raise ValueError("prefill pods need decode pods")
+        if self.poll_interval_s <= 0:
+            raise ValueError("poll_interval_s must be positive")
+
+    def routing_settings(self) -> RoutingSettings:
+        return RoutingSettings(
+            policy=replace(
+                PolicySettings(),
+                policy=self.policy,
+                remote_prefill_threshold=self.remote_prefill_threshold,
+            ),
+            block_size=self.engine.block_size,
+        )
+
+    @property
+    def pods(self) -> list[tuple[str, Role]]:
+        return (
+            [(f"agg-{i}", Role.BOTH) for i in range(self.aggregated)]
+            + [(f"prefill-{i}", Role.PREFILL) for i in range(self.prefill)]
+            + [(f"decode-{i}", Role.DECODE) for i in range(self.decode)]
+        )
+
+
+@dataclass
+class Record:
+    session: str
+    arrival: float
+    prompt_tokens: int
+    out_tokens: int
+    cached_tokens: int = 0
+    first_token: float | None = None
+    end: float | None = None
+    prefill_pod: str | None = None
+    decode_pod: str = ""
+    reason: str = ""
+
+
+def tokens_for(session: Session, index: int, r: Request) -> list[int]:
+    """Token ids with the trace's block structure: equal hash ids give equal
+    tokens at the same offsets, so the engines' block hashes repeat as the
+    trace's do (local ids are made private to their session)."""
+    bs = session.block_size
+    scope = 0 if session.hash_id_scope == "global" else (index + 1) << 40
+    out: list[int] = []
+    for i, h in enumerate(r.hash_ids):
+        count = min(bs, r.in_tokens - i * bs)
+        base = (scope + h) * bs
+        out.extend(range(base, base + count))
+    return out
+
+
+class Simulation:
+    def __init__(self, config: ClusterConfig, traffic: Traffic) -> None:
+        config.validate()
+        self.config = config
+        self.traffic = traffic
+        self.loop = EventLoop()
+        self.core = RoutingCore(config.routing_settings())
+        self.store = SharedStore(config.store) if config.store else None
+        self.engines: dict[str, Engine] = {}
+        for name, role in config.pods:
+            # "sim": the pod publishes KV events (the index's short prediction TTL)
+            self.core.add_pod(PodSpec(name, role, kv_events="sim"))
+            self.engines[name] = Engine(
+                name,
+                config.engine,
+                config.model,
+                self.loop,
+                self.core.index.stored,
+                self.core.index.removed,
+                self.store,
+                config.link,
+            )
+        self.bindings: dict[str, Binding] = {}
+        self.records: list[Record] = []
+        self.active_lanes = 0
+
+    # ----- router side ------------------------------------------------------
+    def _poll(self) -> None:
+        now = self.loop.now
+        for name, engine in self.engines.items():
+            running, waiting, usage = engine.load
+            self.core.update_pod(
+                name,
+                now,
+                healthy=True,
+                running=running,
+                waiting=waiting,
+                kv_cache_usage=usage,
+                kv_capacity_blocks=engine.kv.capacity,
+            )
+        if self.active_lanes:
+            self.loop.after(self.config.poll_interval_s, self._poll)
+
+    def _send(
+        self, session: Session, index: int, key: str, r: Request, done: Callable[[], None]
+    ) -> None:
+        now = self.loop.now
+        tokens = tokens_for(session, index, r)
+        decision = self.core.route(
+            RouteRequest(tokens, session=key), SharedView(self.bindings.get(key)), now
+        )
+        if decision.writes.binding:
+            self.bindings[key] = decision.writes.binding[1]
+        rec = Record(key, now, len(tokens), r.out_tokens, decode_pod=decision.decode_pod)
+        rec.prefill_pod, rec.reason = decision.prefill_pod, decision.reason
+        self.records.append(rec)
+        out = max(1, r.out_tokens)
+
+        def first_token(job: Job) -> None:
+            rec.first_token = self.loop.now
+
+        def finished(job: Job) -> None:
+            rec.end = self.loop.now
+            self.core.release(decision)
+            done()
+
+        decode = self.engines[decision.decode_pod]
+        if decision.prefill_pod is None:
+
+            def computed(job: Job) -> None:
+                rec.cached_tokens = job.cached_tokens
+                self.core.report_prefill(decision, self.loop.now, decision.decode_pod)
+
+            decode.submit(
+                Job(len(tokens), decision.block_hashes, out, computed, first_token, finished)
+            )
+            return
+        prefill = self.engines[decision.prefill_pod]
+
+        def prefilled(job: Job) -> None:
+            rec.cached_tokens = job.cached_tokens
+            self.core.report_prefill(decision, self.loop.now)
+
+        def pulled(pjob: Job) -> Callable[[Job], None]:
+            def on_first(job: Job) -> None:
+                prefill.release(pjob)
+                first_token(job)
+
+            return on_first
+
+        def to_decode(pjob: Job) -> None:
+            decode.submit(
+                Job(
+                    len(tokens),
+                    decision.block_hashes,
+                    out,
+                    on_first_token=pulled(pjob),
+                    on_done=finished,
+                    remote_kv=True,
+                )
+            )
+
+        prefill.submit(
+            Job(len(tokens), decision.block_hashes, 1, prefilled, on_done=to_decode, hold_kv=True)
+        )
+
+    # ----- traffic: agents as the replay client plays them ------------------
+    def _agent(
+        self,
+        session: Session,
+        index: int,
+        key: str,
+        entries: list[Request | Subagent],
+        done: Callable[[], None],
+    ) -> None:
+        i = 0
+
+        def step() -> None:
+            nonlocal i
+            if i >= len(entries):
+                done()
+                return
+            e = entries[i]
+            if isinstance(e, Request):
+                i += 1
+                think = (e.think_time or 0.0) * self.traffic.think_scale
+                self.loop.after(think, lambda: self._send(session, index, key, e, step))
+                return
+            group: list[Subagent] = []
+            while i < len(entries):
+                nxt = entries[i]
+                if not isinstance(nxt, Subagent):
+                    break
+                group.append(nxt)
+                i += 1
+            pending = len(group)
+
+            def joined() -> None:
+                nonlocal pending
+                pending -= 1
+                if pending == 0:
+                    step()
+
+            for j, sub in enumerate(group):
+                name = sub.agent_id or f"sa{j}"
+                self._agent(session, index, f"{key}/{name}", sub.requests, joined)
+
+        step()
+
+    def run(self) -> dict[str, Any]:
+        wall = time.perf_counter()
+        sessions = self.traffic.generate()
+        queue = list(enumerate(sessions))
+        queue.reverse()
+        lanes = self.traffic.concurrency or len(sessions)
+
+        def lane() -> None:
+            if not queue:
+                self.active_lanes -= 1
+                return
+            index, s = queue.pop()
+            self._agent(s, index, s.id, s.requests, lane)
+
+        self._poll()
+        self.active_lanes = min(lanes, len(sessions))
+        for _ in range(self.active_lanes):
+            lane()
+        self.loop.run(max_events=50_000_000)
+        return self.summary(time.perf_counter() - wall)
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        recs = [r for r in self.records if r.end is not None and r.first_token is not None]
+        if len(recs) != len(self.records):
+            raise RuntimeError(f"{len(self.records) - len(recs)} requests never finished")
+        prompt = sum(r.prompt_tokens for r in recs)
+        ttft = [r.first_token - r.arrival for r in recs]  # type: ignore[operator]
+        per_token = [(r.end - r.arrival) / max(1, r.out_tokens) for r in recs]  # type: ignore[operator]
+        span = max((r.end for r in recs), default=0.0)  # type: ignore[type-var]
+        out = sum(r.out_tokens for r in recs)
+        gpus = len(self.engines) * self.config.gpus_per_pod
+        p90_per_token = percentile(per_token, 90)
+        busy = {n: e.busy_s for n, e in self.engines.items()}
+        return {
+            "requests": len(recs),
+            "hit_rate": sum(r.cached_tokens for r in recs) / prompt if prompt else 0.0,
+            "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p90_s": percentile(ttft, 90),
+            "interactivity_p90": 1.0 / p90_per_token if p90_per_token else math.nan,
+            "output_tok_s": out / span if span else 0.0,
+            "output_tok_s_per_gpu": out / span / gpus if span else 0.0,
+            "local_prefills": sum(1 for r in recs if r.prefill_pod is None),
+            "sim_time_s": span,
+            "utilization": sum(busy.values()) / (span * len(busy)) if span else 0.0,
+            "events": self.loop.processed,
+            "wall_s": wall_s,
+        }

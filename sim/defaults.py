@@ -1,0 +1,41 @@
+"""Profiles shipped with the simulator and the cost models fitted from them
+(the file reading lives here, apart from the pure models in ``costs.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from operators.planner.profiles import EngineProfile, profiles_from_yaml
+from sim.costs import StepModel, fit_engine, per_gpu
+
+PROFILES = Path(__file__).parent / "profiles"
+CPU_PROFILES = PROFILES / "cpu-smollm2.yaml"
+# SmolLM2-135M: 30 layers, 3 KV heads of 64, float32 on CPU.
+CPU_BLOCK_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
+
+
+def load_profiles(path: Path) -> dict[str, EngineProfile]:
+    """Profiles of a file (ConfigMaps as `tandem profile` or the published
+    folder write them), by role."""
+    return {p.config.role: p for p in profiles_from_yaml(path.read_text())}
+
+
+def fitted_model(profiles: Path = CPU_PROFILES, gpus_per_pod: int = 1) -> StepModel:
+    """The step model of one pod on ``gpus_per_pod`` GPUs (cores on CPU), from
+    the prefill and the decode profile of a file, each side scaled from the
+    GPUs its own profile ran on."""
+    found = load_profiles(profiles)
+    missing = {"prefill", "decode"} - set(found)
+    if missing:
+        raise ValueError(f"{profiles}: no {' or '.join(sorted(missing))} profile")
+    prefill, decode = found["prefill"], found["decode"]
+    model = fit_engine(prefill, decode)
+    p_side = per_gpu(model, prefill, gpus_per_pod)
+    d_side = per_gpu(model, decode, gpus_per_pod)
+    return StepModel(
+        step_s=d_side.step_s,
+        token_s=p_side.token_s,
+        token_ctx_s=p_side.token_ctx_s,
+        seq_s=d_side.seq_s,
+        seq_ctx_s=d_side.seq_ctx_s,
+    )

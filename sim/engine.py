@@ -1,0 +1,436 @@
+"""A simulated vLLM engine: a continuous-batching scheduler over a KV cache
+with prefix caching, timed by a ``StepModel`` on the event loop.
+
+What it keeps of vLLM's behaviour:
+
+* Each step decodes one token for every running sequence and spends what is
+  left of ``max_num_batched_tokens`` on prompt chunks, first-come first-served
+  (chunked prefill); ``long_prefill_threshold`` caps one request's chunk in a
+  step it shares with other work (vLLM lifts the cap for a lone request).
+* A request is admitted when its first chunk's blocks fit: the longest cached prefix of its
+  full-block hashes is reused (capped at ``(n - 1) // block_size`` blocks),
+  the rest is allocated, evicting cached blocks no request uses, least
+  recently freed first (vLLM's free-block queue); the step that finishes a
+  prompt publishes its new blocks (``BlockStored``) and an eviction publishes
+  ``BlockRemoved``, as the engines' KV events do.
+* With a store, a prefix the pod lacks but the store holds is loaded (its
+  time from the tier's bandwidth and latency) instead of computed; every
+  prompt's blocks are put to the store.
+* A P/D decode request's prompt KV arrives over the link; a P/D prefill
+  request holds its blocks until the decode pod has pulled them.
+
+* Blocks are allocated as a request's chunks and tokens need them; when a
+  running request cannot grow, the newest running request is preempted
+  (recompute: its blocks freed, it waits at the head of the queue).
+
+Simplifications, each a bias the README names: output blocks are not cached,
+a preempted request recomputes its prompt but not its output tokens, and the
+decode side's cost is the fitted step model.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sim.costs import Link, StepModel, StoreTier, blocks_for
+from sim.events import EventLoop
+
+BlockEvents = Callable[[str, Sequence[int]], None]
+
+
+class KVCache:
+    """A pod's KV blocks: in use (by hash, ref-counted, or anonymous) and
+    cached-but-free (evictable, least recently freed first)."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks <= 0:
+            raise ValueError(f"KV capacity {capacity_blocks}: must be positive")
+        self.capacity = capacity_blocks
+        self.in_use: dict[int, int] = {}  # hash -> requests using it
+        self.anonymous = 0  # blocks in use that hold no full prompt block
+        self.free_cached: OrderedDict[int, None] = OrderedDict()
+
+    def match(self, hashes: Sequence[int], cap: int) -> int:
+        n = 0
+        for h in hashes[:cap]:
+            if h not in self.in_use and h not in self.free_cached:
+                break
+            n += 1
+        return n
+
+    def used(self) -> int:
+        return len(self.in_use) + self.anonymous
+
+    def can_allocate(self, hits: Sequence[int], blocks: int) -> bool:
+        revived = sum(1 for h in hits if h in self.free_cached)
+        return self.used() + revived + blocks <= self.capacity
+
+    def acquire(self, hits: Sequence[int], blocks: int) -> list[int]:
+        """Use the cached ``hits`` and ``blocks`` new blocks; returns the hashes evicted."""
+        for h in hits:
+            self.free_cached.pop(h, None)
+            self.in_use[h] = self.in_use.get(h, 0) + 1
+        evicted = []
+        while self.used() + len(self.free_cached) + blocks > self.capacity:
+            h, _ = self.free_cached.popitem(last=False)
+            evicted.append(h)
+        self.anonymous += blocks
+        return evicted
+
+    def register(self, hashes: Sequence[int], owned: int) -> list[int]:
+        """A request's next ``hashes`` blocks are full: they become cached, in
+        order, up to the ``owned`` anonymous blocks it holds. Stops at a hash
+        already cached here (another request computed it meanwhile: this copy
+        stays anonymous, and so do the blocks after it)."""
+        stored = []
+        for h in hashes[:owned]:
+            if h in self.in_use or h in self.free_cached:
+                break
+            self.anonymous -= 1
+            self.in_use[h] = 1
+            stored.append(h)
+        return stored
+
+    def release(self, hashes: Sequence[int], anonymous: int) -> None:
+        # vLLM frees a request's blocks tail first: its last blocks are evicted first.
+        for h in reversed(hashes):
+            refs = self.in_use.get(h)
+            if refs is None:
+                continue
+            if refs > 1:
+                self.in_use[h] = refs - 1
+            else:
+                del self.in_use[h]
+                self.free_cached[h] = None
+        self.anonymous -= anonymous
+
+
+@dataclass
+class Job:
+    """One request on one engine."""
+
+    prompt_tokens: int
+    hashes: list[int]  # full-block hashes of the prompt
+    out_tokens: int  # 1 for a P/D prefill
+    on_prompt_done: Callable[[Job], None] = lambda job: None
+    on_first_token: Callable[[Job], None] = lambda job: None
+    on_done: Callable[[Job], None] = lambda job: None
+    remote_kv: bool = False  # P/D decode: the prompt's KV is pulled, not computed
+    hold_kv: bool = False  # P/D prefill: keep the blocks until ``Engine.release``
+    # set by the engine
+    cached_tokens: int = 0  # reused from the pod's cache or loaded from the store
+    store_tokens: int = 0  # of which loaded from the store
+    transferred_blocks: int = 0
+    done_tokens: int = 0
+    generated: int = 0
+    ready_at: float = 0.0
+    prompt_done: bool = False
+    first_token_sent: bool = False
+    finished: bool = False
+    admitted: bool = False
+    preemptions: int = 0
+    held: list[int] = field(default_factory=list)  # hashes it uses
+    anonymous: int = 0  # blocks it holds beyond ``held``
+
+    @property
+    def todo(self) -> int:
+        return 0 if self.remote_kv else self.prompt_tokens - self.done_tokens
+
+    @property
+    def blocks(self) -> int:
+        return len(self.held) + self.anonymous
+
+    def kv_tokens(self) -> int:
+        """Tokens whose KV the job holds (or, remote, will hold once pulled)."""
+        prompt = self.prompt_tokens if self.remote_kv else self.done_tokens
+        return prompt + max(0, self.generated - 1)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    kv_blocks: int
+    block_size: int = 128
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    long_prefill_threshold: int = 0  # 0: off
+    block_bytes: int = 0  # bytes of one KV block (store loads, transfers)
+
+
+class Engine:
+    def __init__(
+        self,
+        name: str,
+        settings: EngineSettings,
+        model: StepModel,
+        loop: EventLoop,
+        stored: BlockEvents,
+        removed: BlockEvents,
+        store: SharedStore | None = None,
+        link: Link | None = None,
+    ) -> None:
+        self.name = name
+        self.s = settings
+        self.model = model
+        self.loop = loop
+        self.kv = KVCache(settings.kv_blocks)
+        self._stored, self._removed = stored, removed
+        self.store = store
+        self.link = link
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []
+        self._busy = False
+        self._wake_at: float | None = None
+        self.busy_s = 0.0
+        self.steps = 0
+
+    # ----- what the router polls -----------------------------------------
+    @property
+    def load(self) -> tuple[int, int, float]:
+        """(running, waiting, KV usage)"""
+        return len(self.running), len(self.waiting), self.kv.used() / self.kv.capacity
+
+    # ----- work -------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        need = blocks_for(job.prompt_tokens + job.out_tokens, self.s.block_size)
+        if need > self.kv.capacity:
+            raise ValueError(
+                f"{self.name}: a request of {job.prompt_tokens}+{job.out_tokens} tokens needs "
+                f"{need} KV blocks, more than the pod's {self.kv.capacity}"
+            )
+        self.waiting.append(job)
+        self._kick()
+
+    def release(self, job: Job) -> None:
+        """A held P/D prefill's blocks are pulled: free them."""
+        if job.hold_kv and job.finished:
+            job.hold_kv = False
+            self._free(job)
+            self._kick()
+
+    def _free(self, job: Job) -> None:
+        self.kv.release(job.held, job.anonymous)
+        job.held, job.anonymous = [], 0
+
+    def _kick(self) -> None:
+        if self._busy:
+            return
+        now = self.loop.now
+        plan = self._plan(now)
+        if plan is None:
+            ready = [j.ready_at for j in self.running if j.ready_at > now]
+            if ready and min(ready) != self._wake_at:
+                self._wake_at = min(ready)
+                self.loop.at(self._wake_at, self._kick)
+            return
+        chunks, decodes, dt = plan
+        self._busy = True
+        self.busy_s += dt
+        self.steps += 1
+        self.loop.after(dt, lambda: self._finish_step(chunks, decodes))
+
+    def _grow(self, job: Job, tokens: int) -> bool:
+        """Blocks for ``tokens`` of KV in all; False when they do not fit."""
+        more = blocks_for(tokens, self.s.block_size) - job.blocks
+        if more <= 0:
+            return True
+        if not self.kv.can_allocate([], more):
+            return False
+        evicted = self.kv.acquire([], more)
+        if evicted:
+            self._removed(self.name, evicted)
+        job.anonymous += more
+        return True
+
+    def _preempt(self, job: Job) -> None:
+        """vLLM's recompute preemption: the job frees its blocks and waits at
+        the head of the queue; its prompt is computed again (from the cache
+        where its blocks survive)."""
+        self.running.remove(job)
+        self._free(job)
+        job.preemptions += 1
+        job.admitted = job.prompt_done = job.remote_kv = False
+        job.done_tokens = 0
+        self.waiting.appendleft(job)
+
+    def _plan(self, now: float) -> tuple[list[tuple[Job, int]], list[Job], float] | None:
+        budget = self.s.max_num_batched_tokens
+        chunks: list[tuple[Job, int]] = []
+        decodes: list[Job] = []
+        busy = len(self.running) + len(self.waiting) > 1
+        # Running requests first, oldest first; a request that cannot grow
+        # preempts the newest running one (itself, if it is the newest).
+        i = 0
+        while i < len(self.running) and budget > 0:
+            job = self.running[i]
+            if job.ready_at > now:
+                i += 1
+                continue
+            decoding = job.todo == 0
+            n = 1 if decoding else self._chunk(job, budget, busy)
+            while not self._grow(job, job.kv_tokens() + n):
+                victim = self.running[-1]
+                chunks = [(j, c) for j, c in chunks if j is not victim]
+                decodes = [j for j in decodes if j is not victim]
+                self._preempt(victim)
+                if victim is job:
+                    break
+            else:
+                if decoding:
+                    decodes.append(job)
+                else:
+                    chunks.append((job, n))
+                budget -= n
+                i += 1
+                continue
+            break  # the job itself was preempted: the newest are gone
+        while self.waiting and budget > 0 and len(self.running) < self.s.max_num_seqs:
+            job = self.waiting[0]
+            first = self._admit(job, now, budget, busy)
+            if first is None:
+                break  # first come, first served: the head waits for blocks
+            self.waiting.popleft()
+            self.running.append(job)
+            if job.ready_at > now:
+                continue
+            if job.remote_kv:
+                decodes.append(job)
+                budget -= 1
+            elif first:
+                chunks.append((job, first))
+                budget -= first
+        if not chunks and not decodes:
+            return None
+        context = sum(j.kv_tokens() for j in decodes)
+        dt = self.model.step([(n, j.done_tokens) for j, n in chunks], len(decodes), context)
+        return chunks, decodes, dt
+
+    def _chunk(self, job: Job, budget: int, shared: bool) -> int:
+        n = min(job.todo, budget)
+        if shared and self.s.long_prefill_threshold > 0:
+            n = min(n, self.s.long_prefill_threshold)
+        return n
+
+    def _admit(self, job: Job, now: float, budget: int, busy: bool) -> int | None:
+        """Admit the head of the queue: its cached prefix, and blocks for its
+        first chunk (a P/D decode: for the whole prompt it pulls). The chunk's
+        tokens, or None when its blocks do not fit."""
+        bs = self.s.block_size
+        cap = (job.prompt_tokens - 1) // bs
+        hit = self.kv.match(job.hashes, cap)
+        from_store = 0
+        if self.store is not None and not job.remote_kv:
+            from_store = self.store.match(job.hashes[hit:cap])
+        cached = (hit + from_store) * bs
+        if job.remote_kv:
+            first = job.prompt_tokens + 1
+        else:
+            first = cached + min(job.prompt_tokens - cached, budget)
+            if busy and self.s.long_prefill_threshold > 0:
+                first = min(first, cached + self.s.long_prefill_threshold)
+        more = blocks_for(first, bs) - hit
+        if not self.kv.can_allocate(job.hashes[:hit], more):
+            return None
+        evicted = self.kv.acquire(job.hashes[:hit], more)
+        if evicted:
+            self._removed(self.name, evicted)
+        job.held = list(job.hashes[:hit])
+        job.anonymous = more
+        job.admitted = True
+        if not job.preemptions:  # what the client sees: the first admission's hits
+            job.cached_tokens = cached
+            job.store_tokens = from_store * bs
+        if job.remote_kv:
+            job.transferred_blocks = max(0, len(job.hashes) - hit)
+            link = self.link or Link(float("inf"), 0.0)
+            job.ready_at = now + link.transfer_s(job.transferred_blocks, self.s.block_bytes)
+            return 0
+        job.done_tokens = cached
+        if from_store:
+            assert self.store is not None
+            job.ready_at = now + self.store.load_s(from_store, self.s.block_bytes)
+            return 0
+        return first - cached
+
+    def _finish_step(self, chunks: list[tuple[Job, int]], decodes: list[Job]) -> None:
+        self._busy = False
+        for job, n in chunks:
+            if not job.admitted:
+                continue  # preempted meanwhile
+            job.done_tokens += n
+            self._publish(job, job.done_tokens // self.s.block_size)
+            if job.todo == 0:
+                self._prompt_done(job)
+        for job in decodes:
+            if not job.admitted:
+                continue
+            job.generated += 1
+            if not job.prompt_done:  # a pulled prompt: its first token is the decode's
+                job.prompt_done = True
+                self._publish(job, len(job.hashes))
+            self._first_token(job)
+            if job.generated >= job.out_tokens:
+                self._finish(job)
+        self._kick()
+
+    def _prompt_done(self, job: Job) -> None:
+        job.prompt_done = True
+        if self.store is not None:
+            self.store.put(job.hashes)
+        if job.generated == 0:
+            job.on_prompt_done(job)
+            job.generated = 1  # the step that ends a prompt samples its first token
+        self._first_token(job)
+        if job.generated >= job.out_tokens:
+            self._finish(job)
+
+    def _first_token(self, job: Job) -> None:
+        if not job.first_token_sent:
+            job.first_token_sent = True
+            job.on_first_token(job)
+
+    def _publish(self, job: Job, full_blocks: int) -> None:
+        """The prompt's blocks now full become cached (``BlockStored``)."""
+        new = job.hashes[len(job.held) : min(full_blocks, len(job.hashes))]
+        stored = self.kv.register(new, job.anonymous)
+        if stored:
+            job.held.extend(stored)
+            job.anonymous -= len(stored)
+            self._stored(self.name, stored)
+
+    def _finish(self, job: Job) -> None:
+        job.finished = True
+        self.running.remove(job)
+        if not job.hold_kv:
+            self._free(job)
+        job.on_done(job)
+
+
+class SharedStore:
+    """The shared KV store: blocks by hash, least recently used dropped past capacity."""
+
+    def __init__(self, tier: StoreTier) -> None:
+        self.tier = tier
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.loads = 0
+
+    def match(self, hashes: Sequence[int]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            self.blocks.move_to_end(h)
+            n += 1
+        return n
+
+    def put(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        while len(self.blocks) > self.tier.capacity_blocks:
+            self.blocks.popitem(last=False)
+
+    def load_s(self, blocks: int, block_bytes: int) -> float:
+        self.loads += 1
+        return self.tier.load_s(blocks, block_bytes)

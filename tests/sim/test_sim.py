@@ -1,0 +1,266 @@
+"""The simulator (sim/): its event core, cost models against their profiles,
+the KV cache's eviction, the routing core in the loop, a Ray sweep and the
+CLI. No mocks: the real routing core, the real trace generator, a real local
+Ray."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
+from sim.cli import main as sim_main
+from sim.cluster import ClusterConfig, Simulation, Traffic
+from sim.costs import StepModel, fit_decode, fit_prefill
+from sim.defaults import (
+    CPU_BLOCK_BYTES_PER_TOKEN,
+    CPU_PROFILES,
+    PROFILES,
+    fitted_model,
+    load_profiles,
+)
+from sim.engine import Engine, EngineSettings, Job, KVCache
+from sim.events import EventLoop
+from sim.sweep import grid, model_fields, run_on_ray, run_point
+
+# ----------------------------------------------------------------- event core
+
+
+def test_events_run_in_time_order_and_ties_in_schedule_order():
+    loop = EventLoop()
+    seen = []
+    for t, tag in [(2.0, "c"), (1.0, "a"), (2.0, "d"), (1.0, "b")]:
+        loop.at(t, lambda tag=tag: seen.append((loop.now, tag)))
+    loop.after(0.5, lambda: loop.after(1.5, lambda: seen.append((loop.now, "e"))))
+    loop.run()
+    assert seen == [(1.0, "a"), (1.0, "b"), (2.0, "c"), (2.0, "d"), (2.0, "e")]
+    with pytest.raises(ValueError, match="past"):
+        loop.at(1.0, lambda: None)
+
+
+def test_run_stops_at_until():
+    loop = EventLoop()
+    seen = []
+    loop.at(1.0, lambda: seen.append(1))
+    loop.at(3.0, lambda: seen.append(3))
+    loop.run(until=2.0)
+    assert seen == [1] and loop.now == 2.0 and len(loop) == 1
+
+
+def _small(policy="cost", kv_blocks=24, **kw):
+    return ClusterConfig(
+        policy=policy,
+        engine=EngineSettings(kv_blocks=kv_blocks, block_bytes=128 * CPU_BLOCK_BYTES_PER_TOKEN),
+        model=fitted_model(),
+        **kw,
+    )
+
+
+def test_a_simulation_is_a_function_of_its_seed():
+    def run(seed):
+        sim = Simulation(_small(), Traffic(seed=seed))
+        sim.run()
+        return [(r.session, r.arrival, r.first_token, r.end, r.decode_pod) for r in sim.records]
+
+    first = run(0)
+    assert first == run(0)
+    assert first != run(1)
+
+
+# ---------------------------------------------------------------- cost models
+
+
+def _profile(role, points, gpus=1):
+    config = EngineConfig(name=f"p-{role}", role=role, model="m", gpus_per_replica=gpus)
+    return EngineProfile(config=config, points=tuple(points), source="published")
+
+
+def _point(concurrency, rate, isl, osl, hit=0.0, itl=None):
+    return ProfilePoint(
+        concurrency=concurrency,
+        request_rate=rate,
+        input_tokens_per_s=rate * isl,
+        output_tokens_per_s=rate * osl,
+        ttft_p50_s=None,
+        ttft_p90_s=None,
+        hit_rate=hit,
+        in_flight=concurrency,
+        itl_s=itl,
+    )
+
+
+def test_prefill_fit_reproduces_the_profiles_throughput():
+    """At the profile's mean request (cached prefix, then the uncached part)
+    the model computes the profile's uncached tokens per second."""
+    prof = _profile("prefill", [_point(1, 0.5, 4000, 1, hit=0.5), _point(4, 1.0, 4000, 1, 0.5)])
+    model = fit_prefill(prof)
+    assert model.prefill_s(2000, 2000) == pytest.approx(2000 / 2000.0)  # 1 req/s x 2000 uncached
+    # the context-dependent part: a token deep in a long context costs more
+    assert model.prefill_s(100, 8000) > model.prefill_s(100, 0)
+    assert fit_prefill(prof, ctx_share=0.0).prefill_s(100, 8000) == pytest.approx(0.05)
+
+
+def test_decode_fit_recovers_step_and_per_sequence_cost():
+    # ITL = 10 ms + 2 ms per sequence in the step
+    points = [
+        _point(b, b / (0.01 + 0.002 * b) / 100, 1000, 100, itl=0.01 + 0.002 * b) for b in (1, 4, 16)
+    ]
+    model = fit_decode(_profile("decode", points))
+    assert model.step_s == pytest.approx(0.01)
+    sat = max(points, key=lambda p: p.request_rate)
+    context = 8 * (sat.mean_input_tokens + sat.mean_output_tokens / 2)
+    assert model.step([], 8, int(context)) == pytest.approx(0.01 + 0.016, rel=1e-6)
+
+
+def test_shipped_cpu_profiles_fit_their_figures():
+    profiles = load_profiles(CPU_PROFILES)
+    model = fitted_model(CPU_PROFILES, gpus_per_pod=1)
+    # the prefill note: a cold 1562-token prompt in 5.98 s on one core
+    assert model.prefill_s(1562, 0) == pytest.approx(5.98, rel=0.01)
+    # the decode note: 16 sequences at 365 tokens/s on 2 cores -> twice the step on 1
+    d = profiles["decode"].points[0]
+    context = 16 * (d.mean_input_tokens + d.mean_output_tokens / 2)
+    assert model.decode_s(16, int(context)) == pytest.approx(2 * 16 / 365.0, rel=0.01)
+
+
+def test_published_gpu_profiles_fit():
+    """operators/planner/published: DeepSeek-V3 on H800 (figures marked published)."""
+    published = (
+        PROFILES.parents[1] / "operators" / "planner" / "published" / "deepseek-v3-h800.yaml"
+    )
+    profiles = load_profiles(published)
+    p = profiles["prefill"].points[0]
+    model = fit_prefill(profiles["prefill"])
+    uncached = p.mean_uncached_tokens
+    start = p.mean_input_tokens - uncached
+    assert model.prefill_s(int(uncached), int(start)) == pytest.approx(
+        int(uncached) / p.uncached_tokens_per_s, rel=0.01
+    )
+
+
+# ------------------------------------------------------------------ KV cache
+
+
+def test_kv_cache_evicts_the_least_recently_freed_block_tail_first():
+    kv = KVCache(4)
+    assert kv.acquire([], 2) == []
+    assert kv.register([11, 12], owned=2) == [11, 12]
+    kv.release([11, 12], 0)  # both free, cached; 12 (the tail) first in line
+    assert kv.match([11, 12, 13], cap=3) == 2
+    assert kv.acquire([], 3) == [12]  # one block had to go
+    assert kv.match([11, 12], cap=2) == 1
+    assert kv.can_allocate([], 1)  # by evicting 11
+    assert not kv.can_allocate([], 2)  # 3 in use
+    kv.release([], 3)
+    assert kv.can_allocate([11], 3)  # reusing 11, and 3 new blocks
+    assert kv.acquire([11], 3) == [] and kv.used() == 4
+
+
+# ------------------------------------------------ the routing core in the loop
+
+
+def test_the_routing_policy_decides_placements():
+    runs = {}
+    for policy in ("cost", "round-robin"):
+        sim = Simulation(_small(policy, kv_blocks=8192), Traffic())
+        summary = sim.run()
+        runs[policy] = (summary, [r.decode_pod for r in sim.records], sim)
+    assert runs["cost"][1] != runs["round-robin"][1]
+    # round robin alternates pods in arrival order; cost keeps sessions where their KV is
+    assert {r.reason for r in runs["round-robin"][2].records} == {"round-robin"}
+    assert runs["cost"][0]["hit_rate"] > runs["round-robin"][0]["hit_rate"]
+
+
+def test_engines_kv_events_reach_the_prefix_index():
+    sim = Simulation(_small(kv_blocks=24), Traffic())
+    sim.run()
+    index = sim.core.index
+    for name, engine in sim.engines.items():
+        cached = len(engine.kv.in_use) + len(engine.kv.free_cached)
+        assert index.held_blocks(name) == cached > 0  # stored less removed, as the engine holds
+
+
+def test_p_d_runs_prefill_pods_above_the_threshold_only():
+    config = replace(_small(kv_blocks=8192), aggregated=0, prefill=1, decode=1)
+    sim = Simulation(config, Traffic())
+    sim.run()
+    remote = [r for r in sim.records if r.prefill_pod]
+    local = [r for r in sim.records if not r.prefill_pod]
+    assert remote and local
+    assert all(r.prompt_tokens - r.cached_tokens >= 256 for r in remote)
+
+
+# -------------------------------------------------------------------- sweeps
+
+
+def _point_dict(**kw):
+    base = {
+        "model": model_fields(fitted_model()),
+        "gpus_per_pod": 1,
+        "block_size": 128,
+        "block_bytes": 128 * CPU_BLOCK_BYTES_PER_TOKEN,
+        "max_num_batched_tokens": 2048,
+        "long_prefill_threshold": 0,
+        "link_gbps": 5.0,
+        "link_latency_ms": 1.0,
+        "store_gbps": 1.0,
+        "store_latency_ms": 2.0,
+        "remote_prefill_threshold": 256,
+        "trace_profile": "small",
+        "turns_median": 4.0,
+        "think_scale": 0.2,
+        "concurrency": 4,
+        "pods": "2",
+        "kv_blocks": 24,
+        "store_blocks": 0,
+        "sessions": 4,
+        "seed": 0,
+    }
+    return grid(base, **kw)
+
+
+def test_a_two_task_sweep_on_ray_matches_the_runs_in_process():
+    points = _point_dict(policy=["cost", "round-robin"])
+    rows = run_on_ray(points, num_cpus=2)
+    assert [r["policy"] for r in rows] == ["cost", "round-robin"]
+    for row, point in zip(rows, points):
+        local = run_point(point)
+        assert {k: v for k, v in row.items() if k != "wall_s"} == {
+            k: v for k, v in local.items() if k != "wall_s"
+        }
+
+
+def test_cli_run_prints_a_row_and_refuses_bad_pods(capsys):
+    assert sim_main(["run", "--pods", "1P1D", "--kv-blocks", "64", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["pods"] == "1P1D" and row["requests"] == 43
+    with pytest.raises(SystemExit) as exc:
+        sim_main(["run", "--pods", "2X"])
+    assert exc.value.code == 2
+    assert "xPyD" in capsys.readouterr().err
+
+
+def test_a_request_that_cannot_grow_preempts_the_newest_and_it_recomputes():
+    """vLLM's recompute preemption: with 4 blocks of 4 tokens, two requests of
+    6-token prompts and 6 output tokens cannot both finish in KV; the newer
+    one is preempted, waits, and computes its prompt again."""
+    loop = EventLoop()
+    stored, removed = [], []
+    engine = Engine(
+        "pod",
+        EngineSettings(kv_blocks=4, block_size=4, max_num_batched_tokens=64),
+        StepModel(step_s=0.01, token_s=0.001, seq_s=0.001),
+        loop,
+        lambda pod, hs: stored.extend(hs),
+        lambda pod, hs: removed.extend(hs),
+    )
+    done = []
+    jobs = [Job(6, [10 + i], 6, on_done=lambda j: done.append((j, loop.now))) for i in range(2)]
+    for job in jobs:
+        engine.submit(job)
+    loop.run()
+    assert [j for j, _ in done] == jobs
+    assert jobs[0].preemptions == 0 and jobs[1].preemptions == 1
+    assert engine.kv.used() == 0 and sorted(stored) == [10, 11]
