@@ -21,6 +21,9 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+# Seconds the rest of a process group may outlive its main process at a stop.
+ORPHAN_GRACE_S = 2.0
+
 
 class ProcessError(RuntimeError):
     """A process exited during start-up or was not ready in time."""
@@ -110,6 +113,12 @@ def stop_process_groups(procs: Iterable[Proc], grace_s: float) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    # The services have shut down: what is left of their groups are helpers
+    # that do not exit on their own (vLLM's CPU worker), given a moment, then
+    # killed, rather than the whole grace period meant for draining.
+    deadline = min(deadline, time.monotonic() + ORPHAN_GRACE_S)
     while time.monotonic() < deadline and any(group_alive(pid) for pid in pids):
         time.sleep(0.2)
     for pid in pids:
@@ -117,6 +126,15 @@ def stop_process_groups(procs: Iterable[Proc], grace_s: float) -> None:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def process_alive(pid: int) -> bool:
+    """Whether the process runs (an exited child not yet waited for does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def group_stats(pgid: int) -> Iterator[list[str]]:

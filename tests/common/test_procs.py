@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from common.procs import Proc, group_alive, launch, stop_process_groups
+from common.procs import ORPHAN_GRACE_S, Proc, group_alive, launch, stop_process_groups
 from services.stack import stop_tiers
 
 # On SIGTERM: note it, take a second to "drain", note the exit.
@@ -40,6 +40,20 @@ def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     deadline = time.monotonic() + 5
     while group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert not group_alive(proc.pid)
+
+
+def test_leftovers_of_a_group_whose_service_exited_are_killed_soon(tmp_path):
+    # The service exits at once on SIGTERM; its child ignores SIGTERM and
+    # would keep the group alive for the whole grace period.
+    proc, popen = launch(
+        "leaves-a-child", ["bash", "-c", "(trap '' TERM; sleep 600) & wait"], tmp_path / "log"
+    )
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    stop_process_groups([proc], grace_s=30)
+    assert time.monotonic() - t0 < ORPHAN_GRACE_S + 2
+    popen.wait(timeout=5)
     assert not group_alive(proc.pid)
 
 
