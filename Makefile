@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster fuzz
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster fuzz chaos
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -28,6 +28,8 @@ help:
 	@echo "           memory flat past each bound (in process, no engines; several minutes)"
 	@echo "make soak   an hour of agentic replay on the embedded stack: router and engine RSS and"
 	@echo "           open fds sampled each minute, failing on growth (SOAK_ARGS, e.g. --minutes 10)"
+	@echo "make chaos  every scripted fault (engine kills and stalls, router, Redis, KV store, KV events)"
+	@echo "           under agentic replay through two router replicas; one table (~30-60 min)"
 	@echo "make cluster start a local cluster for the operator and chart (a test bed, not a"
 	@echo "           Kubernetes; prints its KUBECONFIG); tandem cluster down stops it"
 
@@ -208,6 +210,15 @@ soak-memory: setup
 SOAK_ARGS ?=
 soak: setup
 	$(PY) -m bench.soak $(SOAK_ARGS)
+
+# The chaos suite at length (bench/chaos.py): its own embedded stack, two
+# router replicas sharing Redis, the agentic replay, and every scripted fault
+# one at a time then overlapping; prints one table and fails on a broken
+# promise. `make test` runs the short sequence (tests/chaos/). CHAOS_ARGS
+# passes flags (e.g. --faults decode_kill,router_kill). Not in CI.
+CHAOS_ARGS ?=
+chaos: setup
+	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
 # The two images helm/tandem runs, tagged as its values.yaml names them (the
 # chart's appVersion is the project's version). Needs a container engine.
