@@ -61,6 +61,7 @@ from typing import Any
 
 import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import RedisServer
@@ -566,17 +567,17 @@ class Chaos:
         await asyncio.to_thread(self.redis.start)
         argv_extra = [*self.stack.config.router_args, "--redis-url", self.redis.url]
         argv_extra += ["--redis-timeout-s", "2", "--poll-interval-s", "0.5"]
+        pub = ""
         if self.use_proxy:
-            decode = self.engine("decode")
-            pub = decode.kv_events.split(",")[0]  # type: ignore[union-attr]
+            # The decode's PUB endpoint (then its replay endpoint, after a comma).
+            pub = (self.engine("decode").kv_events or "").split(",")[0]
             self.proxy = KvEventsProxy(pub)
             await self.proxy.start()
         for i in (1, 2):
             port = free_port()
             argv = self.stack.router_argv(port, argv_extra)
             if self.proxy is not None:
-                pub = self.engine("decode").kv_events.split(",")[0]  # type: ignore[union-attr]
-                argv = [a.replace(pub, self.proxy.endpoint) for a in argv]
+                argv = [a.replace(f"{pub},", f"{self.proxy.endpoint},") for a in argv]
             proc = Proc(f"chaos-router-{i}", argv, str(self.log_dir / f"chaos-router-{i}.log"))
             proc.url = f"http://{HOST}:{port}"
             self.routers.append(proc)
@@ -667,8 +668,13 @@ class Chaos:
             return ""
 
     async def capacity_full(self) -> bool:
+        """Every service up, every engine SERVING, both replicas healthy with
+        every engine `available` and the shared state up."""
         if any(not s.alive() for s in self.services):
             return False
+        for p in self.engines:
+            if not await _serving(p.grpc):  # type: ignore[arg-type]
+                return False
         for url in self.urls:
             try:
                 async with httpx.AsyncClient(timeout=2) as c:
@@ -711,7 +717,7 @@ class Chaos:
         return False
 
     # -- one phase -------------------------------------------------------------------
-    def _new_load(self) -> ChaosLoad:
+    async def _new_load(self) -> ChaosLoad:
         s = self.shape
         params = generate.params_for(
             "small",
@@ -730,7 +736,8 @@ class Chaos:
         )
         sessions = generate.generate(params)
         builder = PromptBuilder(self.tokenizer, salt=os.urandom(6).hex())
-        prompts = build_prompts(sessions, builder)
+        # In a thread: the KV-event relay runs on this event loop.
+        prompts = await asyncio.to_thread(build_prompts, sessions, builder)
         return ChaosLoad(
             self.urls,
             self.model,
@@ -744,13 +751,19 @@ class Chaos:
 
     async def phase(self, fault: Fault) -> Row:
         s = self.shape
-        self.load = load = self._new_load()
+        # Each fault starts from full capacity, whatever the previous left.
+        if not await self._until(self.capacity_full, ENGINE_RECOVER_S):
+            raise RuntimeError(f"{fault.name}: no full capacity to start from")
+        self.load = load = await self._new_load()
         runner = asyncio.create_task(load.run_until_stopped())
         recover_s: float | None = None
         extra: list[str] = []
         try:
             await asyncio.sleep(s.lead_s)
-            await fault.inject(self)
+            try:
+                await fault.inject(self)
+            except RuntimeError as exc:  # e.g. no stream to kill the decode under
+                extra.append(str(exc))
             injected = time.monotonic()
 
             async def recovered() -> bool:
@@ -795,6 +808,17 @@ class Chaos:
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
         return rows
+
+
+async def _serving(address: str) -> bool:
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=2
+            )
+    except grpc.aio.AioRpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def _bound(fn: Callable[[Proc], None], proc: Proc) -> Callable[[], None]:

@@ -1,12 +1,16 @@
 """How the chaos harness (bench/chaos.py) classifies a request's end and
 judges a phase: what counts as truncated, as lost to a dead decode (what
-migration would save), and which failures break a promise. No engines."""
+migration would save), and which failures break a promise; and the relay
+that cuts an engine's KV-event stream. No engines."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from bench.chaos import FAULTS, MIGRATABLE, Outcome, classify, judge, table
+import pytest
+
+from bench.chaos import FAULTS, MIGRATABLE, KvEventsProxy, Outcome, classify, judge, table
 
 
 def chunk(content: str | None = None, finish: str | None = None) -> str:
@@ -54,3 +58,36 @@ def test_judge_counts_kinds_and_flags_the_unexpected():
         "capacity not back within 30s"
     ]
     assert "truncated 1" in table([row])
+
+
+async def test_the_kv_events_relay_passes_bytes_and_cuts_every_connection():
+    received: list[bytes] = []
+
+    async def publisher(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"batch-1")
+        await writer.drain()
+        received.append(await reader.read(100))
+        writer.close()
+
+    server = await asyncio.start_server(publisher, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxy = KvEventsProxy(f"tcp://127.0.0.1:{port}")
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        assert await reader.read(100) == b"batch-1"
+        await proxy.cut()
+        assert await asyncio.wait_for(reader.read(100), 5) == b""  # closed by the cut
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", proxy.port)
+        await proxy.start()  # restored on the same port
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        assert await reader.read(100) == b"batch-1"
+        writer.write(b"subscribe")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        assert received[-1] == b"subscribe"
+        writer.close()
+    finally:
+        await proxy.cut()
+        server.close()
