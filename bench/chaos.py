@@ -564,7 +564,7 @@ class Chaos:
 
     # -- set-up ----------------------------------------------------------------
     async def start(self) -> None:
-        await asyncio.to_thread(self.redis.start)
+        await asyncio.to_thread(self._start_redis)
         argv_extra = [*self.stack.config.router_args, "--redis-url", self.redis.url]
         argv_extra += ["--redis-timeout-s", "2", "--poll-interval-s", "0.5"]
         pub = ""
@@ -587,7 +587,7 @@ class Chaos:
             self.services.append(Service(p.name, p.alive, _bound(self.stack.restart, p)))
         for r in self.routers:
             self.services.append(Service(r.name, r.alive, _bound(self._launch_router, r)))
-        self.services.append(Service("redis", self._redis_alive, self.redis.start))
+        self.services.append(Service("redis", self._redis_alive, self._start_redis))
         if not await self._until(self.capacity_full, 300):
             raise RuntimeError(f"the chaos routers did not come up; logs in {self.log_dir}")
         self.model = await asyncio.to_thread(served_model, self.urls[0])
@@ -606,6 +606,10 @@ class Chaos:
         )
         proc.pid = started.pid
         self._popen[proc.name] = popen
+
+    def _start_redis(self) -> None:
+        # A loaded machine answers Redis's first PING late, not never.
+        self.redis.start(timeout_s=60)
 
     def _redis_alive(self) -> bool:
         return self.redis.proc is not None and self.redis.proc.alive()
