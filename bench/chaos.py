@@ -549,6 +549,7 @@ class Chaos:
         self.batches_before: list[float] = []
         self.supervise_paused: set[str] = set()
         self.services: list[Service] = []
+        self._supervisor: asyncio.Task[None] | None = None
         self._popen: dict[str, Any] = {}
         self._seed = itertools.count(self.shape.seed)
         from transformers import AutoTokenizer
@@ -564,6 +565,15 @@ class Chaos:
 
     # -- set-up ----------------------------------------------------------------
     async def start(self) -> None:
+        """Redis, the two replicas, and the supervisor (from here on, until
+        `close`, whatever dies is restarted); returns at full capacity."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         await asyncio.to_thread(self._start_redis)
         argv_extra = [*self.stack.config.router_args, "--redis-url", self.redis.url]
         argv_extra += ["--redis-timeout-s", "2", "--poll-interval-s", "0.5"]
@@ -588,6 +598,7 @@ class Chaos:
         for r in self.routers:
             self.services.append(Service(r.name, r.alive, _bound(self._launch_router, r)))
         self.services.append(Service("redis", self._redis_alive, self._start_redis))
+        self._supervisor = asyncio.create_task(self.supervise())
         if not await self._until(self.capacity_full, 300):
             raise RuntimeError(f"the chaos routers did not come up; logs in {self.log_dir}")
         self.model = await asyncio.to_thread(served_model, self.urls[0])
@@ -615,6 +626,10 @@ class Chaos:
         return self.redis.proc is not None and self.redis.proc.alive()
 
     async def close(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
         stop_process_groups(self.routers, 10)
         for popen in self._popen.values():
             popen.wait(timeout=10)
@@ -800,17 +815,11 @@ class Chaos:
         return (await self.engines_idle())[1]
 
     async def run(self, faults: list[Fault]) -> list[Row]:
-        supervisor = asyncio.create_task(self.supervise())
         rows = []
-        try:
-            for fault in faults:
-                print(f"chaos: {fault.name} ...", file=sys.stderr, flush=True)
-                rows.append(await self.phase(fault))
-                print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-        finally:
-            supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await supervisor
+        for fault in faults:
+            print(f"chaos: {fault.name} ...", file=sys.stderr, flush=True)
+            rows.append(await self.phase(fault))
+            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         return rows
 
 
