@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -116,6 +117,7 @@ class Stack:
         self.config = config
         self.procs: list[Proc] = []
         self._popen: dict[str, subprocess.Popen] = {}
+        self._env: dict[str, dict[str, str]] = {}
         self._next_port = config.ports_from
 
     # -- ports and commands --------------------------------------------------
@@ -189,7 +191,26 @@ class Stack:
         started, popen = launch(proc.name, proc.argv, Path(proc.log), env, append=True)
         proc.pid = started.pid
         self._popen[proc.name] = popen
+        self._env[proc.name] = env
         self.procs.append(proc)
+
+    def restart(self, proc: Proc) -> None:
+        """Start one of this stack's services again, as a kubelet restarts a
+        pod's container: whatever is left of its process group is killed,
+        then the same command runs with the same ports and environment.
+        Returns once launched; readiness is the caller's to wait for."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):
+            pass
+        old = self._popen.pop(proc.name, None)
+        if old is not None:
+            old.wait(timeout=10)
+        started, popen = launch(
+            proc.name, proc.argv, Path(proc.log), self._env.get(proc.name, {}), append=True
+        )
+        proc.pid = started.pid
+        self._popen[proc.name] = popen
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
