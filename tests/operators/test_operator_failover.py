@@ -30,6 +30,7 @@ from devcluster.store import Subscription
 from operators import manifests
 from operators.controller import SCALE_DOWN, scale_down_record
 from operators.drain import LIVE_BLOCKS_METRIC
+from operators.handlers import OWNED
 from operators.reconcile import RENDERED_HASH
 from operators.spec import parse, with_defaults
 from tests.kube.plugin import start_operator, wait_for
@@ -152,17 +153,7 @@ def owned(kube_api) -> dict[tuple[str, str], dict]:
     selector = (
         f"{manifests.LABEL_DEPLOYMENT}=demo,app.kubernetes.io/managed-by={manifests.MANAGED_BY}"
     )
-    kinds = [
-        ("apps", "v1", "deployments"),
-        ("apps", "v1", "daemonsets"),
-        ("", "v1", "services"),
-        ("", "v1", "configmaps"),
-        ("", "v1", "serviceaccounts"),
-        ("policy", "v1", "poddisruptionbudgets"),
-        ("networking.k8s.io", "v1", "ingresses"),
-        ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-        ("tandem.dev", "v1alpha1", "enginepools"),
-    ]
+    kinds = [*OWNED, ("tandem.dev", "v1alpha1", "enginepools")]
     out: dict[tuple[str, str], dict] = {}
     for key in kinds:
         for obj in kube_api.list(*key, "default", selector):
