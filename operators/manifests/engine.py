@@ -293,10 +293,16 @@ def pool_workload(
     )
     name = pool_name(td, role)
     pods = pool_selector(td, role)
+    kind = workload_kind(pool)
+    # A LeaderWorkerSet makes the headless Service named after it (publishing
+    # not-ready pods) only if none exists, and its leader address resolves
+    # through it before the leader is Ready — which waits for its workers to
+    # join through that address. The router's Service must not take the name.
+    service_name = name if kind == DEPLOYMENT else f"{name}-engines"
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": meta(name, namespace, owner, lbls),
+        "metadata": meta(service_name, namespace, owner, lbls),
         "spec": {
             "clusterIP": "None",
             "selector": pods,
@@ -311,7 +317,6 @@ def pool_workload(
             ],
         },
     }
-    kind = workload_kind(pool)
     head = {
         "apiVersion": kind.api_version,
         "kind": kind.kind,

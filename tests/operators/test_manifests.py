@@ -347,6 +347,23 @@ def test_every_container_has_requests_and_probes(nodes):
                 assert not isinstance(port, str) or port in named, (c["name"], probe)
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_pool_service_leaves_a_leaderworkerset_its_own_name(nodes):
+    s = spec(
+        decode={
+            "replicas": 1,
+            "nodesPerReplica": nodes,
+            "gpusPerPod": 4,
+            "parallelism": {"tensor": 4 * nodes},
+        }
+    )
+    objs = manifests.pool_workload("demo", "prod", parse(s), "decode", 1, POOL_OWNER)
+    [workload] = [o for o in objs if o["kind"] != "Service"]
+    [service] = [o for o in objs if o["kind"] == "Service"]
+    clash = service["metadata"]["name"] == workload["metadata"]["name"]
+    assert clash == (workload["kind"] == "Deployment"), (workload["kind"], service["metadata"])
+
+
 def test_router_liveness_does_not_depend_on_engines():
     # /health is 503 while no engine can serve: as liveness it would restart
     # routers that wait for engines still loading, which restarting cannot help.
