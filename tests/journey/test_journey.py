@@ -209,10 +209,14 @@ def test_install_serve_scale_drain_uninstall(cluster: Cluster, tmp_path: Path) -
         return td if status.get("prefill") == "1/1" and status.get("decode") == "1/1" else None
 
     cluster.wait(td_ready, INSTALL_DEADLINE_S, "the TandemDeployment's pools ready")
-    components = {p["metadata"]["labels"].get(LABEL_COMPONENT) for p in cluster.pods()}
-    assert all(ready(p) for p in cluster.pods() if p["metadata"]["name"].startswith(RELEASE)), (
-        cluster.kubectl("get", "pods")
-    )
+
+    def all_ready() -> list[dict] | None:
+        pods = cluster.pods(f"app.kubernetes.io/instance={RELEASE}")
+        return pods if pods and all(ready(p) for p in pods) else None
+
+    release_pods = cluster.wait(all_ready, INSTALL_DEADLINE_S, "every pod of the release Ready")
+    assert isinstance(release_pods, list)
+    components = {p["metadata"]["labels"].get(LABEL_COMPONENT) for p in release_pods}
     printed = cluster.kubectl("get", "td")
     assert "1/1" in printed, printed
 
