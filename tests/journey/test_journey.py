@@ -52,6 +52,37 @@ INSTALL_DEADLINE_S = 900.0
 SCALE_DEADLINE_S = 600.0
 DRAIN_DEADLINE_S = 300.0
 UNINSTALL_DEADLINE_S = 180.0
+# Helm's InstallOrder (pkg/release/util/kind_sorter.go), the kinds the chart
+# renders among them; other kinds (custom resources) go last. Uninstall
+# deletes in the reverse order: the TandemDeployment first, the operator after.
+HELM_INSTALL_ORDER = [
+    "Namespace",
+    "NetworkPolicy",
+    "ResourceQuota",
+    "LimitRange",
+    "PodDisruptionBudget",
+    "ServiceAccount",
+    "Secret",
+    "ConfigMap",
+    "StorageClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "Service",
+    "DaemonSet",
+    "Pod",
+    "ReplicaSet",
+    "Deployment",
+    "StatefulSet",
+    "Job",
+    "CronJob",
+    "IngressClass",
+    "Ingress",
+]
 
 
 def tandem(*args: str) -> subprocess.CompletedProcess:
@@ -126,11 +157,12 @@ def pids(pod: dict) -> set[int]:
 
 
 def alive(pid: int) -> bool:
+    """Running; an exited process its parent has yet to reap is not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
         return False
-    return True
+    return state != "Z"
 
 
 def engine_requests(pod: dict) -> float:
@@ -158,6 +190,11 @@ def chat(url: str, session: str, messages: list[dict], stream: bool = False) -> 
         headers={"x-session-id": session},
         timeout=300,
     )
+
+
+def helm_order(doc: dict) -> int:
+    kind = doc["kind"]
+    return HELM_INSTALL_ORDER.index(kind) if kind in HELM_INSTALL_ORDER else len(HELM_INSTALL_ORDER)
 
 
 def values(tmp_path: Path) -> dict:
@@ -191,13 +228,16 @@ def test_install_serve_scale_drain_uninstall(cluster: Cluster, tmp_path: Path) -
         timings[what] = figure
         print(f"\n[journey] {what}: {figure}", flush=True)
 
-    docs = [
-        d
-        for d in chart.render(values(tmp_path), release=RELEASE, namespace=NAMESPACE)
-        if "helm.sh/hook" not in d["metadata"].get("annotations", {})
-    ]
+    rendered = chart.render(values(tmp_path), release=RELEASE, namespace=NAMESPACE)
+    # Hooks (the chart's test pod) are not part of the release.
+    docs = sorted(
+        (d for d in rendered if "helm.sh/hook" not in d["metadata"].get("annotations", {})),
+        key=helm_order,
+    )
     manifest = tmp_path / "release.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
+    uninstall = tmp_path / "uninstall.yaml"
+    uninstall.write_text(yaml.safe_dump_all(docs[::-1]))
 
     # helm install: CRDs are the cluster's own (it starts with Tandem's).
     installed = time.monotonic()
@@ -273,9 +313,12 @@ def test_install_serve_scale_drain_uninstall(cluster: Cluster, tmp_path: Path) -
     new_address = f"{new['status']['podIP']}:{GRPC_PORT}"
 
     def routed_to_new() -> bool:
-        # Fresh sessions spread over the decode pods; the routers learn of the
-        # new one from its EndpointSlice.
-        response = chat(url, f"spread-{uuid.uuid4().hex}", messages[:2])
+        # Fresh sessions with prompts of their own (a shared prefix would
+        # rightly keep them on the pod that caches it) spread over the decode
+        # pods; the routers learn of the new one from its EndpointSlice.
+        tag = uuid.uuid4().hex
+        prompt = [{"role": "user", "content": f"{tag}: name a colour."}]
+        response = chat(url, f"spread-{tag}", prompt)
         assert response.status_code == 200, response.text
         return engine_requests(new) > 0
 
@@ -345,11 +388,12 @@ def test_install_serve_scale_drain_uninstall(cluster: Cluster, tmp_path: Path) -
         "no KV held by the prefill engine",
     )
 
-    # helm uninstall: delete what was applied; every pod's processes go.
+    # helm uninstall: delete what was applied, in Helm's order; every pod's
+    # processes go.
     all_pids = {pid for p in cluster.pods() for pid in pids(p)}
     assert all_pids
     uninstalled = time.monotonic()
-    cluster.kubectl("delete", "-f", str(manifest), "--wait=true", "--timeout=300s")
+    cluster.kubectl("delete", "-f", str(uninstall), "--wait=true", "--timeout=300s")
 
     def nothing_left() -> bool:
         left = cluster.kubectl(
