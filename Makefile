@@ -33,7 +33,7 @@ help:
 	@echo "make cluster start a local cluster for the operator and chart (a test bed, not a"
 	@echo "           Kubernetes; prints its KUBECONFIG); tandem cluster down stops it"
 	@echo "make journey  the user's journey on the local cluster, as root: helm install, traffic,"
-	@echo "           kubectl scale up and down under load, uninstall (3 engines; ~10 min)"
+	@echo "           kubectl scale up and down under load, uninstall (3 engines; ~4 min)"
 
 setup: apt $(STAMP) proto model
 
