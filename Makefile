@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster fuzz sim-sweep chaos chaos-short
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -36,6 +36,8 @@ help:
 	@echo "           the test suite's stack (~10 min; not yet in make test)"
 	@echo "make cluster start a local cluster for the operator and chart (a test bed, not a"
 	@echo "           Kubernetes; prints its KUBECONFIG); tandem cluster down stops it"
+	@echo "make journey  the user's journey on the local cluster, as root: helm install, traffic,"
+	@echo "           kubectl scale up and down under load, uninstall (3 engines; ~4 min)"
 
 setup: apt $(STAMP) proto model
 
@@ -100,7 +102,13 @@ cluster: $(STAMP) kubectl
 # pytest exiting 5 (no tests collected) fails the target like any failure.
 test: setup aiperf kubectl
 	$(PY) -m pytest -m "not stack" -n $(TEST_WORKERS) $(PYTEST_ARGS)
-	$(PY) -m pytest -m "stack and not chaos" --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "stack and not chaos and not journey" --durations=20 $(PYTEST_ARGS)
+
+# The user's journey (tests/journey): the chart applied to the local cluster,
+# served, scaled and uninstalled. Not in `test` until it is proven fast and
+# stable; its timings are printed.
+journey: setup kubectl
+	$(PY) -m pytest -m journey -s --durations=5 tests/journey $(PYTEST_ARGS)
 
 # Only the tests that start no engines (a few minutes).
 test-unit: setup kubectl

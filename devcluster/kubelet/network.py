@@ -131,10 +131,14 @@ class Network:
         return netns, address
 
     def remove_pod(self, key: str) -> None:
-        """Deleting the namespace deletes its end of the veth pair, and so the pair."""
+        """The veth pair (deleting the host's end deletes both), then the
+        namespace. `ip netns del` alone only unmounts it: while the kernel
+        still holds it (sockets of exited processes, seen with the engines'
+        KV transfer) it lives on, and the pair with it."""
         if key not in self.pods:
             return
         netns, address = self.pods.pop(key)
+        ip("link", "del", VETH_PREFIX + netns.removeprefix(NETNS_PREFIX), check=False)
         ip("netns", "del", netns, check=False)
         shutil.rmtree(ETC_NETNS / netns, ignore_errors=True)
         self._free_pod_ips.append(address)

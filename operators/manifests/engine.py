@@ -36,6 +36,7 @@ from operators.manifests.meta import (
     env_pod_ip,
     labels,
     meta,
+    model_volume,
     pool_name,
     pool_selector,
     with_requests,
@@ -216,10 +217,8 @@ def _engine_container(
         container["volumeMounts"].append(
             {"name": "kvstore", "mountPath": KVSTORE_CONFIG_DIR, "readOnly": True}
         )
-    if spec.model.volume is not None:
-        container["volumeMounts"].append(
-            {"name": "model", "mountPath": "/models", "readOnly": True}
-        )
+    if (model := model_volume(spec)) is not None:
+        container["volumeMounts"].append(model[1])
     return container
 
 
@@ -255,19 +254,8 @@ def _pod_spec(
     ]
     if spec.kv_store.enabled:
         volumes.append({"name": "kvstore", "configMap": {"name": f"{td}-kvstore"}})
-    vol = spec.model.volume
-    if vol is not None and vol.persistent_volume_claim:
-        volumes.append(
-            {
-                "name": "model",
-                "persistentVolumeClaim": {
-                    "claimName": vol.persistent_volume_claim,
-                    "readOnly": True,
-                },
-            }
-        )
-    elif vol is not None and vol.host_path:
-        volumes.append({"name": "model", "hostPath": {"path": vol.host_path}})
+    if (model := model_volume(spec)) is not None:
+        volumes.append(model[0])
     pod: dict[str, Any] = {
         "containers": containers,
         "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,

@@ -14,7 +14,7 @@ from common.kube import (
     LABEL_DEPLOYMENT,
     LABEL_ROLE,
 )
-from operators.spec import API_VERSION, ENGINE_ROLE
+from operators.spec import API_VERSION, ENGINE_ROLE, TandemSpec
 
 Manifest = dict[str, Any]
 
@@ -37,6 +37,7 @@ KVSTORE_CONFIG_DIR = "/etc/tandem/kvstore"
 # Seconds a pod keeps serving after it is told to stop, before SIGTERM: the
 # time for EndpointSlice updates to reach every router replica.
 PRESTOP_SECONDS = 5
+MODEL_MOUNT = "/models"
 
 
 @dataclass(frozen=True)
@@ -102,3 +103,23 @@ def with_requests(resources: Mapping[str, Any] | None, defaults: dict[str, str])
     for key, value in defaults.items():
         requests.setdefault(key, out.get("limits", {}).get(key, value))
     return out
+
+
+def model_volume(spec: TandemSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The model's volume and its read-only mount at /models, for every pod
+    that reads `model.path` there (engines: weights; routers: the tokenizer),
+    or None when the model comes from elsewhere (a hub id)."""
+    vol = spec.model.volume
+    if vol is not None and vol.persistent_volume_claim:
+        source: dict[str, Any] = {
+            "persistentVolumeClaim": {"claimName": vol.persistent_volume_claim, "readOnly": True}
+        }
+    elif vol is not None and vol.host_path:
+        source = {"hostPath": {"path": vol.host_path}}
+    else:
+        return None
+    return {"name": "model", **source}, {
+        "name": "model",
+        "mountPath": MODEL_MOUNT,
+        "readOnly": True,
+    }

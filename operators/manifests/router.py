@@ -14,6 +14,7 @@ from operators.manifests.meta import (
     Owner,
     labels,
     meta,
+    model_volume,
     selector,
     with_requests,
 )
@@ -80,6 +81,15 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "resources": with_requests(router.resources, ROUTER_REQUESTS),
     }
+    pod: dict[str, Any] = {
+        "serviceAccountName": f"{td}-router",
+        "containers": [container],
+        "terminationGracePeriodSeconds": 60,
+    }
+    # The router tokenizes with the model's own tokenizer, read from model.path.
+    if (model := model_volume(spec)) is not None:
+        container["volumeMounts"] = [model[1]]
+        pod["volumes"] = [model[0]]
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -89,11 +99,7 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
             "selector": {"matchLabels": selector(lbls)},
             "template": {
                 "metadata": {"labels": lbls},
-                "spec": {
-                    "serviceAccountName": f"{td}-router",
-                    "containers": [container],
-                    "terminationGracePeriodSeconds": 60,
-                },
+                "spec": pod,
             },
         },
     }

@@ -433,3 +433,33 @@ def test_given_limits_become_the_requests_kubernetes_would_default():
     deploy, _ = manifests.pool_workload("demo", "prod", parse(s), "decode", 1, POOL_OWNER)
     requests = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert requests == {"cpu": "8", "memory": "80Gi", "nvidia.com/gpu": "1"}
+
+
+@pytest.mark.parametrize(
+    "volume, source",
+    [
+        ({"hostPath": "/srv/models"}, {"hostPath": {"path": "/srv/models"}}),
+        (
+            {"persistentVolumeClaim": "weights"},
+            {"persistentVolumeClaim": {"claimName": "weights", "readOnly": True}},
+        ),
+    ],
+)
+def test_routers_mount_the_model_volume_for_its_tokenizer(volume, source):
+    # The router loads the tokenizer from model.path: without the volume a
+    # path under /models does not exist in its pod and it exits at start.
+    mount = {"name": "model", "mountPath": "/models", "readOnly": True}
+    seen = set()
+    for obj in everything(spec(model={"path": "/models/llama", "volume": volume})):
+        for template in _pod_templates(obj):
+            for c in template["spec"]["containers"]:
+                if c["name"] in ("router", "engine"):
+                    seen.add(c["name"])
+                    assert mount in c["volumeMounts"], c["name"]
+                    assert {"name": "model", **source} in template["spec"]["volumes"]
+    assert seen == {"router", "engine"}
+    # A hub id: nothing to mount.
+    for obj in everything(spec()):
+        for template in _pod_templates(obj):
+            if template["spec"]["containers"][0]["name"] == "router":
+                assert "volumes" not in template["spec"]

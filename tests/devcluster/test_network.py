@@ -1,0 +1,29 @@
+"""The pod network's own teardown, as root (tests/devcluster/test_kubelet.py
+covers it through a whole cluster)."""
+
+from __future__ import annotations
+
+import os
+
+from devcluster.kubelet.network import NETNS_PREFIX, VETH_PREFIX, Network
+
+
+def test_a_removed_pod_leaves_no_link_while_its_namespace_is_still_held():
+    # Something still holding the namespace (here an open handle; after real
+    # pods, the kernel's sockets of their exited processes) keeps it alive
+    # after `ip netns del`: its veth pair must not stay on the bridge.
+    network = Network(cidr="10.241.0.0/16", bridge=f"tdnet{os.getpid() % 10000}")
+    network.up()
+    try:
+        netns, _ = network.add_pod("default/held", "held", "default")
+        veth = VETH_PREFIX + netns.removeprefix(NETNS_PREFIX)
+        assert veth in os.listdir("/sys/class/net")
+        handle = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        try:
+            network.remove_pod("default/held")
+            assert veth not in os.listdir("/sys/class/net")
+        finally:
+            os.close(handle)
+    finally:
+        network.down()
+    assert network.bridge not in os.listdir("/sys/class/net")
