@@ -102,6 +102,27 @@ def kubelet(kube_api) -> Kubelet:
     return Kubelet(kube_api)
 
 
+def edit(kube_api, group_version_plural, name, change) -> None:
+    """Read, change and replace an object in one step on the server's loop, so
+    no controller write (a status update) comes between: a client would retry
+    the 409 instead."""
+
+    def run():
+        kind = kube_api.store.kind(*group_version_plural)
+        obj = copy.deepcopy(kube_api.store.get(kind, NS, name))
+        change(obj)
+        kube_api.store.replace(kind, NS, name, obj)
+
+    kube_api.call(run)
+
+
+def set_image(image):
+    def change(obj):
+        obj["spec"]["template"]["spec"]["containers"][0]["image"] = image
+
+    return change
+
+
 def deployment(name: str = "web", replicas: int = 3, **spec) -> dict:
     return {
         "apiVersion": "apps/v1",
@@ -260,12 +281,11 @@ def test_named_ports_that_resolve_differently_go_in_separate_slices(kube_api, ku
     svc = service("both")
     svc["spec"]["selector"] = {"tier": "x"}
     for name in ("a", "b"):
-        d = kube_api.get(*DEPLOYMENTS, NS, name)
-        d["spec"]["template"]["metadata"]["labels"]["tier"] = "x"
-        kube_api.call(
-            lambda d=d: kube_api.store.replace(
-                kube_api.store.kind(*DEPLOYMENTS), NS, d["metadata"]["name"], d
-            )
+        edit(
+            kube_api,
+            DEPLOYMENTS,
+            name,
+            lambda d: d["spec"]["template"]["metadata"]["labels"].update(tier="x"),
         )
     kube_api.install(svc)
     kubelet.settle()
@@ -384,9 +404,7 @@ def wait_rollout(kube_api, kubelet, replicas: int, min_available: int) -> int:
 def test_a_rolling_update_keeps_replicas_minus_max_unavailable_ready(kube_api, kubelet, kubectl):
     kube_api.install(deployment(replicas=4))
     wait_rollout(kube_api, kubelet, 4, 0)
-    d = kube_api.get(*DEPLOYMENTS, NS, "web")
-    d["spec"]["template"]["spec"]["containers"][0]["image"] = "i:2"
-    kube_api.call(lambda: kube_api.store.replace(kube_api.store.kind(*DEPLOYMENTS), NS, "web", d))
+    edit(kube_api, DEPLOYMENTS, "web", set_image("i:2"))
     # Defaults: maxSurge 25% of 4 = 1, maxUnavailable 1: at least 3 ready throughout.
     steps = wait_rollout(kube_api, kubelet, 4, 3)
     assert steps >= 8
@@ -406,18 +424,14 @@ def test_the_operators_strategy_never_drops_below_replicas(kube_api, kubelet):
     strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     kube_api.install(deployment(replicas=2, strategy=strategy))
     wait_rollout(kube_api, kubelet, 2, 0)
-    d = kube_api.get(*DEPLOYMENTS, NS, "web")
-    d["spec"]["template"]["spec"]["containers"][0]["image"] = "i:2"
-    kube_api.call(lambda: kube_api.store.replace(kube_api.store.kind(*DEPLOYMENTS), NS, "web", d))
+    edit(kube_api, DEPLOYMENTS, "web", set_image("i:2"))
     wait_rollout(kube_api, kubelet, 2, 2)
 
 
 def test_recreate_starts_new_pods_only_once_the_old_are_gone(kube_api, kubelet):
     kube_api.install(deployment(replicas=2, strategy={"type": "Recreate"}, revisionHistoryLimit=0))
     wait_rollout(kube_api, kubelet, 2, 0)
-    d = kube_api.get(*DEPLOYMENTS, NS, "web")
-    d["spec"]["template"]["spec"]["containers"][0]["image"] = "i:2"
-    kube_api.call(lambda: kube_api.store.replace(kube_api.store.kind(*DEPLOYMENTS), NS, "web", d))
+    edit(kube_api, DEPLOYMENTS, "web", set_image("i:2"))
     kubelet.settle()
     pods = kubelet.pods()
     assert len(pods) == 2 and all(p["metadata"].get("deletionTimestamp") for p in pods)
@@ -509,13 +523,7 @@ def test_a_daemonset_runs_one_pod_and_replaces_it_on_a_template_change(kube_api,
     status = kube_api.get("apps", "v1", "daemonsets", NS, "store")["status"]
     assert status["desiredNumberScheduled"] == 1 and status["numberReady"] == 1
     assert status["updatedNumberScheduled"] == 1
-    current = kube_api.get("apps", "v1", "daemonsets", NS, "store")
-    current["spec"]["template"]["spec"]["containers"][0]["image"] = "s:2"
-    kube_api.call(
-        lambda: kube_api.store.replace(
-            kube_api.store.kind("apps", "v1", "daemonsets"), NS, "store", current
-        )
-    )
+    edit(kube_api, ("apps", "v1", "daemonsets"), "store", set_image("s:2"))
     kubelet.settle()
     pods = kubelet.pods()
     old = next(p for p in pods if p["metadata"]["name"] == first["metadata"]["name"])
