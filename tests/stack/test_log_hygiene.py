@@ -37,8 +37,9 @@ def test_no_prompt_or_completion_in_the_stack_logs(stack):
     for response in (whole, streamed, messages, responses):
         assert response.status_code == 200, response.text
     completion = whole.json()["choices"][0]["message"]["content"]
-    # Long enough that finding it in a log cannot be chance.
-    assert len(completion) >= 20, completion
+    # Long enough that finding it in a log cannot be chance (the model may
+    # answer with the tagged word alone: "Ocelot-<12 hex digits>", 19 chars).
+    assert len(completion) >= 16, completion
     logs = [p for p in stack.config.state_dir.rglob("*.log") if p.is_file()]
     assert {p.name for p in logs} >= {"router.log"}, logs
     for path in logs:
