@@ -221,7 +221,10 @@ def _point_dict(**kw):
     return grid(base, **kw)
 
 
-def test_a_two_task_sweep_on_ray_matches_the_runs_in_process():
+def test_a_two_task_sweep_on_ray_matches_the_runs_in_process(monkeypatch, tmp_path):
+    # ray.init writes ~/.ray/auth_token, and every later `ray start` on the
+    # machine then turns token authentication on (tests/operators/test_ray_group).
+    monkeypatch.setenv("HOME", str(tmp_path))
     points = _point_dict(policy=["cost", "round-robin"])
     rows = run_on_ray(points, num_cpus=2)
     assert [r["policy"] for r in rows] == ["cost", "round-robin"]
