@@ -322,17 +322,19 @@ def _pod_templates(obj: dict) -> list[dict]:
     return []
 
 
+def decode_on(nodes: int) -> dict:
+    """One decode replica of 4 GPUs per node over ``nodes`` nodes (2: a LeaderWorkerSet)."""
+    return {
+        "replicas": 1,
+        "nodesPerReplica": nodes,
+        "gpusPerPod": 4,
+        "parallelism": {"tensor": 4 * nodes},
+    }
+
+
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_every_container_has_requests_and_probes(nodes):
-    s = spec(
-        decode={
-            "replicas": 1,
-            "nodesPerReplica": nodes,
-            "gpusPerPod": 4,
-            "parallelism": {"tensor": 4 * nodes},
-        },
-        router={"replicas": 2},
-    )  # two routers: a managed Redis too
+    s = spec(decode=decode_on(nodes), router={"replicas": 2})  # two routers: a managed Redis too
     templates = [t for o in everything(s) for t in _pod_templates(o)]
     names = {c["name"] for t in templates for c in t["spec"]["containers"]}
     assert {"router", "redis", "master", "client", "engine"} <= names
@@ -349,14 +351,7 @@ def test_every_container_has_requests_and_probes(nodes):
 
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_the_pool_service_leaves_a_leaderworkerset_its_own_name(nodes):
-    s = spec(
-        decode={
-            "replicas": 1,
-            "nodesPerReplica": nodes,
-            "gpusPerPod": 4,
-            "parallelism": {"tensor": 4 * nodes},
-        }
-    )
+    s = spec(decode=decode_on(nodes))
     objs = manifests.pool_workload("demo", "prod", parse(s), "decode", 1, POOL_OWNER)
     [workload] = [o for o in objs if o["kind"] != "Service"]
     [service] = [o for o in objs if o["kind"] == "Service"]
