@@ -91,12 +91,19 @@ class LocalPod:
             raise RuntimeError(f"{self.name}: group {self.proc.pid} outlived SIGKILL")
 
 
-def pod_env(container: dict, pod_name: str, extra: dict[str, str]) -> dict[str, str]:
-    """The container's environment as the kubelet builds it (downward API: this host)."""
+def pod_env(container: dict, pod_name: str, home: Path, extra: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it (downward API: this host).
+
+    Each pod gets a HOME of its own, as a container has its own file system:
+    Ray keeps state there (``~/.ray/auth_token`` turns token authentication on
+    for every later ``ray start``), and a user's own Ray must not leak in.
+    """
+    home.mkdir(parents=True, exist_ok=True)
     env = dict(
         os.environ,
         PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         PYTHONPATH=str(REPO),
+        HOME=str(home),
         **extra,
     )
     fields = {"status.podIP": "127.0.0.1", "metadata.name": pod_name}
@@ -151,7 +158,12 @@ def start_group(
     name = lws["metadata"]["name"]
     lws_env = {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_GROUP_SIZE": "2", "RAY_TMPDIR": ray_tmp}
 
-    env = pod_env(leader, f"{name}-0", {**lws_env, "LWS_WORKER_INDEX": "0", **(leader_env or {})})
+    env = pod_env(
+        leader,
+        f"{name}-0",
+        Path(ray_tmp) / "home-leader",
+        {**lws_env, "LWS_WORKER_INDEX": "0", **(leader_env or {})},
+    )
     script = move_ports(
         kubelet_expand(leader["args"][0], env),
         {
@@ -170,7 +182,12 @@ def start_group(
     )
     head = LocalPod("leader", script, env, log_dir / "leader.log")
 
-    env = pod_env(worker, f"{name}-0-1", {**lws_env, "LWS_WORKER_INDEX": "1", **(worker_env or {})})
+    env = pod_env(
+        worker,
+        f"{name}-0-1",
+        Path(ray_tmp) / "home-worker",
+        {**lws_env, "LWS_WORKER_INDEX": "1", **(worker_env or {})},
+    )
     script = move_ports(kubelet_expand(worker["args"][0], env), {manifests.RAY_PORT: gcs})
     script = script.replace(
         "ray start", f"ray start --dashboard-agent-listen-port={worker_agent}", 1
