@@ -13,7 +13,7 @@ import pytest
 from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
 from sim.cli import main as sim_main
 from sim.cluster import ClusterConfig, Simulation, Traffic
-from sim.costs import StepModel, fit_decode, fit_prefill
+from sim.costs import DEFAULT_STEP_SHARE, StepModel, fit_decode, fit_prefill
 from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
     CPU_PROFILES,
@@ -122,7 +122,11 @@ def test_shipped_cpu_profiles_fit_their_figures():
     # the decode note: 16 sequences at 365 tokens/s on 2 cores -> twice the step on 1
     d = profiles["decode"].points[0]
     context = 16 * (d.mean_input_tokens + d.mean_output_tokens / 2)
-    assert model.decode_s(16, int(context)) == pytest.approx(2 * 16 / 365.0, rel=0.01)
+    assert model.step([], 16, int(context)) == pytest.approx(2 * 16 / 365.0, rel=0.01)
+    # one load level: the step's fixed share is a parameter, a batch of one pays it
+    assert model.step([], 1, int(context / 16)) == pytest.approx(
+        2 * 16 / 365.0 * (DEFAULT_STEP_SHARE + (1 - DEFAULT_STEP_SHARE) / 16), rel=0.01
+    )
 
 
 def test_published_gpu_profiles_fit():
