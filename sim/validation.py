@@ -25,6 +25,9 @@ from sim.defaults import CPU_BLOCK_BYTES_PER_TOKEN
 from sim.sweep import model_fields, run_point
 
 MEASURED = Path(__file__).parent / "measured.json"
+# The stack's store: a 2 GB RAM pool (StackConfig.kv_store_pool) of 128-token
+# blocks of SmolLM2-135M in float32.
+STORE_BLOCKS = 2_000_000_000 // (128 * CPU_BLOCK_BYTES_PER_TOKEN)
 HIT_POINTS = 3.0  # the bounds
 TTFT_RATIO = 0.25
 
