@@ -84,6 +84,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="P/D: below this many uncached tokens the decode pod prefills",
     )
     t = p.add_argument_group("traffic (tandem.workload's generator, played as the replay client)")
+    t.add_argument(
+        "--trace",
+        default=None,
+        help="AgentX-format trace file or folder to replay (instead of generating one)",
+    )
     t.add_argument("--trace-profile", default="small", help="generator profile: small or agentx")
     t.add_argument("--turns-median", type=float, default=4.0, help="median turns per session")
     t.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
@@ -106,6 +111,7 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "store_gbps": a.store_gbps,
         "store_latency_ms": a.store_latency_ms,
         "remote_prefill_threshold": a.remote_prefill_threshold,
+        "trace_file": a.trace,
         "trace_profile": a.trace_profile,
         "turns_median": a.turns_median,
         "think_scale": a.think_scale,

@@ -28,11 +28,12 @@ from tandem.workload.generate import generate as generate_trace
 from tandem.workload.generate import params_for
 from tandem.workload.metrics import percentile
 from tandem.workload.trace import Request, Session, Subagent
+from tandem.workload.trace import load as load_trace
 
 
 @dataclass(frozen=True)
 class Traffic:
-    """The agentic trace (``tandem.workload.generate``) and how it is played:
+    """The agentic trace (``tandem.workload.generate``, or AgentX files) and how it is played:
     ``concurrency`` session lanes (0: every session at once), think times
     scaled by ``think_scale``, as the replay client plays it."""
 
@@ -43,8 +44,13 @@ class Traffic:
     think_scale: float = 0.2
     concurrency: int = 4
     overrides: tuple[tuple[str, Any], ...] = ()  # other generator parameters
+    # AgentX-format trace files (a .json/.jsonl file or a folder of them):
+    # replayed as they are instead of generated.
+    trace_file: str | None = None
 
     def generate(self) -> list[Session]:
+        if self.trace_file:
+            return load_trace(self.trace_file)
         return generate_trace(
             params_for(
                 self.profile,

@@ -271,3 +271,17 @@ def test_a_request_that_cannot_grow_preempts_the_newest_and_it_recomputes():
     assert [j for j, _ in done] == jobs
     assert jobs[0].preemptions == 0 and jobs[1].preemptions == 1
     assert engine.kv.used() == 0 and sorted(stored) == [10, 11]
+
+
+def test_an_agentx_file_replays_as_the_generated_trace_it_holds(tmp_path, capsys):
+    from tandem.workload.trace import dump
+
+    traffic = Traffic(sessions=3)
+    path = dump(traffic.generate(), tmp_path / "trace.jsonl")
+    from_file = Simulation(_small(), replace(traffic, trace_file=str(path))).run()
+    generated = Simulation(_small(), traffic).run()
+    assert {k: v for k, v in from_file.items() if k != "wall_s"} == {
+        k: v for k, v in generated.items() if k != "wall_s"
+    }
+    assert sim_main(["run", "--trace", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == from_file["requests"]
