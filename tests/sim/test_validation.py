@@ -12,10 +12,15 @@ from sim import validation
 from sim.cli import main as sim_main
 from sim.defaults import fitted_model
 
-# Outside the bounds today, each with how far (sim/README.md, "Validation"):
-# ample KV, 4 sessions, TTFT p50 — the measured p50 itself ranged
-# 0.94–1.17 s over four runs of that regime.
-KNOWN_OUTSIDE = {("4 sessions, 182 blocks", "cost", "p50"): 0.35}
+# Outside the bounds today, each with how far it may be (sim/README.md,
+# "Validation"): ample KV, 4 sessions, TTFT p50 — the measured p50 itself
+# ranged 0.94–1.17 s over four runs of that regime; the 10-session runs'
+# p50, measured on a machine at load averages 18–70.
+KNOWN_OUTSIDE = {
+    ("4 sessions, 182 blocks", "cost", "p50"): 0.35,
+    ("10 sessions, 64 blocks", "cost", "p50"): 0.45,
+    ("10 sessions, 64 blocks", "round-robin", "p50"): 0.7,
+}
 
 
 @pytest.fixture(scope="module")
