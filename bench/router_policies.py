@@ -165,12 +165,13 @@ class PolicyBench:
         blocks = (
             [] if regime.kv_blocks is None else ["--num-gpu-blocks-override", str(regime.kv_blocks)]
         )
-        # No KV store: this compares routers, so a miss is a recompute for all.
+        # No KV store unless asked: this compares routers, so a miss is a
+        # recompute for all (the Rust routers' vLLM servers have no store).
         return StackConfig(
             prefill=0,
             decode=0,
             aggregated=self.a.engines,
-            kv_store=False,
+            kv_store=self.a.kv_store,
             router=False,
             kv_cache_gib=1,
             max_model_len=self.a.max_model_len,
@@ -482,6 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
         "share state through a redis-server this starts; the Rust "
         "routers' replicas share nothing",
     )
+    ap.add_argument(
+        "--kv-store",
+        action="store_true",
+        help="Tandem's engines share the KV store (Tandem contenders only: "
+        "the Rust routers' vLLM servers run without one)",
+    )
     ap.add_argument("--concurrency", type=int, default=4, help="agent lanes (default 4)")
     ap.add_argument("--sessions", type=int, default=4, help="sessions of the small profile")
     ap.add_argument("--turns-median", type=float, default=4, help="median turns per session")
@@ -511,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in chosen if n not in regimes] + [c for c in contenders if c not in by_name]
     if min(a.repeat, a.engines, a.replicas) < 1:
         print("--repeat, --engines and --replicas must be at least 1", file=sys.stderr)
+        return 2
+    if a.kv_store and any(by_name[c].router != "tandem" for c in contenders if c in by_name):
+        print("--kv-store: Tandem contenders only", file=sys.stderr)
         return 2
     if unknown:
         print(

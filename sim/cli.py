@@ -3,6 +3,7 @@ and cost models fitted from engine profiles (sim/README.md).
 
     tandem sim run     one configuration: prefix hit rate, TTFT, interactivity, tok/s per GPU
     tandem sim sweep   a grid of configurations as Ray tasks: one CSV, a table, a plot
+    tandem sim validate  the measured runs of sim/measured.json simulated: off by how much
 
 Pods are N (aggregated) or xPyD (prefill and decode). Speeds come from
 engine profiles (`--profiles`, ConfigMaps as `tandem profile` writes them or
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.router.routing.strategies import POLICIES
+from sim import validation
 from sim.defaults import CPU_BLOCK_BYTES_PER_TOKEN, CPU_PROFILES, fitted_model
 from sim.sweep import grid, model_fields, parse_pods, plot, run_on_ray, run_point, table, write_csv
 
@@ -82,6 +84,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="P/D: below this many uncached tokens the decode pod prefills",
     )
     t = p.add_argument_group("traffic (tandem.workload's generator, played as the replay client)")
+    t.add_argument(
+        "--trace",
+        default=None,
+        help="AgentX-format trace file or folder to replay (instead of generating one)",
+    )
     t.add_argument("--trace-profile", default="small", help="generator profile: small or agentx")
     t.add_argument("--turns-median", type=float, default=4.0, help="median turns per session")
     t.add_argument("--think-scale", type=float, default=0.2, help="think time multiplier")
@@ -104,6 +111,7 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "store_gbps": a.store_gbps,
         "store_latency_ms": a.store_latency_ms,
         "remote_prefill_threshold": a.remote_prefill_threshold,
+        "trace_file": a.trace,
         "trace_profile": a.trace_profile,
         "turns_median": a.turns_median,
         "think_scale": a.think_scale,
@@ -147,6 +155,30 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     if not a.no_plot:
         print(f"plot: {plot(rows, out / 'sweep.png')}", file=sys.stderr)
     return 0
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    measured = validation.load_measured(a.measured)
+    model = fitted_model(a.profiles)
+    if a.calibrate_on:
+        sessions, blocks = a.calibrate_on
+        on = [m for m in measured if (m.sessions, m.kv_blocks) == (sessions, blocks)]
+        if not on:
+            raise ValueError(f"no measured run of {sessions} sessions and {blocks} blocks")
+        prefill, decode = validation.calibrate(on, model, a.store_blocks)
+        print(f"calibrated on {on[0].regime}: prefill {prefill:.2f}x, decode {decode:.2f}x slower")
+        model = validation.slowed(model, prefill, decode)
+    rows = validation.compare(measured, model, a.store_blocks)
+    print(json.dumps(validation.to_json(rows), indent=1) if a.json else validation.table(rows))
+    return 0
+
+
+def _regime(text: str) -> tuple[int, int]:
+    try:
+        sessions, blocks = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write SESSIONS,BLOCKS, e.g. 10,64") from None
+    return sessions, blocks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,6 +225,31 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-plot", action="store_true", help="write no plot")
     add_common(sweep)
     sweep.set_defaults(func=cmd_sweep)
+
+    val = sub.add_parser(
+        "validate",
+        help="simulate the measured runs and say how far off the simulation is",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    val.add_argument(
+        "--measured", type=Path, default=validation.MEASURED, help="measured runs (JSON)"
+    )
+    val.add_argument("--profiles", type=Path, default=CPU_PROFILES, help="engine profiles (YAML)")
+    val.add_argument(
+        "--store-blocks",
+        type=int,
+        default=validation.STORE_BLOCKS,
+        help="the store's capacity in blocks, for runs with the store",
+    )
+    val.add_argument(
+        "--calibrate-on",
+        type=_regime,
+        default=None,
+        help="SESSIONS,BLOCKS: first slow the engines down to the speed those runs "
+        "measured (a loaded machine), then simulate them all",
+    )
+    val.add_argument("--json", action="store_true", help="print the rows as JSON")
+    val.set_defaults(func=cmd_validate)
     return parser
 
 

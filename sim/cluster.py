@@ -28,11 +28,12 @@ from tandem.workload.generate import generate as generate_trace
 from tandem.workload.generate import params_for
 from tandem.workload.metrics import percentile
 from tandem.workload.trace import Request, Session, Subagent
+from tandem.workload.trace import load as load_trace
 
 
 @dataclass(frozen=True)
 class Traffic:
-    """The agentic trace (``tandem.workload.generate``) and how it is played:
+    """The agentic trace (``tandem.workload.generate``, or AgentX files) and how it is played:
     ``concurrency`` session lanes (0: every session at once), think times
     scaled by ``think_scale``, as the replay client plays it."""
 
@@ -43,8 +44,13 @@ class Traffic:
     think_scale: float = 0.2
     concurrency: int = 4
     overrides: tuple[tuple[str, Any], ...] = ()  # other generator parameters
+    # AgentX-format trace files (a .json/.jsonl file or a folder of them):
+    # replayed as they are instead of generated.
+    trace_file: str | None = None
 
     def generate(self) -> list[Session]:
+        if self.trace_file:
+            return load_trace(self.trace_file)
         return generate_trace(
             params_for(
                 self.profile,
@@ -139,19 +145,64 @@ class Simulation:
         for name, role in config.pods:
             # "sim": the pod publishes KV events (the index's short prediction TTL)
             self.core.add_pod(PodSpec(name, role, kv_events="sim"))
-            self.engines[name] = Engine(
-                name,
-                config.engine,
-                config.model,
-                self.loop,
-                self.core.index.stored,
-                self.core.index.removed,
-                self.store,
-                config.link,
-            )
+            self.engines[name] = self._engine(name)
         self.bindings: dict[str, Binding] = {}
         self.records: list[Record] = []
         self.active_lanes = 0
+        self.roles = dict(config.pods)
+        self.draining: set[str] = set()
+        self.gpu_seconds = 0.0  # pods × time, counted as pods come and go
+        self._pods_since = 0.0
+
+    # ----- pods coming and going (a controller resizing pools) ---------------
+    def _count_gpus(self) -> None:
+        now = self.loop.now
+        self.gpu_seconds += (now - self._pods_since) * len(self.engines) * self.config.gpus_per_pod
+        self._pods_since = now
+
+    def pods_of(self, role: Role) -> list[str]:
+        """The pods of a role that are not going away (starting ones included)."""
+        return [n for n, r in self.roles.items() if r == role and n not in self.draining]
+
+    def add_pod(self, role: Role, start_s: float) -> str:
+        """A new pod of ``role``: it holds its GPUs at once and takes work
+        after ``start_s`` (its engine's start)."""
+        prefix = {Role.BOTH: "agg", Role.PREFILL: "prefill", Role.DECODE: "decode"}[role]
+        i = sum(1 for n in self.roles if n.startswith(prefix + "-"))
+        name = f"{prefix}-{i}"
+        self._count_gpus()
+        self.roles[name] = role
+        self.engines[name] = self._engine(name)
+        self.loop.after(start_s, lambda: self._started(name, role))
+        return name
+
+    def _started(self, name: str, role: Role) -> None:
+        self.core.add_pod(PodSpec(name, role, kv_events="sim"))
+        if name in self.draining:  # drained before it started
+            self.core.set_draining(name)
+
+    def drain_pod(self, name: str) -> None:
+        """The pod takes no new work and goes once what it runs has finished."""
+        self.draining.add(name)
+        if name in self.core.pods:
+            self.core.set_draining(name)
+        self._remove_when_idle(name)
+
+    def _remove_when_idle(self, name: str) -> None:
+        engine = self.engines[name]
+        if engine.running or engine.waiting or name not in self.core.pods:
+            self.loop.after(self.config.poll_interval_s, lambda: self._remove_when_idle(name))
+            return
+        self._count_gpus()
+        self.core.remove_pod(name)
+        del self.engines[name]
+
+    def _engine(self, name: str) -> Engine:
+        c = self.config
+        index = self.core.index
+        return Engine(
+            name, c.engine, c.model, self.loop, index.stored, index.removed, self.store, c.link
+        )
 
     # ----- router side ------------------------------------------------------
     def _poll(self) -> None:
@@ -306,7 +357,8 @@ class Simulation:
         per_token = [(r.end - r.arrival) / max(1, r.out_tokens) for r in recs]  # type: ignore[operator]
         span = max((r.end for r in recs), default=0.0)  # type: ignore[type-var]
         out = sum(r.out_tokens for r in recs)
-        gpus = len(self.engines) * self.config.gpus_per_pod
+        self._count_gpus()
+        mean_gpus = self.gpu_seconds / self.loop.now if self.loop.now else 0.0
         p90_per_token = percentile(per_token, 90)
         busy = {n: e.busy_s for n, e in self.engines.items()}
         return {
@@ -316,7 +368,9 @@ class Simulation:
             "ttft_p90_s": percentile(ttft, 90),
             "interactivity_p90": 1.0 / p90_per_token if p90_per_token else math.nan,
             "output_tok_s": out / span if span else 0.0,
-            "output_tok_s_per_gpu": out / span / gpus if span else 0.0,
+            "output_tok_s_per_gpu": out / span / mean_gpus if span else 0.0,
+            "requests_per_s": len(recs) / span if span else 0.0,
+            "mean_gpus": mean_gpus,
             "local_prefills": sum(1 for r in recs if r.prefill_pod is None),
             "sim_time_s": span,
             "utilization": sum(busy.values()) / (span * len(busy)) if span else 0.0,

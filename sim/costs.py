@@ -30,6 +30,10 @@ from operators.planner.profiles import EngineProfile, ProfilePoint
 # when nothing else is known (attention against MLP for a small model at a few
 # thousand tokens of context).
 DEFAULT_CTX_SHARE = 0.25
+# The fixed share of a decode step at a one-level profile's batch (scheduling,
+# sampling and the launch of every layer, paid once per step whatever the
+# batch): see sim/README.md, "Validation", for the runs that set it.
+DEFAULT_STEP_SHARE = 0.7
 
 
 @dataclass(frozen=True)
@@ -126,14 +130,19 @@ def fit_prefill(
 
 
 def fit_decode(
-    profile: EngineProfile, base: StepModel | None = None, ctx_share: float = DEFAULT_CTX_SHARE
+    profile: EngineProfile,
+    base: StepModel | None = None,
+    ctx_share: float = DEFAULT_CTX_SHARE,
+    step_share: float = DEFAULT_STEP_SHARE,
 ) -> StepModel:
     """The decode side of ``base``: a decode step of B sequences takes
     ``step_s + B × seq_s`` (context folded in at the profile's mean context),
     least squares over the points that give inter-token latency and requests
-    in flight (one point: the step cost is all per sequence)."""
+    in flight (one point: ``step_share`` of its step is the fixed cost)."""
     if not 0.0 <= ctx_share < 1.0:
         raise ValueError(f"ctx_share {ctx_share}: must be in [0, 1)")
+    if not 0.0 <= step_share < 1.0:
+        raise ValueError(f"step_share {step_share}: must be in [0, 1)")
     pts = [p for p in profile.points if p.itl_s and (p.in_flight or p.concurrency)]
     if not pts:
         raise ValueError(f"profile {profile.config.name}: no point gives itl_s")
@@ -145,7 +154,11 @@ def fit_decode(
         slope = max(slope, 1e-9)
         step_s = max(0.0, my - slope * mx)
     else:
-        slope, step_s = ys[0] / xs[0], 0.0
+        # One load level cannot separate the step's fixed cost from its
+        # per-sequence cost: ``step_share`` says which share of the measured
+        # step is fixed.
+        step_s = step_share * ys[0]
+        slope = (ys[0] - step_s) / xs[0]
     p = saturated(profile)
     context = p.mean_input_tokens + p.mean_output_tokens / 2.0
     return replace(
@@ -157,10 +170,14 @@ def fit_decode(
 
 
 def fit_engine(
-    prefill: EngineProfile, decode: EngineProfile, ctx_share: float = DEFAULT_CTX_SHARE
+    prefill: EngineProfile,
+    decode: EngineProfile,
+    ctx_share: float = DEFAULT_CTX_SHARE,
+    step_share: float = DEFAULT_STEP_SHARE,
 ) -> StepModel:
     """One engine's step model: decode side from ``decode``, prompt side from ``prefill``."""
-    return fit_prefill(prefill, fit_decode(decode, ctx_share=ctx_share), ctx_share)
+    decode_side = fit_decode(decode, ctx_share=ctx_share, step_share=step_share)
+    return fit_prefill(prefill, decode_side, ctx_share)
 
 
 def per_gpu(model: StepModel, profile: EngineProfile, gpus: int) -> StepModel:

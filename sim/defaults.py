@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from operators.planner.profiles import EngineProfile, profiles_from_yaml
-from sim.costs import StepModel, fit_engine, per_gpu
+from sim.costs import DEFAULT_CTX_SHARE, DEFAULT_STEP_SHARE, StepModel, fit_engine, per_gpu
 
 PROFILES = Path(__file__).parent / "profiles"
 CPU_PROFILES = PROFILES / "cpu-smollm2.yaml"
@@ -20,7 +20,12 @@ def load_profiles(path: Path) -> dict[str, EngineProfile]:
     return {p.config.role: p for p in profiles_from_yaml(path.read_text())}
 
 
-def fitted_model(profiles: Path = CPU_PROFILES, gpus_per_pod: int = 1) -> StepModel:
+def fitted_model(
+    profiles: Path = CPU_PROFILES,
+    gpus_per_pod: int = 1,
+    ctx_share: float = DEFAULT_CTX_SHARE,
+    step_share: float = DEFAULT_STEP_SHARE,
+) -> StepModel:
     """The step model of one pod on ``gpus_per_pod`` GPUs (cores on CPU), from
     the prefill and the decode profile of a file, each side scaled from the
     GPUs its own profile ran on."""
@@ -29,7 +34,7 @@ def fitted_model(profiles: Path = CPU_PROFILES, gpus_per_pod: int = 1) -> StepMo
     if missing:
         raise ValueError(f"{profiles}: no {' or '.join(sorted(missing))} profile")
     prefill, decode = found["prefill"], found["decode"]
-    model = fit_engine(prefill, decode)
+    model = fit_engine(prefill, decode, ctx_share, step_share)
     p_side = per_gpu(model, prefill, gpus_per_pod)
     d_side = per_gpu(model, decode, gpus_per_pod)
     return StepModel(

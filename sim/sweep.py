@@ -85,6 +85,7 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
         seed=point["seed"],
         think_scale=point["think_scale"],
         concurrency=point["concurrency"],
+        trace_file=point.get("trace_file"),
     )
     return config, traffic
 

@@ -9,7 +9,7 @@
                      (`tandem profile --role prefill|decode|aggregated --url URL`)
     tandem cluster   up|down|status: a local cluster to try the operator and chart on
                      (a test bed, not a Kubernetes; devcluster/)
-    tandem sim       run|sweep: the cluster simulated at scales this machine cannot run,
+    tandem sim       run|sweep|validate: the cluster simulated at scales this machine cannot run,
                      the router's routing core inside, sweeps on Ray (sim/)
 
 The benchmarks are not part of the product: in a checkout, `python -m bench`.

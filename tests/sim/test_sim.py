@@ -13,7 +13,7 @@ import pytest
 from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
 from sim.cli import main as sim_main
 from sim.cluster import ClusterConfig, Simulation, Traffic
-from sim.costs import StepModel, fit_decode, fit_prefill
+from sim.costs import DEFAULT_STEP_SHARE, StepModel, fit_decode, fit_prefill
 from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
     CPU_PROFILES,
@@ -122,7 +122,11 @@ def test_shipped_cpu_profiles_fit_their_figures():
     # the decode note: 16 sequences at 365 tokens/s on 2 cores -> twice the step on 1
     d = profiles["decode"].points[0]
     context = 16 * (d.mean_input_tokens + d.mean_output_tokens / 2)
-    assert model.decode_s(16, int(context)) == pytest.approx(2 * 16 / 365.0, rel=0.01)
+    assert model.step([], 16, int(context)) == pytest.approx(2 * 16 / 365.0, rel=0.01)
+    # one load level: the step's fixed share is a parameter, a batch of one pays it
+    assert model.step([], 1, int(context / 16)) == pytest.approx(
+        2 * 16 / 365.0 * (DEFAULT_STEP_SHARE + (1 - DEFAULT_STEP_SHARE) / 16), rel=0.01
+    )
 
 
 def test_published_gpu_profiles_fit():
@@ -267,3 +271,17 @@ def test_a_request_that_cannot_grow_preempts_the_newest_and_it_recomputes():
     assert [j for j, _ in done] == jobs
     assert jobs[0].preemptions == 0 and jobs[1].preemptions == 1
     assert engine.kv.used() == 0 and sorted(stored) == [10, 11]
+
+
+def test_an_agentx_file_replays_as_the_generated_trace_it_holds(tmp_path, capsys):
+    from tandem.workload.trace import dump
+
+    traffic = Traffic(sessions=3)
+    path = dump(traffic.generate(), tmp_path / "trace.jsonl")
+    from_file = Simulation(_small(), replace(traffic, trace_file=str(path))).run()
+    generated = Simulation(_small(), traffic).run()
+    assert {k: v for k, v in from_file.items() if k != "wall_s"} == {
+        k: v for k, v in generated.items() if k != "wall_s"
+    }
+    assert sim_main(["run", "--trace", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == from_file["requests"]
