@@ -282,7 +282,7 @@ def test_commands_compose_as_kubernetes_does():
     assert image_repository("redis") == "redis"
     # `args` alone go after the image's ENTRYPOINT; `command` replaces it.
     redis = {"name": "r", "image": "docker.io/library/redis:7", "args": ["--port", "$(A)"]}
-    assert argv_of(redis, env) == ["redis-server", "--port", "1"]
+    assert argv_of(redis, env) == ["redis-server", "--protected-mode", "no", "--port", "1"]
     tandem = {"name": "t", "image": "ghcr.io/tandem-serving/tandem:1"}
     assert argv_of(tandem, env) == ["tandem", "--help"]
     assert argv_of({**tandem, "command": ["python"], "args": ["-V"]}, env) == ["python", "-V"]
