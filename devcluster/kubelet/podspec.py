@@ -6,7 +6,8 @@ the project's virtualenv's bin first on PATH. IMAGES maps an image repository
 composed with the container's `command`/`args` as Kubernetes does, and ENV
 (PYTHONUNBUFFERED and kin, under the pod's own env; Tandem's images also get
 PYTHONPATH=the checkout the cluster runs from, so pods run its code). A
-container of an image not listed needs a `command`.
+container of an image not listed needs a `command`. Redis's runs with
+`--protected-mode no`, the image's own build default.
 
 | image repository             | ENTRYPOINT     | CMD                    | from                    |
 |------------------------------|----------------|------------------------|-------------------------|
@@ -25,12 +26,14 @@ from typing import Any
 
 _UNBUFFERED = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 # repository → (ENTRYPOINT, CMD, ENV); docker/*.Dockerfile for Tandem's. Redis's
-# entrypoint script runs `redis-server "$@"` when the first argument is a flag.
+# entrypoint script runs `redis-server "$@"` when the first argument is a flag,
+# and the image builds redis-server with protected mode off by default (other
+# pods reach it without a password); the host's redis-server has it on.
 IMAGES: dict[str, tuple[list[str], list[str], dict[str, str]]] = {
     "tandem-serving/tandem": ([], ["tandem", "--help"], _UNBUFFERED),
     "tandem-serving/tandem-engine": ([], ["tandem-engine", "--help"], {"PYTHONUNBUFFERED": "1"}),
-    "library/redis": (["redis-server"], [], {}),
-    "redis": (["redis-server"], [], {}),
+    "library/redis": (["redis-server", "--protected-mode", "no"], [], {}),
+    "redis": (["redis-server", "--protected-mode", "no"], [], {}),
     "library/python": ([], ["python3"], {}),
     "python": ([], ["python3"], {}),
 }

@@ -2,8 +2,10 @@
 
 Every router replica counts, per pool role, the prompts it had computed
 (tokens, cached tokens), the generations finished (output tokens), and the
-seconds requests spent in the pool (``tandem_router_pool_*``). Two scrapes of
-every replica give a window; summed over replicas:
+seconds requests spent in the pool (``tandem_router_pool_*``). The scrapes of
+every replica over the last few intervals give a window (as Prometheus'
+``increase()`` over a range: a rate between two consecutive scrapes moves with
+every scrape's jitter); summed over replicas:
 
 * demand: finished generations / s, mean prompt and output tokens, the
   fleet's prefix hit rate (cached / prompt tokens);
@@ -16,8 +18,9 @@ A replica whose counters went down restarted: its window counts from zero.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from itertools import pairwise
 
 from .efficiency import PoolMeasurement
 from .profiles import PoolRole
@@ -65,28 +68,60 @@ class RouterSample:
 
 @dataclass(frozen=True)
 class Window:
-    """What every replica counted between two scrapes, summed."""
+    """What every replica counted over a span of scrapes, summed."""
 
     seconds: float
     pools: Mapping[PoolRole, PoolCounters]
 
 
-def window(before: Mapping[str, RouterSample], after: Mapping[str, RouterSample]) -> Window | None:
-    """The window between two scrape rounds (replica → sample); replicas seen
-    only in the later round count from zero. None when no time passed."""
+# A scrape round: each replica's latest sample (replica → sample).
+Round = Mapping[str, RouterSample]
+
+
+def window(rounds: Sequence[Round]) -> Window | None:
+    """The counts from the first round to the last: the increases between
+    consecutive rounds summed, so a replica that restarts mid-span loses only
+    what it counted in that one interval; a replica absent from a round counts
+    from zero in the next. Seconds: the longest span of a replica present in
+    the first round and the last. None when no time passed."""
     totals: dict[PoolRole, PoolCounters] = {}
-    spans = []
-    for replica, now in after.items():
-        then = before.get(replica)
-        if then is not None:
-            spans.append(now.at - then.at)
-        for role, counters in now.pools.items():
-            earlier = then.pools.get(role, PoolCounters()) if then else PoolCounters()
-            totals[role] = totals.get(role, PoolCounters()).plus(counters.minus(earlier))
-    seconds = max(spans, default=0.0)
+    for before, after in pairwise(rounds):
+        for replica, now in after.items():
+            then = before.get(replica)
+            for role, counters in now.pools.items():
+                earlier = then.pools.get(role, PoolCounters()) if then else PoolCounters()
+                totals[role] = totals.get(role, PoolCounters()).plus(counters.minus(earlier))
+    first, last = (rounds[0], rounds[-1]) if rounds else ({}, {})
+    seconds = max((s.at - first[r].at for r, s in last.items() if r in first), default=0.0)
     if seconds <= 0:
         return None
     return Window(seconds, totals)
+
+
+# Scrape intervals a window spans: Prometheus' rule of thumb for rate() (a
+# range of at least four scrape intervals); the live loop's default tick of
+# 15 s makes it a minute.
+RATE_INTERVALS = 4
+
+
+@dataclass(frozen=True)
+class ScrapeHistory:
+    """The last ``intervals`` + 1 scrape rounds; a window once it spans them all."""
+
+    intervals: int = RATE_INTERVALS
+    rounds: tuple[Round, ...] = ()
+
+    def add(self, samples: Round, replicas: Collection[str]) -> ScrapeHistory:
+        """This round's samples; a replica that did not answer keeps its last
+        sample, one no longer among ``replicas`` is forgotten (a new pod at the
+        same address starts from zero anyway)."""
+        latest = {**(self.rounds[-1] if self.rounds else {}), **samples}
+        kept = {r: s for r, s in latest.items() if r in replicas}
+        return replace(self, rounds=(*self.rounds, kept)[-(self.intervals + 1) :])
+
+    def window(self) -> Window | None:
+        """None until the rounds span ``intervals`` scrape intervals."""
+        return window(self.rounds) if len(self.rounds) > self.intervals else None
 
 
 def demand_of(w: Window) -> Demand | None:

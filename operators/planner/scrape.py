@@ -1,19 +1,30 @@
 """Metrics sources for the live loop: the routers' own ``/metrics`` scraped
 directly (the default: works without a Prometheus), or a Prometheus server's
-HTTP API. Both yield a ``demand.Window``; the arithmetic is in ``demand.py``.
+HTTP API. Both yield a ``demand.Window`` over a span of scrapes (a rate
+between two consecutive scrapes moves with every scrape's timing); the
+arithmetic is in ``demand.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .demand import COUNTERS, POOL_OF_LABEL, PoolCounters, RouterSample, Window, window
+from .demand import (
+    COUNTERS,
+    POOL_OF_LABEL,
+    RATE_INTERVALS,
+    PoolCounters,
+    RouterSample,
+    ScrapeHistory,
+    Window,
+)
 from .profiles import PoolRole
 
 log = logging.getLogger(__name__)
@@ -24,7 +35,7 @@ _METRICS: Mapping[str, str] = {f"tandem_router_pool_{c}": c for c in COUNTERS}
 
 class MetricsSource(Protocol):
     async def window(self, now: float) -> Window | None:
-        """Counts since the previous call (or over the source's own window)."""
+        """Counts over the source's window, ending about ``now``."""
         ...
 
     async def aclose(self) -> None: ...
@@ -48,32 +59,38 @@ def parse_router_metrics(text: str, at: float) -> RouterSample:
 
 class RouterScrapeSource:
     """Scrapes every router replica's ``/metrics`` at once; each call returns
-    the window since the previous one. ``urls`` is read on every call (router
-    pods come and go). A replica that does not answer within ``timeout_s`` is
-    left out of this round (the others are not kept waiting) and counts from
-    its last sample when it is back."""
+    the window over the last ``intervals`` calls (none until there are that
+    many). Each sample is stamped with ``clock()`` when its answer arrived, not
+    with the tick's ``now``: under load a tick can reach the scrape a varying
+    while after it starts. ``urls`` is read on every call (router pods come and
+    go). A replica that does not answer within ``timeout_s`` is left out of
+    this round (the others are not kept waiting) and counts from its last
+    sample when it is back."""
 
     def __init__(
         self,
         urls: Sequence[str] | None = None,
         client: httpx.AsyncClient | None = None,
         timeout_s: float = 5.0,
+        intervals: int = RATE_INTERVALS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.urls = list(urls or [])
         self.timeout_s = timeout_s
+        self.clock = clock
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
-        self._last: dict[str, RouterSample] = {}
+        self._history = ScrapeHistory(intervals)
         # The replicas the last round could not read, with why.
         self.failures: dict[str, str] = {}
 
-    async def sample(self, url: str, at: float) -> RouterSample:
+    async def sample(self, url: str) -> RouterSample:
         r = await self._client.get(url.rstrip("/") + "/metrics")
         r.raise_for_status()
-        return parse_router_metrics(r.text, at)
+        return parse_router_metrics(r.text, self.clock())
 
-    async def _sample_or_why(self, url: str, at: float) -> RouterSample | str:
+    async def _sample_or_why(self, url: str) -> RouterSample | str:
         try:
-            return await asyncio.wait_for(self.sample(url, at), self.timeout_s)
+            return await asyncio.wait_for(self.sample(url), self.timeout_s)
         except TimeoutError:
             return f"no answer within {self.timeout_s:g} s"
         except (httpx.HTTPError, ValueError) as exc:
@@ -81,7 +98,7 @@ class RouterScrapeSource:
 
     async def window(self, now: float) -> Window | None:
         urls = list(self.urls)
-        results = await asyncio.gather(*(self._sample_or_why(u, now) for u in urls))
+        results = await asyncio.gather(*(self._sample_or_why(u) for u in urls))
         samples: dict[str, RouterSample] = {}
         self.failures = {}
         for url, result in zip(urls, results, strict=True):
@@ -90,12 +107,8 @@ class RouterScrapeSource:
                 self.failures[url] = result
             else:
                 samples[url] = result
-        result_window = window(self._last, samples) if self._last else None
-        self._last = {**self._last, **samples}
-        # Replicas gone from the list are forgotten (a new pod at the same
-        # address starts from zero anyway).
-        self._last = {u: s for u, s in self._last.items() if u in self.urls}
-        return result_window
+        self._history = self._history.add(samples, self.urls)
+        return self._history.window()
 
     async def aclose(self) -> None:
         await self._client.aclose()

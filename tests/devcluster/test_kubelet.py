@@ -11,18 +11,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from devcluster.kubelet.network import NETNS_PREFIX, VETH_PREFIX
 from devcluster.kubelet.podspec import argv_of, expand, image_repository
-from tests.kube.plugin import REPO, kubectl_binary
+from tests.kube.plugin import kubectl_binary
+from tests.localcluster import LocalCluster, down, up
 
 # A bridge and addresses of their own per test process: a user's cluster
 # (tandem0, 10.250.0.0/16) and other pytest-xdist workers may run beside.
@@ -32,67 +31,15 @@ POD_CIDR = f"10.{200 + WORKER}.0.0/16"
 DOWN_CIDR = f"10.{220 + WORKER}.0.0/16"
 
 
-def tandem(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tandem.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-class Cluster:
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.kubeconfig = state / "kubeconfig"
-
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        result = subprocess.run(
-            [kubectl_binary(), "--cache-dir", str(self.state / "kc"), *args],
-            env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)),
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check:
-            assert result.returncode == 0, result.stderr
-        return result.stdout + result.stderr
-
-    def apply(self, *docs: dict) -> None:
-        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
-
-    def pod(self, name: str) -> dict | None:
-        out = self.kubectl("get", "pod", name, "-o", "json", check=False)
-        return json.loads(out) if out.startswith("{") else None
-
-    def wait(self, what: Callable[[], object], timeout: float = 20.0) -> object:
-        deadline = time.monotonic() + timeout
-        while not (result := what()):
-            assert time.monotonic() < deadline, f"timed out; log:\n{self.log()[-3000:]}"
-            time.sleep(0.2)
-        return result
-
-    def log(self) -> str:
-        return (self.state / "devcluster.log").read_text(errors="replace")
-
-
-def up(state: Path) -> subprocess.CompletedProcess:
-    return tandem(
-        "cluster", "up", "--state-dir", str(state), "--bridge", BRIDGE, "--pod-cidr", POD_CIDR
-    )
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     state = tmp_path_factory.mktemp("cluster")
-    started = up(state)
     try:
-        assert started.returncode == 0, started.stderr
-        yield Cluster(state)
+        running = up(state, BRIDGE, POD_CIDR)
+        yield running
+        running.close()
     finally:
-        tandem("cluster", "down", "--state-dir", str(state))
+        down(state)
 
 
 def pod(name: str, container: dict, **spec: object) -> dict:
@@ -109,7 +56,7 @@ def ready(p: dict | None) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def test_pods_reach_each_other_by_service_and_the_host_by_loopback(cluster: Cluster):
+def test_pods_reach_each_other_by_service_and_the_host_by_loopback(cluster: LocalCluster):
     web = {
         "name": "web",
         "image": "python:3.11",
@@ -229,7 +176,7 @@ def test_pods_reach_each_other_by_service_and_the_host_by_loopback(cluster: Clus
     ) == logs
 
 
-def test_liveness_restart_logs_and_graceful_delete(cluster: Cluster, tmp_path: Path):
+def test_liveness_restart_logs_and_graceful_delete(cluster: LocalCluster, tmp_path: Path):
     flag, stopped = tmp_path / "unhealthy", tmp_path / "prestop"
     app = {
         "name": "app",
@@ -276,25 +223,26 @@ def test_liveness_restart_logs_and_graceful_delete(cluster: Cluster, tmp_path: P
         text=True,
     )
     try:
+        # Attached before the delete (kubectl starts slowly on a loaded machine).
+        assert follow.stdout is not None
+        first = follow.stdout.readline()
+        assert first == "run flaky\n"
         # kubectl's delete waits until the object is gone: preStop, SIGTERM, then grace 0.
         started = time.monotonic()
         assert 'pod "flaky" deleted' in cluster.kubectl("delete", "pod", "flaky")
         assert time.monotonic() - started < 20  # it exited on SIGTERM, not at the deadline
         assert cluster.pod("flaky") is None
         assert stopped.read_text() == "ran\n"
-        out, _ = follow.communicate(timeout=10)
-        assert out == "run flaky\ngot SIGTERM\n"  # -f ended when the container did
+        rest, _ = follow.communicate(timeout=10)
+        assert first + rest == "run flaky\ngot SIGTERM\n"  # -f ended when the container did
     finally:
         follow.kill()
 
 
 def test_down_leaves_no_process_namespace_or_link(tmp_path: Path):
     bridge = f"tddown{os.getpid() % 10000}"
-    state = ["--state-dir", str(tmp_path)]
-    started = tandem("cluster", "up", *state, "--bridge", bridge, "--pod-cidr", DOWN_CIDR)
     try:
-        assert started.returncode == 0, started.stderr
-        cluster = Cluster(tmp_path)
+        cluster = up(tmp_path, bridge, DOWN_CIDR)
         sleeper = {"name": "s", "image": "python:3.11", "command": ["sleep", "600"]}
         cluster.apply(pod("sleeper", sleeper))
         running = cluster.wait(
@@ -307,9 +255,10 @@ def test_down_leaves_no_process_namespace_or_link(tmp_path: Path):
         suffix = f"{json.loads((tmp_path / 'cluster.json').read_text())['pid'] % 10000}x"
         assert any(n.startswith(NETNS_PREFIX + suffix) for n in namespaces())
         assert any(n.startswith(VETH_PREFIX + suffix) for n in links())
+        cluster.close()
     finally:
-        down = tandem("cluster", "down", *state)
-    assert down.returncode == 0, down.stderr
+        stopped = down(tmp_path)
+    assert stopped.returncode == 0, stopped.stderr
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert not [n for n in namespaces() if n.startswith(NETNS_PREFIX + suffix)]
@@ -333,7 +282,7 @@ def test_commands_compose_as_kubernetes_does():
     assert image_repository("redis") == "redis"
     # `args` alone go after the image's ENTRYPOINT; `command` replaces it.
     redis = {"name": "r", "image": "docker.io/library/redis:7", "args": ["--port", "$(A)"]}
-    assert argv_of(redis, env) == ["redis-server", "--port", "1"]
+    assert argv_of(redis, env) == ["redis-server", "--protected-mode", "no", "--port", "1"]
     tandem = {"name": "t", "image": "ghcr.io/tandem-serving/tandem:1"}
     assert argv_of(tandem, env) == ["tandem", "--help"]
     assert argv_of({**tandem, "command": ["python"], "args": ["-V"]}, env) == ["python", "-V"]

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import random
 from dataclasses import dataclass, field
 
 import pytest
 
 from operators.planner.actuator import VirtualActuator, VirtualPool
+from operators.planner.demand import PoolCounters, RouterSample, ScrapeHistory, demand_of
 from operators.planner.efficiency import PoolMeasurement
 from operators.planner.loop import Effects, LoopSettings, LoopState, TickInputs, on_tick
 from operators.planner.solver import Demand, Slo
@@ -210,6 +212,35 @@ def test_recommend_never_writes_and_says_what_to_set_once():
     # Pools deployed as recommended meet the demand.
     met = {c.type: c for c in Run(mode="Recommend", prefill=7, decode=3).tick(195.0).conditions}
     assert (met["DemandMet"].status, met["DemandMet"].reason) == ("True", "Met")
+
+
+def recommendations_from_jittered_scrapes(intervals: int) -> list[tuple[int, int]]:
+    """Recommend over a steady 98 req/s (inside the band where the plan is
+    4:2) measured from a router's counters. Each tick stamps its scrape with
+    the tick's time, but the router is read up to 40% of a tick later (the
+    tick reaches the scrape late on a loaded machine): a rate from one
+    interval is off by up to 40%, one over four intervals by 10% at most."""
+    rate, jitter = random.Random(7), 0.4 * TICK
+    run, history, recommended = Run(mode="Recommend"), ScrapeHistory(intervals), []
+    for _ in range(40):
+        read_at = run.now + rate.uniform(0, jitter)
+        served = 98 * read_at
+        counters = PoolCounters(prompts=served, prompt_tokens=served * 2000, generations=served)
+        sample = RouterSample(run.now, {"aggregated": counters})
+        history = history.add({"router": sample}, {"router"})
+        window = history.window()
+        measured = None if window is None else demand_of(window)
+        effects = run.tick(None if measured is None else measured.request_rate)
+        if any(e.reason == "ScalingRecommended" for e in effects.events):
+            replicas = effects.record.replicas
+            recommended.append((replicas["prefill"], replicas["decode"]))
+    return recommended
+
+
+def test_jittered_scrape_times_do_not_change_the_recommendation():
+    # The jitter is enough to move a rate over one interval out of the band.
+    assert len(recommendations_from_jittered_scrapes(intervals=1)) > 1
+    assert recommendations_from_jittered_scrapes(intervals=4) == [(4, 2)]
 
 
 def test_off_decides_nothing():

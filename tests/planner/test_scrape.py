@@ -18,6 +18,7 @@ from bench.router_fakes import MODEL_NAME
 from operators.planner.demand import (
     PoolCounters,
     RouterSample,
+    ScrapeHistory,
     demand_of,
     measurements_of,
     window,
@@ -50,7 +51,7 @@ def test_window_sums_replicas_and_survives_a_restart():
             "decode": PoolCounters(0, 0, 0, 3, 300, 6.0),
         },
     )
-    w = window({"a": a0, "b": b0}, {"a": a1, "b": b1})
+    w = window([{"a": a0, "b": b0}, {"a": a1, "b": b1}])
     assert w.seconds == 10.0
     assert w.pools["prefill"] == PoolCounters(25, 25_000, 12_000, 0, 0, 12.0)
     assert w.pools["decode"] == PoolCounters(0, 0, 0, 23, 2300, 46.0)
@@ -69,14 +70,44 @@ def test_window_sums_replicas_and_survives_a_restart():
 
 def test_nothing_finished_is_no_demand():
     s = RouterSample(0.0, {"decode": PoolCounters()})
-    w = window({"a": s}, {"a": RouterSample(5.0, {"decode": PoolCounters()})})
+    w = window([{"a": s}, {"a": RouterSample(5.0, {"decode": PoolCounters()})}])
     assert demand_of(w) is None
-    assert window({}, {"a": s}) is None
+    assert window([{}, {"a": s}]) is None
+    assert window([]) is None
+
+
+def decoded(at: float, generations: float) -> RouterSample:
+    return RouterSample(at, {"decode": PoolCounters(generations=generations)})
+
+
+def test_a_window_spans_its_rounds_and_a_restart_loses_one_interval_at_most():
+    rounds = [{"a": decoded(0.0, 100)}, {"a": decoded(15.0, 130)}, {"a": decoded(30.0, 160)}]
+    # Restarted between the third round and the fourth: counts from zero there.
+    rounds.append({"a": decoded(45.0, 25)})
+    w = window(rounds)
+    assert w.seconds == 45.0
+    assert w.pools["decode"].generations == 30 + 30 + 25
+
+
+def test_the_history_gives_a_window_once_it_spans_its_intervals():
+    history = ScrapeHistory(intervals=2)
+    history = history.add({"a": decoded(0.0, 0), "b": decoded(0.0, 0)}, {"a", "b"})
+    history = history.add({"a": decoded(10.0, 10), "b": decoded(10.0, 5)}, {"a", "b"})
+    assert history.window() is None
+    # b does not answer: it keeps its last sample. c is new: it counts from zero.
+    history = history.add({"a": decoded(20.0, 20), "c": decoded(20.0, 4)}, {"a", "b", "c"})
+    w = history.window()
+    assert w.seconds == 20.0 and w.pools["decode"].generations == 20 + 5 + 4
+    # The oldest round drops out; b, gone from the replicas, is forgotten.
+    history = history.add({"a": decoded(30.0, 30), "c": decoded(30.0, 8)}, {"a", "c"})
+    w = history.window()
+    assert len(history.rounds) == 3
+    assert w.seconds == 20.0 and w.pools["decode"].generations == 20 + 4 + 4
 
 
 async def test_scraping_a_real_router_gives_the_demand_it_served(fake_router):
     router = fake_router
-    source = RouterScrapeSource([router])
+    source = RouterScrapeSource([router], intervals=1)
     try:
         assert await source.window(time.monotonic()) is None  # the first round only samples
         start = time.monotonic()
@@ -174,7 +205,7 @@ def stand_ins():
 async def test_router_pods_are_scraped_at_once(stand_ins):
     # Each answer waits until all three routers are asked: scraped one after
     # the other, the first would break the barrier and answer 500.
-    source = RouterScrapeSource(stand_ins.urls, timeout_s=20)
+    source = RouterScrapeSource(stand_ins.urls, timeout_s=20, intervals=1)
     try:
         for _ in range(2):
             stand_ins.barrier = threading.Barrier(3, timeout=5)
@@ -187,7 +218,7 @@ async def test_router_pods_are_scraped_at_once(stand_ins):
 
 async def test_a_slow_router_pod_does_not_hold_up_the_others(stand_ins):
     slow = stand_ins.urls[0]
-    source = RouterScrapeSource(stand_ins.urls, timeout_s=0.5)
+    source = RouterScrapeSource(stand_ins.urls, timeout_s=0.5, intervals=1)
     try:
         await source.window(time.monotonic())
         stand_ins.stalled = {slow}
