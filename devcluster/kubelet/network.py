@@ -113,9 +113,13 @@ class Network:
             ip("addr", "add", f"{address}/{self.net.prefixlen}", "dev", "eth0", netns=netns)
             ip("link", "set", "eth0", "up", netns=netns)
             ip("link", "set", "lo", "up", netns=netns)
-            # No default route: nothing leaves the bridge, and a lookup of a name
-            # outside the hosts file fails at once (the resolver on 127.0.0.1
-            # refuses) instead of timing out on the host's nameserver.
+            # A default route via the gateway, as a real pod has: programs find
+            # their own address by "connecting" a UDP socket outward (vLLM's
+            # get_ip; without the route it falls back to 0.0.0.0 and Mooncake
+            # registers its segment there). Nothing leaves the machine: the host
+            # does not forward (ip_forward stays 0). A lookup of a name outside
+            # the hosts file fails at once (the resolver on 127.0.0.1 refuses).
+            ip("route", "add", "default", "via", self.gateway, netns=netns)
             folder = ETC_NETNS / netns
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "hosts").write_text(f"127.0.0.1\tlocalhost\n{address}\t{hostname}\n")

@@ -4,6 +4,8 @@ covers it through a whole cluster)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from devcluster.kubelet.network import NETNS_PREFIX, VETH_PREFIX, Network
 
@@ -27,3 +29,26 @@ def test_a_removed_pod_leaves_no_link_while_its_namespace_is_still_held():
     finally:
         network.down()
     assert network.bridge not in os.listdir("/sys/class/net")
+
+
+def test_a_pod_finds_its_own_address_as_vllm_does():
+    # vLLM (get_ip) and others learn their address by "connecting" a UDP
+    # socket outward; with no route that fails and they announce 0.0.0.0.
+    network = Network(cidr="10.242.0.0/16", bridge=f"tdip{os.getpid() % 10000}")
+    network.up()
+    try:
+        netns, address = network.add_pod("default/ip", "ip", "default")
+        probe = (
+            "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+            "s.connect(('8.8.8.8', 80)); print(s.getsockname()[0])"
+        )
+        seen = subprocess.run(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        assert seen == address
+    finally:
+        network.down()
