@@ -122,6 +122,9 @@ class RouteRequest:
     lora: tuple[str, str] | None = None  # (name, path) as vLLM hashes it
     exclude: frozenset[str] = frozenset()  # pods that already failed this request
     session_end: bool = False  # the session's last request: its KV is not needed after
+    # The prompt's block hashes (``RoutingCore.block_hashes``), if the caller
+    # computed them; None: ``route`` computes them.
+    block_hashes: Sequence[int] | None = None
 
 
 @dataclass
@@ -286,7 +289,7 @@ class RoutingCore:
         Write ``decision.writes`` to the shared-state store afterwards.
         """
         n = len(req.token_ids)
-        hashes = self.hasher.event_hashes(req.token_ids, req.cache_salt, req.lora)
+        hashes = list(req.block_hashes) if req.block_hashes is not None else self.block_hashes(req)
         self.index.expire_predictions(now)
         self.live.expire(now)
         views = self._views(n, hashes, req.session, shared, req.exclude, now)
@@ -339,6 +342,10 @@ class RoutingCore:
             binding = (req.session, Binding(decision.decode_pod, decision.prefill_pod))
         decision.writes = StateWrites(loads, binding)
         return decision
+
+    def block_hashes(self, req: RouteRequest) -> list[int]:
+        """The request's block hashes as KV events carry them."""
+        return self.hasher.event_hashes(req.token_ids, req.cache_salt, req.lora)
 
     def next_turn(
         self, hashes: list[int], num_tokens: int, session: str, binding: Binding | None, now: float
