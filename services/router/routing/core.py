@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.roles import Role
+from services.router.routing.chains import HashChains
 from services.router.routing.cost import PodView
 from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
@@ -159,6 +160,7 @@ class RoutingCore:
         self.settings = settings
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
         self.index = PrefixIndex(settings.index_capacity, settings.predicted_capacity)
+        self.chains = HashChains(self.hasher, settings.live_max_sessions, settings.live_max_blocks)
         self.live = LiveSessions(
             settings.live_session_window_s, settings.live_max_sessions, settings.live_max_blocks
         )
@@ -344,8 +346,13 @@ class RoutingCore:
         return decision
 
     def block_hashes(self, req: RouteRequest) -> list[int]:
-        """The request's block hashes as KV events carry them."""
-        return self.hasher.event_hashes(req.token_ids, req.cache_salt, req.lora)
+        """The request's block hashes as KV events carry them; a session's
+        turn hashes only the blocks its previous turn (or, for a sub-agent,
+        its parent) did not have (``chains.py``)."""
+        hashes = self.chains.event_hashes(req.token_ids, req.session, req.cache_salt, req.lora)
+        if req.session_end and req.session:
+            self.chains.forget(req.session)
+        return hashes
 
     def next_turn(
         self, hashes: list[int], num_tokens: int, session: str, binding: Binding | None, now: float
