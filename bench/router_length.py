@@ -10,8 +10,10 @@ turns per session T, ``--sessions`` agent sessions are played one request at
 a time: a system prompt, then T turns, each adding a tool output and the
 previous answer, so turn T's prompt is about L tokens; then ``--forks``
 sub-agents fork the final context (their own session ids: new sessions that
-share the parent's prefix). Each request through the router is followed by
-the same request sent straight to its backend (Tandem: gRPC Generate with as
+share the parent's prefix); one-turn cells play at least 8 sessions. All
+routers run at once and play each cell in turn, so they see the same machine
+at about the same time. Each request through a router is followed by the
+same request sent straight to its backend (Tandem: gRPC Generate with as
 many token ids; smg: the same HTTP body); added TTFT = through the router
 minus direct.
 
@@ -54,6 +56,7 @@ from bench.router_overhead import parse_sse_line
 from bench.routers import HOST
 from common.ports import free_port
 from common.procs import (
+    Proc,
     ProcessError,
     Processes,
     group_cpu_seconds,
@@ -365,117 +368,142 @@ class Bench:
             return argv, {}, os.getcwd()
         raise ProcessError(f"unknown router {name!r}: tandem, tandem-base or smg")
 
-    def run_router(self, name: str, backends: dict[str, str]) -> dict[str, Any]:
+    def start_router(self, name: str, backends: dict[str, str]) -> _Router:
         kind = "openai" if name == "smg" else "grpc"
-        backend = backends[kind]
         port = free_port()
-        argv, env, cwd = self.router_argv(name, port, backend)
+        argv, env, cwd = self.router_argv(name, port, backends[kind])
         proc, _ = self.procs.launch(name, _in_dir(argv, cwd), env=env)
-        url = f"http://{HOST}:{port}"
         print(f"[{name}] starting (pid {proc.pid}) ...", file=sys.stderr, flush=True)
-        try:
-            wait_http_ok(
-                f"{url}/health" if name != "smg" else f"{url}/readiness", proc, self._deadline()
-            )
-            cells = asyncio.run(self._cells(name, url, kind, backend, proc))
-            raise_if_exited(proc)
-        finally:
-            self.procs.stop(proc)
-        return {"router": name, "argv": argv, "cells": cells}
+        url = f"http://{HOST}:{port}"
+        wait_http_ok(
+            f"{url}/readiness" if name == "smg" else f"{url}/health", proc, self._deadline()
+        )
+        return _Router(name, url, kind, backends[kind], proc, argv)
 
-    async def _cells(self, name, url, kind, backend, proc) -> list[dict[str, Any]]:
+    def sessions_for(self, turns: int) -> int:
+        """Sessions per cell: at least 8 requests' worth (one-turn cells)."""
+        return max(self.c.sessions, -(-8 // turns))
+
+    async def play(self, routers: list[_Router]) -> dict[str, list[dict[str, Any]]]:
+        """Every cell, the routers one after the other within each cell (so
+        they see the same machine at about the same time)."""
         import aiohttp
         import grpc
 
         from common.proto import engine_pb2_grpc as pb_grpc
 
         c = self.c
-        http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
-        channel = grpc.aio.insecure_channel(
-            backend,
-            options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
+        # Idle connections go before the routers' keep-alive (uvicorn: 5 s)
+        # closes them: while other routers play a cell, this one's wait.
+        http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(keepalive_timeout=1),
+            timeout=aiohttp.ClientTimeout(total=300),
         )
-        stub = pb_grpc.EngineStub(channel)
+        stubs = {}
+        channels = []
+        for r in routers:
+            if r.kind == "grpc" and r.backend not in stubs:
+                channel = grpc.aio.insecure_channel(
+                    r.backend,
+                    options=[
+                        ("grpc.max_send_message_length", -1),
+                        ("grpc.max_receive_message_length", -1),
+                    ],
+                )
+                channels.append(channel)
+                stubs[r.backend] = pb_grpc.EngineStub(channel)
         salt = uuid.uuid4().hex[:8]
-
-        async def direct(body: bytes, prompt_tokens: int) -> Shot:
-            if kind == "openai":
-                return await http_shot(http, backend, body, {})
-            return await grpc_shot(stub, prompt_tokens, c.tokens)
-
-        async def metrics() -> dict[str, tuple[float, float]]:
-            if name == "smg":
-                return {}
-            async with http.get(f"{url}/metrics") as resp:
-                return stage_totals(await resp.text())
-
-        cells = []
+        out: dict[str, list[dict[str, Any]]] = {r.name: [] for r in routers}
         try:
-            # Warm up: the template, the tokenizer, the connections.
-            warm = make_session(random.Random(-1), "warm", 1000, 2, 0)
-            for messages in warm.turns:
-                shot = await http_shot(http, url, chat_body(messages, c.tokens), {})
-                if shot.error:
-                    raise ProcessError(f"{name}: warm-up request failed: {shot.error}")
+            for r in routers:  # warm up: the template, the tokenizer, the connections
+                warm = make_session(random.Random(-1), f"{salt}-warm-{r.name}", 1000, 2, 0)
+                for messages in warm.turns:
+                    shot = await http_shot(http, r.url, chat_body(messages, c.tokens), {})
+                    if shot.error:
+                        raise ProcessError(f"{r.name}: warm-up request failed: {shot.error}")
             for length in c.lengths:
                 for turns in c.turns:
                     rng = random.Random(f"{c.seed}:{length}:{turns}")
+                    n = self.sessions_for(turns)
                     sessions = [
-                        make_session(rng, f"{salt}-{length}-{turns}-{i}", length, turns, c.forks)
-                        for i in range(c.sessions)
+                        make_session(rng, f"{length}-{turns}-{i}", length, turns, c.forks)
+                        for i in range(n)
                     ]
-                    print(
-                        f"[{name}] {length} tokens, {turns} turns, {c.sessions} sessions ...",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    out: dict[str, list[Shot]] = {k: [] for k in ("turn", "last", "fork")}
-                    direct_out: dict[str, list[Shot]] = {k: [] for k in out}
-                    cpu_s = {"turn": 0.0, "fork": 0.0}
-                    stages = {}
-                    for part in ("turn", "fork"):
-                        before_m = await metrics()
-                        cpu0 = group_cpu_seconds(proc.pid)
-                        for session in sessions:
-                            requests = (
-                                [(session.key, m) for m in session.turns]
-                                if part == "turn"
-                                else session.forks
-                            )
-                            for i, (key, messages) in enumerate(requests):
-                                body = chat_body(messages, c.tokens)
-                                shot = await http_shot(http, url, body, {"x-session-id": key})
-                                if shot.error:
-                                    raise ProcessError(f"{name}: request failed: {shot.error}")
-                                d = await direct(body, shot.prompt_tokens)
-                                out[part].append(shot)
-                                direct_out[part].append(d)
-                                if part == "turn" and i == len(requests) - 1:
-                                    out["last"].append(shot)
-                                    direct_out["last"].append(d)
-                        # /proc counts in clock ticks: over the part, not per request.
-                        cpu_s[part] = group_cpu_seconds(proc.pid) - cpu0
-                        stages[part] = stage_means_ms(before_m, await metrics())
-                    cell: dict[str, Any] = {"length": length, "turns": turns}
-                    for part in ("turn", "last", "fork"):
-                        shots = out[part]
-                        if not shots:
-                            continue
-                        cell[part] = {
-                            "n": len(shots),
-                            "prompt_tokens_mean": sum(s.prompt_tokens for s in shots) / len(shots),
-                            **added(shots, direct_out[part]),
-                            "direct_p50_ms": 1000
-                            * percentile([s.ttft for s in direct_out[part] if s.ttft], 50),
-                        }
-                        if part in cpu_s:
-                            cell[part]["cpu_ms_per_request"] = 1000 * cpu_s[part] / len(shots)
-                            cell[part]["stages_ms"] = stages[part]
-                    cells.append(cell)
+                    for r in routers:
+                        print(
+                            f"[{r.name}] {length} tokens, {turns} turns, {n} sessions ...",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        cell = await self._cell(
+                            r, http, stubs.get(r.backend), sessions, f"{salt}-{r.name}"
+                        )
+                        out[r.name].append({"length": length, "turns": turns, **cell})
+                        raise_if_exited(r.proc)
         finally:
             await http.close()
-            await channel.close()
-        return cells
+            for channel in channels:
+                await channel.close()
+        return out
+
+    async def _cell(
+        self, r: _Router, http, stub, sessions: list[Session], prefix: str
+    ) -> dict[str, Any]:
+        """One router through `sessions` (their keys under `prefix`): the
+        turns, then the forks."""
+        c = self.c
+
+        async def direct(body: bytes, prompt_tokens: int) -> Shot:
+            if r.kind == "openai":
+                return await http_shot(http, r.backend, body, {})
+            return await grpc_shot(stub, prompt_tokens, c.tokens)
+
+        async def metrics() -> dict[str, tuple[float, float]]:
+            if r.name == "smg":
+                return {}
+            async with http.get(f"{r.url}/metrics") as resp:
+                return stage_totals(await resp.text())
+
+        out: dict[str, list[Shot]] = {k: [] for k in ("turn", "last", "fork")}
+        direct_out: dict[str, list[Shot]] = {k: [] for k in out}
+        cpu_s: dict[str, float] = {}
+        stages: dict[str, dict[str, float]] = {}
+        for part in ("turn", "fork"):
+            before = await metrics()
+            cpu0 = group_cpu_seconds(r.proc.pid)
+            for session in sessions:
+                requests = (
+                    [(session.key, m) for m in session.turns] if part == "turn" else session.forks
+                )
+                for i, (key, messages) in enumerate(requests):
+                    body = chat_body(messages, c.tokens)
+                    shot = await http_shot(http, r.url, body, {"x-session-id": f"{prefix}:{key}"})
+                    if shot.error:
+                        raise ProcessError(f"{r.name}: request failed: {shot.error}")
+                    d = await direct(body, shot.prompt_tokens)
+                    out[part].append(shot)
+                    direct_out[part].append(d)
+                    if part == "turn" and i == len(requests) - 1:
+                        out["last"].append(shot)
+                        direct_out["last"].append(d)
+            # /proc counts in clock ticks: over the part, not per request.
+            cpu_s[part] = group_cpu_seconds(r.proc.pid) - cpu0
+            stages[part] = stage_means_ms(before, await metrics())
+        cell: dict[str, Any] = {}
+        for part, shots in out.items():
+            if not shots:
+                continue
+            cell[part] = {
+                "n": len(shots),
+                "prompt_tokens_mean": sum(s.prompt_tokens for s in shots) / len(shots),
+                **added(shots, direct_out[part]),
+                "direct_p50_ms": 1000
+                * percentile([s.ttft for s in direct_out[part] if s.ttft], 50),
+            }
+            if part in cpu_s:
+                cell[part]["cpu_ms_per_request"] = 1000 * cpu_s[part] / len(shots)
+                cell[part]["stages_ms"] = stages[part]
+        return cell
 
     def run(self) -> dict[str, Any]:
         c = self.c
@@ -486,14 +514,27 @@ class Bench:
                 self.redis_url = self.start_redis()
         if "smg" in c.routers:
             backends["openai"] = self.start_backend("openai")
+        routers = [self.start_router(name, backends) for name in c.routers]
         load_before = os.getloadavg()
-        results = [self.run_router(name, backends) for name in c.routers]
+        cells = asyncio.run(self.play(routers))
         return {
             "config": {**asdict(c), "out": str(c.out)},
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
-            "routers": results,
+            "routers": [
+                {"router": r.name, "argv": r.argv, "cells": cells[r.name]} for r in routers
+            ],
         }
+
+
+@dataclass
+class _Router:
+    name: str
+    url: str
+    kind: str  # its backend: "grpc" or "openai"
+    backend: str
+    proc: Proc
+    argv: list[str]
 
 
 def _in_dir(argv: list[str], cwd: str) -> list[str]:
@@ -580,6 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-redis", action="store_true", help="Tandem without Redis")
     p.add_argument("--smg", default=d.smg, help="the smg command")
     p.add_argument("--base-src", help="source tree of the tandem-base router (before/after)")
+    p.add_argument(
+        "--startup-timeout-s", type=float, default=d.startup_timeout_s, help="per process"
+    )
     p.add_argument("--out", type=Path, default=d.out, help="JSON report")
     return p
 
@@ -596,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         redis=not args.no_redis,
         smg=args.smg,
         base_src=args.base_src,
+        startup_timeout_s=args.startup_timeout_s,
         out=args.out,
     )
     bench = Bench(config)

@@ -25,12 +25,14 @@ from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
 from services.router.routing.index import PrefixIndex, predicted_cached_tokens
 from services.router.routing.live import LiveSessions
+from services.router.routing.lru import BoundedLru
 from services.router.routing.policy import (
     Binding,
     NoPodAvailable,
     Policy,
     RouteInput,
 )
+from services.router.routing.sessions import common_prefix_len
 from services.router.routing.settings import RoutingSettings
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,14 @@ class RouteDecision:
         return self.prefill_pod or self.decode_pod
 
 
+@dataclass(frozen=True)
+class _Lookup:
+    """A session's latest prompt as the index was asked about it."""
+
+    hashes: list[int]
+    held: dict[str, tuple[int, int]]  # pod -> (leading blocks held, index epoch then)
+
+
 class RoutingCore:
     def __init__(self, settings: RoutingSettings, pods: Iterable[PodSpec] = ()) -> None:
         settings.validate()
@@ -161,6 +171,10 @@ class RoutingCore:
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
         self.index = PrefixIndex(settings.index_capacity, settings.predicted_capacity)
         self.chains = HashChains(self.hasher, settings.live_max_sessions, settings.live_max_blocks)
+        # session -> its latest prompt's lookup, where the next turn's resumes.
+        self._lookups: BoundedLru[str, _Lookup] = BoundedLru(
+            settings.live_max_sessions, settings.live_max_blocks, weigh=lambda m: len(m.hashes)
+        )
         self.live = LiveSessions(
             settings.live_session_window_s, settings.live_max_sessions, settings.live_max_blocks
         )
@@ -328,6 +342,9 @@ class RoutingCore:
         loads = {decision.prefill_on: self._hold(decision, decision.prefill_on, 1, uncached)}
         if decision.prefill_pod is not None:
             loads[decision.decode_pod] = self._hold(decision, decision.decode_pod, 1, 0)
+        # As the lookup found the index (predicting below loses nothing there
+        # unless it pushes out older predictions, which changes the epoch).
+        epochs = {pod: self.index.epoch(pod) for pod in self._pods}
         for pod in loads:
             ttl = (
                 self.settings.predicted_ttl_with_events_s
@@ -339,8 +356,10 @@ class RoutingCore:
         if req.session:
             if req.session_end:
                 self.live.end(req.session)
+                self._lookups.pop(req.session)
             else:
                 self.live.touch(req.session, loads, hashes, now)
+                self._remember_lookup(req.session, hashes, views, loads, epochs)
             binding = (req.session, Binding(decision.decode_pod, decision.prefill_pod))
         decision.writes = StateWrites(loads, binding)
         return decision
@@ -442,7 +461,7 @@ class RoutingCore:
         exclude: frozenset[str],
         now: float,
     ) -> list[PodView]:
-        matched = self.index.match(hashes, now)
+        matched = self.index.match(hashes, now, self._known_held(session, hashes))
         bs = self.settings.block_size
         views = []
         for name, st in self._pods.items():
@@ -466,6 +485,39 @@ class RoutingCore:
                 )
             )
         return views
+
+    def _known_held(self, session: str | None, hashes: list[int]) -> dict[str, int]:
+        """Per pod, leading blocks of ``hashes`` known held there: those the
+        session's previous prompt shares with it, as far as they were held
+        then, where no block stopped being held since (``index.epoch``)."""
+        prev = self._lookups.get(session) if session else None
+        if prev is None:
+            return {}
+        shared = common_prefix_len(prev.hashes, hashes)
+        return {
+            pod: min(held, shared)
+            for pod, (held, epoch) in prev.held.items()
+            if self.index.epoch(pod) == epoch
+        }
+
+    def _remember_lookup(
+        self,
+        session: str,
+        hashes: list[int],
+        views: list[PodView],
+        predicted: Iterable[str],
+        epochs: Mapping[str, int | None],
+    ) -> None:
+        bs = self.settings.block_size
+        held = {v.name: v.cached_tokens // bs for v in views}
+        held.update({pod: len(hashes) for pod in predicted})  # just predicted there
+        self._lookups.put(
+            session,
+            _Lookup(
+                hashes,
+                {p: (n, e) for p, n in held.items() if (e := epochs.get(p)) is not None},
+            ),
+        )
 
     def _hold(self, decision: RouteDecision, pod: str, requests: int, tokens: int) -> PodLoad:
         held = decision._held.setdefault(pod, [0, 0])

@@ -113,11 +113,11 @@ def backend_encoder(tokenizer: Any) -> Any:
     return backend
 
 
-Text = TypeVar("Text", str, bytes)
+Text = TypeVar("Text", str, bytes, list[int])
 
 
 def common_prefix_len(a: Text, b: Text) -> int:
-    """Length of the longest common prefix of two strings (or byte strings),
+    """Length of the longest common prefix of two strings (byte strings, lists),
     by halving with slice comparisons (os.path.commonprefix walks the
     characters in Python, milliseconds for a long chat)."""
     n = min(len(a), len(b))
