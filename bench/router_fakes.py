@@ -270,7 +270,8 @@ def create_openai_app(
     async def seen_paths(request):
         return web.json_response(dict(paths))
 
-    app = web.Application(middlewares=[count_paths])
+    # Any prompt length: a 1M-token chat is about 4 MiB of JSON.
+    app = web.Application(middlewares=[count_paths], client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)

@@ -58,6 +58,14 @@ _QUEUE_BUCKETS = (
 )
 
 
+# The stages of the router's own work on a request, in order (label `stage` of
+# tandem_router_stage_seconds): the chat template, tokenization, the prompt's
+# block hashes, the prefix index and policy, the shared-state store (Redis)
+# read and write, and the gRPC call to the engine up to its first message
+# (which includes the engine's own time to first token).
+STAGES = ("template", "tokenize", "hash", "index", "state", "grpc")
+
+
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -76,6 +84,14 @@ class RouterMetrics:
         )
         self.ttft = Histogram(
             "tandem_router_ttft_seconds", "Time to first token as the router sees it", registry=r
+        )
+        self.stage_seconds = Histogram(
+            "tandem_router_stage_seconds",
+            "Router's own work per request by stage (template, tokenize, hash, index, "
+            "state, grpc), observed at the first token",
+            ["stage"],
+            buckets=_FAST_BUCKETS,
+            registry=r,
         )
         self.retries = Counter(
             "tandem_router_retries_total",
@@ -295,6 +311,10 @@ class RouterMetrics:
     def count_decision(self, policy: str, decision: RouteDecision, seconds: float) -> None:
         self.decisions.labels(policy, decision.reason).inc()
         self.decision_seconds.observe(seconds)
+
+    def observe_stages(self, stages: dict[str, float]) -> None:
+        for stage, seconds in stages.items():
+            self.stage_seconds.labels(stage).observe(seconds)
 
     def observe_ttft(self, decision: RouteDecision, seconds: float) -> None:
         self.ttft.observe(seconds)

@@ -67,6 +67,10 @@ class EngineRequest:
     session: str | None = None  # routing session key (sticky pod choice)
     session_source: str | None = None  # "header", "user" or "derived"
     session_end: bool = False  # the client marked this as the session's last request
+    # Seconds this request spent in each stage of the router's own work
+    # (template, tokenize, hash, index, state, grpc: metrics.STAGES), observed
+    # at its first token.
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 def _to_openai_error(exc: grpc.aio.AioRpcError, pod: EnginePod) -> OpenAIError:
@@ -135,10 +139,12 @@ class Orchestrator:
     def _first_call(self, req: EngineRequest) -> None:
         self._metrics.overhead.observe(time.perf_counter() - req.arrival)
 
-    async def _route(self, routing: _Routing, tried: int = 0) -> RouteDecision:
+    async def _route(
+        self, routing: _Routing, tried: int = 0, stages: dict[str, float] | None = None
+    ) -> RouteDecision:
         start = time.perf_counter()
         try:
-            decision = await self._replica.route(routing.request, time.monotonic())
+            decision = await self._replica.route(routing.request, time.monotonic(), stages)
         except NoPodAvailable as exc:
             raise OpenAIError(503, f"{exc} ({tried} tried)" if tried else str(exc)) from None
         self._metrics.count_decision(
@@ -257,7 +263,7 @@ class Orchestrator:
         )
         try:
             # Decode first: without a decode pod, a prefill would only strand KV.
-            decision = await self._route(routing)
+            decision = await self._route(routing, stages=req.stages)
             hint = self._retention_hint(req, decision) if first else None
             kv_params = await self._prefill(req, routing, hint)
             async for message in self._generate(req, routing, kv_params, hint):
@@ -383,7 +389,10 @@ class Orchestrator:
                     async for message in call:
                         if not first_byte:
                             first_byte = True
-                            self._metrics.observe_ttft(decision, time.perf_counter() - req.arrival)
+                            now = time.perf_counter()
+                            self._metrics.observe_ttft(decision, now - req.arrival)
+                            req.stages["grpc"] = now - started
+                            self._metrics.observe_stages(req.stages)
                             if not kv_params:
                                 # The prompt is computed: it no longer queues
                                 # ahead of others there (its count comes last).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 from services.router.routing import IncrementalTokenizer
@@ -87,24 +88,52 @@ class ChatTokenizer:
             self._lock.release()
 
     def chat(
-        self, messages: list[dict], session: str | None = None, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        session: str | None = None,
+        tools: list[dict] | None = None,
+        stages: dict[str, float] | None = None,
     ) -> list[int]:
-        return self._encode(self.render(messages, tools), session)
+        """Token ids of the rendered chat; ``stages`` (if given) gets the
+        seconds spent in the template and in tokenization."""
+        start = time.perf_counter()
+        text = self.render(messages, tools)
+        rendered = time.perf_counter()
+        ids = self._encode(text, session)
+        if stages is not None:
+            stages["template"] = rendered - start
+            stages["tokenize"] = time.perf_counter() - rendered
+        return ids
 
     def prompt(self, text: str) -> list[int]:
         return self.ids(text, add_special_tokens=True)
 
     async def chat_async(
-        self, messages: list[dict], session: str | None = None, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        session: str | None = None,
+        tools: list[dict] | None = None,
+        stages: dict[str, float] | None = None,
     ) -> list[int]:
         if not tools and sum(len(m["content"] or "") for m in messages) <= INLINE_MAX_CHARS:
             # Never wait on the loop for a worker thread's (long) encode.
-            ids = self._encode(self.render(messages), session, blocking=False)
+            start = time.perf_counter()
+            text = self.render(messages)
+            rendered = time.perf_counter()
+            ids = self._encode(text, session, blocking=False)
             if ids is not None:
+                if stages is not None:
+                    stages["template"] = rendered - start
+                    stages["tokenize"] = time.perf_counter() - rendered
                 return ids
-        return await asyncio.to_thread(self.chat, messages, session, tools)
+        return await asyncio.to_thread(self.chat, messages, session, tools, stages)
 
-    async def prompt_async(self, text: str) -> list[int]:
+    async def prompt_async(self, text: str, stages: dict[str, float] | None = None) -> list[int]:
+        start = time.perf_counter()
         if len(text) <= INLINE_MAX_CHARS:
-            return self.prompt(text)
-        return await asyncio.to_thread(self.prompt, text)
+            ids = self.prompt(text)
+        else:
+            ids = await asyncio.to_thread(self.prompt, text)
+        if stages is not None:
+            stages["tokenize"] = time.perf_counter() - start
+        return ids

@@ -19,17 +19,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.roles import Role
+from services.router.routing.chains import HashChains
 from services.router.routing.cost import PodView
 from services.router.routing.hashing import BlockHasher
 from services.router.routing.health import PodHealth
 from services.router.routing.index import PrefixIndex, predicted_cached_tokens
 from services.router.routing.live import LiveSessions
+from services.router.routing.lru import BoundedLru
 from services.router.routing.policy import (
     Binding,
     NoPodAvailable,
     Policy,
     RouteInput,
 )
+from services.router.routing.sessions import common_prefix_len
 from services.router.routing.settings import RoutingSettings
 
 log = logging.getLogger(__name__)
@@ -122,6 +125,9 @@ class RouteRequest:
     lora: tuple[str, str] | None = None  # (name, path) as vLLM hashes it
     exclude: frozenset[str] = frozenset()  # pods that already failed this request
     session_end: bool = False  # the session's last request: its KV is not needed after
+    # The prompt's block hashes (``RoutingCore.block_hashes``), if the caller
+    # computed them; None: ``route`` computes them.
+    block_hashes: Sequence[int] | None = None
 
 
 @dataclass
@@ -150,12 +156,25 @@ class RouteDecision:
         return self.prefill_pod or self.decode_pod
 
 
+@dataclass(frozen=True)
+class _Lookup:
+    """A session's latest prompt as the index was asked about it."""
+
+    hashes: list[int]
+    held: dict[str, tuple[int, int]]  # pod -> (leading blocks held, index epoch then)
+
+
 class RoutingCore:
     def __init__(self, settings: RoutingSettings, pods: Iterable[PodSpec] = ()) -> None:
         settings.validate()
         self.settings = settings
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
         self.index = PrefixIndex(settings.index_capacity, settings.predicted_capacity)
+        self.chains = HashChains(self.hasher, settings.live_max_sessions, settings.live_max_blocks)
+        # session -> its latest prompt's lookup, where the next turn's resumes.
+        self._lookups: BoundedLru[str, _Lookup] = BoundedLru(
+            settings.live_max_sessions, settings.live_max_blocks, weigh=lambda m: len(m.hashes)
+        )
         self.live = LiveSessions(
             settings.live_session_window_s, settings.live_max_sessions, settings.live_max_blocks
         )
@@ -286,7 +305,7 @@ class RoutingCore:
         Write ``decision.writes`` to the shared-state store afterwards.
         """
         n = len(req.token_ids)
-        hashes = self.hasher.event_hashes(req.token_ids, req.cache_salt, req.lora)
+        hashes = list(req.block_hashes) if req.block_hashes is not None else self.block_hashes(req)
         self.index.expire_predictions(now)
         self.live.expire(now)
         views = self._views(n, hashes, req.session, shared, req.exclude, now)
@@ -323,6 +342,9 @@ class RoutingCore:
         loads = {decision.prefill_on: self._hold(decision, decision.prefill_on, 1, uncached)}
         if decision.prefill_pod is not None:
             loads[decision.decode_pod] = self._hold(decision, decision.decode_pod, 1, 0)
+        # As the lookup found the index (predicting below loses nothing there
+        # unless it pushes out older predictions, which changes the epoch).
+        epochs = {pod: self.index.epoch(pod) for pod in self._pods}
         for pod in loads:
             ttl = (
                 self.settings.predicted_ttl_with_events_s
@@ -334,11 +356,22 @@ class RoutingCore:
         if req.session:
             if req.session_end:
                 self.live.end(req.session)
+                self._lookups.pop(req.session)
             else:
                 self.live.touch(req.session, loads, hashes, now)
+                self._remember_lookup(req.session, hashes, views, loads, epochs)
             binding = (req.session, Binding(decision.decode_pod, decision.prefill_pod))
         decision.writes = StateWrites(loads, binding)
         return decision
+
+    def block_hashes(self, req: RouteRequest) -> list[int]:
+        """The request's block hashes as KV events carry them; a session's
+        turn hashes only the blocks its previous turn (or, for a sub-agent,
+        its parent) did not have (``chains.py``)."""
+        hashes = self.chains.event_hashes(req.token_ids, req.session, req.cache_salt, req.lora)
+        if req.session_end and req.session:
+            self.chains.forget(req.session)
+        return hashes
 
     def next_turn(
         self, hashes: list[int], num_tokens: int, session: str, binding: Binding | None, now: float
@@ -428,7 +461,7 @@ class RoutingCore:
         exclude: frozenset[str],
         now: float,
     ) -> list[PodView]:
-        matched = self.index.match(hashes, now)
+        matched = self.index.match(hashes, now, self._known_held(session, hashes))
         bs = self.settings.block_size
         views = []
         for name, st in self._pods.items():
@@ -452,6 +485,39 @@ class RoutingCore:
                 )
             )
         return views
+
+    def _known_held(self, session: str | None, hashes: list[int]) -> dict[str, int]:
+        """Per pod, leading blocks of ``hashes`` known held there: those the
+        session's previous prompt shares with it, as far as they were held
+        then, where no block stopped being held since (``index.epoch``)."""
+        prev = self._lookups.get(session) if session else None
+        if prev is None:
+            return {}
+        shared = common_prefix_len(prev.hashes, hashes)
+        return {
+            pod: min(held, shared)
+            for pod, (held, epoch) in prev.held.items()
+            if self.index.epoch(pod) == epoch
+        }
+
+    def _remember_lookup(
+        self,
+        session: str,
+        hashes: list[int],
+        views: list[PodView],
+        predicted: Iterable[str],
+        epochs: Mapping[str, int | None],
+    ) -> None:
+        bs = self.settings.block_size
+        held = {v.name: v.cached_tokens // bs for v in views}
+        held.update({pod: len(hashes) for pod in predicted})  # just predicted there
+        self._lookups.put(
+            session,
+            _Lookup(
+                hashes,
+                {p: (n, e) for p, n in held.items() if (e := epochs.get(p)) is not None},
+            ),
+        )
 
     def _hold(self, decision: RouteDecision, pod: str, requests: int, tokens: int) -> PodLoad:
         held = decision._held.setdefault(pod, [0, 0])

@@ -17,7 +17,7 @@ a routing decision and the engine's events (concurrent forks of one context).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 class PrefixIndex:
@@ -30,10 +30,16 @@ class PrefixIndex:
         self._blocks: OrderedDict[int, int] = OrderedDict()  # hash -> pod bitmask
         self._extra_copies: dict[tuple[int, int], int] = {}  # (bit, hash) -> copies - 1
         self._held: dict[int, int] = {}  # bit -> distinct hashes held
-        self._predicted: OrderedDict[tuple[int, int], float] = OrderedDict()  # -> expiry
-        self._predicted_per_bit: dict[int, int] = {}
+        # bit -> hash -> expiry, oldest first. One queue per pod: a pod's
+        # predictions share one TTL, so each queue expires in order.
+        self._predicted: dict[int, OrderedDict[int, float]] = {}
+        self._predicted_count = 0
         self.evictions = 0  # confirmed hashes dropped by the capacity bound
         self.predicted_evictions = 0  # predictions dropped by theirs before their TTL
+        # bit -> when a block last stopped being held there (a tick of
+        # _clock): a match made since holds as far as it went (``epoch``).
+        self._epochs: dict[int, int] = {}
+        self._clock = 0
 
     # ----- pods -------------------------------------------------------------
     def add_pod(self, pod: str) -> int:
@@ -43,7 +49,8 @@ class PrefixIndex:
             bit = next(b for b in range(len(used) + 1) if b not in used)
             self._bits[pod] = bit
             self._held[bit] = 0
-            self._predicted_per_bit[bit] = 0
+            self._predicted[bit] = OrderedDict()
+            self._lost(bit)
         return bit
 
     def remove_pod(self, pod: str) -> None:
@@ -51,11 +58,23 @@ class PrefixIndex:
         bit = self._bits.pop(pod, None)
         if bit is not None:
             self._held.pop(bit, None)
-            self._predicted_per_bit.pop(bit, None)
+            self._predicted_count -= len(self._predicted.pop(bit, {}))
+            self._epochs.pop(bit, None)
 
     @property
     def pods(self) -> list[str]:
         return list(self._bits)
+
+    def epoch(self, pod: str) -> int | None:
+        """Changes whenever a block stops being held on ``pod`` (removed,
+        evicted, cleared, a prediction gone that no event confirmed); None:
+        no such pod. While it stays, a prefix matched there still is."""
+        bit = self._bits.get(pod)
+        return None if bit is None else self._epochs[bit]
+
+    def _lost(self, bit: int) -> None:
+        self._clock += 1
+        self._epochs[bit] = self._clock
 
     def held_blocks(self, pod: str) -> int:
         return self._held.get(self._bits.get(pod, -1), 0)
@@ -65,7 +84,7 @@ class PrefixIndex:
 
     @property
     def predicted_entries(self) -> int:
-        return len(self._predicted)
+        return self._predicted_count
 
     # ----- confirmed blocks (KV events) -------------------------------------
     def stored(self, pod: str, hashes: Iterable[int]) -> None:
@@ -106,6 +125,7 @@ class PrefixIndex:
                     self._extra_copies[key] = extra - 1
                 continue
             self._held[bit] -= 1
+            self._lost(bit)
             mask &= ~flag
             if mask:
                 self._blocks[h] = mask
@@ -126,8 +146,9 @@ class PrefixIndex:
                 del self._blocks[h]
         self._extra_copies = {k: v for k, v in self._extra_copies.items() if k[0] != bit}
         self._held[bit] = 0
-        self._predicted = OrderedDict((k, v) for k, v in self._predicted.items() if k[0] != bit)
-        self._predicted_per_bit[bit] = 0
+        self._predicted_count -= len(self._predicted[bit])
+        self._predicted[bit] = OrderedDict()
+        self._lost(bit)
 
     def _evict_oldest(self) -> None:
         h, mask = self._blocks.popitem(last=False)
@@ -137,70 +158,71 @@ class PrefixIndex:
             bit = low.bit_length() - 1
             self._held[bit] -= 1
             self._extra_copies.pop((bit, h), None)
+            self._lost(bit)
             mask ^= low
 
     # ----- predicted blocks (router's own decisions) ------------------------
     def predict(self, pod: str, hashes: Sequence[int], now: float, ttl_s: float) -> None:
         bit = self.add_pod(pod)
         expiry = now + ttl_s
-        predicted = self._predicted
+        queue = self._predicted[bit]
+        before = len(queue)
         for h in hashes:
-            key = (bit, h)
-            if key not in predicted:
-                self._predicted_per_bit[bit] += 1
-            predicted[key] = expiry
-            predicted.move_to_end(key)
-        while len(predicted) > self.predicted_capacity:
-            (old_bit, _), _ = predicted.popitem(last=False)
-            self._predicted_per_bit[old_bit] -= 1
+            queue[h] = expiry
+            queue.move_to_end(h)
+        self._predicted_count += len(queue) - before
+        while self._predicted_count > self.predicted_capacity:
+            # The prediction that would expire first, of any pod.
+            oldest = min(
+                (b for b, q in self._predicted.items() if q),
+                key=lambda b: next(iter(self._predicted[b].values())),
+            )
+            h, _ = self._predicted[oldest].popitem(last=False)
+            self._prediction_gone(oldest, h)
             self.predicted_evictions += 1
 
     def expire_predictions(self, now: float) -> None:
         """Drop expired predictions (oldest first; refreshes move keys to the end)."""
-        predicted = self._predicted
-        while predicted:
-            key, expiry = next(iter(predicted.items()))
-            if expiry > now:
-                break
-            predicted.popitem(last=False)
-            self._predicted_per_bit[key[0]] -= 1
+        for bit, queue in self._predicted.items():
+            while queue:
+                h, expiry = next(iter(queue.items()))
+                if expiry > now:
+                    break
+                queue.popitem(last=False)
+                self._prediction_gone(bit, h)
+
+    def _prediction_gone(self, bit: int, h: int) -> None:
+        self._predicted_count -= 1
+        if not self._blocks.get(h, 0) & (1 << bit):  # no event confirmed it
+            self._lost(bit)
 
     # ----- queries ----------------------------------------------------------
-    def match(self, hashes: Sequence[int], now: float) -> dict[str, int]:
-        """Per pod, how many leading blocks of ``hashes`` it holds (0 if none)."""
-        result = {pod: 0 for pod in self._bits}
-        if not hashes or not self._bits:
-            return result
-        by_bit = {bit: pod for pod, bit in self._bits.items()}
-        predicting = [b for b, n in self._predicted_per_bit.items() if n > 0]
-        alive = 0
-        for bit in self._bits.values():
-            alive |= 1 << bit
+    def match(
+        self, hashes: Sequence[int], now: float, start: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
+        """Per pod, how many leading blocks of ``hashes`` it holds (0 if none).
+
+        ``start``: per pod, leading blocks known to be held there (a match
+        of the same prefix made since the pod's ``epoch`` last changed); the
+        walk there begins after them, so a prompt that extends a matched
+        one costs its new blocks. Blocks walked count as recently used.
+        """
+        start = start or {}
         blocks = self._blocks
-        predicted = self._predicted
-        for i, h in enumerate(hashes):
-            mask = blocks.get(h, 0) & alive
-            for bit in predicting:
-                flag = 1 << bit
-                if alive & flag and not mask & flag:
-                    expiry = predicted.get((bit, h))
-                    if expiry is not None and expiry > now:
-                        mask |= flag
-            dropped = alive & ~mask
-            while dropped:
-                low = dropped & -dropped
-                result[by_bit[low.bit_length() - 1]] = i
-                dropped ^= low
-            alive = mask
-            if not alive:
-                break
-            if h in blocks:
-                blocks.move_to_end(h)  # matched blocks are recently used
-        else:
-            while alive:
-                low = alive & -alive
-                result[by_bit[low.bit_length() - 1]] = len(hashes)
-                alive ^= low
+        n = len(hashes)
+        result = {}
+        for pod, bit in self._bits.items():
+            flag = 1 << bit
+            predicted = self._predicted[bit]
+            i = min(start.get(pod, 0), n)
+            while i < n:
+                h = hashes[i]
+                if blocks.get(h, 0) & flag:
+                    blocks.move_to_end(h)  # matched blocks are recently used
+                elif not predicted or predicted.get(h, 0.0) <= now:
+                    break
+                i += 1
+            result[pod] = i
         return result
 
 

@@ -74,12 +74,14 @@ class LiveSessions:
         counts = self._blocks.get(pod) or Counter[int]()
         entry = self._sessions.get(session) if session else None
         own = entry[1] if entry is not None and pod in entry[0] else frozenset()
-
-        def others(h: int) -> int:
-            return counts[h] - (h in own) if h in counts else 0
-
-        total = len(counts) - sum(1 for h in own if counts[h] == 1)
-        return total + sum(1 for h in cached if others(h) <= 0)
+        # Every live block, less the session's own blocks no one else needs
+        # and its prompt leaves behind, plus its prompt's blocks no live
+        # session holds. Set differences: a turn that extends the previous
+        # one costs its new blocks, not its whole prompt.
+        held = frozenset(cached)
+        left_behind = sum(1 for h in own - held if counts.get(h) == 1)
+        new = sum(1 for h in held - own if h not in counts)
+        return len(counts) - left_behind + new
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -8,6 +8,9 @@ for a replica alone). This is the whole of the sequence, so every caller
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 from services.router.routing.core import RouteDecision, RouteRequest, RoutingCore
 from services.router.routing.shared_state import LocalState
 
@@ -17,12 +20,26 @@ class Replica:
         self.core = core
         self.state = state
 
-    async def route(self, req: RouteRequest, now: float) -> RouteDecision:
+    async def route(
+        self, req: RouteRequest, now: float, stages: dict[str, float] | None = None
+    ) -> RouteDecision:
         """Read the session's binding and the other replicas' load, decide,
-        then publish this replica's new load and the binding."""
+        then publish this replica's new load and the binding. ``stages`` (if
+        given) gets the seconds spent hashing the prompt's blocks, in the
+        index and policy, and reading and writing the shared state."""
+        start = time.perf_counter()
         shared = await self.state.read(req.session, now)
+        read = time.perf_counter()
+        if req.block_hashes is None:
+            req = replace(req, block_hashes=self.core.block_hashes(req))
+        hashed = time.perf_counter()
         decision = self.core.route(req, shared, now)
+        decided = time.perf_counter()
         await self.state.write(decision.writes, now)
+        if stages is not None:
+            stages["hash"] = hashed - read
+            stages["index"] = decided - hashed
+            stages["state"] = (read - start) + (time.perf_counter() - decided)
         return decision
 
     async def report_prefill(

@@ -24,11 +24,14 @@ import json
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from services.router.routing.lru import BoundedLru
 
 DEFAULT_SESSION_HEADER = "x-session-id"
+# How much of a rendered chat names its opening (the template's header and
+# the start of the system prompt) for finding a sub-agent's parent.
+OPENING_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,13 @@ def backend_encoder(tokenizer: Any) -> Any:
     return backend
 
 
-def common_prefix_len(a: str, b: str) -> int:
-    """Length of the longest common prefix of two strings, by halving with
-    slice comparisons (os.path.commonprefix walks the characters in Python,
-    milliseconds for a long chat)."""
+Text = TypeVar("Text", str, bytes, list[int])
+
+
+def common_prefix_len(a: Text, b: Text) -> int:
+    """Length of the longest common prefix of two strings (byte strings, lists),
+    by halving with slice comparisons (os.path.commonprefix walks the
+    characters in Python, milliseconds for a long chat)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case: a new turn extends the previous one
         return n
@@ -142,8 +148,11 @@ class IncrementalTokenizer:
         self._tok = tokenizer
         self.encoder = backend_encoder(tokenizer)
         self._sessions: BoundedLru[str, _Tokenized] = BoundedLru(
-            max_sessions, max_tokens, weigh=lambda t: len(t.ids)
+            max_sessions, max_tokens, weigh=lambda t: len(t.ids), on_drop=self._forget
         )
+        # The opening of a text -> the latest session whose text began so: a
+        # sub-agent's first turn (a session of its own) reuses its parent's.
+        self._by_opening: dict[str, str] = {}
         self.stats = TokenizeStats()
         # Split points are only safe after special tokens that do not swallow
         # the whitespace following them.
@@ -162,7 +171,11 @@ class IncrementalTokenizer:
 
     def encode(self, text: str, session: str | None = None) -> list[int]:
         """Token ids of ``text`` (no special tokens added), as full tokenization gives."""
-        prev = self._sessions.get(session) if session is not None else None
+        prev = None
+        if session is not None:
+            prev = self._sessions.get(session)
+            if prev is None and (parent := self._by_opening.get(text[:OPENING_CHARS])):
+                prev = self._sessions.get(parent)
         result = self._encode_extending(prev, text) if prev is not None else None
         if result is None:
             result = self._encode_from(text, 0, array("I"), [])
@@ -188,6 +201,13 @@ class IncrementalTokenizer:
 
     def _remember(self, session: str, result: _Tokenized) -> None:
         self._sessions.put(session, result)
+        if len(result.text) >= OPENING_CHARS:
+            self._by_opening[result.text[:OPENING_CHARS]] = session
+
+    def _forget(self, session: str, result: _Tokenized) -> None:
+        opening = result.text[:OPENING_CHARS]
+        if self._by_opening.get(opening) == session:
+            del self._by_opening[opening]
 
     def _encode_extending(self, prev: _Tokenized, text: str) -> _Tokenized | None:
         common = common_prefix_len(prev.text, text)

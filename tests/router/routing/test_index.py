@@ -3,6 +3,8 @@
 import time
 
 import psutil
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.router.routing.index import PrefixIndex, predicted_cached_tokens
 
@@ -50,7 +52,7 @@ def test_predictions_expire():
     assert idx.match([1, 2, 3], now=105.0)["quiet"] == 2
     assert idx.match([1, 2, 3], now=111.0)["quiet"] == 0
     idx.expire_predictions(111.0)
-    assert len(idx._predicted) == 0
+    assert idx.predicted_entries == 0
 
 
 def test_prediction_and_events_combine():
@@ -105,3 +107,53 @@ def test_predictions_beyond_their_bound_are_dropped_and_counted():
     assert idx.match([1, 2], now=1) == {"a": 0, "b": 2}
     idx.expire_predictions(now=61)  # expiry is not an eviction
     assert idx.predicted_entries == 0 and idx.predicted_evictions == 1
+
+
+_op = st.tuples(
+    st.sampled_from(["stored", "removed", "predict", "expire", "clear"]),
+    st.sampled_from(["a", "b"]),
+    st.lists(st.integers(0, 9), max_size=6),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    first=st.lists(st.integers(0, 9), max_size=10),
+    second=st.lists(st.integers(0, 9), max_size=10),
+    before=st.lists(_op, max_size=6),
+    between=st.lists(_op, max_size=6),
+)
+def test_a_match_resumed_where_no_block_was_lost_equals_a_full_one(first, second, before, between):
+    """Resuming a pod's walk after the blocks a previous match found there
+    (the prefix both prompts share) gives the full walk's answer, whatever
+    was stored, removed, predicted or expired in between, as long as the
+    pod's epoch did not change."""
+    index = PrefixIndex(capacity=12, predicted_capacity=6)  # evictions happen too
+    now = [0.0]
+
+    def apply(ops):
+        for kind, pod, hashes in ops:
+            now[0] += 1.0
+            if kind == "stored":
+                index.stored(pod, hashes)
+            elif kind == "removed":
+                index.removed(pod, hashes)
+            elif kind == "predict":
+                index.predict(pod, hashes, now[0], ttl_s=2.0 if pod == "a" else 5.0)
+            elif kind == "expire":
+                index.expire_predictions(now[0])
+            else:
+                index.clear_pod(pod)
+
+    index.add_pod("a"), index.add_pod("b")
+    apply(before)
+    index.expire_predictions(now[0])
+    old = first
+    held = index.match(old, now[0])
+    epochs = {pod: index.epoch(pod) for pod in held}
+    apply(between)
+    index.expire_predictions(now[0])
+    new = old[: len(old) // 2] + second  # shares a prefix with the old prompt
+    shared = next((i for i, (x, y) in enumerate(zip(old, new)) if x != y), min(len(old), len(new)))
+    start = {pod: min(n, shared) for pod, n in held.items() if index.epoch(pod) == epochs[pod]}
+    assert index.match(new, now[0], start) == index.match(new, now[0])

@@ -1,6 +1,8 @@
 """Live sessions: the KV each pod's active sessions need, counted once per block."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.router.routing.live import LiveSessions
 
@@ -75,3 +77,41 @@ def test_the_least_recently_seen_sessions_go_beyond_the_bounds():
     assert len(live) == 1 and "big" in live and live.held_blocks == 10
     with pytest.raises(ValueError):
         LiveSessions(window_s=60, max_sessions=0)
+
+
+def _occupied_by_counting(live, pod, session, cached):
+    """The definition, block by block: every live block on the pod, less the
+    session's own that no other session holds, plus the prompt's cached
+    blocks that no other live session holds."""
+    counts = live._blocks.get(pod, {})
+    entry = live._sessions.get(session) if session else None
+    own = entry[1] if entry is not None and pod in entry[0] else frozenset()
+
+    def others(h):
+        return counts[h] - (h in own) if h in counts else 0
+
+    total = len(counts) - sum(1 for h in own if counts.get(h) == 1)
+    return total + sum(1 for h in set(cached) if others(h) <= 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    turns=st.lists(
+        st.tuples(
+            st.sampled_from(["s", "t", "u"]),
+            st.sampled_from(["a", "b"]),
+            st.lists(st.integers(0, 12), max_size=10),
+        ),
+        max_size=8,
+    ),
+    session=st.sampled_from(["s", "t", None]),
+    cached=st.lists(st.integers(0, 12), max_size=10),
+)
+def test_occupied_blocks_by_sets_equals_counting(turns, session, cached):
+    live = LiveSessions(window_s=100, max_sessions=2)
+    for i, (who, pod, hashes) in enumerate(turns):
+        live.touch(who, [pod], hashes, float(i))
+    for pod in ("a", "b"):
+        assert live.occupied_blocks(pod, session, cached) == _occupied_by_counting(
+            live, pod, session, cached
+        )

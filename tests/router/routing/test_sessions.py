@@ -4,9 +4,12 @@ import os
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from common.model import resolve_model
+from services.router.chat_templates import CHATML_TOOLS
 from services.router.routing.sessions import (
     IncrementalTokenizer,
     backend_encoder,
@@ -144,7 +147,70 @@ def test_the_token_bound_forgets_old_sessions_and_results_stay_exact(tok):
     reused = inc.stats.reused_tokens
     assert inc.encode(longer, "c") == tok(longer, add_special_tokens=False)["input_ids"]
     assert inc.stats.reused_tokens > reused  # the kept one still extends incrementally
-    inc.encode(longer, "a")  # evicted: tokenized in full, exactly
-    assert inc.stats.full == 4
+    # Evicted: found again by its opening (the kept session begins alike),
+    # exactly; only the very first text was tokenized in full.
+    assert inc.encode(longer, "a") == tok(longer, add_special_tokens=False)["input_ids"]
+    assert inc.stats.full == 1
     with pytest.raises(ValueError):
         IncrementalTokenizer(tok, max_tokens=0)
+
+
+def test_a_sub_agent_reuses_its_parents_tokens(tok):
+    inc = IncrementalTokenizer(tok)
+    msgs = conversation(20)[:-1]
+    inc.encode(inc.render_chat(msgs), "parent")
+    chars_before = inc.stats.tokenized_chars
+    fork = inc.render_chat(
+        msgs
+        + [{"role": "assistant", "content": "ok"}]
+        + [{"role": "user", "content": "Sub-task: read the tests"}]
+    )
+    assert inc.encode(fork, "parent:sub0") == tok(fork, add_special_tokens=False)["input_ids"]
+    assert inc.stats.tokenized_chars - chars_before < 100  # the fork's own tail only
+
+
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+_words = st.lists(
+    st.sampled_from([*'ab <>|_\n\t{}"é汉🤖', "<|im_end|>", "<|im_start|>"]), max_size=20
+).map("".join)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool"]), "content": _words}
+)
+_step = st.tuples(
+    st.sampled_from(["turn", "fork", "edit", "other"]), st.lists(_message, max_size=3)
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(system=_words, steps=st.lists(_step, min_size=1, max_size=6), tools=st.booleans())
+def test_sessions_and_forks_equal_full_tokenization_property(tok, system, steps, tools):
+    """Any sequence of turns, forks, edited histories and other sessions, over
+    the model's template and the tool template with tools: each result
+    equals tokenizing the whole rendered text."""
+    inc = IncrementalTokenizer(tok)
+    kwargs = {"tools": AGENT_TOOLS, "chat_template": CHATML_TOOLS.read_text()} if tools else {}
+    msgs = [{"role": "system", "content": system}]
+    session, forks = "s", 0
+    for kind, more in steps:
+        if kind == "edit" and len(msgs) > 1:
+            msgs = [msgs[0], {"role": "user", "content": "edited"}, *msgs[2:]]
+        elif kind == "fork":
+            forks += 1
+            session = f"s:sub{forks}"
+        elif kind == "other":
+            other = inc.render_chat([{"role": "user", "content": system + "x"}], **kwargs)
+            inc.encode(other, "other")
+        msgs = msgs + more + [{"role": "user", "content": "go"}]
+        text = inc.render_chat(msgs, **kwargs)
+        assert inc.encode(text, session) == tok(text, add_special_tokens=False)["input_ids"]

@@ -222,13 +222,18 @@ class ChatServing:
                 param="tools",
             )
         session = self.requests.session(request, body, messages=messages)
+        stages: dict[str, float] = {}
         try:
             token_ids = await self.tokenizer.chat_async(
-                messages, session.key if session else None, [t.definition for t in rendered]
+                messages,
+                session.key if session else None,
+                [t.definition for t in rendered],
+                stages,
             )
         except jinja2.TemplateError as exc:
             raise unrenderable(exc) from None
         ereq = self.requests.build("chatcmpl", request, body, token_ids, "messages", session)
+        ereq.stages.update(stages)
         if structured is not None:
             ereq.sampling.structured.CopyFrom(structured)
         if body.logprobs:

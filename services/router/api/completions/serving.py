@@ -78,12 +78,14 @@ class CompletionsServing:
         self, request: Request, body: CompletionRequest
     ) -> JSONResponse | StreamingResponse:
         self._requests.check_model(body)
+        stages: dict[str, float] = {}
         if isinstance(body.prompt, str):
-            token_ids = await self._tokenizer.prompt_async(body.prompt)
+            token_ids = await self._tokenizer.prompt_async(body.prompt, stages)
         else:
             token_ids = list(body.prompt)
         session = self._requests.session(request, body, prompt=body.prompt)
         ereq = self._requests.build("cmpl", request, body, token_ids, "prompt", session)
+        ereq.stages.update(stages)
         if body.logprobs is not None:
             ereq.sampling.logprobs = body.logprobs
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
