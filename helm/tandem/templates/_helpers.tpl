@@ -88,3 +88,22 @@ and pass through as they are, less empty lists and maps; the chart adds rdma
 {{- end }}
 {{- toYaml $pool }}
 {{- end -}}
+
+{{/* The Secret holding the router-engine mTLS files: the user's, else the one cert-manager issues. */}}
+{{- define "tandem.grpcTlsSecret" -}}
+{{- default (printf "%s-grpc-tls" (include "tandem.fullname" .)) .Values.grpcTls.existingSecret -}}
+{{- end -}}
+
+{{/* The DNS name the engines' certificate carries and the routers check. */}}
+{{- define "tandem.grpcTlsServerName" -}}
+{{- default (printf "%s-engine" (include "tandem.fullname" .)) .Values.grpcTls.serverName -}}
+{{- end -}}
+
+{{/* The claim an hf:// model is downloaded into: the user's, the chart's, or none. */}}
+{{- define "tandem.modelCache" -}}
+{{- if .Values.model.cache.existingClaim -}}
+{{- .Values.model.cache.existingClaim -}}
+{{- else if .Values.model.cache.create -}}
+{{- printf "%s-model-cache" (include "tandem.fullname" .) -}}
+{{- end -}}
+{{- end -}}
