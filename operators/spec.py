@@ -154,6 +154,8 @@ class PoolSpec:
     tolerations: tuple[Mapping[str, Any], ...]
     shm_size: str
     rdma: bool
+    scheduler_name: str | None
+    spread_across_nodes: bool
     termination_grace_period_seconds: int
 
     def gpus(self, replicas: int | None = None) -> int:

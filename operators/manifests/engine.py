@@ -296,6 +296,18 @@ def _pod_spec(
         pod["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
         pod["tolerations"] = [dict(t) for t in pool.tolerations]
+    if pool.scheduler_name:
+        pod["schedulerName"] = pool.scheduler_name
+    if pool.spread_across_nodes:
+        # Best effort: a pool larger than the nodes it may use still starts.
+        pod["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": pool_selector(td, role)},
+            }
+        ]
     return pod
 
 

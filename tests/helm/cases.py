@@ -83,6 +83,9 @@ FEATURES: dict[str, dict] = {
         "model": {"source": "hf://meta-llama/Llama-3.1-8B", "cache": {"existingClaim": "weights"}}
     },
     "model-pvc": {"model": {"source": "pvc://weights/llama-3.1-8b"}},
+    "decode-spread-and-scheduler": {
+        "decode": {"spreadAcrossNodes": True, "schedulerName": "volcano"}
+    },
     "watch-all-namespaces": {"operator": {"watchAllNamespaces": True}},
     "scaling-auto": {
         "scaling": {"mode": "Auto", "gpuBudget": 8, "slo": {"ttftP90Ms": 1500, "itlP90Ms": 40}}

@@ -326,6 +326,7 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
         ({"model": {"cache": {"accessModes": ["ReadWriteAll"]}}}, "/model/cache/accessModes"),
         ({"model": {"hfToken": {"secretKey": ""}}}, "/model/hfToken/secretKey"),
         ({"model": {"downloadBackoffLimit": -1}}, "/model/downloadBackoffLimit"),
+        ({"decode": {"spreadAcrossNodes": "yes"}}, "/decode/spreadAcrossNodes"),
         ({"grpcTls": {"enabled": "yes"}}, "/grpcTls/enabled"),
         ({"grpcTls": {"serverName": "Engines_1"}}, "/grpcTls/serverName"),
         (
@@ -498,3 +499,12 @@ def test_an_hf_source_gets_the_cache_claim_and_the_token_the_operators_job_uses(
     model = one(render(CASES["feature-model-pvc"]), "TandemDeployment")["spec"]["model"]
     assert model["source"] == "pvc://weights/llama-3.1-8b" and "cache" not in model
     assert not by_kind(render({}), "PersistentVolumeClaim")
+
+
+def test_pool_spread_and_scheduler_pass_to_the_tandem_deployment():
+    decode = one(render(CASES["feature-decode-spread-and-scheduler"]), "TandemDeployment")["spec"][
+        "decode"
+    ]
+    assert (decode["spreadAcrossNodes"], decode["schedulerName"]) == (True, "volcano")
+    # Empty: the default scheduler, not named.
+    assert "schedulerName" not in one(render({}), "TandemDeployment")["spec"]["decode"]

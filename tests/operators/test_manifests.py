@@ -573,3 +573,19 @@ def test_a_pvc_source_mounts_the_claim_and_downloads_nothing():
         "persistentVolumeClaim": {"claimName": "weights", "readOnly": True},
     } in pod["volumes"]
     assert "--model=/models/llama-3.1-8b" in pod["containers"][0]["args"]
+
+
+def test_a_pool_may_spread_over_nodes_and_name_its_scheduler():
+    objs = everything(
+        spec(decode={"replicas": 4, "spreadAcrossNodes": True, "schedulerName": "volcano"})
+    )
+    by_name = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Deployment"}
+    decode = by_name["demo-decode"]["spec"]["template"]
+    assert decode["spec"]["schedulerName"] == "volcano"
+    [spread] = decode["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    # It counts the pool's own engine pods, and only them.
+    assert spread["labelSelector"]["matchLabels"].items() <= decode["metadata"]["labels"].items()
+    assert spread["labelSelector"]["matchLabels"] == manifests.pool_selector("demo", "decode")
+    prefill = by_name["demo-prefill"]["spec"]["template"]["spec"]
+    assert "topologySpreadConstraints" not in prefill and "schedulerName" not in prefill

@@ -65,14 +65,14 @@ scrapeTimeout: {{ default .root.Values.monitoring.scrapeTimeout .component.scrap
 {{/*
 One engine pool of the TandemDeployment's spec; (dict "root" $ "pool" .Values.prefill).
 The pool's values are the CRD's pool (values.schema.json is generated from it)
-and pass through as they are, less empty lists and maps; the chart adds rdma
+and pass through as they are, less empty lists, maps and strings; the chart adds rdma
 (rdma.enabled) and, with it, the RDMA env and resources.
 */}}
 {{- define "tandem.pool" -}}
 {{- $rdma := .root.Values.rdma -}}
 {{- $pool := dict -}}
 {{- range $key, $value := .pool }}
-{{- if not (and (or (kindIs "slice" $value) (kindIs "map" $value)) (empty $value)) }}
+{{- if not (and (or (kindIs "slice" $value) (kindIs "map" $value) (kindIs "string" $value)) (empty $value)) }}
 {{- $_ := set $pool $key $value }}
 {{- end }}
 {{- end }}
