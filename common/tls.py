@@ -8,6 +8,11 @@ changed (gRPC's dynamic server credentials); it requires a client
 certificate, and a plaintext client fails the handshake. The router (client)
 compares the files' modification times at each health poll and, when they
 changed, opens new channels with the new files (`TlsFiles.changed`).
+
+On Kubernetes the router dials engine pods by IP, which no shared
+certificate names; the router then checks the engines' certificate against
+one fixed name instead (`--grpc-tls-server-name`, gRPC's target name
+override), and every engine presents a certificate carrying that name.
 """
 
 from __future__ import annotations
@@ -55,11 +60,29 @@ class GrpcTlsSettings:
                 )
 
 
+@dataclass(frozen=True)
+class GrpcClientTlsSettings(GrpcTlsSettings):
+    """The client's (router's) side: the three files, and the name the
+    server's certificate must carry when it is not the address dialled."""
+
+    grpc_tls_server_name: str | None = setting(
+        None,
+        "name the engines' certificate must carry (a DNS subject alternative name), "
+        "checked instead of the address dialled: engine pods are dialled by IP, which a "
+        "certificate shared by a pool cannot name (default: the address)",
+        metavar="NAME",
+    )
+
+
 class TlsFiles:
     """The three files of `GrpcTlsSettings`, read together, and whether they
     changed since they were last read."""
 
     def __init__(self, settings: GrpcTlsSettings) -> None:
+        # The name the server's certificate is checked against (client side).
+        self.server_name = (
+            settings.grpc_tls_server_name if isinstance(settings, GrpcClientTlsSettings) else None
+        )
         if not settings.enabled:
             raise ValueError("TLS is off: no --grpc-tls-cert")
         assert settings.grpc_tls_key and settings.grpc_tls_ca  # validate() checked

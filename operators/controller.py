@@ -32,10 +32,12 @@ from operators import drain, manifests, metrics, reconcile
 from operators.kube import Kube
 from operators.spec import API_VERSION, TandemSpec, parse, parse_pool, problems
 from operators.status import (
+    Condition,
     PoolState,
     deployment_conditions,
     deployment_summary,
     merge_conditions,
+    model_condition,
     pool_conditions,
 )
 
@@ -64,6 +66,7 @@ class Outcome:
     pools: list[PoolState] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    model: Condition | None = None  # ModelReady, when the model is downloaded first
 
 
 def _now() -> str:
@@ -154,6 +157,19 @@ async def reconcile_deployment(
     except ApiException as exc:
         out.errors.append(f"API error {exc.status}: {exc.reason}")
         log.warning("reconcile of %s/%s failed: %s", namespace, td, exc)
+    # An hf:// model is downloaded once before any engine starts: until its
+    # Job completed the pools are left as they are (none at first; on a new
+    # revision, the old engines keep serving the old weights).
+    if (job := manifests.model_download_job(td, namespace, spec, owner)) is not None:
+        try:
+            out.model = model_condition(spec.model.source or "", await apply(job))
+        except ApiException as exc:
+            out.errors.append(f"model download: API error {exc.status}: {exc.reason}")
+            out.model = model_condition(spec.model.source or "", None)
+        if not out.model.status:
+            if out.model.reason == "DownloadFailed":
+                emit(body, "Warning", "DownloadFailed", out.model.message)
+            return await _finish(kube, body, out, spec, namespace, td, started)
     mode = spec.scaling.mode
     for role, pool_obj in zip(
         spec.roles, manifests.engine_pools(td, namespace, spec, owner), strict=True
@@ -181,6 +197,18 @@ async def reconcile_deployment(
             out.errors.append(f"{role} pool: {why}")
             out.pools.append(PoolState(role, parse_pool(pool_obj["spec"]).replicas, 0, 0))
             log.warning("reconcile of %s/%s, %s pool, failed: %s", namespace, td, role, exc)
+    return await _finish(kube, body, out, spec, namespace, td, started)
+
+
+async def _finish(
+    kube: Kube,
+    body: dict[str, Any],
+    out: Outcome,
+    spec: TandemSpec,
+    namespace: str,
+    td: str,
+    started: float,
+) -> Outcome:
     router = await kube.get("apps/v1", "Deployment", namespace, f"{td}-router")
     router_ready = router is not None and (
         router.get("status", {}).get("readyReplicas", 0) >= spec.router.replicas
@@ -425,7 +453,7 @@ def _port(pod: dict[str, Any], name: str, default: int) -> int:
 async def _write_status(kube: Kube, body: dict[str, Any], out: Outcome, router_ready: bool) -> None:
     meta = body["metadata"]
     generation = meta.get("generation", 1)
-    conditions = deployment_conditions(out.pools, router_ready, out.problems, out.errors)
+    conditions = deployment_conditions(out.pools, router_ready, out.problems, out.errors, out.model)
     status = {
         "observedGeneration": generation,
         **deployment_summary(out.pools),

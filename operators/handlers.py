@@ -50,6 +50,7 @@ OWNED = [
     ("policy", "v1", "poddisruptionbudgets"),
     ("networking.k8s.io", "v1", "ingresses"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("batch", "v1", "jobs"),
 ]
 TD = (GROUP, VERSION, "tandemdeployments")
 # The indexes, by the names kopf passes them under.

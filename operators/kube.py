@@ -38,6 +38,7 @@ PLURALS = {
     "TandemDeployment": "tandemdeployments",
     "EnginePool": "enginepools",
     "Lease": "leases",
+    "Job": "jobs",
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from common.model_source import HF, LOCAL, ModelSource, parse_source
 from operators.planner.profiles import PoolRole
 
 GROUP = "tandem.dev"
@@ -82,12 +83,41 @@ class VolumeSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SecretRefSpec:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheSpec:
+    persistent_volume_claim: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    path: str
+    path: str | None
+    source: str | None
     served_name: str | None
     dtype: str
     max_model_len: int | None
     volume: VolumeSpec | None
+    cache: CacheSpec | None
+    hf_token_secret_ref: SecretRefSpec | None
+    download_backoff_limit: int
+
+    @property
+    def origin(self) -> ModelSource:
+        """Where the weights come from: `source`, or `path` as it always was
+        (a Hub id vLLM downloads itself, or a path)."""
+        if self.source is not None:
+            return parse_source(self.source)
+        assert self.path is not None  # the CRD requires one of the two
+        return ModelSource(LOCAL, path=self.path)
+
+    @property
+    def served(self) -> str:
+        """The name clients send as `model`."""
+        return self.served_name or self.origin.name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,18 +154,14 @@ class PoolSpec:
     tolerations: tuple[Mapping[str, Any], ...]
     shm_size: str
     rdma: bool
+    scheduler_name: str | None
+    spread_across_nodes: bool
     termination_grace_period_seconds: int
 
     def gpus(self, replicas: int | None = None) -> int:
         """GPUs `replicas` replicas take (default: the spec's count)."""
         count = self.replicas if replicas is None else replicas
         return count * self.gpus_per_pod * self.nodes_per_replica
-
-
-@dataclass(frozen=True, kw_only=True)
-class SecretRefSpec:
-    name: str
-    key: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +203,12 @@ class RedisSpec:
     managed: bool
     url: str | None
     resources: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpcTlsSpec:
+    secret_name: str
+    server_name: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,6 +276,7 @@ class TandemSpec:
     aggregated: PoolSpec | None
     router: RouterSpec
     kv_store: KvStoreSpec
+    grpc_tls: GrpcTlsSpec | None
     redis: RedisSpec
     scaling: ScalingSpec
 
@@ -319,7 +352,7 @@ def parse_pool(spec: Mapping[str, Any]) -> EnginePoolSpec:
 
 def problems(spec: TandemSpec) -> list[str]:
     """What is wrong with a spec, each saying what to change."""
-    out: list[str] = []
+    out: list[str] = _model_problems(spec.model)
     for role in spec.roles:
         pool = spec.pool(role)
         if pool.min_replicas > pool.max_replicas:
@@ -360,6 +393,26 @@ def problems(spec: TandemSpec) -> list[str]:
     ingress = spec.router.ingress
     if ingress.tls_secret_name and not ingress.host:
         out.append("router.ingress.tlsSecretName needs router.ingress.host")
+    return out
+
+
+def _model_problems(model: ModelSpec) -> list[str]:
+    """The CRD's rules on `model`."""
+    if (model.path is None) == (model.source is None):
+        return ["model takes path or source, one of the two"]
+    if model.source is None:
+        return []
+    try:
+        origin = parse_source(model.source)
+    except ValueError as exc:
+        return [str(exc)]
+    out = []
+    if origin.kind == HF and model.cache is None:
+        out.append("an hf:// model.source needs model.cache.persistentVolumeClaim to download into")
+    if origin.kind != LOCAL and model.volume is not None:
+        out.append(
+            "model.volume goes with model.path or a local model.source, not with hf:// or pvc://"
+        )
     return out
 
 

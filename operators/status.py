@@ -102,9 +102,42 @@ def pool_conditions(pool: PoolState) -> list[Condition]:
     return out
 
 
+def model_condition(source: str, job: dict[str, Any] | None) -> Condition:
+    """`ModelReady` of an hf:// source from its download Job (None: not seen yet)."""
+    if job is None:
+        return Condition("ModelReady", False, "Downloading", f"starting the download of {source}")
+    name = job["metadata"]["name"]
+    status = job.get("status", {})
+    done = {c["type"]: c for c in status.get("conditions", []) if c.get("status") == "True"}
+    if "Complete" in done:
+        return Condition("ModelReady", True, "Downloaded", f"{source} is in the cache (job/{name})")
+    if "Failed" in done:
+        why = done["Failed"].get("message") or done["Failed"].get("reason", "")
+        return Condition(
+            "ModelReady",
+            False,
+            "DownloadFailed",
+            f"job/{name} failed ({why}): engines are not started; see "
+            f"`kubectl logs job/{name}`, fix the source or its token, and delete the Job to retry",
+        )
+    tries = job.get("spec", {}).get("backoffLimit", 0) + 1
+    return Condition(
+        "ModelReady",
+        False,
+        "Downloading",
+        f"job/{name} downloading {source}: {status.get('active', 0)} running, "
+        f"{status.get('failed', 0)} of {tries} tries failed",
+    )
+
+
 def deployment_conditions(
-    pools: list[PoolState], router_ready: bool, problems: list[str], errors: list[str]
+    pools: list[PoolState],
+    router_ready: bool,
+    problems: list[str],
+    errors: list[str],
+    model: Condition | None = None,
 ) -> list[Condition]:
+    """`model`: ModelReady when the model is downloaded first (else None)."""
     if problems:
         message = "the spec cannot be served: " + "; ".join(problems)
         return [
@@ -113,7 +146,7 @@ def deployment_conditions(
             Condition("Degraded", True, "InvalidSpec", message),
         ]
     pools_ready = all(p.ready >= p.desired and p.replicas == p.desired for p in pools)
-    ready = pools_ready and router_ready and not errors
+    ready = pools_ready and router_ready and not errors and (model is None or model.status)
     waiting = [
         f"{p.role} {p.ready}/{p.desired}"
         for p in pools
@@ -121,8 +154,11 @@ def deployment_conditions(
     ]
     if not router_ready:
         waiting.append("router")
+    model_failed = model is not None and model.reason == "DownloadFailed"
+    if model is not None and not model.status and not model_failed:
+        waiting.insert(0, "the model download")
     conflicts = [f"{p.role}: {p.conflict}" for p in pools if p.conflict]
-    degraded = conflicts + errors
+    degraded = conflicts + errors + ([model.message] if model is not None and model_failed else [])
     draining = [f"{p.role}: {', '.join(p.draining)}" for p in pools if p.draining]
     return [
         Condition(
@@ -137,7 +173,13 @@ def deployment_conditions(
         Condition(
             "Degraded",
             bool(degraded),
-            "ScalingConflict" if conflicts else ("ReconcileError" if errors else "Healthy"),
+            "ScalingConflict"
+            if conflicts
+            else "ReconcileError"
+            if errors
+            else "DownloadFailed"
+            if model_failed
+            else "Healthy",
             "; ".join(degraded),
         ),
         Condition(
@@ -146,6 +188,7 @@ def deployment_conditions(
             "PodsTerminating" if draining else "NoneDraining",
             "; ".join(draining),
         ),
+        *([model] if model is not None else []),
     ]
 
 

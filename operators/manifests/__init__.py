@@ -5,7 +5,8 @@ the per-node store clients and their config) and `engine` (one EnginePool
 per role and each pool's engines: a Deployment when a replica is one pod, a
 LeaderWorkerSet running vLLM's Ray executor when a replica spans
 `nodesPerReplica` nodes, plus a headless Service whose EndpointSlices the
-router watches); `meta` holds what they share. Every object carries an owner
+router watches), `model` (the Job that downloads an hf:// model into its
+cache before engines start); `meta` holds what they share. Every object carries an owner
 reference to the TandemDeployment (pool workloads too, so that deleting an
 EnginePool leaves its engines running) and Tandem's labels; engine pods also
 carry `llm-d.ai/role`.
@@ -43,6 +44,7 @@ from operators.manifests.meta import (
     pool_name,
     pool_selector,
 )
+from operators.manifests.model import download_job_name, model_download_job
 from operators.manifests.redis import redis_objects, redis_url
 from operators.manifests.router import router_objects
 from operators.spec import TandemSpec
@@ -65,10 +67,12 @@ __all__ = [
     "Manifest",
     "Owner",
     "WorkloadKind",
+    "download_job_name",
     "engine_argv",
     "engine_pools",
     "kvstore_settings",
     "labels",
+    "model_download_job",
     "pool_name",
     "pool_selector",
     "pool_workload",

@@ -20,6 +20,8 @@ from common.kube import (
     PORT_KV_REPLAY,
 )
 from common.roles import Role
+from common.settings import to_argv
+from common.tls import GrpcTlsSettings
 from operators.manifests.meta import (
     ENGINE_STARTUP_PERIODS,
     GRPC_PORT,
@@ -34,6 +36,8 @@ from operators.manifests.meta import (
     Manifest,
     Owner,
     env_pod_ip,
+    grpc_tls,
+    grpc_tls_volume,
     labels,
     meta,
     model_volume,
@@ -112,6 +116,7 @@ def engine_command(td: str, spec: TandemSpec, role: str, ray: bool = False) -> E
     pool = spec.pool(role)
     model = spec.model
     par = pool.parallelism
+    tls = grpc_tls(spec)
     host = EngineHostSettings(
         role=Role(ENGINE_ROLE[role]),
         host="$(POD_IP)",
@@ -123,10 +128,16 @@ def engine_command(td: str, spec: TandemSpec, role: str, ray: bool = False) -> E
         ),
         # Drain within the pod's grace period, leaving time to exit.
         shutdown_grace_s=max(1, pool.termination_grace_period_seconds - 10),
+        # The server side: its certificate and the CA; clients are not dialled.
+        tls=(
+            GrpcTlsSettings(tls.grpc_tls_cert, tls.grpc_tls_key, tls.grpc_tls_ca)
+            if tls is not None
+            else GrpcTlsSettings()
+        ),
     )
     vllm = VllmSettings(
-        model=model.path,
-        served_model_name=model.served_name or model.path,
+        model=model.origin.model_path,
+        served_model_name=model.served,
         dtype=model.dtype,
         tensor_parallel_size=par.tensor,
         pipeline_parallel_size=par.pipeline,
@@ -201,7 +212,8 @@ def _engine_container(
         container["command"], container["args"] = argv[:3], argv[3:]
     else:
         container["command"], container["args"] = ["sh", "-c"], [script]
-    container["readinessProbe"] = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 2}
+    serving, period = _serving_probe(spec)
+    container["readinessProbe"] = {**serving, "periodSeconds": period}
     container["livenessProbe"] = {
         "httpGet": {"path": "/health", "port": "metrics"},
         "periodSeconds": 10,
@@ -209,7 +221,7 @@ def _engine_container(
     }
     # Liveness waits for the engine's startup (see ENGINE_STARTUP_PERIODS).
     container["startupProbe"] = {
-        "grpc": {"port": GRPC_PORT},
+        **serving,
         "periodSeconds": 5,
         "failureThreshold": ENGINE_STARTUP_PERIODS,
     }
@@ -219,7 +231,24 @@ def _engine_container(
         )
     if (model := model_volume(spec)) is not None:
         container["volumeMounts"].append(model[1])
+    if (tls_volume := grpc_tls_volume(spec)) is not None:
+        container["volumeMounts"].append(tls_volume[1])
     return container
+
+
+def _serving_probe(spec: TandemSpec) -> tuple[dict[str, Any], int]:
+    """How the kubelet asks whether the engine serves (grpc.health.v1), and
+    how often. Its own gRPC probe speaks plaintext only: under mTLS the engine
+    refuses it, so a probe command in the pod asks over mTLS instead (a Python
+    process each time: every 5 s rather than 2)."""
+    tls = grpc_tls(spec)
+    if tls is None:
+        return {"grpc": {"port": GRPC_PORT}}, 2
+    argv = ["python", "-m", "common.grpc_health", f"--address=$POD_IP:{GRPC_PORT}"]
+    argv += to_argv(tls, joined=True)
+    # $POD_IP from the container's environment: probes get no $(VAR) expansion.
+    script = " ".join(a if a.startswith("--address") else shlex.quote(a) for a in argv)
+    return {"exec": {"command": ["sh", "-c", script]}, "timeoutSeconds": 5}, 5
 
 
 def _ray_worker_container(td: str, spec: TandemSpec, role: str) -> dict[str, Any]:
@@ -256,6 +285,8 @@ def _pod_spec(
         volumes.append({"name": "kvstore", "configMap": {"name": f"{td}-kvstore"}})
     if (model := model_volume(spec)) is not None:
         volumes.append(model[0])
+    if (tls_volume := grpc_tls_volume(spec)) is not None:
+        volumes.append(tls_volume[0])
     pod: dict[str, Any] = {
         "containers": containers,
         "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
@@ -265,6 +296,18 @@ def _pod_spec(
         pod["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
         pod["tolerations"] = [dict(t) for t in pool.tolerations]
+    if pool.scheduler_name:
+        pod["schedulerName"] = pool.scheduler_name
+    if pool.spread_across_nodes:
+        # Best effort: a pool larger than the nodes it may use still starts.
+        pod["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": pool_selector(td, role)},
+            }
+        ]
     return pod
 
 

@@ -14,6 +14,8 @@ from common.kube import (
     LABEL_DEPLOYMENT,
     LABEL_ROLE,
 )
+from common.model_source import HF, MOUNT, PVC
+from common.tls import GrpcClientTlsSettings
 from operators.spec import API_VERSION, ENGINE_ROLE, TandemSpec
 
 Manifest = dict[str, Any]
@@ -37,7 +39,10 @@ KVSTORE_CONFIG_DIR = "/etc/tandem/kvstore"
 # Seconds a pod keeps serving after it is told to stop, before SIGTERM: the
 # time for EndpointSlice updates to reach every router replica.
 PRESTOP_SECONDS = 5
-MODEL_MOUNT = "/models"
+MODEL_MOUNT = MOUNT
+# The grpcTls Secret, mounted whole (no subPath): a renewed Secret then
+# reaches the files in place, and both sides reread them.
+GRPC_TLS_DIR = "/etc/tandem/grpc-tls"
 
 
 @dataclass(frozen=True)
@@ -107,19 +112,54 @@ def with_requests(resources: Mapping[str, Any] | None, defaults: dict[str, str])
 
 def model_volume(spec: TandemSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The model's volume and its read-only mount at /models, for every pod
-    that reads `model.path` there (engines: weights; routers: the tokenizer),
-    or None when the model comes from elsewhere (a hub id)."""
-    vol = spec.model.volume
-    if vol is not None and vol.persistent_volume_claim:
-        source: dict[str, Any] = {
-            "persistentVolumeClaim": {"claimName": vol.persistent_volume_claim, "readOnly": True}
-        }
-    elif vol is not None and vol.host_path:
-        source = {"hostPath": {"path": vol.host_path}}
+    that reads the model there (engines: weights; routers: the tokenizer),
+    or None when the model comes from elsewhere (a hub id vLLM downloads, a
+    path in the image): an hf:// source's cache, a pvc:// source's claim,
+    else `model.volume`."""
+    model = spec.model
+    origin = model.origin
+    claim = (
+        model.cache.persistent_volume_claim
+        if origin.kind == HF and model.cache is not None
+        else origin.claim
+        if origin.kind == PVC
+        else model.volume.persistent_volume_claim
+        if model.volume is not None
+        else None
+    )
+    if claim:
+        source: dict[str, Any] = {"persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+    elif model.volume is not None and model.volume.host_path:
+        source = {"hostPath": {"path": model.volume.host_path}}
     else:
         return None
     return {"name": "model", **source}, {
         "name": "model",
         "mountPath": MODEL_MOUNT,
+        "readOnly": True,
+    }
+
+
+def grpc_tls(spec: TandemSpec) -> GrpcClientTlsSettings | None:
+    """The mTLS flags of the router and the engines (the engines take all but
+    the server name), or None when the link is plaintext."""
+    tls = spec.grpc_tls
+    if tls is None:
+        return None
+    return GrpcClientTlsSettings(
+        grpc_tls_cert=f"{GRPC_TLS_DIR}/tls.crt",
+        grpc_tls_key=f"{GRPC_TLS_DIR}/tls.key",
+        grpc_tls_ca=f"{GRPC_TLS_DIR}/ca.crt",
+        grpc_tls_server_name=tls.server_name,
+    )
+
+
+def grpc_tls_volume(spec: TandemSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The grpcTls Secret's volume and its read-only mount, or None."""
+    if spec.grpc_tls is None:
+        return None
+    return {"name": "grpc-tls", "secret": {"secretName": spec.grpc_tls.secret_name}}, {
+        "name": "grpc-tls",
+        "mountPath": GRPC_TLS_DIR,
         "readOnly": True,
     }

@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from common.router import DiscoverySettings, RouterCommand, RouterLaunchSettings
+from common.settings import to_argv
 from operators.manifests.meta import (
     ENGINE_STARTUP_PERIODS,
     PRESTOP_SECONDS,
     ROUTER_PORT,
     Manifest,
     Owner,
+    grpc_tls,
+    grpc_tls_volume,
     labels,
     meta,
     model_volume,
@@ -34,7 +37,7 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
         RouterLaunchSettings(
             host="0.0.0.0",
             port=ROUTER_PORT,
-            model=spec.model.path,
+            model=spec.model.origin.model_path,
             served_model_name=spec.model.served_name or None,
         ),
         DiscoverySettings(
@@ -43,7 +46,11 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
         # The routing settings sit beside the policies (services/router/routing),
         # which the operator may not import: the router's parser checks these
         # (tests/operators/test_service_commands.py).
-        (f"--policy={router.policy}", *([f"--redis-url={url}"] if url else [])),
+        (
+            f"--policy={router.policy}",
+            *([f"--redis-url={url}"] if url else []),
+            *(to_argv(tls, joined=True) if (tls := grpc_tls(spec)) else []),
+        ),
     )
     env: list[dict[str, Any]] = []
     ref = router.api_key_secret_ref
@@ -86,10 +93,12 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
         "containers": [container],
         "terminationGracePeriodSeconds": 60,
     }
-    # The router tokenizes with the model's own tokenizer, read from model.path.
-    if (model := model_volume(spec)) is not None:
-        container["volumeMounts"] = [model[1]]
-        pod["volumes"] = [model[0]]
+    # The model (the router tokenizes with its own tokenizer, read where the
+    # engines read the weights) and the mTLS Secret.
+    volumes = [v for v in (model_volume(spec), grpc_tls_volume(spec)) if v is not None]
+    if volumes:
+        container["volumeMounts"] = [mount for _, mount in volumes]
+        pod["volumes"] = [volume for volume, _ in volumes]
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

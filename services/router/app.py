@@ -115,13 +115,15 @@ def endpoint_label(scope) -> str:
 
 
 async def _model_info(
-    addresses: list[str], credentials: grpc.ChannelCredentials | None = None
+    addresses: list[str],
+    credentials: grpc.ChannelCredentials | None = None,
+    server_name: str | None = None,
 ) -> pb.GetModelInfoResponse:
     """Ask the engines what they serve (waiting for the first to answer)."""
     deadline = time.monotonic() + _STARTUP_WAIT_S
     while True:
         for address in addresses:
-            async with open_channel(address, credentials) as channel:
+            async with open_channel(address, credentials, server_name) as channel:
                 try:
                     return await pb_grpc.EngineStub(channel).GetModelInfo(
                         pb.GetModelInfoRequest(), timeout=2.0
@@ -232,7 +234,9 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         specs = await source.initial()
         tls = TlsFiles(settings.tls) if settings.tls.enabled else None
         info = await _model_info(
-            [s.name for s in specs], tls.channel_credentials() if tls is not None else None
+            [s.name for s in specs],
+            tls.channel_credentials() if tls is not None else None,
+            settings.tls.grpc_tls_server_name,
         )
         card = ModelCard(
             name=settings.served_model_name or info.served_model_name,

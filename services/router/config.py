@@ -20,7 +20,7 @@ from common.settings import (
     group,
     setting,
 )
-from common.tls import GrpcTlsSettings
+from common.tls import GrpcClientTlsSettings
 from services.router.admission import AdmissionSettings
 from services.router.auth import read_keys_file
 from services.router.body_limits import BodySettings
@@ -133,12 +133,14 @@ class RouterSettings(RouterLaunchSettings):
         "minute over the generation endpoints; beyond either, 429 with Retry-After "
         "(docs/operate.md, 'Rate limits').",
     )
-    tls: GrpcTlsSettings = group(
-        GrpcTlsSettings,
+    tls: GrpcClientTlsSettings = group(
+        GrpcClientTlsSettings,
         "mutual TLS to the engines",
         "With --grpc-tls-cert, --grpc-tls-key and --grpc-tls-ca the router calls the engines "
         "over mutual TLS (the engines need the same flags); the files are checked at each "
-        "health poll and the channels reopened when they change (docs/operate.md, 'mTLS').",
+        "health poll and the channels reopened when they change (docs/operate.md, 'mTLS'). "
+        "--grpc-tls-server-name checks the engines' certificate against one name instead of "
+        "the pod address dialled, as on Kubernetes.",
     )
     # Not in repr: settings must be printable without leaking keys. Not a
     # derived flag either: --api-key, --api-keys-file and the environment merge.

@@ -42,11 +42,17 @@ _SLOW_POLLS_BEFORE_UNHEALTHY = 3
 _closing: set[asyncio.Task[None]] = set()
 
 
-def open_channel(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
-    """A channel to an engine: mutual TLS with `credentials`, else plaintext."""
+def open_channel(
+    address: str, credentials: grpc.ChannelCredentials | None, server_name: str | None = None
+) -> grpc.aio.Channel:
+    """A channel to an engine: mutual TLS with `credentials` (the engine's
+    certificate checked against `server_name`, else the address), else plaintext."""
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
+    options = list(_CHANNEL_OPTIONS)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.aio.secure_channel(address, credentials, options=options)
 
 
 class EnginePod:
@@ -57,14 +63,16 @@ class EnginePod:
         spec: PodSpec,
         events: KvEventSubscriber | None = None,
         credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
     ) -> None:
         self.spec = spec
+        self._server_name = server_name
         self._connect(credentials)
         self.events = events
         self.slow_polls = 0
 
     def _connect(self, credentials: grpc.ChannelCredentials | None) -> None:
-        self.channel = open_channel(self.spec.name, credentials)
+        self.channel = open_channel(self.spec.name, credentials, self._server_name)
         self.stub = pb_grpc.EngineStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
@@ -130,7 +138,9 @@ class PodPool:
                 spec.name, spec.kv_events, spec.kv_events_replay, self.core.index
             )
             events.start()
-        pod = self._pods[spec.name] = EnginePod(spec, events, self._credentials)
+        pod = self._pods[spec.name] = EnginePod(
+            spec, events, self._credentials, self._tls.server_name if self._tls else None
+        )
         log.info(
             "pod %s (%s) added%s",
             spec.name,

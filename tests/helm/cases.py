@@ -71,6 +71,21 @@ FEATURES: dict[str, dict] = {
     "model-volume": {
         "model": {"path": "/models/llama", "volume": {"persistentVolumeClaim": "llama-weights"}}
     },
+    "model-hf-cache": {
+        "model": {
+            "source": "hf://Qwen/Qwen3-8B@9c1d2a7",
+            "cache": {"create": True, "size": "50Gi", "storageClassName": "fast-rwx"},
+            "hfToken": {"existingSecret": "hf-token"},
+            "downloadBackoffLimit": 5,
+        }
+    },
+    "model-hf-existing-claim": {
+        "model": {"source": "hf://meta-llama/Llama-3.1-8B", "cache": {"existingClaim": "weights"}}
+    },
+    "model-pvc": {"model": {"source": "pvc://weights/llama-3.1-8b"}},
+    "decode-spread-and-scheduler": {
+        "decode": {"spreadAcrossNodes": True, "schedulerName": "volcano"}
+    },
     "watch-all-namespaces": {"operator": {"watchAllNamespaces": True}},
     "scaling-auto": {
         "scaling": {"mode": "Auto", "gpuBudget": 8, "slo": {"ttftP90Ms": 1500, "itlP90Ms": 40}}
@@ -119,6 +134,19 @@ FEATURES: dict[str, dict] = {
         "scaling": {"profiles": {"aggregated": "qwen-aggregated"}},
         "rdma": {"enabled": True},
     },
+    "grpc-tls": {"grpcTls": {"enabled": True}},
+    "grpc-tls-cluster-issuer": {
+        "grpcTls": {
+            "enabled": True,
+            "serverName": "engines.llm.internal",
+            "certManager": {
+                "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},
+                "duration": "720h",
+                "renewBefore": "240h",
+            },
+        }
+    },
+    "grpc-tls-existing-secret": {"grpcTls": {"enabled": True, "existingSecret": "llm-grpc-tls"}},
     "no-kv-store": {"kvStore": {"enabled": False}},
     "no-helm-test": {"helmTest": {"enabled": False}},
 }

@@ -9,6 +9,7 @@ field is pruned (and reported) the way kube-apiserver would drop it:
   Extension's API reference);
 * ServiceMonitor and PodMonitor, `monitoring.coreos.com/v1` (the Prometheus
   operator's API reference);
+* Certificate and Issuer, `cert-manager.io/v1` (cert-manager's API reference);
 * LeaderWorkerSet, `leaderworkerset.x-k8s.io/v1`: tests/operators/lws_schema.py.
 
 `additionalProperties: false` marks objects whose every field is listed here,
@@ -197,6 +198,124 @@ INFERENCE_POOL: Schema = {
     },
 }
 
+_ISSUER_REF: Schema = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "kind": {"type": "string"},
+        "group": {"type": "string"},
+    },
+}
+# The key usages cert-manager's KeyUsage type lists.
+_KEY_USAGES = [
+    "signing",
+    "digital signature",
+    "content commitment",
+    "key encipherment",
+    "key agreement",
+    "data encipherment",
+    "cert sign",
+    "crl sign",
+    "encipher only",
+    "decipher only",
+    "any",
+    "server auth",
+    "client auth",
+    "code signing",
+    "email protection",
+    "s/mime",
+    "ipsec end system",
+    "ipsec tunnel",
+    "ipsec user",
+    "timestamping",
+    "ocsp signing",
+    "microsoft sgc",
+    "netscape sgc",
+]
+_STRINGS: Schema = {"type": "array", "items": {"type": "string"}}
+
+CERTIFICATE: Schema = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["secretName", "issuerRef"],
+            "additionalProperties": False,
+            "properties": {
+                "secretName": {"type": "string", "minLength": 1},
+                "issuerRef": _ISSUER_REF,
+                "commonName": {"type": "string", "maxLength": 64},
+                "dnsNames": _STRINGS,
+                "ipAddresses": _STRINGS,
+                "uris": _STRINGS,
+                "emailAddresses": _STRINGS,
+                "duration": {"type": "string"},
+                "renewBefore": {"type": "string"},
+                "renewBeforePercentage": {"type": "integer", "format": "int32"},
+                "isCA": {"type": "boolean"},
+                "usages": {"type": "array", "items": {"type": "string", "enum": _KEY_USAGES}},
+                "privateKey": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "algorithm": {"type": "string", "enum": ["RSA", "ECDSA", "Ed25519"]},
+                        "size": {"type": "integer"},
+                        "encoding": {"type": "string", "enum": ["PKCS1", "PKCS8"]},
+                        "rotationPolicy": {"type": "string", "enum": ["Never", "Always"]},
+                    },
+                },
+                "subject": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                "secretTemplate": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"labels": _STRING_MAP, "annotations": _STRING_MAP},
+                },
+                "revisionHistoryLimit": {"type": "integer", "format": "int32", "minimum": 1},
+            },
+        },
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+
+ISSUER: Schema = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            # One kind of issuer per object.
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {
+                "selfSigned": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"crlDistributionPoints": _STRINGS},
+                },
+                "ca": {
+                    "type": "object",
+                    "required": ["secretName"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "secretName": {"type": "string", "minLength": 1},
+                        "crlDistributionPoints": _STRINGS,
+                        "ocspServers": _STRINGS,
+                        "issuingCertificateURLs": _STRINGS,
+                    },
+                },
+                "acme": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                "vault": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                "venafi": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+        },
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+
 
 def _crd(
     group: str,
@@ -233,7 +352,7 @@ def _crd(
 
 
 def crds() -> list[dict[str, Any]]:
-    """The four as CustomResourceDefinitions, as their projects install them."""
+    """Them all as CustomResourceDefinitions, as their projects install them."""
     lws_group, _, lws_version = lws_schema.API_VERSION.rpartition("/")
     return [
         _crd(
@@ -249,4 +368,6 @@ def crds() -> list[dict[str, Any]]:
         ),
         _crd("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", SERVICE_MONITOR),
         _crd("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors", POD_MONITOR),
+        _crd("cert-manager.io", "v1", "Certificate", "certificates", CERTIFICATE),
+        _crd("cert-manager.io", "v1", "Issuer", "issuers", ISSUER),
     ]

@@ -24,7 +24,13 @@ def _set(obj: dict, path: str, value: object) -> dict:
 
 
 def test_the_chart_renders_every_foreign_kind_and_each_is_valid():
-    docs = render({**CASES["feature-monitoring"], **CASES["feature-inference-pool"]})
+    docs = render(
+        {
+            **CASES["feature-monitoring"],
+            **CASES["feature-inference-pool"],
+            **CASES["feature-grpc-tls"],
+        }
+    )
     kinds = {crd["spec"]["names"]["kind"] for crd in foreign_crds()}
     rendered = [d for d in docs if d["kind"] in kinds]
     assert {d["kind"] for d in rendered} == kinds - {"LeaderWorkerSet"}  # the operator's
@@ -70,4 +76,21 @@ def test_monitor_schemas_refuse_typos_and_bad_values(kind, path, value, expect):
 def test_inference_pool_schema_refuses_typos_and_bad_values(path, value, expect):
     pool = one(render(CASES["feature-inference-pool"]), "InferencePool")
     found = problems(_set(pool, path, value))
+    assert any(expect in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    "kind,name,path,value,expect",
+    [
+        ("Certificate", "tandem-grpc-tls", "spec.dnsName", ["a"], "unknown field"),
+        ("Certificate", "tandem-grpc-tls", "spec.usages", ["client authentication"], "usages"),
+        ("Certificate", "tandem-grpc-tls", "spec.privateKey.algorithm", "EC", "algorithm"),
+        ("Certificate", "tandem-grpc-tls", "spec.issuerRef.name", "", "name"),
+        ("Issuer", "tandem-grpc-ca", "spec.ca.secret", "x", "unknown field"),
+        ("Issuer", "tandem-grpc-ca", "spec.selfSigned", {}, "spec"),  # two kinds at once
+    ],
+)
+def test_cert_manager_schemas_refuse_typos_and_bad_values(kind, name, path, value, expect):
+    obj = one(render(CASES["feature-grpc-tls"]), kind, name)
+    found = problems(_set(obj, path, value))
     assert any(expect in p for p in found), found

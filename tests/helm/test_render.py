@@ -317,6 +317,24 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
         ({"model": {"volume": {"hostPath": "/w", "persistentVolumeClaim": "w"}}}, "/model/volume"),
         ({"operator": {"replicas": -1}}, "/operator/replicas"),
         ({"prefill": {"replica": 3}}, "additional properties 'replica'"),
+        ({"model": {"source": "s3://bucket/llama"}}, "/model/source"),
+        ({"model": {"source": "hf://Qwen/Qwen3-8B"}}, "/model/cache"),  # nowhere to download
+        (
+            {"model": {"cache": {"existingClaim": "w", "create": True}}},
+            "/model/cache",
+        ),
+        ({"model": {"cache": {"accessModes": ["ReadWriteAll"]}}}, "/model/cache/accessModes"),
+        ({"model": {"hfToken": {"secretKey": ""}}}, "/model/hfToken/secretKey"),
+        ({"model": {"downloadBackoffLimit": -1}}, "/model/downloadBackoffLimit"),
+        ({"decode": {"spreadAcrossNodes": "yes"}}, "/decode/spreadAcrossNodes"),
+        ({"grpcTls": {"enabled": "yes"}}, "/grpcTls/enabled"),
+        ({"grpcTls": {"serverName": "Engines_1"}}, "/grpcTls/serverName"),
+        (
+            {"grpcTls": {"certManager": {"issuerRef": {"kind": "Signer"}}}},
+            "/grpcTls/certManager/issuerRef/kind",
+        ),
+        ({"grpcTls": {"certManager": {"duration": "90 days"}}}, "/grpcTls/certManager/duration"),
+        ({"grpcTls": {"existingSecrets": "x"}}, "additional properties 'existingSecrets'"),
     ],
 )
 def test_invalid_values_fail_naming_the_field(values, field):
@@ -409,3 +427,84 @@ def test_notes_scale_command_is_one_the_enginepool_admits(case):
         },
     }
     assert problems(pool) == []
+
+
+def test_grpc_tls_issues_one_certificate_both_sides_mount_and_names_it_in_the_spec():
+    """With cert-manager and no issuer given, the chart makes the release's
+    CA and a certificate for the name the routers check; the TandemDeployment
+    names that Secret, which the operator mounts into routers and engines."""
+    docs = render(CASES["feature-grpc-tls"])
+    spec = one(docs, "TandemDeployment")["spec"]
+    assert spec["grpcTls"] == {"secretName": "tandem-grpc-tls", "serverName": "tandem-engine"}
+    leaf = one(docs, "Certificate", "tandem-grpc-tls")["spec"]
+    assert leaf["secretName"] == spec["grpcTls"]["secretName"]
+    assert leaf["dnsNames"] == [spec["grpcTls"]["serverName"]]
+    assert {"server auth", "client auth"} <= set(leaf["usages"])
+    assert leaf["issuerRef"] == {
+        "name": "tandem-grpc-ca",
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+    ca = one(docs, "Certificate", "tandem-grpc-ca")["spec"]
+    assert ca["isCA"] and ca["issuerRef"]["name"] == "tandem-selfsigned"
+    assert one(docs, "Issuer", "tandem-grpc-ca")["spec"] == {"ca": {"secretName": ca["secretName"]}}
+    assert one(docs, "Issuer", "tandem-selfsigned")["spec"] == {"selfSigned": {}}
+
+    # The user's issuer: only the certificate, signed by it, for their name.
+    docs = render(CASES["feature-grpc-tls-cluster-issuer"])
+    assert [d["metadata"]["name"] for d in by_kind(docs, "Issuer")] == []
+    leaf = one(docs, "Certificate")["spec"]
+    assert leaf["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+    assert (leaf["duration"], leaf["renewBefore"]) == ("720h", "240h")
+    assert one(docs, "TandemDeployment")["spec"]["grpcTls"]["serverName"] == "engines.llm.internal"
+
+    # The user's Secret: no cert-manager objects at all.
+    docs = render(CASES["feature-grpc-tls-existing-secret"])
+    assert not by_kind(docs, "Certificate") and not by_kind(docs, "Issuer")
+    assert one(docs, "TandemDeployment")["spec"]["grpcTls"]["secretName"] == "llm-grpc-tls"
+    # Off by default: plaintext, nothing issued.
+    assert "grpcTls" not in one(render({}), "TandemDeployment")["spec"]
+    assert not by_kind(render({}), "Certificate")
+
+
+def test_an_hf_source_gets_the_cache_claim_and_the_token_the_operators_job_uses():
+    docs = render(CASES["feature-model-hf-cache"])
+    model = one(docs, "TandemDeployment")["spec"]["model"]
+    assert "path" not in model  # path or source, as the CRD requires
+    assert model == {
+        "source": "hf://Qwen/Qwen3-8B@9c1d2a7",
+        "cache": {"persistentVolumeClaim": "tandem-model-cache"},
+        "hfTokenSecretRef": {"name": "hf-token", "key": "HF_TOKEN"},
+        "downloadBackoffLimit": 5,
+        "dtype": "auto",
+    }
+    claim = one(docs, "PersistentVolumeClaim", "tandem-model-cache")
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "storageClassName": "fast-rwx",
+        "resources": {"requests": {"storage": "50Gi"}},
+    }
+    # The user's claim: named in the spec, none created.
+    docs = render(CASES["feature-model-hf-existing-claim"])
+    assert one(docs, "TandemDeployment")["spec"]["model"]["cache"] == {
+        "persistentVolumeClaim": "weights"
+    }
+    assert not by_kind(docs, "PersistentVolumeClaim")
+    # A claim's folder: no cache, nothing downloaded.
+    model = one(render(CASES["feature-model-pvc"]), "TandemDeployment")["spec"]["model"]
+    assert model["source"] == "pvc://weights/llama-3.1-8b" and "cache" not in model
+    assert not by_kind(render({}), "PersistentVolumeClaim")
+
+
+def test_pool_spread_and_scheduler_pass_to_the_tandem_deployment():
+    decode = one(render(CASES["feature-decode-spread-and-scheduler"]), "TandemDeployment")["spec"][
+        "decode"
+    ]
+    assert (decode["spreadAcrossNodes"], decode["schedulerName"]) == (True, "volcano")
+    # Empty: the default scheduler, not named.
+    assert "schedulerName" not in one(render({}), "TandemDeployment")["spec"]["decode"]

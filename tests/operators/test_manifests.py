@@ -37,8 +37,13 @@ def spec(**overrides) -> dict:
     return with_defaults(base)
 
 
+HF_MODEL = {"source": "hf://Qwen/Qwen3-8B@9c1d2a7", "cache": {"persistentVolumeClaim": "weights"}}
+
+
 def everything(s: dict) -> list[dict]:
     out = manifests.shared_objects("demo", "prod", parse(s), OWNER)
+    if (job := manifests.model_download_job("demo", "prod", parse(s), OWNER)) is not None:
+        out.append(job)
     out += manifests.engine_pools("demo", "prod", parse(s), OWNER)
     for role in ("prefill", "decode"):
         out += manifests.pool_workload(
@@ -209,6 +214,12 @@ def test_the_lws_schema_refuses_what_lws_would(path, value, expect):
             {"decode": {"nodesPerReplica": 2, "gpusPerPod": 4, "parallelism": {"tensor": 4}}},
             "needs parallelism.tensor x parallelism.pipeline = 8",
         ),
+        ({"model": {"path": "/m", "source": "/m"}}, "model takes path or source"),
+        ({"model": {"source": "hf://Qwen/Qwen3-8B"}}, "needs model.cache.persistentVolumeClaim"),
+        (
+            {"model": {"source": "pvc://weights/m", "volume": {"hostPath": "/w"}}},
+            "model.volume goes with model.path",
+        ),
     ],
 )
 def test_problems_say_what_to_fix_and_the_crd_agrees(change, fragment):
@@ -234,8 +245,10 @@ def test_the_operator_role_covers_every_kind_it_writes():
         )
 
     s = spec(
-        decode={"replicas": 1, "nodesPerReplica": 2, "gpusPerPod": 1, "parallelism": {"tensor": 2}}
+        model=HF_MODEL,
+        decode={"replicas": 1, "nodesPerReplica": 2, "gpusPerPod": 1, "parallelism": {"tensor": 2}},
     )
+    assert any(obj["kind"] == "Job" for obj in everything(s))
     for obj in everything(s):
         group = obj["apiVersion"].rpartition("/")[0]
         for verb in ("get", "create", "update", "watch"):
@@ -458,3 +471,121 @@ def test_routers_mount_the_model_volume_for_its_tokenizer(volume, source):
         for template in _pod_templates(obj):
             if template["spec"]["containers"][0]["name"] == "router":
                 assert "volumes" not in template["spec"]
+
+
+def test_grpc_tls_mounts_the_secret_in_routers_and_engines_and_passes_the_flags():
+    tls = {"secretName": "demo-grpc-tls", "serverName": "demo-engine"}
+    volume = {"name": "grpc-tls", "secret": {"secretName": "demo-grpc-tls"}}
+    mount = {"name": "grpc-tls", "mountPath": "/etc/tandem/grpc-tls", "readOnly": True}
+    seen = set()
+    for obj in everything(spec(grpcTls=tls)):
+        for template in _pod_templates(obj):
+            for c in template["spec"]["containers"]:
+                if c["name"] not in ("router", "engine"):
+                    continue
+                seen.add(c["name"])
+                assert mount in c["volumeMounts"]
+                assert volume in template["spec"]["volumes"]
+                flags = [a for a in c["args"] if a.startswith("--grpc-tls-")]
+                assert flags[:3] == [
+                    "--grpc-tls-cert=/etc/tandem/grpc-tls/tls.crt",
+                    "--grpc-tls-key=/etc/tandem/grpc-tls/tls.key",
+                    "--grpc-tls-ca=/etc/tandem/grpc-tls/ca.crt",
+                ]
+                # Only the router dials, so only it checks the engines' name.
+                server_name = ["--grpc-tls-server-name=demo-engine"]
+                assert flags[3:] == (server_name if c["name"] == "router" else [])
+                if c["name"] == "engine":
+                    assert "grpc" not in c["readinessProbe"]
+                    assert "common.grpc_health" in c["readinessProbe"]["exec"]["command"][2]
+    assert seen == {"router", "engine"}
+    # Off: plaintext, the kubelet's own gRPC probe, no Secret.
+    for obj in everything(spec()):
+        for template in _pod_templates(obj):
+            for c in template["spec"]["containers"]:
+                assert not any(a.startswith("--grpc-tls") for a in c.get("args", []))
+                if c["name"] == "engine":
+                    assert c["readinessProbe"]["grpc"] == {"port": manifests.GRPC_PORT}
+
+
+def test_grpc_tls_needs_the_secret_and_the_server_name():
+    for missing in ("secretName", "serverName"):
+        tls = {"secretName": "s", "serverName": "n"}
+        del tls[missing]
+        body = {
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "TandemDeployment",
+            "metadata": {"name": "demo"},
+            "spec": spec(grpcTls=tls),
+        }
+        _, _, errors = crd.admit(crd_schema("tandemdeployments"), body)
+        assert any(missing in e for e in errors), errors
+
+
+def test_an_hf_source_is_downloaded_by_a_job_into_the_cache_engines_read():
+    objs = everything(spec(model={**HF_MODEL, "hfTokenSecretRef": {"name": "hf-token"}}))
+    [job] = [o for o in objs if o["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    assert (job["spec"]["backoffLimit"], pod["restartPolicy"]) == (3, "Never")
+    [download] = pod["containers"]
+    assert download["command"] == [
+        "python",
+        "-m",
+        "common.model_source",
+        "hf://Qwen/Qwen3-8B@9c1d2a7",
+    ]
+    # The Job alone writes the cache; engines and routers read it.
+    assert download["volumeMounts"] == [{"name": "model", "mountPath": "/models"}]
+    assert pod["volumes"] == [{"name": "model", "persistentVolumeClaim": {"claimName": "weights"}}]
+    token = {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}
+    assert {"name": "HF_TOKEN", "valueFrom": token} in download["env"]
+    seen = set()
+    for obj in objs:
+        for template in _pod_templates(obj):
+            for c in template["spec"]["containers"]:
+                if c["name"] not in ("router", "engine"):
+                    continue
+                seen.add(c["name"])
+                assert {"name": "model", "mountPath": "/models", "readOnly": True} in c[
+                    "volumeMounts"
+                ]
+                assert "--model=/models/hf/Qwen/Qwen3-8B/9c1d2a7" in c["args"]
+                if c["name"] == "engine":
+                    assert "--served-model-name=Qwen/Qwen3-8B" in c["args"]
+    assert seen == {"router", "engine"}
+    # A new revision is a new Job: a Job's pod template cannot change.
+    other = spec(model={**HF_MODEL, "source": "hf://Qwen/Qwen3-8B@main"})
+    assert (
+        manifests.model_download_job("demo", "prod", parse(other), OWNER)["metadata"]["name"]
+        != job["metadata"]["name"]
+    )
+
+
+def test_a_pvc_source_mounts_the_claim_and_downloads_nothing():
+    objs = everything(spec(model={"source": "pvc://weights/llama-3.1-8b"}))
+    assert not [o for o in objs if o["kind"] == "Job"]
+    engine = next(
+        o for o in objs if o["metadata"]["name"] == "demo-decode" and o["kind"] == "Deployment"
+    )
+    pod = engine["spec"]["template"]["spec"]
+    assert {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": "weights", "readOnly": True},
+    } in pod["volumes"]
+    assert "--model=/models/llama-3.1-8b" in pod["containers"][0]["args"]
+
+
+def test_a_pool_may_spread_over_nodes_and_name_its_scheduler():
+    objs = everything(
+        spec(decode={"replicas": 4, "spreadAcrossNodes": True, "schedulerName": "volcano"})
+    )
+    by_name = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Deployment"}
+    decode = by_name["demo-decode"]["spec"]["template"]
+    assert decode["spec"]["schedulerName"] == "volcano"
+    [spread] = decode["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    # It counts the pool's own engine pods, and only them.
+    assert spread["labelSelector"]["matchLabels"].items() <= decode["metadata"]["labels"].items()
+    assert spread["labelSelector"]["matchLabels"] == manifests.pool_selector("demo", "decode")
+    prefill = by_name["demo-prefill"]["spec"]["template"]["spec"]
+    assert "topologySpreadConstraints" not in prefill and "schedulerName" not in prefill

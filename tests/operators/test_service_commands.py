@@ -8,6 +8,7 @@ binaries."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import subprocess
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from common.grpc_health import ProbeSettings
 from common.mooncake import find_binary
 from common.procs import Proc
 from common.roles import Role
+from common.settings import add_arguments, from_arguments
 from operators import manifests
 from operators.spec import ENGINE_ROLE, parse, with_defaults
 from services.stack import Stack, StackConfig
@@ -35,6 +38,12 @@ SPECS = {
         },
         "decode": {"replicas": 4, "parallelism": {"expert": True, "data": 2}},
         "router": {"replicas": 3, "policy": "round-robin"},
+    },
+    "mtls": {
+        "model": {"path": "/m"},
+        "prefill": {},
+        "decode": {"nodesPerReplica": 2, "parallelism": {"tensor": 2}},
+        "grpcTls": {"secretName": "demo-grpc-tls", "serverName": "demo-engine"},
     },
     "lws": {
         "model": {"path": "/m", "dtype": "bfloat16"},
@@ -103,6 +112,7 @@ def test_the_operators_router_command_parses(name):
     args = router_parse(container["command"] + container["args"])
     assert args.discovery == "kubernetes" and args.discovery_deployment == "demo"
     assert args.routing_policy == spec["router"]["policy"]
+    assert args.grpc_tls_server_name == spec.get("grpcTls", {}).get("serverName")
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -124,12 +134,38 @@ def test_every_engine_command_the_operator_renders_parses(name):
             argv = engine["command"] + engine["args"]
         args = engine_parse(argv)
         assert args.role == ENGINE_ROLE[role]
+        assert (args.grpc_tls_cert is not None) == ("grpcTls" in spec)
         assert args.tensor_parallel_size == spec[role]["parallelism"]["tensor"]
         assert args.distributed_executor_backend == (
             "ray" if argv != engine["command"] + engine["args"] else None
         )
         seen.add(role)
     assert seen >= set(parse(spec).roles)
+
+
+def test_the_engines_mtls_probe_parses_and_names_what_the_router_checks():
+    """Under mTLS the kubelet's plaintext gRPC probe is refused: the engines'
+    readiness and startup probes run common.grpc_health with the router's flags."""
+    spec, objs = rendered("mtls")
+    probed = 0
+    for obj in objs:
+        if obj["kind"] not in ("Deployment", "LeaderWorkerSet"):
+            continue
+        for c in containers(obj):
+            if c["name"] != "engine":
+                continue
+            for probe in ("readinessProbe", "startupProbe"):
+                sh, flag, script = c[probe]["exec"]["command"]
+                argv = shlex.split(script.replace("$POD_IP", "10.0.0.7"))
+                assert (sh, flag, argv[:3]) == ("sh", "-c", ["python", "-m", "common.grpc_health"])
+                parser = argparse.ArgumentParser()
+                add_arguments(parser, ProbeSettings, "")
+                settings = from_arguments(ProbeSettings, parser.parse_args(argv[3:]))
+                assert settings.address == f"10.0.0.7:{manifests.GRPC_PORT}"
+                assert settings.tls.grpc_tls_server_name == spec["grpcTls"]["serverName"]
+                assert settings.tls.grpc_tls_cert == "/etc/tandem/grpc-tls/tls.crt"
+                probed += 1
+    assert probed == 4  # prefill's and decode's leader, two probes each
 
 
 def mooncake_flags(binary: str) -> set[str]:

@@ -3,10 +3,15 @@ engine (bench/router_fakes.py) serving with certificates made here, reached
 through the router's own pod pool (services/router/pods.py). It serves a
 client presenting a certificate of its CA, refuses plaintext and clients
 without one, and both sides take new certificates written over the files
-without a restart. No mocks; a few seconds."""
+without a restart. On Kubernetes the router dials pods by IP and checks one
+name every engine's certificate carries instead (`--grpc-tls-server-name`);
+the engines' exec probe (common/grpc_health.py) does the same. No mocks; a
+few seconds."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import datetime
 import ipaddress
 import os
@@ -21,10 +26,11 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.router_fakes import Timing, start_grpc_server
+from common.grpc_health import main as probe
 from common.ports import free_port
 from common.roles import Role
 from common.settings import SettingError
-from common.tls import GrpcTlsSettings, TlsFiles
+from common.tls import GrpcClientTlsSettings, GrpcTlsSettings, TlsFiles
 from services.router.pods import PodPool, open_channel
 from services.router.routing import PodSpec, RoutingCore, RoutingSettings
 
@@ -39,7 +45,9 @@ class Authority:
         self.key = ec.generate_private_key(ec.SECP256R1())
         self.cert = self._sign(self.name, self.key.public_key(), ca=True)
 
-    def _sign(self, subject: x509.Name, public_key, ca: bool = False) -> x509.Certificate:
+    def _sign(
+        self, subject: x509.Name, public_key, ca: bool = False, dns: tuple[str, ...] = ()
+    ) -> x509.Certificate:
         now = datetime.datetime.now(datetime.UTC)
         builder = (
             x509.CertificateBuilder()
@@ -52,21 +60,22 @@ class Authority:
             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         )
         if not ca:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]
-                ),
-                critical=False,
-            )
+            # `dns` alone, or where the tests dial: localhost and 127.0.0.1.
+            names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns] or [
+                x509.DNSName("localhost"),
+                x509.IPAddress(ipaddress.ip_address(HOST)),
+            ]
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         return builder.sign(self.key, hashes.SHA256())
 
-    def write(self, folder: Path, name: str) -> GrpcTlsSettings:
-        """A certificate for `name` and its key, and this CA, as files in
+    def write(self, folder: Path, name: str, dns: tuple[str, ...] = ()) -> GrpcTlsSettings:
+        """A certificate for `name` (carrying the DNS names `dns`, else
+        localhost and 127.0.0.1) and its key, and this CA, as files in
         `folder` (overwritten, with a newer modification time)."""
         folder.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
         cert = self._sign(
-            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), key.public_key()
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), key.public_key(), dns=dns
         )
         files = {
             "cert.pem": cert.public_bytes(serialization.Encoding.PEM),
@@ -179,6 +188,40 @@ async def test_both_sides_take_new_certificates_without_a_restart(engine, ca, tm
         assert (await pool.get(engine.address).check(timeout=5))[0]
     finally:
         await pool.close()
+
+
+async def test_a_certificate_without_the_address_serves_under_its_server_name(ca, tmp_path):
+    """A pool's certificate names no pod IP: the router checks the name it
+    carries instead, and the probe the kubelet runs does the same."""
+    engine = Engine(ca, tmp_path / "engine")
+    engine.tls = ca.write(tmp_path / "engine", "engine", dns=("tandem-engine",))
+    await engine.start()
+    tls = ca.write(tmp_path / "router", "router", dns=("tandem-router",))
+    named = GrpcClientTlsSettings(*dataclasses.astuple(tls), grpc_tls_server_name="tandem-engine")
+    unnamed = PodPool(RoutingCore(RoutingSettings()), poll_interval_s=1.0, tls=TlsFiles(tls))
+    pool = pool_with(engine.address, named)
+    try:
+        # Dialled by IP and checked against it: refused.
+        unnamed.add_pod(PodSpec(engine.address, Role.BOTH))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await unnamed.get(engine.address).check(timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert (await pool.get(engine.address).check(timeout=5))[0]
+        flags = [
+            f"--address={engine.address}",
+            f"--grpc-tls-cert={tls.grpc_tls_cert}",
+            f"--grpc-tls-key={tls.grpc_tls_key}",
+            f"--grpc-tls-ca={tls.grpc_tls_ca}",
+        ]
+        # The probe blocks: off the loop that serves the engine.
+        named_probe = [*flags, "--grpc-tls-server-name=tandem-engine"]
+        assert await asyncio.to_thread(probe, named_probe) == 0
+        assert await asyncio.to_thread(probe, flags) == 1
+        assert await asyncio.to_thread(probe, [f"--address={engine.address}"]) == 1  # plaintext
+    finally:
+        await pool.close()
+        await unnamed.close()
+        await engine.stop()
 
 
 def test_settings_need_all_three_files(tmp_path):

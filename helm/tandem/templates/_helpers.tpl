@@ -65,14 +65,14 @@ scrapeTimeout: {{ default .root.Values.monitoring.scrapeTimeout .component.scrap
 {{/*
 One engine pool of the TandemDeployment's spec; (dict "root" $ "pool" .Values.prefill).
 The pool's values are the CRD's pool (values.schema.json is generated from it)
-and pass through as they are, less empty lists and maps; the chart adds rdma
+and pass through as they are, less empty lists, maps and strings; the chart adds rdma
 (rdma.enabled) and, with it, the RDMA env and resources.
 */}}
 {{- define "tandem.pool" -}}
 {{- $rdma := .root.Values.rdma -}}
 {{- $pool := dict -}}
 {{- range $key, $value := .pool }}
-{{- if not (and (or (kindIs "slice" $value) (kindIs "map" $value)) (empty $value)) }}
+{{- if not (and (or (kindIs "slice" $value) (kindIs "map" $value) (kindIs "string" $value)) (empty $value)) }}
 {{- $_ := set $pool $key $value }}
 {{- end }}
 {{- end }}
@@ -87,4 +87,23 @@ and pass through as they are, less empty lists and maps; the chart adds rdma
 {{- $_ := set $pool "resources" $resources }}
 {{- end }}
 {{- toYaml $pool }}
+{{- end -}}
+
+{{/* The Secret holding the router-engine mTLS files: the user's, else the one cert-manager issues. */}}
+{{- define "tandem.grpcTlsSecret" -}}
+{{- default (printf "%s-grpc-tls" (include "tandem.fullname" .)) .Values.grpcTls.existingSecret -}}
+{{- end -}}
+
+{{/* The DNS name the engines' certificate carries and the routers check. */}}
+{{- define "tandem.grpcTlsServerName" -}}
+{{- default (printf "%s-engine" (include "tandem.fullname" .)) .Values.grpcTls.serverName -}}
+{{- end -}}
+
+{{/* The claim an hf:// model is downloaded into: the user's, the chart's, or none. */}}
+{{- define "tandem.modelCache" -}}
+{{- if .Values.model.cache.existingClaim -}}
+{{- .Values.model.cache.existingClaim -}}
+{{- else if .Values.model.cache.create -}}
+{{- printf "%s-model-cache" (include "tandem.fullname" .) -}}
+{{- end -}}
 {{- end -}}
