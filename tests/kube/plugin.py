@@ -181,7 +181,11 @@ class OperatorProcess:
                 self.proc.kill()
             else:
                 self.proc.terminate()
-            self.proc.wait(20)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -246,8 +250,8 @@ def running_operator(
     try:
         proc.wait_ready()
         yield proc
-        proc.stop()
     finally:
+        proc.stop()
         print(f"\n--- operator log (exit {proc.proc.returncode}) ---\n{proc.output()[-20000:]}")
 
 
