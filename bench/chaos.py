@@ -23,19 +23,13 @@ Each phase then checks the promises (docs/operate.md, "Chaos suite"):
   flight and no KV block in use (a prefill's leased blocks count), within
   the KV lease plus a margin.
 
-Error kinds (``Outcome.kind``), as the client sees them:
-
-``ok``                 a finish_reason and ``[DONE]``
-``http_<status>``      an error response before the stream began
-``decode_lost``        an error event naming a decode pod after output tokens
-                       streamed: what request migration would save
-``error_event``        any other error event in the stream
-``connection_lost``    the connection broke mid-response (a transport error
-                       the client sees, e.g. its router replica died)
-``connect_failed``     neither replica accepted the connection
-``truncated``          the stream ended cleanly but without a finish
-``no_output``          finished without one output token
-``hang``               no end before the request's deadline
+Error kinds (`kind_of`), as the client sees them: the replay's failure kinds
+(``tandem.workload.replay.FAILURES``: ``http_<status>``, ``error_event``,
+``connection_lost`` e.g. when its router replica died, ``connect_failed``
+when neither replica accepted the connection, ``truncated``, ``no_output``),
+a request past its deadline as ``hang``, and ``decode_lost``: an error event
+naming a decode pod after output tokens streamed, what request migration
+would save.
 
     make chaos                              # every fault, its own stack
     python -m bench.chaos --faults decode_kill,redis_restart
@@ -47,7 +41,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import signal
 import sys
@@ -70,184 +63,41 @@ from common.procs import Proc, launch, stop_process_groups
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from tandem.workload import generate
-from tandem.workload.content import BuiltPrompt, PromptBuilder
-from tandem.workload.endpoint import is_done, output_deltas, served_model, sse_data
+from tandem.workload.content import PromptBuilder
+from tandem.workload.endpoint import served_model
 from tandem.workload.replay import ReplayConfig, Replayer, RequestRecord, build_prompts
 
 MIGRATABLE = "decode_lost"
-# Kinds no fault may cause: a broken promise whatever happened.
-NEVER = {"hang", "truncated", "no_output"}
+# The replay's failure kinds (tandem.workload.replay.FAILURES) by the table's names.
+KIND_OF_FAILURE = {"timeout": "hang"}
 HOST = "127.0.0.1"
 # A client pauses this long after a failed call before its next one.
 FAILURE_PAUSE_S = 1.0
 
 
-# -- one request's outcome ---------------------------------------------------------
+# -- the load: the agentic replay, each request with a deadline ------------------
 
 
-@dataclass(frozen=True)
-class Outcome:
-    start: float  # time.monotonic()
-    end: float
-    kind: str  # "ok" or an error kind (module doc)
-    tokens: int = 0  # output deltas received
-    detail: str = ""
-
-
-def classify(events: list[str], transport_error: str | None = None) -> tuple[str, int, str]:
-    """(kind, output deltas, detail) of one chat-completions stream from its
-    ``data:`` payloads in order; ``transport_error`` when the connection
-    broke before the stream's end."""
-    tokens, finished, done = 0, False, False
-    for data in events:
-        if is_done(data):
-            done = True
-            break
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            return "error_event", tokens, f"not JSON: {data[:120]}"
-        if "error" in chunk:
-            error = chunk["error"]
-            message = str(error.get("message", error) if isinstance(error, dict) else error)
-            if tokens and "decode pod" in message:
-                return MIGRATABLE, tokens, message[:200]
-            return "error_event", tokens, message[:200]
-        tokens += output_deltas(chunk)
-        finished |= any(c.get("finish_reason") for c in chunk.get("choices") or ())
-    if transport_error is not None:
-        return "connection_lost", tokens, transport_error[:200]
-    if not (done and finished):
-        return "truncated", tokens, f"done={done} finish_reason={finished}"
-    if tokens == 0:
-        return "no_output", tokens, ""
-    return "ok", tokens, ""
-
-
-# -- the load: the agentic replay, each request with a deadline and failover -----
+def kind_of(rec: RequestRecord) -> str:
+    """A replayed request's end as the table counts it: ``ok``, the replay's
+    failure kind, or ``decode_lost`` for an error event naming a decode pod
+    after output streamed (what request migration would save)."""
+    if rec.ok:
+        return "ok"
+    if rec.failure == "error_event" and rec.output_tokens and "decode pod" in (rec.error or ""):
+        return MIGRATABLE
+    return KIND_OF_FAILURE.get(rec.failure or "", rec.failure or "error")
 
 
 class ChaosLoad(Replayer):
-    """The replay client's sessions and sub-agent forks, its HTTP call
-    replaced: a deadline per request, failover on a refused connection, and
-    an `Outcome` per request."""
+    """The replay client (its sessions, sub-agent forks, deadline per request
+    and failover between replicas), backing off after a failed call as an
+    agent's client would."""
 
-    def __init__(
-        self,
-        urls: list[str],
-        model: str,
-        sessions: list,
-        prompts: dict[int, BuiltPrompt],
-        salt: str,
-        concurrency: int,
-        deadline_s: float,
-        max_tokens: int,
-    ) -> None:
-        cfg = ReplayConfig(
-            url=urls[0],
-            model=model,
-            concurrency=concurrency,
-            think_max=1.0,
-            max_tokens_cap=max_tokens,
-            timeout_s=deadline_s,
-            session_end_header="x-session-end",
-            progress=False,
-        )
-        super().__init__(cfg, sessions, prompts, salt)
-        self.urls = urls
-        self.deadline_s = deadline_s
-        self.outcomes: list[Outcome] = []
-        self.streaming = 0  # responses with output tokens, not ended yet
-        self._replica = itertools.cycle(range(len(urls)))
-        self._http: list[httpx.AsyncClient] = []
-
-    async def run_until_stopped(self) -> None:
-        timeout = httpx.Timeout(self.deadline_s, connect=5.0)
-        async with contextlib.AsyncExitStack() as stack:
-            self._http = [
-                await stack.enter_async_context(httpx.AsyncClient(base_url=u, timeout=timeout))
-                for u in self.urls
-            ]
-            await self.run()
-
-    async def _call(
-        self,
-        client: Any,
-        rec: RequestRecord,
-        prompt: BuiltPrompt,
-        session_key: str,
-        last: bool = False,
-    ) -> None:
-        body = {
-            "model": self.cfg.model,
-            "messages": prompt.messages,
-            "max_tokens": rec.max_tokens,
-            "temperature": 0.0,
-            "stream": True,
-            "ignore_eos": True,
-        }
-        headers = {self.cfg.session_header: session_key}
-        if last:
-            headers["x-session-end"] = "1"
-        start = time.monotonic()
-        kind, tokens, detail = "hang", 0, f"no end within {self.deadline_s:g}s"
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.deadline_s):
-                first = next(self._replica)
-                for http in self._http[first:] + self._http[:first]:
-                    try:
-                        kind, tokens, detail = await self._attempt(http, body, headers)
-                        break
-                    except httpx.ConnectError as exc:
-                        # Refused before anything was sent: the other replica.
-                        kind, detail = "connect_failed", str(exc)[:200]
-        self.outcomes.append(Outcome(start, time.monotonic(), kind, tokens, detail))
-        rec.ok = kind == "ok"
-        rec.error = None if rec.ok else f"{kind}: {detail}"
+    async def _call(self, client: Any, rec: RequestRecord, *args: Any, **kwargs: Any) -> None:
+        await super()._call(client, rec, *args, **kwargs)
         if not rec.ok:
-            # As an agent's client backs off before its next call.
             await asyncio.sleep(FAILURE_PAUSE_S)
-
-    async def _attempt(
-        self, http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]
-    ) -> tuple[str, int, str]:
-        """One try on one replica; a refused connection raises ConnectError."""
-        events: list[str] = []
-        counted = False
-        try:
-            async with http.stream(
-                "POST", "/v1/chat/completions", json=body, headers=headers
-            ) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")
-                    return f"http_{resp.status_code}", 0, text[:200]
-                async for line in resp.aiter_lines():
-                    data = sse_data(line)
-                    if data is None:
-                        continue
-                    events.append(data)
-                    if not counted and _has_output(data):
-                        counted = True
-                        self.streaming += 1
-                    if is_done(data):
-                        break
-        except httpx.ConnectError:
-            raise
-        except httpx.TimeoutException:
-            return "hang", 0, f"no end within {self.deadline_s:g}s"
-        except httpx.TransportError as exc:
-            return classify(events, f"{type(exc).__name__}: {exc}")
-        finally:
-            if counted:
-                self.streaming -= 1
-        return classify(events)
-
-
-def _has_output(data: str) -> bool:
-    try:
-        return output_deltas(json.loads(data)) > 0
-    except (json.JSONDecodeError, AttributeError, TypeError):
-        return False
 
 
 # -- processes the harness restarts ------------------------------------------------
@@ -461,7 +311,14 @@ FAULTS["decode_kill+redis_restart"] = overlap(
 FAULTS["router_kill+prefill_kill"] = overlap(
     "router_kill+prefill_kill", FAULTS["router_kill"], FAULTS["prefill_kill"]
 )
-SHORT = ("decode_kill", "router_kill", "redis_restart")
+# The short sequence (tests/chaos/, in `make test`): one phase, three faults
+# at once, so that one engine restart bounds it.
+SHORT = overlap(
+    "decode_kill+router_kill+redis_restart",
+    FAULTS["decode_kill"],
+    FAULTS["router_kill"],
+    FAULTS["redis_restart"],
+)
 
 
 # -- one phase's result --------------------------------------------------------------
@@ -480,7 +337,7 @@ class Row:
 
 def table(rows: list[Row]) -> str:
     head = (
-        f"{'fault':<28} {'requests':>8} {'failed':>6} {'migratable':>10} "
+        f"{'fault':<38} {'requests':>8} {'failed':>6} {'migratable':>10} "
         f"{'recover s':>9}  failures by kind / broken promises"
     )
     lines = [head, "-" * len(head)]
@@ -489,21 +346,22 @@ def table(rows: list[Row]) -> str:
         recover = "NOT" if r.recover_s is None else f"{r.recover_s:.1f}"
         broken = ("; BROKEN: " + "; ".join(r.violations)) if r.violations else ""
         lines.append(
-            f"{r.fault:<28} {r.requests:>8} {r.failed:>6} {r.migratable:>10} "
+            f"{r.fault:<38} {r.requests:>8} {r.failed:>6} {r.migratable:>10} "
             f"{recover:>9}  {kinds or '-'}{broken}"
         )
     return "\n".join(lines)
 
 
-def judge(fault: Fault, outcomes: list[Outcome], recover_s: float | None) -> Row:
-    kinds = Counter(o.kind for o in outcomes)
+def judge(fault: Fault, ends: list[str], recover_s: float | None) -> Row:
+    """A phase's row from its requests' ends (`kind_of`)."""
+    kinds = Counter(ends)
     failed = sum(n for k, n in kinds.items() if k != "ok")
     violations = [
         f"{n} {k}" for k, n in sorted(kinds.items()) if k != "ok" and k not in fault.allowed
     ]
     if recover_s is None:
         violations.append(f"capacity not back within {fault.recover_s:g}s")
-    return Row(fault.name, len(outcomes), failed, kinds[MIGRATABLE], recover_s, kinds, violations)
+    return Row(fault.name, len(ends), failed, kinds[MIGRATABLE], recover_s, kinds, violations)
 
 
 # -- the harness ---------------------------------------------------------------------
@@ -601,7 +459,8 @@ class Chaos:
             self.services.append(Service(r.name, r.alive, _bound(self._launch_router, r)))
         self.services.append(Service("redis", self._redis_alive, self._start_redis))
         self._supervisor = asyncio.create_task(self.supervise())
-        if not await self._until(self.capacity_full, 300):
+        # Routers load the tokenizer stack: as slow as engines on a loaded machine.
+        if not await self._until(self.capacity_full, self.stack.config.startup_timeout_s):
             raise RuntimeError(f"the chaos routers did not come up; logs in {self.log_dir}")
         self.model = await asyncio.to_thread(served_model, self.urls[0])
 
@@ -759,16 +618,17 @@ class Chaos:
         builder = PromptBuilder(self.tokenizer, salt=os.urandom(6).hex())
         # In a thread: the KV-event relay runs on this event loop.
         prompts = await asyncio.to_thread(build_prompts, sessions, builder)
-        return ChaosLoad(
-            self.urls,
-            self.model,
-            sessions,
-            prompts,
-            builder.salt,
-            s.concurrency,
-            s.deadline_s,
-            s.max_tokens,
+        cfg = ReplayConfig(
+            url=",".join(self.urls),
+            model=self.model,
+            concurrency=s.concurrency,
+            think_max=1.0,
+            max_tokens_cap=s.max_tokens,
+            timeout_s=s.deadline_s,
+            session_end_header="x-session-end",
+            progress=False,
         )
+        return ChaosLoad(cfg, sessions, prompts, builder.salt)
 
     async def phase(self, fault: Fault) -> Row:
         s = self.shape
@@ -776,7 +636,7 @@ class Chaos:
         if not await self._until(self.capacity_full, ENGINE_RECOVER_S):
             raise RuntimeError(f"{fault.name}: no full capacity to start from")
         self.load = load = await self._new_load()
-        runner = asyncio.create_task(load.run_until_stopped())
+        runner = asyncio.create_task(load.run())
         recover_s: float | None = None
         extra: list[str] = []
         try:
@@ -802,7 +662,7 @@ class Chaos:
                 await asyncio.wait_for(runner, s.deadline_s + 30)
             except TimeoutError:
                 extra.append("replay did not end after the last deadline")
-        row = judge(fault, load.outcomes, recover_s)
+        row = judge(fault, [kind_of(r) for r in load.records], recover_s)
         row.violations += extra
         idle_by = self.kv_lease_s + 30
 

@@ -166,13 +166,17 @@ def reference(model_dir, tmp_path_factory, request):
 def pytest_collection_modifyitems(config, items):
     """Fast tests first, then tests that start their own engines, then the
     tests on the shared aggregated engines, then the tests on the shared P/D
-    stack. Module-scoped engines are gone, and the aggregated engines stopped
+    stack, the chaos sequence last (it kills the stack's engines; the harness
+    restarts them, but a failure of its should fail nothing else). Module-scoped
+    engines are gone, and the aggregated engines stopped
     (pytest_runtest_teardown), before the next group starts, so a 24 GiB
     machine never holds all at once."""
 
     def group(item) -> int:
         if item.get_closest_marker("stack") is None:
             return 0
+        if item.get_closest_marker("chaos") is not None:
+            return 4
         if "stack" in item.fixturenames:
             return 3
         return 2 if "aggregated_engines" in item.fixturenames else 1

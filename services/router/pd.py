@@ -183,6 +183,7 @@ class Orchestrator:
             req.request_id, req.token_ids, req.sampling, self._max_migrations, self._detokenize
         )
         attempt, lost_pods, lost_at = req, frozenset[str](), 0.0
+        loss: OpenAIError | None = None  # the last decode pod lost, once one was
         try:
             while True:
                 try:
@@ -202,7 +203,7 @@ class Orchestrator:
                                 return
                     return
                 except DecodeLost as lost:
-                    lost_at = time.perf_counter()
+                    lost_at, loss = time.perf_counter(), lost.error
                     lost_pods |= {lost.pod}
                     why = migration.refusal(lost_at, req.arrival + self._timeout_s)
                     if why is not None:
@@ -238,10 +239,14 @@ class Orchestrator:
                         token_ids=resume.token_ids,
                         sampling=resume.sampling,
                     )
-                except OpenAIError:
-                    if attempt is not req:
-                        self._metrics.migrations.labels("failed").inc()
-                    raise
+                except OpenAIError as exc:
+                    if loss is None:
+                        raise
+                    self._metrics.migrations.labels("failed").inc()
+                    # The client saw its tokens stop: say that its pod was lost.
+                    raise OpenAIError(
+                        exc.status, f"{loss.message}; not resumed on another pod: {exc}"
+                    ) from None
         finally:
             if prefetcher is not None and session:
                 prefetcher.turn_ended(session, req.token_ids, req.cache_salt, last=req.session_end)

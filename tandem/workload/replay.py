@@ -14,8 +14,13 @@
   Prompts are built and verified before the clock starts.
 * Per request: TTFT (first non-empty content delta), E2E, ITL
   (``(e2e - ttft) / (output_tokens - 1)``), prompt / cached / output tokens from
-  ``usage``; errors (HTTP status, error events, timeouts) are recorded, and the
-  session goes on with its next turn as an agent would.
+  ``usage``. A request is ok only when its stream ends with a finish_reason,
+  then ``[DONE]``, with output; otherwise its failure is recorded by kind
+  (``FAILURES``: an error status or event, a broken connection, a truncated
+  stream, no end within ``timeout_s``...), and the session goes on with its
+  next turn as an agent would.
+* Several URLs: requests go to each in turn; a refused connection is tried
+  on the next (``Spread``).
 * Ctrl-C (or ``duration``) stops the lanes; in-flight requests are recorded as
   interrupted and the partial results are returned (and written by the CLI).
 """
@@ -29,7 +34,7 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +42,7 @@ import httpx
 
 from .content import BuiltPrompt, PromptBuilder, scope_key
 from .endpoint import is_done, output_deltas, sse_data, urls
+from .metrics import INTERRUPTED
 from .trace import Entry, Request, Session, Subagent
 
 
@@ -75,13 +81,15 @@ class RequestRecord:
     expected_prompt_tokens: int
     ok: bool = False
     status: int | None = None
+    # Why it failed (FAILURES), None when ok; `error` says it in words.
+    failure: str | None = None
     error: str | None = None
     ttft: float | None = None
     e2e: float | None = None
     itl: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
-    output_tokens: int | None = None
+    output_tokens: int | None = None  # of a failed request: those streamed before it failed
     max_gap: float | None = None  # the longest pause between two output chunks
     response_id: str | None = None  # the server's id (the router's: its engines log it)
 
@@ -128,6 +136,66 @@ class _Stop(Exception):
     pass
 
 
+# RequestRecord.failure: how a request can fail.
+FAILURES = {
+    "http_<status>": "an error status before the stream began",
+    "error_event": "an error event in the stream",
+    "bad_event": "stream data that is not JSON",
+    "connection_lost": "the connection broke mid-response",
+    "connect_failed": "no endpoint accepted the connection",
+    "truncated": "the stream ended without a finish_reason and [DONE]",
+    "no_output": "it finished without one output token",
+    "timeout": "no end within timeout_s",
+    INTERRUPTED: "the replay was stopped (Ctrl-C) with it in flight",
+}
+
+
+class _Failed(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+@dataclass
+class _Stream:
+    """What one response's stream has shown so far."""
+
+    first: float | None = None  # when the first output delta came
+    last: float | None = None
+    deltas: int = 0  # output deltas
+    max_gap: float = 0.0
+    finished: bool = False  # a finish_reason came
+    done: bool = False  # [DONE] came
+
+    def add(self, chunk: dict[str, Any], now: float) -> bool:
+        """Takes one chunk; True when it brought the first output."""
+        self.finished |= any(c.get("finish_reason") for c in chunk.get("choices") or ())
+        deltas = output_deltas(chunk)
+        if not deltas:
+            return False
+        self.deltas += deltas
+        if self.last is not None:
+            self.max_gap = max(self.max_gap, now - self.last)
+        self.last = now
+        if self.first is None:
+            self.first = now
+            return True
+        return False
+
+    def check(self) -> None:
+        """A stream that ended cleanly is complete only with a finish_reason,
+        then [DONE], and some output."""
+        if not (self.finished and self.done):
+            missing = " and ".join(
+                what
+                for what, seen in (("a finish_reason", self.finished), ("[DONE]", self.done))
+                if not seen
+            )
+            raise _Failed("truncated", f"stream ended without {missing}")
+        if self.first is None:
+            raise _Failed("no_output", "no output token received")
+
+
 class Replayer:
     def __init__(
         self,
@@ -148,6 +216,7 @@ class Replayer:
         self.sessions_done = 0
         self.bar = None
         self.failures = 0
+        self.streaming = 0  # responses with output streaming now
 
     # -- one HTTP call
     async def _call(
@@ -158,6 +227,8 @@ class Replayer:
         session_key: str,
         last: bool = False,
     ) -> None:
+        """One streaming request; fills `rec` (`ok`, or `failure` and `error`).
+        A request still going after ``timeout_s`` is a ``timeout``."""
         body = {
             "model": self.cfg.model,
             "messages": prompt.messages,
@@ -175,66 +246,83 @@ class Replayer:
             headers["Authorization"] = f"Bearer {self.cfg.api_key}"
         t_start = time.perf_counter()
         rec.start = t_start - self.t0
-        first = last = None
-        chunks = 0
-        max_gap = 0.0
+        stream = _Stream()
         try:
-            async with client.stream(
-                "POST", "/v1/chat/completions", json=body, headers=headers
-            ) as resp:
-                rec.status = resp.status_code
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")
-                    rec.error = f"HTTP {resp.status_code}: {_error_message(text)}"
-                    return
+            async with asyncio.timeout(self.cfg.timeout_s):
+                await self._read(client, body, headers, rec, stream)
+            rec.e2e = time.perf_counter() - t_start
+            stream.check()
+        except asyncio.CancelledError:
+            rec.failure = rec.error = INTERRUPTED
+            raise
+        except _Failed as f:
+            rec.failure, rec.error = f.kind, f.message
+        except (TimeoutError, httpx.TimeoutException) as e:
+            rec.failure = "timeout"
+            rec.error = f"timeout after {self.cfg.timeout_s:.0f}s ({type(e).__name__})"
+        except httpx.ConnectError as e:  # no replica accepted the connection
+            rec.failure, rec.error = "connect_failed", f"ConnectError: {e}"
+        except httpx.HTTPError as e:  # the connection broke mid-response
+            rec.failure, rec.error = "connection_lost", f"{type(e).__name__}: {e}"
+        finally:
+            if rec.output_tokens is None and stream.deltas:
+                rec.output_tokens = stream.deltas
+        if rec.failure is not None or stream.first is None:
+            return
+        rec.ttft = stream.first - t_start
+        assert rec.e2e is not None
+        if rec.output_tokens and rec.output_tokens > 1:
+            rec.itl = (rec.e2e - rec.ttft) / (rec.output_tokens - 1)
+        rec.max_gap = stream.max_gap
+        rec.ok = True
+
+    async def _read(
+        self,
+        client: httpx.AsyncClient,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        rec: RequestRecord,
+        stream: _Stream,
+    ) -> None:
+        """Reads one response into `rec` and `stream`; raises `_Failed` for an
+        error the server sent (a status, an error event, data that is not JSON)."""
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=body, headers=headers
+        ) as resp:
+            rec.status = resp.status_code
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                raise _Failed(
+                    f"http_{resp.status_code}", f"HTTP {resp.status_code}: {_error_message(text)}"
+                )
+            try:
                 async for line in resp.aiter_lines():
                     data = sse_data(line)
                     if data is None:
                         continue
                     if is_done(data):
+                        stream.done = True
                         break
                     try:
                         ev = json.loads(data)
                     except json.JSONDecodeError:
-                        rec.error = f"bad SSE data: {data[:120]!r}"
-                        return
+                        raise _Failed("bad_event", f"bad SSE data: {data[:120]!r}") from None
                     if "error" in ev:
-                        rec.error = f"error event: {_error_message(json.dumps(ev))}"
-                        return
-                    now = time.perf_counter()
+                        raise _Failed(
+                            "error_event", f"error event: {_error_message(json.dumps(ev))}"
+                        )
                     rec.response_id = rec.response_id or ev.get("id")
-                    if deltas := output_deltas(ev):
-                        if first is None:
-                            first = now
-                        elif last is not None:
-                            max_gap = max(max_gap, now - last)
-                        last = now
-                        chunks += deltas
+                    if stream.add(ev, time.perf_counter()):
+                        self.streaming += 1
                     usage = ev.get("usage")
                     if usage:
                         rec.prompt_tokens = usage.get("prompt_tokens")
                         rec.output_tokens = usage.get("completion_tokens")
                         details = usage.get("prompt_tokens_details") or {}
                         rec.cached_tokens = details.get("cached_tokens")
-            end = time.perf_counter()
-            if first is None:
-                rec.error = "no output token received"
-                return
-            rec.ttft = first - t_start
-            rec.e2e = end - t_start
-            if rec.output_tokens is None:
-                rec.output_tokens = chunks
-            if rec.output_tokens and rec.output_tokens > 1:
-                rec.itl = (rec.e2e - rec.ttft) / (rec.output_tokens - 1)
-            rec.max_gap = max_gap
-            rec.ok = True
-        except asyncio.CancelledError:
-            rec.error = "interrupted"
-            raise
-        except httpx.TimeoutException as e:
-            rec.error = f"timeout after {self.cfg.timeout_s:.0f}s ({type(e).__name__})"
-        except httpx.HTTPError as e:
-            rec.error = f"{type(e).__name__}: {e}"
+            finally:
+                if stream.first is not None:
+                    self.streaming -= 1
 
     # -- an agent: its requests in order, sub-agent groups in parallel
     async def _agent(self, client, s: Session, entries: list[Entry], path: str, lane: int) -> None:
@@ -402,13 +490,27 @@ class Replayer:
 
 class Spread:
     """Stands in for one ``httpx.AsyncClient``: each request goes to the next
-    client in turn (per request, as ingress-nginx balances its upstreams)."""
+    client in turn (per request, as ingress-nginx balances its upstreams); a
+    refused connection is tried on the next client (nothing was sent yet), as
+    ingress-nginx's ``proxy_next_upstream error`` does."""
 
     def __init__(self, clients: list[httpx.AsyncClient]) -> None:
-        self._next = itertools.cycle(clients)
+        self._clients = clients
+        self._turn = itertools.cycle(range(len(clients)))
 
-    def stream(self, *args: Any, **kwargs: Any):
-        return next(self._next).stream(*args, **kwargs)
+    @contextlib.asynccontextmanager
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[httpx.Response]:
+        first = next(self._turn)
+        order = self._clients[first:] + self._clients[:first]
+        async with contextlib.AsyncExitStack() as stack:
+            for client in order:
+                try:
+                    response = await stack.enter_async_context(client.stream(*args, **kwargs))
+                    break
+                except httpx.ConnectError:
+                    if client is order[-1]:
+                        raise
+            yield response
 
 
 def _config_json(cfg: ReplayConfig) -> dict[str, Any]:

@@ -1,60 +1,48 @@
-"""How the chaos harness (bench/chaos.py) classifies a request's end and
-judges a phase: what counts as truncated, as lost to a dead decode (what
-migration would save), and which failures break a promise; and the relay
-that cuts an engine's KV-event stream. No engines."""
+"""How the chaos harness (bench/chaos.py) names a replayed request's end
+(the replay client judges the stream itself: tests/tandem/workload/
+test_replay_streams.py) and judges a phase: what counts as lost to a dead
+decode (what migration would save), and which failures break a promise; and
+the relay that cuts an engine's KV-event stream. No engines."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
-from bench.chaos import FAULTS, MIGRATABLE, KvEventsProxy, Outcome, classify, judge, table
+from bench.chaos import FAULTS, MIGRATABLE, KvEventsProxy, judge, kind_of, table
+from tandem.workload.replay import RequestRecord
 
 
-def chunk(content: str | None = None, finish: str | None = None) -> str:
-    delta = {} if content is None else {"content": content}
-    return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+def record(failure: str | None, error: str = "", streamed: int | None = None) -> RequestRecord:
+    rec = RequestRecord("s", "", 0, 0, 0.0, 1, 2, 2, 1, ok=failure is None, failure=failure)
+    rec.error, rec.output_tokens = error or None, streamed
+    return rec
 
 
-ERROR = json.dumps(
-    {"error": {"message": "decode pod 127.0.0.1:1 is unavailable: Socket closed", "type": "x"}}
-)
-
-
-def test_a_finished_stream_is_ok():
-    assert classify([chunk(""), chunk("Hi"), chunk("!", "length"), "[DONE]"])[:2] == ("ok", 2)
-
-
-def test_a_stream_without_finish_or_done_is_truncated():
-    assert classify([chunk("Hi"), chunk("!")])[0] == "truncated"
-    # [DONE] without any finish_reason is cut short too.
-    assert classify([chunk("Hi"), "[DONE]"])[0] == "truncated"
-    # A finish_reason without [DONE]: the stream's end was lost.
-    assert classify([chunk("Hi", "stop")])[0] == "truncated"
+LOST = "error event: decode pod 127.0.0.1:1 is unavailable: Socket closed"
 
 
 def test_a_decode_lost_after_tokens_is_what_migration_saves():
-    assert classify([chunk("Hi"), ERROR, "[DONE]"])[:2] == (MIGRATABLE, 1)
+    assert kind_of(record("error_event", LOST, streamed=3)) == MIGRATABLE
     # Before any token nothing was streamed: not a migration case.
-    assert classify([chunk(""), ERROR, "[DONE]"])[0] == "error_event"
+    assert kind_of(record("error_event", LOST)) == "error_event"
+    assert kind_of(record("error_event", "error event: bad request", streamed=3)) == "error_event"
 
 
-def test_a_broken_connection_is_an_explicit_error_not_a_truncation():
-    assert classify([chunk("Hi")], "RemoteProtocolError: peer closed")[0] == "connection_lost"
-
-
-def test_a_finished_stream_without_output_is_a_failure():
-    assert classify([chunk("", "stop"), "[DONE]"])[0] == "no_output"
+def test_the_replays_failures_keep_their_names_and_a_timeout_is_a_hang():
+    assert kind_of(record(None)) == "ok"
+    for failure in ("http_503", "truncated", "connection_lost", "no_output"):
+        assert kind_of(record(failure)) == failure
+    assert kind_of(record("timeout")) == "hang"
 
 
 def test_judge_counts_kinds_and_flags_the_unexpected():
-    outcomes = [Outcome(0, 1, k) for k in ("ok", "ok", MIGRATABLE, "http_503", "truncated")]
-    row = judge(FAULTS["decode_kill"], outcomes, 42.0)
+    ends = ["ok", "ok", MIGRATABLE, "http_503", "truncated"]
+    row = judge(FAULTS["decode_kill"], ends, 42.0)
     assert (row.requests, row.failed, row.migratable) == (5, 3, 1)
     assert row.violations == ["1 truncated"]
-    assert judge(FAULTS["redis_restart"], outcomes[:2], None).violations == [
+    assert judge(FAULTS["redis_restart"], ends[:2], None).violations == [
         "capacity not back within 30s"
     ]
     assert "truncated 1" in table([row])

@@ -318,6 +318,10 @@ async def test_no_pod_left_to_resume_on_is_counted_failed():
     with pytest.raises(OpenAIError) as failure:
         await _collect(orchestrator, _request())
     assert failure.value.status == 503
+    # The client saw its tokens stop: the error says its decode pod was lost.
+    assert failure.value.message.startswith("decode pod 127.0.0.1:")
+    assert "is unavailable" in failure.value.message
+    assert "not resumed on another pod: no healthy decode" in failure.value.message
     assert _count(metrics, "failed") == 1
 
 

@@ -12,7 +12,7 @@ from tandem.workload.content import BuiltPrompt
 from tandem.workload.replay import ReplayConfig, Replayer
 from tandem.workload.trace import Request, Session, Subagent
 
-_CHUNK = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
+_CHUNK = {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}]}
 _BODY = f"data: {json.dumps(_CHUNK)}\n\ndata: [DONE]\n\n".encode()
 
 
