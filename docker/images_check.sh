@@ -3,7 +3,8 @@
 # CPU engine image (docker/engine-cpu.Dockerfile) on a local Debian 12 base,
 # then run them and check, inside the built images:
 #   1. the router (slim image) answers /health in front of the CPU engine,
-#   2. `tandem operator --help` works as the image's non-root user,
+#   2. `tandem operator --help` works as the image's non-root user, and the
+#      slim image holds no vllm, torch or matplotlib,
 #   3. the CPU engine serves a chat through the router (python -m tandem.smoke,
 #      run in the slim image).
 # No registry image is pulled: the base is a Debian 12 root file system made
@@ -131,6 +132,14 @@ if [ "$uid" = 0 ] || ! echo "$out" | grep -q "usage: tandem operator"; then
   echo "$out" >&2; echo "images-check: FAIL tandem operator --help as non-root (uid $uid)" >&2; exit 1
 fi
 summary "PASS tandem operator --help as uid $uid (slim image)"
+
+# The slim image stays slim: no engine, no torch, no plotting.
+heavy=$(run "$client" -- python -c 'import importlib.util as u
+print(" ".join(m for m in ("vllm", "torch", "matplotlib") if u.find_spec(m)))')
+if [ -n "$heavy" ]; then
+  echo "images-check: FAIL the slim image holds $heavy" >&2; exit 1
+fi
+summary "PASS the slim image has no vllm, torch or matplotlib"
 
 SECONDS=0
 reply=$(run "$client" -- python -m tandem.smoke --url "http://127.0.0.1:$http" --timeout-s 300) || {

@@ -21,9 +21,10 @@ RUN python -m venv /opt/tandem \
     && /opt/tandem/bin/pip uninstall -y grpcio-tools
 
 FROM ${BASE}
-# Mooncake's binaries load libibverbs even over TCP.
+# Mooncake's binaries load libibverbs even over TCP. Apt's package caches
+# (80 MB) go too: bases other than Debian's official images keep them.
 RUN apt-get update && apt-get install -y --no-install-recommends libibverbs1 \
-    && rm -rf /var/lib/apt/lists/* \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent tandem
 COPY --from=build /opt/tandem /opt/tandem
 ENV PATH=/opt/tandem/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
