@@ -78,12 +78,27 @@ if [ -n "$TORCH_WHEELS" ]; then
   torch_flags=(--volume "$TORCH_WHEELS:/wheels:ro" --build-arg TORCH_FIND_LINKS=/wheels --build-arg TORCH_INDEX=)
 fi
 
-SECONDS=0
-$SUDO buildah bud "${flags[@]}" -f docker/tandem.Dockerfile -t "$SLIM" .
-summary "built $SLIM in ${SECONDS}s (cached layers reused)"
-SECONDS=0
-$SUDO buildah bud "${flags[@]}" "${torch_flags[@]}" -f docker/engine-cpu.Dockerfile -t "$ENGINE" .
-summary "built $ENGINE in ${SECONDS}s (cached layers reused)"
+# Both at once (mostly downloads and unpacking); each one's log in $WORK.
+build() {  # NAME DOCKERFILE FLAGS...
+  local name=$1 dockerfile=$2 start=$SECONDS
+  shift 2
+  if $SUDO buildah bud "${flags[@]}" "$@" -f "$dockerfile" -t "$name" . >"$WORK/$dockerfile.log" 2>&1; then
+    echo "built $name in $((SECONDS - start))s (cached layers reused)" >"$WORK/$dockerfile.done"
+  else
+    tail -n 60 "$WORK/$dockerfile.log" >&2
+  fi
+}
+mkdir -p "$WORK/docker"
+note "building $SLIM and $ENGINE (logs: $WORK/docker/*.log)"
+build "$SLIM" docker/tandem.Dockerfile &
+slim_build=$!
+build "$ENGINE" docker/engine-cpu.Dockerfile "${torch_flags[@]}" &
+engine_build=$!
+wait $slim_build $engine_build
+for dockerfile in docker/tandem.Dockerfile docker/engine-cpu.Dockerfile; do
+  [ -f "$WORK/$dockerfile.done" ] || { echo "images-check: FAIL building $dockerfile" >&2; exit 1; }
+  summary "$(cat "$WORK/$dockerfile.done")"
+done
 $SUDO buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E "tandem" | while read -r line; do
   summary "size $line"
 done
