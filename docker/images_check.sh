@@ -99,9 +99,9 @@ for dockerfile in docker/tandem.Dockerfile docker/engine-cpu.Dockerfile; do
   [ -f "$WORK/$dockerfile.done" ] || { echo "images-check: FAIL building $dockerfile" >&2; exit 1; }
   summary "$(cat "$WORK/$dockerfile.done")"
 done
-$SUDO buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E "tandem" | while read -r line; do
+while read -r line; do
   summary "size $line"
-done
+done < <($SUDO buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep tandem)
 
 # -- run ----------------------------------------------------------------------
 engine=$($SUDO buildah from "$ENGINE"); containers+=("$engine")
@@ -120,7 +120,8 @@ setsid $SUDO buildah run --isolation chroot --env VLLM_CPU_KVCACHE_SPACE=1 \
   --nixl-port "$nixl" --dtype float32 --enforce-eager --max-model-len 2048 \
   >"$WORK/engine.log" 2>&1 &
 pids+=($!)
-until curl -fsS "http://127.0.0.1:$metrics/health" >/dev/null 2>&1; do
+# Its HTTP port answers while vLLM still loads; the host logs when gRPC serves.
+until grep -q "engine ready" "$WORK/engine.log"; do
   if ! kill -0 "${pids[0]}" 2>/dev/null || [ $SECONDS -gt 900 ]; then
     tail -n 40 "$WORK/engine.log" >&2; echo "images-check: FAIL the CPU engine did not come up" >&2; exit 1
   fi
@@ -134,7 +135,7 @@ setsid $SUDO buildah run --isolation chroot --volume "$model_dir:/models/model:r
   >"$WORK/router.log" 2>&1 &
 pids+=($!)
 until health=$(curl -fsS "http://127.0.0.1:$http/health" 2>/dev/null); do
-  if ! kill -0 "${pids[1]}" 2>/dev/null || [ $SECONDS -gt 300 ]; then
+  if ! kill -0 "${pids[1]}" 2>/dev/null || [ $SECONDS -gt 600 ]; then
     tail -n 40 "$WORK/router.log" >&2; echo "images-check: FAIL the router did not answer /health" >&2; exit 1
   fi
   sleep 2
