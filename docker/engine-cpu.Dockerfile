@@ -43,9 +43,10 @@ RUN mkdir -p "$TANDEM_CACHE_DIR" \
 
 FROM ${BASE}
 # NIXL's and Mooncake's binaries load libibverbs even over TCP; vLLM's CPU
-# kernels link libnuma. Apt's package caches (80 MB) go too: bases other
+# kernels link libnuma; an extension the import check below loads needs
+# libcurl. Apt's package caches (80 MB) go too: bases other
 # than Debian's official images keep them.
-RUN apt-get update && apt-get install -y --no-install-recommends libibverbs1 libnuma1 \
+RUN apt-get update && apt-get install -y --no-install-recommends libibverbs1 libnuma1 libcurl4 \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && useradd --uid 10001 --user-group --create-home --home-dir /home/tandem tandem
 COPY --from=build /opt/tandem /opt/tandem
