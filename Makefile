@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -23,6 +23,9 @@ help:
 	@echo "make docs   build the docs site (docs/, MkDocs) into site/, failing on a broken link"
 	@echo "make setup  only set up (apt packages, venv, packages, gRPC code, model)"
 	@echo "make images build the container images the Helm chart runs (needs docker or podman)"
+	@echo "make images-check  build the slim and CPU engine images on a local Debian 12 base"
+	@echo "           (mmdebstrap, buildah; as root) and run them: router /health, the operator"
+	@echo "           as non-root, a chat through the router (downloads for minutes; not in CI)"
 	@echo "make chart-schema  write the pool and scaling parts of the chart's values schema from the CRD"
 	@echo "make soak-memory  the router's tables at 10^6 blocks, 10^5 sessions and responses:"
 	@echo "           memory flat past each bound (in process, no engines; several minutes)"
@@ -260,6 +263,15 @@ images:
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make images needs docker or podman" >&2; exit 1; }
 	$(CONTAINER_ENGINE) build -f docker/tandem.Dockerfile -t $(IMAGE_REGISTRY)/tandem:$(IMAGE_TAG) .
 	$(CONTAINER_ENGINE) build -f docker/engine.Dockerfile -t $(IMAGE_REGISTRY)/tandem-engine:$(IMAGE_TAG) .
+	$(CONTAINER_ENGINE) build -f docker/engine-cpu.Dockerfile -t $(IMAGE_REGISTRY)/tandem-engine-cpu:$(IMAGE_TAG) .
+
+# The slim and CPU engine images built here, with no registry to pull a base
+# from: a Debian 12 base made by mmdebstrap, `buildah bud --isolation chroot`,
+# then run inside the images (docker/images_check.sh says what it checks;
+# it installs mmdebstrap, buildah and podman when missing). Not in CI: it
+# downloads vLLM's CPU build and more for many minutes.
+images-check:
+	bash docker/images_check.sh
 
 clean:
 	rm -rf common/proto .pytest_cache

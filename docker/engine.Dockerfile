@@ -2,16 +2,19 @@
 # the Mooncake store connector) on vLLM's official CUDA image, whose vLLM is
 # the version pyproject's `gpu` extra pins.
 #   docker build -f docker/engine.Dockerfile -t ghcr.io/tandem-serving/tandem-engine:0.1.0 .
-# (`make images` builds both images.)
+# (`make images` builds both images.) PROTO_BASE: any Debian 12 image with
+# Python 3.11, where the gRPC code is generated.
 
-FROM python:3.11.14-slim-bookworm AS proto
+ARG PROTO_BASE=python:3.11.14-slim-bookworm
+ARG BASE=vllm/vllm-openai:v0.32.0
+FROM ${PROTO_BASE} AS proto
 RUN apt-get update && apt-get install -y --no-install-recommends make \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN pip install --no-cache-dir grpcio-tools==1.85.1 && make proto PY=python STAMP=
 
-FROM vllm/vllm-openai:v0.32.0
+FROM ${BASE}
 WORKDIR /opt/tandem-src
 COPY --from=proto /src /opt/tandem-src
 # vLLM and torch are the image's; this adds Tandem, NIXL and Mooncake. The

