@@ -86,6 +86,46 @@ FEATURES: dict[str, dict] = {
     "decode-spread-and-scheduler": {
         "decode": {"spreadAcrossNodes": True, "schedulerName": "volcano"}
     },
+    "autoscaling-keda": {
+        "autoscaling": {
+            "decode": {
+                "type": "keda",
+                "minReplicas": 1,
+                "maxReplicas": 6,
+                "pollingInterval": 15,
+                "triggers": [
+                    {
+                        "type": "prometheus",
+                        "metadata": {
+                            "serverAddress": "http://prometheus.monitoring:9090",
+                            "query": 'sum(tandem_router_pod_in_flight{role="decode"})',
+                            "threshold": "32",
+                        },
+                    }
+                ],
+            }
+        }
+    },
+    "autoscaling-hpa": {
+        "scaling": {"mode": "Recommend", "profiles": {"prefill": "p", "decode": "d"}},
+        "autoscaling": {
+            "prefill": {
+                "type": "hpa",
+                "minReplicas": 1,
+                "maxReplicas": 4,
+                "metrics": [
+                    {
+                        "type": "Pods",
+                        "pods": {
+                            "metric": {"name": "vllm_num_requests_waiting"},
+                            "target": {"type": "AverageValue", "averageValue": "4"},
+                        },
+                    }
+                ],
+                "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
+            }
+        },
+    },
     "watch-all-namespaces": {"operator": {"watchAllNamespaces": True}},
     "scaling-auto": {
         "scaling": {"mode": "Auto", "gpuBudget": 8, "slo": {"ttftP90Ms": 1500, "itlP90Ms": 40}}

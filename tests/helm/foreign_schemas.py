@@ -10,6 +10,7 @@ field is pruned (and reported) the way kube-apiserver would drop it:
 * ServiceMonitor and PodMonitor, `monitoring.coreos.com/v1` (the Prometheus
   operator's API reference);
 * Certificate and Issuer, `cert-manager.io/v1` (cert-manager's API reference);
+* ScaledObject, `keda.sh/v1alpha1` (KEDA's ScaledObject specification);
 * LeaderWorkerSet, `leaderworkerset.x-k8s.io/v1`: tests/operators/lws_schema.py.
 
 `additionalProperties: false` marks objects whose every field is listed here,
@@ -317,6 +318,107 @@ ISSUER: Schema = {
 }
 
 
+# KEDA's ScaledObject; its `advanced.horizontalPodAutoscalerConfig.behavior` is
+# the HPA's own behavior, left open here (the HPA KEDA makes is checked by
+# Kubernetes when KEDA writes it).
+_KEDA_TRIGGER: Schema = {
+    "type": "object",
+    "required": ["type"],
+    "additionalProperties": False,
+    "properties": {
+        "type": {"type": "string"},
+        "name": {"type": "string"},
+        "metadata": _STRING_MAP,
+        "authenticationRef": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string"},
+                "kind": {
+                    "type": "string",
+                    "enum": ["TriggerAuthentication", "ClusterTriggerAuthentication"],
+                },
+            },
+        },
+        "metricType": {"type": "string", "enum": ["AverageValue", "Value", "Utilization"]},
+        "useCachedMetrics": {"type": "boolean"},
+    },
+}
+SCALED_OBJECT: Schema = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "pollingInterval": {"type": "integer", "format": "int32"},
+                "cooldownPeriod": {"type": "integer", "format": "int32"},
+                "initialCooldownPeriod": {"type": "integer", "format": "int32"},
+                "idleReplicaCount": {"type": "integer", "format": "int32"},
+                "minReplicaCount": {"type": "integer", "format": "int32"},
+                "maxReplicaCount": {"type": "integer", "format": "int32"},
+                "fallback": {
+                    "type": "object",
+                    "required": ["failureThreshold", "replicas"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "failureThreshold": {"type": "integer", "format": "int32"},
+                        "replicas": {"type": "integer", "format": "int32"},
+                        "behavior": {
+                            "type": "string",
+                            "enum": [
+                                "static",
+                                "currentReplicas",
+                                "currentReplicasIfHigher",
+                                "currentReplicasIfLower",
+                            ],
+                        },
+                    },
+                },
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                },
+                            },
+                        },
+                        "scalingModifiers": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        },
+                    },
+                },
+                "triggers": {"type": "array", "items": _KEDA_TRIGGER},
+            },
+        },
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+
+
 def _crd(
     group: str,
     version: str,
@@ -370,4 +472,5 @@ def crds() -> list[dict[str, Any]]:
         _crd("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors", POD_MONITOR),
         _crd("cert-manager.io", "v1", "Certificate", "certificates", CERTIFICATE),
         _crd("cert-manager.io", "v1", "Issuer", "issuers", ISSUER),
+        _crd("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects", SCALED_OBJECT),
     ]

@@ -29,6 +29,7 @@ def test_the_chart_renders_every_foreign_kind_and_each_is_valid():
             **CASES["feature-monitoring"],
             **CASES["feature-inference-pool"],
             **CASES["feature-grpc-tls"],
+            **CASES["feature-autoscaling-keda"],
         }
     )
     kinds = {crd["spec"]["names"]["kind"] for crd in foreign_crds()}
@@ -93,4 +94,20 @@ def test_inference_pool_schema_refuses_typos_and_bad_values(path, value, expect)
 def test_cert_manager_schemas_refuse_typos_and_bad_values(kind, name, path, value, expect):
     obj = one(render(CASES["feature-grpc-tls"]), kind, name)
     found = problems(_set(obj, path, value))
+    assert any(expect in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    "path,value,expect",
+    [
+        ("spec.minReplicas", 1, "unknown field"),
+        ("spec.scaleTargetRef.namespace", "serving", "unknown field"),
+        ("spec.triggers.0.metricType", "Average", "metricType"),
+        ("spec.triggers.0.metadata.threshold", 32, "threshold"),
+        ("spec.fallback", {"replicas": 2}, "failureThreshold"),
+    ],
+)
+def test_scaled_object_schema_refuses_typos_and_bad_values(path, value, expect):
+    scaled = one(render(CASES["feature-autoscaling-keda"]), "ScaledObject")
+    found = problems(_set(scaled, path, value))
     assert any(expect in p for p in found), found

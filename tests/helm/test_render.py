@@ -19,8 +19,10 @@ import helm_python as helm
 import pytest
 import yaml
 
+from operators import manifests
+from operators.controller import foreign_autoscaler
 from operators.manifests import GRPC_PORT, ROUTER_PORT
-from operators.spec import API_VERSION, CRD_DIR
+from operators.spec import API_VERSION, CRD_DIR, parse
 from tandem import profile
 from tests.helm.cases import CASES, EXAMPLE_NAMES
 from tests.helm.chart import (
@@ -335,6 +337,18 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
         ),
         ({"grpcTls": {"certManager": {"duration": "90 days"}}}, "/grpcTls/certManager/duration"),
         ({"grpcTls": {"existingSecrets": "x"}}, "additional properties 'existingSecrets'"),
+        ({"autoscaling": {"decode": {"type": "vpa"}}}, "/autoscaling/decode/type"),
+        ({"autoscaling": {"prefill": {"type": "hpa"}}}, "/autoscaling/prefill/metrics"),
+        ({"autoscaling": {"decode": {"type": "keda"}}}, "/autoscaling/decode/triggers"),
+        (
+            {"autoscaling": {"decode": {"type": "keda", "triggers": [{"type": "cpu"}]}}}
+            | {"scaling": {"mode": "Auto"}},
+            "/autoscaling/decode/type",  # two writers of one pool's size
+        ),
+        (
+            {"autoscaling": {"decode": {"type": "hpa", "minReplicas": 0, "metrics": [{}]}}},
+            "/autoscaling/decode/minReplicas",
+        ),
     ],
 )
 def test_invalid_values_fail_naming_the_field(values, field):
@@ -508,3 +522,75 @@ def test_pool_spread_and_scheduler_pass_to_the_tandem_deployment():
     assert (decode["spreadAcrossNodes"], decode["schedulerName"]) == (True, "volcano")
     # Empty: the default scheduler, not named.
     assert "schedulerName" not in one(render({}), "TandemDeployment")["spec"]["decode"]
+
+
+def _hpa_keda_makes(scaled_object: dict) -> dict:
+    """The HPA KEDA creates for a ScaledObject: `keda-hpa-<name>`, owned by the
+    ScaledObject, scaling the ScaledObject's scaleTargetRef."""
+    meta = scaled_object["metadata"]
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {
+            "name": f"keda-hpa-{meta['name']}",
+            "namespace": meta["namespace"],
+            "ownerReferences": [
+                {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "name": meta["name"]}
+            ],
+        },
+        "spec": {
+            "scaleTargetRef": scaled_object["spec"]["scaleTargetRef"],
+            "minReplicas": scaled_object["spec"]["minReplicaCount"],
+            "maxReplicas": scaled_object["spec"]["maxReplicaCount"],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "case,role", [("autoscaling-hpa", "prefill"), ("autoscaling-keda", "decode")]
+)
+def test_a_chart_autoscaler_scales_the_enginepool_and_the_operator_accepts_it(case, role):
+    docs = render(CASES[f"feature-{case}"])
+    spec = one(docs, "TandemDeployment")["spec"]
+    values = CASES[f"feature-{case}"]["autoscaling"][role]
+    if values["type"] == "hpa":
+        hpa = one(docs, "HorizontalPodAutoscaler")
+        assert not by_kind(docs, "ScaledObject")
+    else:
+        hpa = _hpa_keda_makes(one(docs, "ScaledObject"))
+        assert not by_kind(docs, "HorizontalPodAutoscaler")
+    pool = manifests.pool_name(RELEASE, role)
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": API_VERSION,
+        "kind": "EnginePool",
+        "name": pool,
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (
+        values["minReplicas"],
+        values["maxReplicas"],
+    )
+    # Within the pool's bounds, so every size it sets the EnginePool admits.
+    assert spec[role]["minReplicas"] <= values["minReplicas"]
+    assert values["maxReplicas"] <= spec[role]["maxReplicas"]
+    # The operator leaves the pool's size to it: no ScalingConflict in the
+    # modes the schema lets it render with ...
+    kind = manifests.workload_kind(parse(spec).pool(role)).kind
+    assert foreign_autoscaler([hpa], RELEASE, role, kind, spec["scaling"]["mode"]) == ""
+    # ... where the same autoscaler on the pool's Deployment would be fought over.
+    on_workload = {**hpa, "spec": {**hpa["spec"], "scaleTargetRef": {"kind": kind, "name": pool}}}
+    assert foreign_autoscaler([on_workload], RELEASE, role, kind, "Off")
+
+
+def test_an_autoscaler_beyond_the_pools_bounds_is_refused_naming_them():
+    values = {
+        "autoscaling": {
+            "decode": {"type": "keda", "maxReplicas": 20, "triggers": [{"type": "cpu"}]}
+        }
+    }
+    with pytest.raises(helm.HelmRenderError) as refused:
+        render(values)
+    assert "decode.maxReplicas 8" in str(refused.value), str(refused.value)
+    # None by default, and none for a pool that is not there.
+    assert not by_kind(render({}), "HorizontalPodAutoscaler")
+    lone = {"autoscaling": {"aggregated": {"type": "keda", "triggers": [{"type": "cpu"}]}}}
+    assert not by_kind(render(lone), "ScaledObject")
