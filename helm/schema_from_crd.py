@@ -16,7 +16,8 @@ to JSON Schema (draft 7, what Helm checks):
   server fills the CRD's into what the values leave out); CEL rules
   (`x-kubernetes-validations`) stay with the API server, which refuses the
   TandemDeployment at `helm install` with their message;
-* a pool's `rdma` is not a value: the chart sets it from `rdma.enabled`;
+* a pool's `rdma` and `podGroup` are not values: the chart sets them from
+  `rdma.enabled` and `podGroups.type`;
 * NARROWER: where the chart checks more than the CRD (the Kubernetes shape of
   resources and env entries, which the CRD leaves open and the pod would
   refuse later; engine flags, which vLLM takes as `--name[=value]`);
@@ -47,7 +48,7 @@ COMMENT = (
 )
 COPIED = ("type", "enum", "minimum", "maximum", "pattern", "minLength", "description")
 # Pool properties the chart sets itself rather than taking from the pool's values.
-CHART_SET = {"rdma"}
+CHART_SET = {"rdma", "podGroup"}
 NARROWER: dict[str, dict[str, Any]] = {
     "resources": {"$ref": "#/definitions/resources"},
     "env": {
@@ -116,7 +117,7 @@ def pool() -> dict[str, Any]:
     for name in CHART_SET:
         del out["properties"][name]
     out["properties"].update(NARROWER)
-    out["description"] = "an engine pool (the TandemDeployment's pool, less rdma: rdma.enabled)"
+    out["description"] = "an engine pool (the TandemDeployment's pool, less rdma and podGroup)"
     return {"$comment": COMMENT, **out}
 
 

@@ -156,6 +156,7 @@ class PoolSpec:
     rdma: bool
     scheduler_name: str | None
     spread_across_nodes: bool
+    pod_group: str | None
     termination_grace_period_seconds: int
 
     def gpus(self, replicas: int | None = None) -> int:

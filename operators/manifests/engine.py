@@ -273,6 +273,22 @@ def _resources(pool: PoolSpec) -> dict[str, Any]:
     return resources
 
 
+# How a pod names the PodGroup it joins: Volcano reads the annotation, the
+# scheduler-plugins coscheduling plugin the label; each ignores the other.
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+
+
+def _pod_metadata(labels: dict[str, str], pool: PoolSpec) -> dict[str, Any]:
+    """An engine pod template's metadata: its labels, and the pool's PodGroup if it has one."""
+    if not pool.pod_group:
+        return {"labels": labels}
+    return {
+        "labels": {**labels, COSCHEDULING_GROUP_LABEL: pool.pod_group},
+        "annotations": {VOLCANO_GROUP_ANNOTATION: pool.pod_group},
+    }
+
+
 def _pod_spec(
     td: str, spec: TandemSpec, role: str, containers: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -367,7 +383,7 @@ def pool_workload(
                     "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
                 },
                 "template": {
-                    "metadata": {"labels": lbls},
+                    "metadata": _pod_metadata(lbls, pool),
                     "spec": _pod_spec(td, spec, role, [container]),
                 },
             },
@@ -389,11 +405,11 @@ def pool_workload(
                 "size": pool.nodes_per_replica,
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": {
-                    "metadata": {"labels": lbls},
+                    "metadata": _pod_metadata(lbls, pool),
                     "spec": _pod_spec(td, spec, role, [leader]),
                 },
                 "workerTemplate": {
-                    "metadata": {"labels": worker_labels},
+                    "metadata": _pod_metadata(worker_labels, pool),
                     "spec": _pod_spec(td, spec, role, [worker]),
                 },
             },

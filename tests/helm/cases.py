@@ -126,6 +126,21 @@ FEATURES: dict[str, dict] = {
             }
         },
     },
+    "pod-groups-volcano": {
+        "podGroups": {"type": "volcano", "queue": "inference"},
+        "prefill": {"schedulerName": "volcano", "minReplicas": 2, "replicas": 2},
+        "decode": {
+            "schedulerName": "volcano",
+            "nodesPerReplica": 2,
+            "gpusPerPod": 8,
+            "parallelism": {"tensor": 8, "pipeline": 2},
+        },
+    },
+    "pod-groups-coscheduling": {
+        "podGroups": {"type": "coscheduling", "scheduleTimeoutSeconds": 120},
+        "prefill": {"schedulerName": "scheduler-plugins-scheduler"},
+        "decode": {"schedulerName": "scheduler-plugins-scheduler"},
+    },
     "watch-all-namespaces": {"operator": {"watchAllNamespaces": True}},
     "scaling-auto": {
         "scaling": {"mode": "Auto", "gpuBudget": 8, "slo": {"ttftP90Ms": 1500, "itlP90Ms": 40}}

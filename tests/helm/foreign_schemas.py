@@ -11,6 +11,8 @@ field is pruned (and reported) the way kube-apiserver would drop it:
   operator's API reference);
 * Certificate and Issuer, `cert-manager.io/v1` (cert-manager's API reference);
 * ScaledObject, `keda.sh/v1alpha1` (KEDA's ScaledObject specification);
+* PodGroup, `scheduling.volcano.sh/v1beta1` (Volcano's PodGroup) and
+  `scheduling.x-k8s.io/v1alpha1` (scheduler-plugins' coscheduling PodGroup);
 * LeaderWorkerSet, `leaderworkerset.x-k8s.io/v1`: tests/operators/lws_schema.py.
 
 `additionalProperties: false` marks objects whose every field is listed here,
@@ -419,6 +421,45 @@ SCALED_OBJECT: Schema = {
 }
 
 
+_QUANTITY_MAP: Schema = {"type": "object", "additionalProperties": _INT_OR_STRING}
+VOLCANO_POD_GROUP: Schema = {
+    "type": "object",
+    "properties": {
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "minMember": {"type": "integer", "format": "int32", "minimum": 0},
+                "minTaskMember": {
+                    "type": "object",
+                    "additionalProperties": {"type": "integer", "format": "int32"},
+                },
+                "queue": {"type": "string"},
+                "priorityClassName": {"type": "string"},
+                "minResources": _QUANTITY_MAP,
+                "networkTopology": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+        },
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+COSCHEDULING_POD_GROUP: Schema = {
+    "type": "object",
+    "properties": {
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "minMember": {"type": "integer", "format": "int32", "minimum": 0},
+                "minResources": _QUANTITY_MAP,
+                "scheduleTimeoutSeconds": {"type": "integer", "format": "int32"},
+            },
+        },
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+
+
 def _crd(
     group: str,
     version: str,
@@ -473,4 +514,6 @@ def crds() -> list[dict[str, Any]]:
         _crd("cert-manager.io", "v1", "Certificate", "certificates", CERTIFICATE),
         _crd("cert-manager.io", "v1", "Issuer", "issuers", ISSUER),
         _crd("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects", SCALED_OBJECT),
+        _crd("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups", VOLCANO_POD_GROUP),
+        _crd("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups", COSCHEDULING_POD_GROUP),
     ]

@@ -30,6 +30,7 @@ def test_the_chart_renders_every_foreign_kind_and_each_is_valid():
             **CASES["feature-inference-pool"],
             **CASES["feature-grpc-tls"],
             **CASES["feature-autoscaling-keda"],
+            **CASES["feature-pod-groups-volcano"],
         }
     )
     kinds = {crd["spec"]["names"]["kind"] for crd in foreign_crds()}
@@ -110,4 +111,19 @@ def test_cert_manager_schemas_refuse_typos_and_bad_values(kind, name, path, valu
 def test_scaled_object_schema_refuses_typos_and_bad_values(path, value, expect):
     scaled = one(render(CASES["feature-autoscaling-keda"]), "ScaledObject")
     found = problems(_set(scaled, path, value))
+    assert any(expect in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    "case,path,value,expect",
+    [
+        ("pod-groups-volcano", "spec.minMembers", 2, "unknown field"),
+        ("pod-groups-volcano", "spec.scheduleTimeoutSeconds", 60, "unknown field"),
+        ("pod-groups-coscheduling", "spec.queue", "inference", "unknown field"),
+        ("pod-groups-coscheduling", "spec.minMember", -1, "minMember"),
+    ],
+)
+def test_pod_group_schemas_refuse_typos_and_bad_values(case, path, value, expect):
+    group = one(render(CASES[f"feature-{case}"]), "PodGroup", "tandem-decode")
+    found = problems(_set(group, path, value))
     assert any(expect in p for p in found), found

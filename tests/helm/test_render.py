@@ -338,6 +338,8 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
         ({"grpcTls": {"certManager": {"duration": "90 days"}}}, "/grpcTls/certManager/duration"),
         ({"grpcTls": {"existingSecrets": "x"}}, "additional properties 'existingSecrets'"),
         ({"autoscaling": {"decode": {"type": "vpa"}}}, "/autoscaling/decode/type"),
+        ({"podGroups": {"type": "kueue"}}, "/podGroups/type"),
+        ({"decode": {"podGroup": "mine"}}, "additional properties 'podGroup'"),
         ({"autoscaling": {"prefill": {"type": "hpa"}}}, "/autoscaling/prefill/metrics"),
         ({"autoscaling": {"decode": {"type": "keda"}}}, "/autoscaling/decode/triggers"),
         (
@@ -594,3 +596,29 @@ def test_an_autoscaler_beyond_the_pools_bounds_is_refused_naming_them():
     assert not by_kind(render({}), "HorizontalPodAutoscaler")
     lone = {"autoscaling": {"aggregated": {"type": "keda", "triggers": [{"type": "cpu"}]}}}
     assert not by_kind(render(lone), "ScaledObject")
+
+
+def test_pod_groups_gang_each_pools_floor_and_the_pools_name_them():
+    docs = render(CASES["feature-pod-groups-volcano"])
+    spec = one(docs, "TandemDeployment")["spec"]
+    groups = {g["metadata"]["name"]: g for g in by_kind(docs, "PodGroup")}
+    assert sorted(groups) == ["tandem-decode", "tandem-prefill"]
+    for role in ("prefill", "decode"):
+        assert spec[role]["podGroup"] == f"tandem-{role}"
+        assert groups[f"tandem-{role}"]["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    # The floor's pods: 2 one-node prefill replicas; one decode replica of 2 nodes.
+    assert groups["tandem-prefill"]["spec"] == {"minMember": 2, "queue": "inference"}
+    assert groups["tandem-decode"]["spec"] == {"minMember": 2, "queue": "inference"}
+    docs = render(CASES["feature-pod-groups-coscheduling"])
+    group = one(docs, "PodGroup", "tandem-decode")
+    assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert group["spec"] == {"minMember": 1, "scheduleTimeoutSeconds": 120}
+    # Off by default: no groups, no podGroup in the spec.
+    assert not by_kind(render({}), "PodGroup")
+    assert "podGroup" not in one(render({}), "TandemDeployment")["spec"]["decode"]
+
+
+def test_pod_groups_without_a_scheduler_that_reads_them_are_refused():
+    with pytest.raises(helm.HelmRenderError) as refused:
+        render({"podGroups": {"type": "volcano"}, "decode": {"schedulerName": "volcano"}})
+    assert "prefill.schedulerName" in str(refused.value), str(refused.value)

@@ -589,3 +589,37 @@ def test_a_pool_may_spread_over_nodes_and_name_its_scheduler():
     assert spread["labelSelector"]["matchLabels"] == manifests.pool_selector("demo", "decode")
     prefill = by_name["demo-prefill"]["spec"]["template"]["spec"]
     assert "topologySpreadConstraints" not in prefill and "schedulerName" not in prefill
+
+
+def test_a_pool_in_a_pod_group_puts_every_engine_pod_in_it():
+    multi = {
+        "replicas": 1,
+        "nodesPerReplica": 2,
+        "gpusPerPod": 8,
+        "parallelism": {"tensor": 8, "pipeline": 2},
+        "schedulerName": "volcano",
+        "podGroup": "demo-decode",
+    }
+    objs = everything(spec(decode=multi, prefill={"replicas": 1, "podGroup": "demo-prefill"}))
+    lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
+    prefill = next(
+        o for o in objs if o["metadata"]["name"] == "demo-prefill" and o["kind"] == "Deployment"
+    )
+    templates = [
+        ("demo-decode", lws["leaderTemplate"]),
+        ("demo-decode", lws["workerTemplate"]),
+        ("demo-prefill", prefill["spec"]["template"]),
+    ]
+    for group, template in templates:
+        # Volcano reads the annotation, coscheduling the label.
+        assert template["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": group}
+        assert template["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == group
+    # The pool's own objects do not carry it (a Service or the LWS is no member).
+    assert "scheduling.x-k8s.io/pod-group" not in prefill["metadata"]["labels"]
+    # None by default.
+    plain = next(
+        o
+        for o in everything(spec())
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "demo-decode"
+    )
+    assert "annotations" not in plain["spec"]["template"]["metadata"]

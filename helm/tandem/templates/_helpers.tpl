@@ -63,10 +63,10 @@ scrapeTimeout: {{ default .root.Values.monitoring.scrapeTimeout .component.scrap
 {{- end -}}
 
 {{/*
-One engine pool of the TandemDeployment's spec; (dict "root" $ "pool" .Values.prefill).
+One engine pool of the TandemDeployment's spec; (dict "root" $ "role" "prefill" "pool" .Values.prefill).
 The pool's values are the CRD's pool (values.schema.json is generated from it)
 and pass through as they are, less empty lists, maps and strings; the chart adds rdma
-(rdma.enabled) and, with it, the RDMA env and resources.
+(rdma.enabled) and, with it, the RDMA env and resources, and podGroup (podGroups.type).
 */}}
 {{- define "tandem.pool" -}}
 {{- $rdma := .root.Values.rdma -}}
@@ -77,6 +77,9 @@ and pass through as they are, less empty lists, maps and strings; the chart adds
 {{- end }}
 {{- end }}
 {{- $_ := set $pool "rdma" $rdma.enabled }}
+{{- if .root.Values.podGroups.type }}
+{{- $_ := set $pool "podGroup" (printf "%s-%s" (include "tandem.fullname" .root) .role) }}
+{{- end }}
 {{- if $rdma.enabled }}
 {{- with concat (default (list) .pool.env) $rdma.env }}
 {{- $_ := set $pool "env" . }}
