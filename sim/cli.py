@@ -83,6 +83,18 @@ def add_common(p: argparse.ArgumentParser) -> None:
         default=256,
         help="P/D: below this many uncached tokens the decode pod prefills",
     )
+    r.add_argument(
+        "--router-replicas",
+        type=int,
+        default=1,
+        help="router replicas (routing cores), requests spread over them in turn",
+    )
+    r.add_argument(
+        "--state-lag-ms",
+        type=float,
+        default=0.0,
+        help="until one replica's shared-state writes (bindings, load) reach the others",
+    )
     t = p.add_argument_group("traffic (tandem.workload's generator, played as the replay client)")
     t.add_argument(
         "--trace",
@@ -111,6 +123,8 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "store_gbps": a.store_gbps,
         "store_latency_ms": a.store_latency_ms,
         "remote_prefill_threshold": a.remote_prefill_threshold,
+        "router_replicas": a.router_replicas,
+        "state_lag_ms": a.state_lag_ms,
         "trace_file": a.trace,
         "trace_profile": a.trace_profile,
         "turns_median": a.turns_median,

@@ -77,6 +77,8 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
         link=Link(point["link_gbps"] * 1e9, point["link_latency_ms"] / 1e3),
         gpus_per_pod=point["gpus_per_pod"],
         remote_prefill_threshold=point["remote_prefill_threshold"],
+        router_replicas=point.get("router_replicas", 1),
+        state_lag_s=point.get("state_lag_ms", 0.0) / 1e3,
     )
     traffic = Traffic(
         profile=point["trace_profile"],
