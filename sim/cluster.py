@@ -71,7 +71,9 @@ class ClusterConfig:
     decode: int = 0
     engine: EngineSettings = field(default_factory=lambda: EngineSettings(kv_blocks=8192))
     model: StepModel = field(default_factory=StepModel)
-    store: StoreTier | None = None
+    store: StoreTier | None = None  # the store's RAM tier (None: no store)
+    store_disk: StoreTier | None = None  # its disk tier
+    store_pin_ttl_s: float = 0.0  # sessions' blocks soft-pinned this long from their write
     link: Link = field(default_factory=lambda: Link(5e9, 1e-3))
     gpus_per_pod: int = 1
     poll_interval_s: float = 1.0
@@ -88,6 +90,10 @@ class ClusterConfig:
             raise ValueError("prefill pods need decode pods")
         if self.poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be positive")
+        if self.store_pin_ttl_s < 0:
+            raise ValueError("store_pin_ttl_s must be >= 0")
+        if self.store_disk and not self.store:
+            raise ValueError("a disk tier needs the store's RAM tier")
         if self.router_replicas < 1:
             raise ValueError("router_replicas must be >= 1")
         if self.state_lag_s < 0:
@@ -204,7 +210,11 @@ class Simulation:
         self.core = self.cores[0]
         self.state = LaggedState(self.loop, config.router_replicas, config.state_lag_s)
         self._next_replica = 0
-        self.store = SharedStore(config.store) if config.store else None
+        self.store = None
+        if config.store:
+            self.store = SharedStore(
+                config.store, lambda: self.loop.now, config.store_disk, config.store_pin_ttl_s
+            )
         self.engines: dict[str, Engine] = {}
         for name, role in config.pods:
             # "sim": the pod publishes KV events (the index's short prediction TTL)
