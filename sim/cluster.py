@@ -121,40 +121,46 @@ class ClusterConfig:
 class LaggedState:
     """The router replicas' shared-state store (Redis in the router): session
     bindings and each replica's in-flight load per pod. A replica sees its own
-    writes at once and the others' ``lag_s`` later; a binding found there wins
-    over the replica's own, as ``RedisState.get_binding`` reads Redis first."""
+    writes at once and the others' ``lag_s`` later; of two bindings of a
+    session the later write wins, as in Redis."""
 
     def __init__(self, loop: EventLoop, replicas: int, lag_s: float) -> None:
         self.loop = loop
         self.lag_s = lag_s
         self.replicas = replicas
-        self._own: list[dict[str, Binding]] = [{} for _ in range(replicas)]
-        self._seen: list[dict[str, Binding]] = [{} for _ in range(replicas)]
+        # per reader: session -> (written at, binding), as far as it has seen
+        self._bindings: list[dict[str, tuple[float, Binding]]] = [{} for _ in range(replicas)]
         # per reader: (writer, pod) -> load as last delivered; and their sums per pod
         self._loads: list[dict[tuple[int, str], PodLoad]] = [{} for _ in range(replicas)]
         self._sums: list[dict[str, PodLoad]] = [{} for _ in range(replicas)]
 
     def read(self, replica: int, session: str) -> SharedView:
-        binding = self._seen[replica].get(session) or self._own[replica].get(session)
-        return SharedView(binding, self._sums[replica])
+        seen = self._bindings[replica].get(session)
+        return SharedView(seen[1] if seen else None, self._sums[replica])
 
     def write(self, replica: int, writes: StateWrites) -> None:
+        now = self.loop.now
         if writes.binding:
-            self._own[replica][writes.binding[0]] = writes.binding[1]
+            self._bindings[replica][writes.binding[0]] = (now, writes.binding[1])
         if self.replicas == 1 or not (writes.binding or writes.loads):
             return
         for reader in range(self.replicas):
             if reader == replica:
                 continue
             if self.lag_s:
-                self.loop.after(self.lag_s, self._deliver(reader, replica, writes))
+                self.loop.after(self.lag_s, self._deliver(reader, replica, writes, now))
             else:
-                self._deliver(reader, replica, writes)()
+                self._deliver(reader, replica, writes, now)()
 
-    def _deliver(self, reader: int, writer: int, writes: StateWrites) -> Callable[[], None]:
+    def _deliver(
+        self, reader: int, writer: int, writes: StateWrites, written_at: float
+    ) -> Callable[[], None]:
         def apply() -> None:
             if writes.binding:
-                self._seen[reader][writes.binding[0]] = writes.binding[1]
+                session, binding = writes.binding
+                seen = self._bindings[reader].get(session)
+                if seen is None or seen[0] <= written_at:
+                    self._bindings[reader][session] = (written_at, binding)
             loads, sums = self._loads[reader], self._sums[reader]
             for pod, load in writes.loads.items():
                 old = loads.get((writer, pod), PodLoad())

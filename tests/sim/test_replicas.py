@@ -48,3 +48,13 @@ def test_hit_rate_holds_without_lag_and_falls_once_it_passes_think_times():
     # its think time (median 0.11 s here) after it, a few seconds: a binding
     # that arrives later than that is missed.
     assert _run(4, 10.0)["hit_rate"] < single["hit_rate"] - 0.03
+
+
+def test_of_two_bindings_of_a_session_the_later_write_wins():
+    loop = EventLoop()
+    state = LaggedState(loop, replicas=2, lag_s=2.0)
+    state.write(0, StateWrites(binding=("s", Binding("a"))))
+    loop.run(until=1.0)
+    state.write(1, StateWrites(binding=("s", Binding("b"))))  # before 0's arrived
+    loop.run()
+    assert state.read(0, "s").binding == state.read(1, "s").binding == Binding("b")
