@@ -76,12 +76,38 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--link-latency-ms", type=float, default=1.0, help="P->D transfer latency")
     g.add_argument("--store-gbps", type=float, default=1.0, help="KV store load, GB/s")
     g.add_argument("--store-latency-ms", type=float, default=2.0, help="KV store load latency")
+    g.add_argument(
+        "--store-disk-blocks", type=int, default=0, help="the store's disk tier (0: none)"
+    )
+    g.add_argument("--store-disk-gbps", type=float, default=0.5, help="disk tier load, GB/s")
+    g.add_argument(
+        "--store-disk-latency-ms", type=float, default=10.0, help="disk tier load latency"
+    )
+    g.add_argument(
+        "--store-pin-ttl-s",
+        type=float,
+        default=0.0,
+        help="soft-pin the blocks sessions write this long (the router's --kv-retention-ttl-s; "
+        "0: no pins)",
+    )
     r = p.add_argument_group("router")
     r.add_argument(
         "--remote-prefill-threshold",
         type=int,
         default=256,
         help="P/D: below this many uncached tokens the decode pod prefills",
+    )
+    r.add_argument(
+        "--router-replicas",
+        type=int,
+        default=1,
+        help="router replicas (routing cores), requests spread over them in turn",
+    )
+    r.add_argument(
+        "--state-lag-ms",
+        type=float,
+        default=0.0,
+        help="until one replica's shared-state writes (bindings, load) reach the others",
     )
     t = p.add_argument_group("traffic (tandem.workload's generator, played as the replay client)")
     t.add_argument(
@@ -110,7 +136,13 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "link_latency_ms": a.link_latency_ms,
         "store_gbps": a.store_gbps,
         "store_latency_ms": a.store_latency_ms,
+        "store_disk_blocks": a.store_disk_blocks,
+        "store_disk_gbps": a.store_disk_gbps,
+        "store_disk_latency_ms": a.store_disk_latency_ms,
+        "store_pin_ttl_s": a.store_pin_ttl_s,
         "remote_prefill_threshold": a.remote_prefill_threshold,
+        "router_replicas": a.router_replicas,
+        "state_lag_ms": a.state_lag_ms,
         "trace_file": a.trace,
         "trace_profile": a.trace_profile,
         "turns_median": a.turns_median,

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common.roles import Role
 from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings, SharedView
+from services.router.routing.core import PodLoad, StateWrites
 from services.router.routing.policy import Binding, PolicySettings
 from sim.costs import Link, StepModel, StoreTier
 from sim.engine import Engine, EngineSettings, Job, SharedStore
@@ -70,11 +71,15 @@ class ClusterConfig:
     decode: int = 0
     engine: EngineSettings = field(default_factory=lambda: EngineSettings(kv_blocks=8192))
     model: StepModel = field(default_factory=StepModel)
-    store: StoreTier | None = None
+    store: StoreTier | None = None  # the store's RAM tier (None: no store)
+    store_disk: StoreTier | None = None  # its disk tier
+    store_pin_ttl_s: float = 0.0  # sessions' blocks soft-pinned this long from their write
     link: Link = field(default_factory=lambda: Link(5e9, 1e-3))
     gpus_per_pod: int = 1
     poll_interval_s: float = 1.0
     remote_prefill_threshold: int = 256
+    router_replicas: int = 1  # routing cores, requests spread over them in turn
+    state_lag_s: float = 0.0  # until one replica's shared-state writes reach the others
 
     def validate(self) -> None:
         if self.aggregated < 0 or self.prefill < 0 or self.decode < 0:
@@ -85,6 +90,14 @@ class ClusterConfig:
             raise ValueError("prefill pods need decode pods")
         if self.poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be positive")
+        if self.store_pin_ttl_s < 0:
+            raise ValueError("store_pin_ttl_s must be >= 0")
+        if self.store_disk and not self.store:
+            raise ValueError("a disk tier needs the store's RAM tier")
+        if self.router_replicas < 1:
+            raise ValueError("router_replicas must be >= 1")
+        if self.state_lag_s < 0:
+            raise ValueError("state_lag_s must be >= 0")
 
     def routing_settings(self) -> RoutingSettings:
         return RoutingSettings(
@@ -103,6 +116,64 @@ class ClusterConfig:
             + [(f"prefill-{i}", Role.PREFILL) for i in range(self.prefill)]
             + [(f"decode-{i}", Role.DECODE) for i in range(self.decode)]
         )
+
+
+class LaggedState:
+    """The router replicas' shared-state store (Redis in the router): session
+    bindings and each replica's in-flight load per pod. A replica sees its own
+    writes at once and the others' ``lag_s`` later; of two bindings of a
+    session the later write wins, as in Redis."""
+
+    def __init__(self, loop: EventLoop, replicas: int, lag_s: float) -> None:
+        self.loop = loop
+        self.lag_s = lag_s
+        self.replicas = replicas
+        # per reader: session -> (written at, binding), as far as it has seen
+        self._bindings: list[dict[str, tuple[float, Binding]]] = [{} for _ in range(replicas)]
+        # per reader: (writer, pod) -> load as last delivered; and their sums per pod
+        self._loads: list[dict[tuple[int, str], PodLoad]] = [{} for _ in range(replicas)]
+        self._sums: list[dict[str, PodLoad]] = [{} for _ in range(replicas)]
+
+    def read(self, replica: int, session: str) -> SharedView:
+        seen = self._bindings[replica].get(session)
+        return SharedView(seen[1] if seen else None, self._sums[replica])
+
+    def write(self, replica: int, writes: StateWrites) -> None:
+        now = self.loop.now
+        if writes.binding:
+            self._bindings[replica][writes.binding[0]] = (now, writes.binding[1])
+        if self.replicas == 1 or not (writes.binding or writes.loads):
+            return
+        for reader in range(self.replicas):
+            if reader == replica:
+                continue
+            if self.lag_s:
+                self.loop.after(self.lag_s, self._deliver(reader, replica, writes, now))
+            else:
+                self._deliver(reader, replica, writes, now)()
+
+    def _deliver(
+        self, reader: int, writer: int, writes: StateWrites, written_at: float
+    ) -> Callable[[], None]:
+        def apply() -> None:
+            if writes.binding:
+                session, binding = writes.binding
+                seen = self._bindings[reader].get(session)
+                if seen is None or seen[0] <= written_at:
+                    self._bindings[reader][session] = (written_at, binding)
+            loads, sums = self._loads[reader], self._sums[reader]
+            for pod, load in writes.loads.items():
+                old = loads.get((writer, pod), PodLoad())
+                loads[(writer, pod)] = load
+                total = sums.get(pod, PodLoad())
+                sums[pod] = PodLoad(
+                    total.in_flight + load.in_flight - old.in_flight,
+                    total.pending_prefill_tokens
+                    + load.pending_prefill_tokens
+                    - old.pending_prefill_tokens,
+                )
+
+        return apply
 
 
 @dataclass
@@ -139,14 +210,23 @@ class Simulation:
         self.config = config
         self.traffic = traffic
         self.loop = EventLoop()
-        self.core = RoutingCore(config.routing_settings())
-        self.store = SharedStore(config.store) if config.store else None
+        # One routing core per router replica, each with its own prefix index
+        # fed by every engine's KV events (each replica subscribes to all pods).
+        self.cores = [RoutingCore(config.routing_settings()) for _ in range(config.router_replicas)]
+        self.core = self.cores[0]
+        self.state = LaggedState(self.loop, config.router_replicas, config.state_lag_s)
+        self._next_replica = 0
+        self.store = None
+        if config.store:
+            self.store = SharedStore(
+                config.store, lambda: self.loop.now, config.store_disk, config.store_pin_ttl_s
+            )
         self.engines: dict[str, Engine] = {}
         for name, role in config.pods:
             # "sim": the pod publishes KV events (the index's short prediction TTL)
-            self.core.add_pod(PodSpec(name, role, kv_events="sim"))
+            for core in self.cores:
+                core.add_pod(PodSpec(name, role, kv_events="sim"))
             self.engines[name] = self._engine(name)
-        self.bindings: dict[str, Binding] = {}
         self.records: list[Record] = []
         self.active_lanes = 0
         self.roles = dict(config.pods)
@@ -177,15 +257,17 @@ class Simulation:
         return name
 
     def _started(self, name: str, role: Role) -> None:
-        self.core.add_pod(PodSpec(name, role, kv_events="sim"))
-        if name in self.draining:  # drained before it started
-            self.core.set_draining(name)
+        for core in self.cores:
+            core.add_pod(PodSpec(name, role, kv_events="sim"))
+            if name in self.draining:  # drained before it started
+                core.set_draining(name)
 
     def drain_pod(self, name: str) -> None:
         """The pod takes no new work and goes once what it runs has finished."""
         self.draining.add(name)
         if name in self.core.pods:
-            self.core.set_draining(name)
+            for core in self.cores:
+                core.set_draining(name)
         self._remove_when_idle(name)
 
     def _remove_when_idle(self, name: str) -> None:
@@ -194,30 +276,39 @@ class Simulation:
             self.loop.after(self.config.poll_interval_s, lambda: self._remove_when_idle(name))
             return
         self._count_gpus()
-        self.core.remove_pod(name)
+        for core in self.cores:
+            core.remove_pod(name)
         del self.engines[name]
 
     def _engine(self, name: str) -> Engine:
         c = self.config
-        index = self.core.index
-        return Engine(
-            name, c.engine, c.model, self.loop, index.stored, index.removed, self.store, c.link
-        )
+        indexes = [core.index for core in self.cores]
+
+        def stored(pod: str, hashes: Sequence[int]) -> None:
+            for index in indexes:
+                index.stored(pod, hashes)
+
+        def removed(pod: str, hashes: Sequence[int]) -> None:
+            for index in indexes:
+                index.removed(pod, hashes)
+
+        return Engine(name, c.engine, c.model, self.loop, stored, removed, self.store, c.link)
 
     # ----- router side ------------------------------------------------------
     def _poll(self) -> None:
         now = self.loop.now
         for name, engine in self.engines.items():
             running, waiting, usage = engine.load
-            self.core.update_pod(
-                name,
-                now,
-                healthy=True,
-                running=running,
-                waiting=waiting,
-                kv_cache_usage=usage,
-                kv_capacity_blocks=engine.kv.capacity,
-            )
+            for core in self.cores:
+                core.update_pod(
+                    name,
+                    now,
+                    healthy=True,
+                    running=running,
+                    waiting=waiting,
+                    kv_cache_usage=usage,
+                    kv_capacity_blocks=engine.kv.capacity,
+                )
         if self.active_lanes:
             self.loop.after(self.config.poll_interval_s, self._poll)
 
@@ -226,11 +317,12 @@ class Simulation:
     ) -> None:
         now = self.loop.now
         tokens = tokens_for(session, index, r)
-        decision = self.core.route(
-            RouteRequest(tokens, session=key), SharedView(self.bindings.get(key)), now
-        )
-        if decision.writes.binding:
-            self.bindings[key] = decision.writes.binding[1]
+        # The replicas take requests in turn (a Service spreading connections).
+        replica = self._next_replica
+        self._next_replica = (replica + 1) % len(self.cores)
+        core, state = self.cores[replica], self.state
+        decision = core.route(RouteRequest(tokens, session=key), state.read(replica, key), now)
+        state.write(replica, decision.writes)
         rec = Record(key, now, len(tokens), r.out_tokens, decode_pod=decision.decode_pod)
         rec.prefill_pod, rec.reason = decision.prefill_pod, decision.reason
         self.records.append(rec)
@@ -241,7 +333,7 @@ class Simulation:
 
         def finished(job: Job) -> None:
             rec.end = self.loop.now
-            self.core.release(decision)
+            state.write(replica, core.release(decision))
             done()
 
         decode = self.engines[decision.decode_pod]
@@ -249,7 +341,9 @@ class Simulation:
 
             def computed(job: Job) -> None:
                 rec.cached_tokens = job.cached_tokens
-                self.core.report_prefill(decision, self.loop.now, decision.decode_pod)
+                state.write(
+                    replica, core.report_prefill(decision, self.loop.now, decision.decode_pod)
+                )
 
             decode.submit(
                 Job(len(tokens), decision.block_hashes, out, computed, first_token, finished)
@@ -259,7 +353,7 @@ class Simulation:
 
         def prefilled(job: Job) -> None:
             rec.cached_tokens = job.cached_tokens
-            self.core.report_prefill(decision, self.loop.now)
+            state.write(replica, core.report_prefill(decision, self.loop.now))
 
         def pulled(pjob: Job) -> Callable[[Job], None]:
             def on_first(job: Job) -> None:

@@ -14,8 +14,9 @@ What it keeps of vLLM's behaviour:
   prompt publishes its new blocks (``BlockStored``) and an eviction publishes
   ``BlockRemoved``, as the engines' KV events do.
 * With a store, a prefix the pod lacks but the store holds is loaded (its
-  time from the tier's bandwidth and latency) instead of computed; every
-  prompt's blocks are put to the store.
+  time from the RAM and disk tiers' bandwidth and latency, for the blocks
+  each holds) instead of computed; every prompt's blocks are put to the
+  store (``SharedStore``: tiers, pins, eviction).
 * A P/D decode request's prompt KV arrives over the link; a P/D prefill
   request holds its blocks until the decode pod has pulled them.
 
@@ -319,9 +320,10 @@ class Engine:
         bs = self.s.block_size
         cap = (job.prompt_tokens - 1) // bs
         hit = self.kv.match(job.hashes, cap)
-        from_store = 0
+        from_ram = from_disk = 0
         if self.store is not None and not job.remote_kv:
-            from_store = self.store.match(job.hashes[hit:cap])
+            from_ram, from_disk = self.store.match(job.hashes[hit:cap])
+        from_store = from_ram + from_disk
         cached = (hit + from_store) * bs
         if job.remote_kv:
             first = job.prompt_tokens + 1
@@ -349,7 +351,7 @@ class Engine:
         job.done_tokens = cached
         if from_store:
             assert self.store is not None
-            job.ready_at = now + self.store.load_s(from_store, self.s.block_bytes)
+            job.ready_at = now + self.store.load_s(from_ram, from_disk, self.s.block_bytes)
             return 0
         return first - cached
 
@@ -408,29 +410,83 @@ class Engine:
 
 
 class SharedStore:
-    """The shared KV store: blocks by hash, least recently used dropped past capacity."""
+    """The shared KV store (Mooncake, ``services/kvstore``): a RAM tier and an
+    optional disk tier, blocks by hash.
 
-    def __init__(self, tier: StoreTier) -> None:
-        self.tier = tier
-        self.blocks: OrderedDict[int, None] = OrderedDict()
+    As the real store: a put writes a block not yet stored to RAM and, with
+    the disk tier, to disk too ("offload at put"); a block already stored
+    (in either tier) is not written again, only looked up, which refreshes
+    its place in the LRU as a read does. With ``pin_ttl_s`` every block
+    written is soft-pinned for that long from its write (reads do not renew
+    it): RAM past capacity evicts its least recently used unpinned block,
+    a pinned one only when none is left. A block evicted from RAM stays
+    readable from disk; the disk drops its least recently used past capacity.
+    A lookup reads the longest run of the chain found in either tier.
+    """
+
+    def __init__(
+        self,
+        ram: StoreTier,
+        clock: Callable[[], float],
+        disk: StoreTier | None = None,
+        pin_ttl_s: float = 0.0,
+    ) -> None:
+        self.tier = ram
+        self.disk_tier = disk
+        self.pin_ttl_s = pin_ttl_s
+        self._clock = clock
+        self.blocks: OrderedDict[int, float] = OrderedDict()  # RAM: hash -> pinned until
+        self.disk: OrderedDict[int, None] = OrderedDict()
         self.loads = 0
+        self.disk_hits = 0  # blocks read from disk
 
-    def match(self, hashes: Sequence[int]) -> int:
-        n = 0
+    def match(self, hashes: Sequence[int]) -> tuple[int, int]:
+        """The prefix of ``hashes`` the store holds: (blocks in RAM, blocks on disk only)."""
+        ram = disk = 0
         for h in hashes:
-            if h not in self.blocks:
+            if h in self.blocks:
+                ram += 1
+            elif h in self.disk:
+                disk += 1
+            else:
                 break
+            self._touch(h)
+        return ram, disk
+
+    def _touch(self, h: int) -> None:
+        """A read (lease) of a block: the most recently used in both tiers (one object)."""
+        if h in self.blocks:
             self.blocks.move_to_end(h)
-            n += 1
-        return n
+        if h in self.disk:
+            self.disk.move_to_end(h)
 
     def put(self, hashes: Sequence[int]) -> None:
+        pinned_until = self._clock() + self.pin_ttl_s if self.pin_ttl_s else 0.0
         for h in hashes:
-            self.blocks[h] = None
-            self.blocks.move_to_end(h)
-        while len(self.blocks) > self.tier.capacity_blocks:
-            self.blocks.popitem(last=False)
+            if h in self.blocks or h in self.disk:
+                self._touch(h)
+                continue
+            self.blocks[h] = pinned_until
+            if self.disk_tier is not None:
+                self.disk[h] = None
+        self._evict()
 
-    def load_s(self, blocks: int, block_bytes: int) -> float:
+    def _evict(self) -> None:
+        now = self._clock()
+        while len(self.blocks) > self.tier.capacity_blocks:
+            victim = next((h for h, until in self.blocks.items() if until <= now), None)
+            if victim is None:  # all pinned: the least recently used goes
+                self.blocks.popitem(last=False)
+            else:
+                del self.blocks[victim]
+        if self.disk_tier is not None:
+            while len(self.disk) > self.disk_tier.capacity_blocks:
+                self.disk.popitem(last=False)
+
+    def load_s(self, ram: int, disk: int, block_bytes: int) -> float:
         self.loads += 1
-        return self.tier.load_s(blocks, block_bytes)
+        self.disk_hits += disk
+        seconds = self.tier.load_s(ram, block_bytes)
+        if disk and self.disk_tier is not None:
+            seconds += self.disk_tier.load_s(disk, block_bytes)
+        return seconds

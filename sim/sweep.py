@@ -60,6 +60,13 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
         store = StoreTier(
             point["store_blocks"], point["store_gbps"] * 1e9, point["store_latency_ms"] / 1e3
         )
+    disk = None
+    if point.get("store_disk_blocks"):
+        disk = StoreTier(
+            point["store_disk_blocks"],
+            point["store_disk_gbps"] * 1e9,
+            point["store_disk_latency_ms"] / 1e3,
+        )
     config = ClusterConfig(
         policy=point["policy"],
         aggregated=aggregated,
@@ -74,9 +81,13 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
         ),
         model=StepModel(**point["model"]),
         store=store,
+        store_disk=disk,
+        store_pin_ttl_s=point.get("store_pin_ttl_s", 0.0),
         link=Link(point["link_gbps"] * 1e9, point["link_latency_ms"] / 1e3),
         gpus_per_pod=point["gpus_per_pod"],
         remote_prefill_threshold=point["remote_prefill_threshold"],
+        router_replicas=point.get("router_replicas", 1),
+        state_lag_s=point.get("state_lag_ms", 0.0) / 1e3,
     )
     traffic = Traffic(
         profile=point["trace_profile"],
