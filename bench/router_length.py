@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import router_fakes
-from bench.harness import sigterm_as_interrupt
+from bench.harness import RedisServer, sigterm_as_interrupt
 from bench.router_fakes import MODEL_NAME
 from bench.router_overhead import parse_sse_line
 from bench.routers import HOST
@@ -263,7 +263,7 @@ class Bench:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs = Processes(self.log_dir)
         self.model_dir = str(resolve_model(None))
-        self.redis_url: str | None = None
+        self.redis: RedisServer | None = None
 
     def _deadline(self) -> float:
         return time.monotonic() + self.c.startup_timeout_s
@@ -293,25 +293,6 @@ class Bench:
             wait_grpc_serving(address, proc, self._deadline(), poll_s=0.2)
         return address
 
-    def start_redis(self) -> str:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise ProcessError("redis-server is not installed (or run with --no-redis)")
-        port = free_port()
-        argv = [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
-        self.procs.launch("redis", argv)
-        deadline = self._deadline()
-        import redis
-
-        while True:
-            try:
-                redis.Redis(host=HOST, port=port).ping()
-                return f"redis://{HOST}:{port}/0"
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise ProcessError("redis did not start") from None
-                time.sleep(0.1)
-
     def router_argv(self, name: str, port: int, backend: str) -> tuple[list[str], dict, str]:
         """(argv, extra env, working directory) of router `name`."""
         if name in ("tandem", "tandem-base"):
@@ -332,8 +313,8 @@ class Bench:
                 "--shutdown-grace-s",
                 "1",
             ]
-            if self.redis_url:
-                argv += ["--redis-url", self.redis_url]
+            if self.redis is not None:
+                argv += ["--redis-url", self.redis.url]
             cwd = os.getcwd()
             if name == "tandem-base":
                 if not self.c.base_src:
@@ -511,7 +492,8 @@ class Bench:
         if any(r != "smg" for r in c.routers):
             backends["grpc"] = self.start_backend("grpc")
             if c.redis:
-                self.redis_url = self.start_redis()
+                self.redis = RedisServer(self.log_dir)
+                self.redis.start(timeout_s=c.startup_timeout_s)
         if "smg" in c.routers:
             backends["openai"] = self.start_backend("openai")
         routers = [self.start_router(name, backends) for name in c.routers]
@@ -650,11 +632,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; stopping every process started", file=sys.stderr)
         return 130
-    except ProcessError as exc:
+    except RuntimeError as exc:  # ProcessError, or Redis missing or silent
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
         bench.procs.stop_all()
+        if bench.redis is not None:
+            bench.redis.stop()
     config.out.parent.mkdir(parents=True, exist_ok=True)
     config.out.write_text(json.dumps(report, indent=2, default=str))
     print(render(report))
