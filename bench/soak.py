@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.harness import sigterm_as_interrupt
+
 # Small bounds, each reached in the first minutes of the replay.
 ROUTER_BOUNDS = [
     "--routing-index-capacity=2000",
@@ -187,6 +189,8 @@ async def drive(url: str, minutes: float, concurrency: int, sessions: int) -> in
             config, generate.generate(params), PromptBuilder(tokenizer, salt=new_salt())
         )
         played += len(result.records)
+        if result.interrupted:
+            break
         seed += 1
     return played
 
@@ -220,9 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         print(report({n: [] for n in pids}).splitlines()[0], flush=True)
         sampler.start()
         try:
-            played = asyncio.run(
-                drive(stack.router_url, args.minutes, args.concurrency, args.sessions)
-            )
+            with sigterm_as_interrupt():
+                played = asyncio.run(
+                    drive(stack.router_url, args.minutes, args.concurrency, args.sessions)
+                )
         finally:
             sampler.stop()
     finally:
