@@ -108,7 +108,8 @@ def profile_command(p: ProfileSpec, td: TandemSpec, replicas: int) -> list[str]:
         f"--replicas={replicas}",
         f"--name={p.config_map}",
         f"--tokenizer={td.model.origin.model_path}",
-        f"--gpus-per-replica={pool.gpus_per_pod * pool.nodes_per_replica}",
+        # A pool without GPUs (CPU engines) counts one unit per replica.
+        f"--gpus-per-replica={max(1, pool.gpus_per_pod * pool.nodes_per_replica)}",
         f"--tp={par.tensor}",
         f"--pp={par.pipeline}",
         f"--dp={par.data}",

@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--result-file",
         help="also write the profile document there as compact JSON of at most 4096 bytes "
-        "(a pod's terminationMessagePath: how a TandemProfile's Job hands it to the operator)",
+        "(a pod's terminationMessagePath: how a TandemProfile's Job hands it to the "
+        "operator); when the run fails, the error instead",
     )
     p.add_argument(
         "--wait-ready",
@@ -362,11 +363,22 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_reporting(a: argparse.Namespace) -> int:
+    """``cmd_profile``; with --result-file, a failure's reason is written
+    there too (a pod's termination message says why its Job failed)."""
+    try:
+        return cmd_profile(a)
+    except Exception as exc:
+        if a.result_file:
+            Path(a.result_file).write_text(f"tandem profile: error: {exc}"[:RESULT_BYTES])
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     """``tandem profile``. Exit status: 0 success, 1 the run failed, 2 bad
     input, 130 interrupted."""
     a = build_parser().parse_args(argv)
-    return run_command("tandem profile", lambda: cmd_profile(a))
+    return run_command("tandem profile", lambda: cmd_profile_reporting(a))
 
 
 if __name__ == "__main__":
