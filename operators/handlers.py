@@ -16,7 +16,9 @@ the finalizer when kopf next sees them (it removes one no handler requires).
 
 Two kopf indexes stand in for listings: the TandemDeployments of each
 namespace (which ones an HPA event may concern) and the HPAs of each
-namespace (which pools another autoscaler scales).
+namespace (which pools another autoscaler scales); a third, of the
+TandemProfiles, drives their resync (operators/profile_run.py), which also
+runs on a profile's creation and on each change of its Job.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ from typing import Any
 import kopf
 from kubernetes_asyncio.client import ApiException
 
-from operators import controller, live
+from operators import controller, live, profile_run
 from operators.kube import Kube
 from operators.manifests import LABEL_DEPLOYMENT, MANAGED_BY
+from operators.profile import LABEL_PROFILE as PROFILE_LABEL
+from operators.profile import RESOURCE as PROFILES
+from operators.profile import parse_profile
 from operators.settings import OperatorSettings
 from operators.spec import API_VERSION, GROUP, VERSION, parse_pool
 
@@ -55,6 +60,7 @@ OWNED = [
 TD = (GROUP, VERSION, "tandemdeployments")
 # The indexes, by the names kopf passes them under.
 DEPLOYMENTS_BY_NAMESPACE, HPAS_BY_NAMESPACE = "deployments_by_namespace", "hpas_by_namespace"
+PROFILES_BY_NAMESPACE = "profiles_by_namespace"
 HPA = ("autoscaling", "v2", "horizontalpodautoscalers")
 
 
@@ -199,6 +205,13 @@ class Handlers:
             Periodic(
                 "scaling", self.settings.scaling_seconds, deployments, self.scaling_tick, memo
             ),
+            Periodic(
+                "profiles",
+                self.settings.resync_seconds,
+                kwargs[PROFILES_BY_NAMESPACE],
+                self.profile,
+                memo,
+            ),
         ]
         for loop in memo.loops:
             loop.start()
@@ -286,6 +299,35 @@ class Handlers:
         for name in sorted(set(deployments.get(ns, []))):
             await self.reconcile(memo, ns, name, _hpas(kwargs, ns))
 
+    async def profile(self, memo: Any, namespace: str, name: str) -> None:
+        """Move a TandemProfile on (operators/profile_run.py), under its
+        deployment's lock: one profile per pool starts at a time."""
+        body = await memo.kube.get(API_VERSION, "TandemProfile", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        deployment = parse_profile(body["spec"]).deployment
+        async with self.locks[(namespace, deployment)]:
+            body = await memo.kube.get(API_VERSION, "TandemProfile", namespace, name)
+            if body is None:
+                return
+            try:
+                await profile_run.reconcile_profile(memo.kube, body, memo.events)
+            except ApiException as exc:
+                log.warning(
+                    "profile %s/%s: API error, the resync retries: %s", namespace, name, exc
+                )
+
+    async def profile_changed(
+        self, *, name: str, namespace: str | None, memo: Any, **_: Any
+    ) -> None:
+        await self.profile(memo, _namespace(namespace), name)
+
+    async def profile_job_changed(
+        self, *, labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
+    ) -> None:
+        """A profile Job moved: its TandemProfile reads the outcome at once."""
+        await self.profile(memo, _namespace(namespace), labels[PROFILE_LABEL])
+
 
 async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
@@ -323,6 +365,10 @@ def hpas_by_namespace(
     }
 
 
+def profiles_by_namespace(*, name: str, namespace: str | None, **_: Any) -> dict[str, str]:
+    return {_namespace(namespace): name}
+
+
 def register(settings: OperatorSettings) -> kopf.OperatorRegistry:
     """Every handler of the operator, in a registry for `kopf.operator`."""
     registry = kopf.OperatorRegistry()
@@ -351,4 +397,15 @@ def register(settings: OperatorSettings) -> kopf.OperatorRegistry:
             labels={"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_DEPLOYMENT: kopf.PRESENT},
         )(h.owned_changed)
     kopf.on.event(*HPA, id="autoscaler_changed", registry=registry)(h.autoscaler_changed)
+    kopf.index(*PROFILES, id=PROFILES_BY_NAMESPACE, registry=registry)(profiles_by_namespace)
+    for on in (kopf.on.resume, kopf.on.create):
+        on(*PROFILES, id="profile_changed", registry=registry)(h.profile_changed)
+    kopf.on.event(
+        "batch",
+        "v1",
+        "jobs",
+        id="profile-job",
+        registry=registry,
+        labels={"app.kubernetes.io/managed-by": MANAGED_BY, PROFILE_LABEL: kopf.PRESENT},
+    )(h.profile_job_changed)
     return registry

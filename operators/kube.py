@@ -37,6 +37,7 @@ PLURALS = {
     "LeaderWorkerSet": "leaderworkersets",
     "TandemDeployment": "tandemdeployments",
     "EnginePool": "enginepools",
+    "TandemProfile": "tandemprofiles",
     "Lease": "leases",
     "Job": "jobs",
 }

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from operators.planner.profiles import (
     PoolRole,
     manifests_yaml,
     profile_configmap,
+    profile_to_dict,
     validate,
 )
 from operators.planner.profiling import (
@@ -76,6 +78,9 @@ from tandem.workload.endpoint import served_model
 from tandem.workload.replay import ReplayConfig, Replayer, build_prompts, new_salt
 from tandem.workload.runs import make_run, write_run
 from tandem.workload.trace import Session
+
+# Kubernetes keeps at most this much of a container's termination message.
+RESULT_BYTES = 4096
 
 
 def log(msg: str) -> None:
@@ -239,7 +244,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--namespace", help="namespace of the ConfigMap written")
     p.add_argument("-o", "--output", help="profile ConfigMap to write (default <out>/profile.yaml)")
+    p.add_argument(
+        "--result-file",
+        help="also write the profile document there as compact JSON of at most 4096 bytes "
+        "(a pod's terminationMessagePath: how a TandemProfile's Job hands it to the "
+        "operator); when the run fails, the error instead",
+    )
+    p.add_argument(
+        "--wait-ready",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to this long for GET --url/health to answer 200 (a router "
+        "started beside the command)",
+    )
     return p
+
+
+def wait_ready(url: str, seconds: float) -> None:
+    """Until the router's /health answers 200; RuntimeError after `seconds`."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    why = "no answer"
+    while True:
+        try:
+            response = httpx.get(f"{url}/health", timeout=5)
+            if response.status_code == 200:
+                return
+            why = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            why = str(exc) or type(exc).__name__
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url}/health not ready after {seconds:g} s ({why})")
+        time.sleep(1)
+
+
+def result_json(profile: EngineProfile) -> str:
+    """The profile document, compact, in at most RESULT_BYTES (ValueError if not)."""
+    text = json.dumps(profile_to_dict(profile), separators=(",", ":"))
+    if len(text.encode()) > RESULT_BYTES:
+        raise ValueError(
+            f"the profile ({len(profile.points)} points) takes {len(text.encode())} bytes, "
+            f"over the {RESULT_BYTES} of a termination message: profile fewer levels"
+        )
+    return text
 
 
 def runs_dir(a: argparse.Namespace) -> Path:
@@ -256,6 +305,8 @@ def cmd_profile(a: argparse.Namespace) -> int:
         raise ValueError(f"--concurrencies {a.concurrencies!r}: expected e.g. 1,2,4") from None
     if not concs or concs[0] < 1 or a.replicas < 1 or a.level_s <= 0:
         raise ValueError("--concurrencies, --replicas and --level-s must be positive")
+    if a.wait_ready > 0:
+        wait_ready(a.url.rstrip("/"), a.wait_ready)
     sessions, info = load_sessions(a)
     tok, _ = load_tokenizer(a)
     model = a.model or served_model(a.url)
@@ -307,14 +358,27 @@ def cmd_profile(a: argparse.Namespace) -> int:
         )
     )
     log(f"profile: {path} ({len(profile.points)} points; runs in {out})")
+    if a.result_file:
+        Path(a.result_file).write_text(result_json(profile))
     return 0
+
+
+def cmd_profile_reporting(a: argparse.Namespace) -> int:
+    """``cmd_profile``; with --result-file, a failure's reason is written
+    there too (a pod's termination message says why its Job failed)."""
+    try:
+        return cmd_profile(a)
+    except Exception as exc:
+        if a.result_file:
+            Path(a.result_file).write_text(f"tandem profile: error: {exc}"[:RESULT_BYTES])
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
     """``tandem profile``. Exit status: 0 success, 1 the run failed, 2 bad
     input, 130 interrupted."""
     a = build_parser().parse_args(argv)
-    return run_command("tandem profile", lambda: cmd_profile(a))
+    return run_command("tandem profile", lambda: cmd_profile_reporting(a))
 
 
 if __name__ == "__main__":

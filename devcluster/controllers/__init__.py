@@ -9,6 +9,8 @@ validation, garbage collection. One module per controller:
 * ``replicaset`` — ReplicaSet → pods, scale-down in the real ranking
   (``controller.kubernetes.io/pod-deletion-cost`` first);
 * ``daemonset`` — one pod on the one node;
+* ``job`` — Job → pods run to completion, counted against ``backoffLimit``,
+  ``Complete``/``Failed``;
 * ``lws`` — LeaderWorkerSet groups (leader + workers, ``LWS_*`` env);
 * ``endpointslice`` — Services' EndpointSlices from pod readiness and deletion;
 * ``scheduler`` — binds pods that name no node;

@@ -33,6 +33,7 @@ REPLICASETS: KindKey = ("apps", "v1", "replicasets")
 DAEMONSETS: KindKey = ("apps", "v1", "daemonsets")
 ENDPOINTSLICES: KindKey = ("discovery.k8s.io", "v1", "endpointslices")
 LEADERWORKERSETS: KindKey = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
+JOBS: KindKey = ("batch", "v1", "jobs")
 
 # The one node every pod is bound to (node.py creates it).
 NODE_NAME = "devcluster-node"

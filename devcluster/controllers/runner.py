@@ -19,6 +19,7 @@ from devcluster.controllers.base import Controller, KindKey, ObjRef
 from devcluster.controllers.daemonset import DaemonSetController
 from devcluster.controllers.deployment import DeploymentController
 from devcluster.controllers.endpointslice import EndpointSliceController
+from devcluster.controllers.job import JobController
 from devcluster.controllers.lws import LeaderWorkerSetController
 from devcluster.controllers.node import ensure_node
 from devcluster.controllers.replicaset import ReplicaSetController
@@ -32,6 +33,7 @@ CONTROLLERS: tuple[type[Controller], ...] = (
     DeploymentController,
     ReplicaSetController,
     DaemonSetController,
+    JobController,
     LeaderWorkerSetController,
     EndpointSliceController,
     Scheduler,

@@ -26,6 +26,9 @@ PODEXEC = Path(__file__).with_name("podexec.py")
 # Restart back-off: Kubernetes' doubling (from 1 s here, not 10 s, so a test
 # sees a restart), capped, and reset after a container ran this long.
 BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 1.0, 30.0, 60.0
+# The kubelet's limits on a termination message: the file's first 4 KiB; from
+# the log, its last 80 lines and at most 2 KiB of them.
+MESSAGE_BYTES, LOG_MESSAGE_LINES, LOG_MESSAGE_BYTES = 4096, 80, 2048
 
 
 def now() -> str:
@@ -171,19 +174,34 @@ class Container:
         reason = "Completed" if code == 0 else "Error"
         if self._killed_by_probe:
             reason = "Error"
-        self._set(
-            ready=False,
-            started=False,
-            state={
-                "terminated": {
-                    "exitCode": code if code >= 0 else 128 - code,
-                    "reason": reason,
-                    "startedAt": started_at,
-                    "finishedAt": now(),
-                }
-            },
-        )
+        terminated = {
+            "exitCode": code if code >= 0 else 128 - code,
+            "reason": reason,
+            "startedAt": started_at,
+            "finishedAt": now(),
+        }
+        if message := self._termination_message(code):
+            terminated["message"] = message
+        self._set(ready=False, started=False, state={"terminated": terminated})
         return code
+
+    def _termination_message(self, code: int) -> str:
+        """What the container wrote at its `terminationMessagePath` (the first
+        4096 bytes, as the kubelet keeps); with `FallbackToLogsOnError`, the
+        end of its log when it failed and wrote nothing there."""
+        if not self.spec.get("terminationMessagePath"):
+            return ""
+        path = self.pod.termination_file(self.name)
+        message = path.read_bytes()[:MESSAGE_BYTES] if path.exists() else b""
+        if (
+            not message
+            and code != 0
+            and self.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+        ):
+            log_file = self.log_dir / "current.log"
+            lines = log_file.read_bytes().splitlines()[-LOG_MESSAGE_LINES:]
+            message = b"\n".join(lines)[-LOG_MESSAGE_BYTES:]
+        return message.decode(errors="replace")
 
     # ---- probes ------------------------------------------------------------
 

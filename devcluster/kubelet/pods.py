@@ -158,9 +158,20 @@ class PodWorker:
                 mounts.append(
                     {"source": str(sa_dir), "target": podspec.SERVICE_ACCOUNT_DIR, "readOnly": True}
                 )
+        if path := container.get("terminationMessagePath"):
+            # A fresh file per start, read when the container ends (containers.py).
+            message = self.termination_file(container["name"])
+            message.parent.mkdir(parents=True, exist_ok=True)
+            message.write_bytes(b"")
+            message.chmod(0o666)
+            mounts.append({"source": str(message), "target": path, "readOnly": False})
         for mount in mounts:
             self.kubelet.mount_point(Path(mount["target"]), Path(mount["source"]).is_dir())
         return argv, env, mounts
+
+    def termination_file(self, container: str) -> Path:
+        """Where a container's `terminationMessagePath` is, on the host."""
+        return self.root / "termination" / container
 
     async def _terminate(self, grace: float, pre_stop: bool) -> None:
         await asyncio.gather(

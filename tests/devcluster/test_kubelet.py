@@ -239,6 +239,62 @@ def test_liveness_restart_logs_and_graceful_delete(cluster: LocalCluster, tmp_pa
         follow.kill()
 
 
+def job(name: str, script: str, **container: object) -> dict:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "python:3.11",
+                            "command": ["python", "-c", script],
+                            "terminationMessagePath": "/dev/termination-log",
+                            **container,
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def test_jobs_run_to_the_end_with_their_termination_messages(cluster: LocalCluster):
+    """The Job controller and the kubelet together: a pod per Job, run to its
+    exit; what it wrote at terminationMessagePath (or, failing with
+    FallbackToLogsOnError, its log's end) in its status; the Job Complete or
+    Failed."""
+    cluster.apply(
+        job("ok", "open('/dev/termination-log', 'w').write('{\"result\": 42}')"),
+        job(
+            "bad",
+            "import sys; print('cannot reach the router'); sys.exit(3)",
+            terminationMessagePolicy="FallbackToLogsOnError",
+        ),
+    )
+
+    def ended(name: str) -> dict | None:
+        found = cluster.get(f"jobs/{name}", api="/apis/batch/v1") or {}
+        done = [c for c in found.get("status", {}).get("conditions", []) if c["status"] == "True"]
+        return done[0] if done else None
+
+    assert cluster.wait(lambda: ended("ok"), name="job ok")["type"] == "Complete"
+    assert cluster.wait(lambda: ended("bad"), name="job bad")["type"] == "Failed"
+    [ok] = cluster.pods("job-name=ok")
+    terminated = ok["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (ok["status"]["phase"], terminated["message"]) == ("Succeeded", '{"result": 42}')
+    [bad] = cluster.pods("job-name=bad")
+    terminated = bad["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert bad["status"]["phase"] == "Failed" and terminated["exitCode"] == 3
+    assert terminated["message"] == "cannot reach the router"
+    cluster.kubectl("delete", "job", "ok", "bad")
+
+
 def test_down_leaves_no_process_namespace_or_link(tmp_path: Path):
     bridge = f"tddown{os.getpid() % 10000}"
     try:

@@ -86,6 +86,7 @@ def test_the_chart_ships_the_operators_crds():
     assert sorted(c["metadata"]["name"] for c in chart_crds()) == [
         "enginepools.tandem.dev",
         "tandemdeployments.tandem.dev",
+        "tandemprofiles.tandem.dev",
     ]
 
 
@@ -108,6 +109,7 @@ def test_the_packaged_chart_carries_the_crds_as_files(tmp_path):
         assert sorted(crds) == [
             "tandem/crds/enginepools.yaml",
             "tandem/crds/tandemdeployments.yaml",
+            "tandem/crds/tandemprofiles.yaml",
         ]
         assert all(m.isfile() for m in crds.values())
     with helm.Chart.load(archive) as packaged:

@@ -1,1 +1,1 @@
-from tests.kube.plugin import kube_api, kubectl  # noqa: F401
+from tests.kube.plugin import kube_api, kube_api_with_controllers, kubectl  # noqa: F401

@@ -1,11 +1,13 @@
 """An hf:// model is downloaded once, by a Job the operator runs, before any
 engine starts: the operator as a real process (`python -m operators`, kopf)
-against the fake API server. It runs no Job controller, so the test writes
-the Job's status as Kubernetes' Job controller does (Failed after
-backoffLimit, Complete), through the status subresource, and looks at what
-the operator does: no engines while the download runs or after it failed, a
-failure in the TandemDeployment's conditions and Events, the Job made again
-once deleted, engines mounting the cache read-only once it completed."""
+against the fake API server with the local cluster's controllers, its Job
+controller among them. There is no kubelet (and no Hub here): the test ends
+the download pods as the kubelet reports a container's exit, and the Job
+controller says how the Job went (Failed past backoffLimit, Complete). It
+looks at what the operator does: no engines while the download runs or after
+it failed, a failure in the TandemDeployment's conditions and Events, the Job
+made again once deleted, engines mounting the cache read-only once it
+completed."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ spec:
     source: "{SOURCE}"
     cache: {{persistentVolumeClaim: weights}}
     hfTokenSecretRef: {{name: hf-token}}
+    downloadBackoffLimit: 1
   prefill: {{replicas: 1}}
   decode: {{replicas: 1}}
 """
@@ -53,22 +56,32 @@ def model_ready(api) -> dict:
     return next((c for c in conditions if c["type"] == "ModelReady"), {})
 
 
-def job_finished(api, kind: str, message: str) -> None:
-    """What the Job controller writes when the Job ends."""
+def download_pods_end(api, phase: str) -> None:
+    """Each running pod of the download Job exits (Failed or Succeeded), as the
+    kubelet reports it; the Job controller acts on it."""
     store = api.store
-    jobs = store.kind("batch", "v1", "jobs")
-    condition = {"type": kind, "status": "True", "reason": kind, "message": message}
-    counts = {"failed": 4} if kind == "Failed" else {"succeeded": 1}
-    api.call(
-        lambda: store.patch(
-            jobs,
-            "default",
-            JOB,
-            {"status": {"conditions": [condition], **counts}},
-            "application/merge-patch+json",
-            subresource="status",
+    pods = store.kind("", "v1", "pods")
+    for pod in api.list("", "v1", "pods", "default", f"job-name={JOB}"):
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        status = {"status": {"phase": phase}}
+        api.call(
+            lambda name=pod["metadata"]["name"], status=status: store.patch(
+                pods, "default", name, status, "application/merge-patch+json", subresource="status"
+            )
         )
-    )
+
+
+def job_ended(api) -> str | None:
+    job = download_job(api) or {}
+    done = [c["type"] for c in job.get("status", {}).get("conditions", []) if c["status"] == "True"]
+    return done[0] if done else None
+
+
+@pytest.fixture
+def kube_api(kube_api_with_controllers):
+    """The server with its controllers: the Job controller runs the download's pods."""
+    return kube_api_with_controllers
 
 
 def test_engines_start_only_once_the_download_completed(kube_api, kubectl, operator):
@@ -84,8 +97,19 @@ def test_engines_start_only_once_the_download_completed(kube_api, kubectl, opera
     assert deployments(kube_api) >= {"demo-router"}
     assert not deployments(kube_api) & {"demo-prefill", "demo-decode"}
 
-    # Failed after its retries: said in the conditions, still no engines.
-    job_finished(kube_api, "Failed", "Job has reached the specified backoff limit")
+    # Failed after its retries (backoffLimit 1: two pods): said in the
+    # conditions, still no engines.
+    for _ in range(2):
+        wait_for(
+            lambda: any(
+                p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+                for p in kube_api.list("", "v1", "pods", "default", f"job-name={JOB}")
+            ),
+            what="a download pod",
+        )
+        download_pods_end(kube_api, "Failed")
+    wait_for(lambda: job_ended(kube_api) == "Failed", what="the Job failed")
+    assert len(kube_api.list("", "v1", "pods", "default", f"job-name={JOB}")) == 2
     cond = wait_for(
         lambda: (c := model_ready(kube_api)).get("reason") == "DownloadFailed" and c,
         what="DownloadFailed",
@@ -106,10 +130,11 @@ def test_engines_start_only_once_the_download_completed(kube_api, kubectl, opera
     # Deleted to retry: made again; complete: the engines start, reading the cache.
     kubectl("delete", "job", JOB)
     wait_for(
-        lambda: (j := download_job(kube_api)) and not j.get("status", {}).get("conditions"),
-        what="the Job made again",
+        lambda: (j := download_job(kube_api)) and j.get("status", {}).get("active") == 1,
+        what="the Job made again, its pod running",
     )
-    job_finished(kube_api, "Complete", "")
+    download_pods_end(kube_api, "Succeeded")
+    wait_for(lambda: job_ended(kube_api) == "Complete", what="the Job complete")
     wait_for(lambda: {"demo-prefill", "demo-decode"} <= deployments(kube_api), what="engines")
     assert wait_for(lambda: model_ready(kube_api).get("status") == "True", what="ModelReady")
     decode = kube_api.get("apps", "v1", "deployments", "default", "demo-decode")

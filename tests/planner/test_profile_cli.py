@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from operators.planner.profiles import profiles_from_yaml
+from operators.planner.profiles import profile_from_dict, profiles_from_yaml
 from tandem.cli import main as tandem_main
 from tests.planner.synthetic import FIRST_TOKEN_MS, TOKEN_DELAY_MS
 
@@ -42,10 +42,17 @@ def test_profile_writes_a_measured_profile(fake_router, tmp_path):
             str(tmp_path / "runs"),
             "-o",
             str(out),
+            "--wait-ready",
+            "30",
+            "--result-file",
+            str(tmp_path / "result"),
         ]
     )
     assert rc == 0
     [profile] = profiles_from_yaml(out.read_text())
+    # The same profile, compact, where a profile Job's pod leaves it (operators/profile.py).
+    result = (tmp_path / "result").read_text()
+    assert profile_from_dict(json.loads(result)) == profile and len(result.encode()) <= 4096
     assert profile.source == "measured" and profile.role == "aggregated"
     assert profile.config.hardware == "fake" and profile.config.kv_capacity_tokens == 100_000
     assert [p.concurrency for p in profile.points] == [1.0, 2.0]
@@ -86,7 +93,11 @@ def test_profile_refuses_bad_arguments(fake_router, tmp_path):
                 "0,2",
                 "--out",
                 str(tmp_path),
+                "--result-file",
+                str(tmp_path / "result"),
             ]
         )
         == 2
     )
+    # A profile Job's termination message says why.
+    assert (tmp_path / "result").read_text().startswith("tandem profile: error: --concurrencies")

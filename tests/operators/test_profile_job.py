@@ -1,0 +1,291 @@
+"""TandemProfile: `tandem profile` as a Job the operator runs against a pool.
+
+The pure part (operators/profile.py: the Job, the profile read back, the
+ConfigMap) on its own; then the operator as a real process (kopf) against the
+fake API server with the local cluster's controllers (the Job controller
+included). There is no kubelet: the test marks the engine pods Ready and
+ends the Job's pod as the kubelet would, with `tandem profile`'s result as
+its termination message (the real `result_json`). The end-to-end run, with
+engines and the real command in the pod, is tests/journey/test_profile_job.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from devcluster import semantics
+from operators.planner.profiles import PROFILE_KEY, profile_from_configmap, profiles_from_yaml
+from operators.profile import (
+    job_name,
+    parse_profile,
+    profile_from_message,
+    profile_job,
+    result_configmap,
+    termination_message,
+)
+from operators.spec import parse
+from tandem.profile import RESULT_BYTES, result_json
+from tests.kube.plugin import running_operator, wait_for
+from tests.planner.synthetic import ramp_profile
+
+NS = "default"
+TD_SPEC = {
+    "model": {"path": "/models/smol"},
+    "prefill": {"replicas": 1},
+    "decode": {"replicas": 2},
+    "router": {"apiKeySecretRef": {"name": "keys"}},
+    "scaling": {"mode": "Recommend"},
+}
+TD = {
+    "apiVersion": "tandem.dev/v1alpha1",
+    "kind": "TandemDeployment",
+    "metadata": {"name": "demo", "namespace": NS},
+    "spec": TD_SPEC,
+}
+DECODE = ramp_profile("demo-decode-profile", "decode", 65.0)
+PODS = ("", "v1", "pods")
+PROFILES = ("tandem.dev", "v1alpha1", "tandemprofiles")
+
+
+def tandem_profile(name: str, role: str = "decode", **spec) -> dict:
+    return {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "TandemProfile",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"deployment": "demo", "role": role, **spec},
+    }
+
+
+# ---- the pure part ------------------------------------------------------------
+
+
+def script_lines(job: dict) -> list[list[str]]:
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["sh", "-c"]
+    return [shlex.split(line) for line in container["command"][2].splitlines()]
+
+
+def test_the_job_runs_its_own_router_on_loopback_then_tandem_profile():
+    p = parse_profile({"deployment": "demo", "role": "decode", "concurrencies": [4, 1, 2]})
+    assert p.concurrencies == (1, 2, 4) and p.config_map == "demo-decode-profile"
+    assert p.active_deadline_seconds == 2 * 3 * 60 + 600
+    job = profile_job("run1", NS, "uid-1", p, parse(TD_SPEC), replicas=2)
+    assert job["metadata"]["name"] == job_name("run1")
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "TandemProfile"
+    pod = job["spec"]["template"]["spec"]
+    # The routers' ServiceAccount: EndpointSlices and pods read, nothing written.
+    assert pod["serviceAccountName"] == "demo-router" and pod["restartPolicy"] == "Never"
+    [container] = pod["containers"]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    # No API keys: the router answers on the pod's loopback only.
+    assert not any(e["name"] == "TANDEM_ROUTER_API_KEYS" for e in container["env"])
+    router, profile, *rest = script_lines(job)
+    assert router[:3] == ["python", "-m", "services.router"] and router[-1] == "&"
+    assert router[-4:-1] == ["--host=127.0.0.1", "--remote-prefill-threshold", "0"]
+    assert "--discovery=kubernetes" in router and "--discovery-deployment=demo" in router
+    assert profile[:2] == ["tandem", "profile"]
+    assert {
+        "--url=http://127.0.0.1:8000",
+        "--role=decode",
+        "--concurrencies=1,2,4",
+        "--replicas=2",
+        "--result-file=/dev/termination-log",
+        "--tokenizer=/models/smol",
+    } <= set(profile)
+    assert rest == [["code=$?"], ["kill", "$!", "2>/dev/null"], ["exit", "$code"]]
+    # An aggregated pool keeps the router's own prompt routing.
+    agg = dict(TD_SPEC, aggregated={"replicas": 1})
+    p = parse_profile({"deployment": "demo", "role": "aggregated"})
+    router = script_lines(profile_job("run2", NS, "u", p, parse(agg), 1))[0]
+    assert "--remote-prefill-threshold" not in router
+
+
+def test_the_result_round_trips_into_the_configmap_tandem_profile_writes():
+    text = result_json(DECODE)
+    assert len(text.encode()) <= RESULT_BYTES and "\n" not in text
+    profile = profile_from_message(text)
+    assert profile == DECODE
+    p = parse_profile({"deployment": "demo", "role": "decode"})
+    cm = result_configmap(profile, p, "run1", NS, "td-uid")
+    assert profile_from_configmap(cm) == DECODE
+    assert cm["metadata"]["labels"]["tandem.dev/engine-profile"] == "decode"
+    assert cm["metadata"]["ownerReferences"][0]["kind"] == "TandemDeployment"
+    with pytest.raises(ValueError, match="not JSON"):
+        profile_from_message("Traceback (most recent call last): ...")
+    pods = [
+        {"status": {"phase": "Failed"}},
+        {
+            "status": {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {"name": "profile", "state": {"terminated": {"message": text}}}
+                ],
+            }
+        },
+    ]
+    assert termination_message(pods, "Succeeded") == text
+    assert termination_message(pods, "Failed") is None
+    assert profiles_from_yaml(json.dumps(cm)) == [DECODE]
+    assert json.loads(cm["data"][PROFILE_KEY])["config"]["role"] == "decode"
+
+
+# ---- the operator -------------------------------------------------------------
+
+
+@pytest.fixture
+def kube_api(kube_api_with_controllers):
+    """The server with its controllers (the Job controller among them)."""
+    return kube_api_with_controllers
+
+
+@pytest.fixture
+def operator(kube_api, tmp_path):
+    with running_operator(kube_api, tmp_path) as proc:
+        yield proc
+
+
+def write_pod_status(api, name: str, status: dict) -> None:
+    store = api.store
+    api.call(
+        lambda: store.patch(
+            store.kind(*PODS),
+            NS,
+            name,
+            {"status": status},
+            "application/merge-patch+json",
+            subresource="status",
+        )
+    )
+
+
+def engines_ready(api) -> None:
+    """What the kubelet would report of every engine pod: Running and Ready."""
+    for pod in api.list(*PODS, NS, "app.kubernetes.io/component=engine"):
+        write_pod_status(
+            api,
+            pod["metadata"]["name"],
+            {
+                "phase": "Running",
+                "podIP": "10.244.0.9",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "lastTransitionTime": semantics.now_rfc3339(),
+                    }
+                ],
+            },
+        )
+
+
+def job_pod_ends(api, job: str, phase: str, message: str) -> None:
+    """The profile container exited: its termination message in the pod's status."""
+    pod = wait_for(lambda: api.list(*PODS, NS, f"job-name={job}"), what=f"the pod of {job}")[0]
+    write_pod_status(
+        api,
+        pod["metadata"]["name"],
+        {
+            "phase": phase,
+            "containerStatuses": [
+                {
+                    "name": "profile",
+                    "image": "x",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {
+                        "terminated": {
+                            "exitCode": 0 if phase == "Succeeded" else 1,
+                            "message": message,
+                        }
+                    },
+                }
+            ],
+        },
+    )
+
+
+def profile_status(api, name: str) -> dict:
+    return api.get(*PROFILES, NS, name).get("status", {})
+
+
+def reason(api, name: str) -> str:
+    conditions = profile_status(api, name).get("conditions", [])
+    return next((c["reason"] for c in conditions if c["type"] == "Profiled"), "")
+
+
+def td(api) -> dict:
+    return api.get("tandem.dev", "v1alpha1", "tandemdeployments", NS, "demo")
+
+
+def test_a_profile_runs_as_a_job_and_lands_in_the_configmap(kube_api, kubectl, operator):
+    kube_api.install(TD, tandem_profile("run1", apply=True))
+    # No engine is ready yet: the profile waits.
+    wait_for(lambda: reason(kube_api, "run1") == "PoolNotReady", what="PoolNotReady")
+    assert profile_status(kube_api, "run1")["phase"] == "Pending"
+    wait_for(lambda: kube_api.list(*PODS, NS, "app.kubernetes.io/component=engine"), what="pods")
+    wait_for(
+        lambda: len(kube_api.list(*PODS, NS, "app.kubernetes.io/component=engine")) == 3,
+        what="three engine pods",
+    )
+    engines_ready(kube_api)
+    wait_for(lambda: profile_status(kube_api, "run1").get("phase") == "Running", what="Running")
+    s = profile_status(kube_api, "run1")
+    assert s["job"] == job_name("run1") and s["replicas"] == 2
+
+    # A second profile of the same pool waits for the first.
+    kube_api.install(tandem_profile("run2"))
+    wait_for(lambda: reason(kube_api, "run2") == "AnotherProfileRunning", what="the second waits")
+
+    job_pod_ends(kube_api, job_name("run1"), "Succeeded", result_json(DECODE))
+    wait_for(lambda: profile_status(kube_api, "run1").get("phase") == "Succeeded", what="done")
+    s = profile_status(kube_api, "run1")
+    assert (s["configMap"], s["points"], s["applied"]) == (
+        "demo-decode-profile",
+        len(DECODE.points),
+        True,
+    )
+    cm = kube_api.get("", "v1", "configmaps", NS, "demo-decode-profile")
+    assert profile_from_configmap(cm) == DECODE
+    deployment = td(kube_api)
+    assert deployment["spec"]["scaling"]["profiles"]["decode"] == "demo-decode-profile"
+    recorded = deployment["status"]["profiles"]["decode"]
+    assert (recorded["tandemProfile"], recorded["points"]) == ("run1", len(DECODE.points))
+    assert "completedAt" in recorded
+    # kubectl shows it.
+    out = kubectl("get", "tandemprofile", "run1", "-o", "jsonpath={.status.phase}").stdout
+    assert out == "Succeeded"
+
+    # The second starts once the first is done, and its failure says why.
+    wait_for(lambda: profile_status(kube_api, "run2").get("phase") == "Running", what="run2 runs")
+    job_pod_ends(kube_api, job_name("run2"), "Failed", "RuntimeError: profile decode: no level")
+    wait_for(lambda: profile_status(kube_api, "run2").get("phase") == "Failed", what="run2 fails")
+    assert reason(kube_api, "run2") == "JobFailed"
+    message = next(
+        c["message"]
+        for c in profile_status(kube_api, "run2")["conditions"]
+        if c["type"] == "Profiled"
+    )
+    assert "no level" in message and "backoff limit" in message
+    # A finished run is left as it is.
+    assert profile_status(kube_api, "run1")["phase"] == "Succeeded"
+
+
+def test_refused_while_the_controller_scales_in_auto_mode(kube_api, operator):
+    auto = json.loads(json.dumps(TD))
+    auto["spec"]["scaling"] = {"mode": "Auto"}
+    kube_api.install(auto, tandem_profile("run1"), tandem_profile("agg", role="aggregated"))
+    wait_for(lambda: reason(kube_api, "run1") == "AutoScaling", what="AutoScaling")
+    message = next(
+        c["message"]
+        for c in profile_status(kube_api, "run1")["conditions"]
+        if c["type"] == "Profiled"
+    )
+    assert "Auto mode" in message and "Recommend" in message
+    assert not kube_api.list("batch", "v1", "jobs", NS)
+    # A pool the deployment does not run fails at once.
+    wait_for(lambda: profile_status(kube_api, "agg").get("phase") == "Failed", what="NoSuchPool")
+    assert reason(kube_api, "agg") == "NoSuchPool"
