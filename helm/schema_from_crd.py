@@ -19,8 +19,9 @@ to JSON Schema (draft 7, what Helm checks):
 * a pool's `rdma` and `podGroup` are not values: the chart sets them from
   `rdma.enabled` and `podGroups.type`;
 * NARROWER: where the chart checks more than the CRD (the Kubernetes shape of
-  resources and env entries, which the CRD leaves open and the pod would
-  refuse later; engine flags, which vLLM takes as `--name[=value]`);
+  resources, env entries, volumes, mounts and init containers, which the CRD
+  leaves open and the pod would refuse later; engine flags, which vLLM takes
+  as `--name[=value]`);
 * DESCRIPTIONS: for the pool fields the CRD leaves undescribed.
 
     python helm/schema_from_crd.py           # rewrite values.schema.json
@@ -66,12 +67,26 @@ NARROWER: dict[str, dict[str, Any]] = {
         "description": "extra vLLM engine flags, e.g. --long-prefill-token-threshold=2048",
         "items": {"type": "string", "pattern": "^--"},
     },
+    "volumes": {
+        "type": "array",
+        "description": "extra volumes of the engine pods (a pod spec's volumes)",
+        "items": {"type": "object", "required": ["name"]},
+    },
+    "volumeMounts": {
+        "type": "array",
+        "description": "extra mounts of the engine containers (leader and Ray workers), of volumes",
+        "items": {"type": "object", "required": ["name", "mountPath"]},
+    },
+    "initContainers": {
+        "type": "array",
+        "description": "init containers of the engine pods, run before the engine",
+        "items": {"type": "object", "required": ["name", "image"]},
+    },
 }
 DESCRIPTIONS = {
     "replicas": "replicas the pool starts with (kubectl scale enginepool/... changes it)",
     "minReplicas": "lowest size scaling may choose",
     "maxReplicas": "highest size scaling may choose",
-    "gpusPerPod": "nvidia.com/gpu per pod",
     "parallelism": "vLLM's parallel sizes within one replica",
     "tensor": "tensor parallel size",
     "pipeline": "pipeline parallel size",
