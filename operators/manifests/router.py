@@ -123,7 +123,7 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
             },
         },
     }
-    service = {
+    service: Manifest = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": meta(f"{td}-router", namespace, owner, lbls),

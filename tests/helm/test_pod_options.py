@@ -16,7 +16,7 @@ import pytest
 from operators import manifests
 from operators.spec import parse
 from tests.helm.cases import CASES
-from tests.helm.chart import NAMESPACE, by_kind, one, pod_templates, problems, render
+from tests.helm.chart import NAMESPACE, by_kind, notes, one, pod_templates, problems, render
 
 OWNER = manifests.Owner("TandemDeployment", "tandem", "uid-td")
 
@@ -229,3 +229,11 @@ def test_extra_models_the_chart_cannot_serve_are_refused(values, message):
     with pytest.raises(helm.HelmError) as refused:
         render(values, release="a-release-named-at-length")
     assert message in str(refused.value)
+
+
+def test_notes_name_each_further_models_deployment_and_router():
+    text = notes(CASES["feature-extra-models"])
+    for name in ("coder", "embed"):
+        assert f"kubectl -n {NAMESPACE} get td tandem-{name} -w" in text
+        assert f"svc/tandem-{name}-router 8001:80" in text
+    assert "extraModels" not in notes({})

@@ -144,6 +144,18 @@ def test_examples_render_what_they_say():
         render(yaml.safe_load((EXAMPLES / "multinode-lws.yaml").read_text())), "TandemDeployment"
     )["spec"]
     assert lws["decode"]["nodesPerReplica"] == 2
+    models = render(yaml.safe_load((EXAMPLES / "two-models.yaml").read_text()))
+    hosts = {
+        td["metadata"]["name"]: (
+            td["spec"]["model"]["path"],
+            td["spec"]["router"]["ingress"]["host"],
+        )
+        for td in by_kind(models, "TandemDeployment")
+    }
+    assert hosts == {
+        "tandem": ("Qwen/Qwen3-8B", "qwen.llm.example.com"),
+        "tandem-coder": ("Qwen/Qwen2.5-Coder-7B-Instruct", "coder.llm.example.com"),
+    }
 
 
 def profile_commands(text: str) -> list[argparse.Namespace]:
@@ -161,7 +173,7 @@ def test_an_example_that_scales_names_each_pools_profile_and_how_to_take_it(name
     example that turns them on names each, with the `tandem profile` command that
     writes that ConfigMap."""
     text = (EXAMPLES / f"{name}.yaml").read_text()
-    spec = one(render(yaml.safe_load(text)), "TandemDeployment")["spec"]
+    spec = one(render(yaml.safe_load(text)), "TandemDeployment", RELEASE)["spec"]
     if spec["scaling"]["mode"] == "Off":
         return
     named = spec["scaling"].get("profiles", {})
