@@ -161,17 +161,18 @@ def pool_roles() -> list[str]:
     return [name for name, sub in props.items() if sub == props["prefill"]]
 
 
-def partial(node: Any, in_items: bool = False) -> Any:
-    """`node` with the `required` of its objects dropped, but in list entries:
-    an extraModels entry states only what differs from the release's values."""
+def partial(node: Any, whole: bool = False) -> Any:
+    """`node` with the `required` of its objects dropped: an extraModels entry
+    states only what differs from the release's values. Kept where a schema
+    is whole: list entries, and the conditions of `if` and `not`."""
     if isinstance(node, list):
-        return [partial(sub, in_items) for sub in node]
+        return [partial(sub, whole) for sub in node]
     if not isinstance(node, dict):
         return node
     return {
-        key: partial(sub, in_items or key == "items")
+        key: partial(sub, whole or key in ("items", "if", "not"))
         for key, sub in node.items()
-        if in_items or key != "required"
+        if whole or key != "required"
     }
 
 

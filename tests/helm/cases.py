@@ -83,6 +83,13 @@ FEATURES: dict[str, dict] = {
         "model": {"source": "hf://meta-llama/Llama-3.1-8B", "cache": {"existingClaim": "weights"}}
     },
     "model-pvc": {"model": {"source": "pvc://weights/llama-3.1-8b"}},
+    "model-hf-token-value": {
+        "model": {
+            "source": "hf://meta-llama/Llama-3.1-8B",
+            "cache": {"create": True},
+            "hfToken": {"token": "hf_0123456789abcdef"},
+        }
+    },
     "decode-spread-and-scheduler": {
         "decode": {"spreadAcrossNodes": True, "schedulerName": "volcano"}
     },

@@ -237,3 +237,18 @@ def test_notes_name_each_further_models_deployment_and_router():
         assert f"kubectl -n {NAMESPACE} get td tandem-{name} -w" in text
         assert f"svc/tandem-{name}-router 8001:80" in text
     assert "extraModels" not in notes({})
+
+
+def test_a_token_in_values_becomes_the_secret_the_download_job_reads():
+    docs = render(CASES["feature-model-hf-token-value"])
+    secret = one(docs, "Secret", "tandem-hf-token")
+    assert secret["stringData"] == {"HF_TOKEN": "hf_0123456789abcdef"}
+    ref = one(docs, "TandemDeployment")["spec"]["model"]["hfTokenSecretRef"]
+    assert ref == {"name": "tandem-hf-token", "key": "HF_TOKEN"}
+    [job] = [o for o in valid(operator_objects(docs)) if o["kind"] == "Job"]
+    env = {e["name"]: e for e in pod_templates(job)[0]["spec"]["containers"][0]["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == ref
+    # A Secret of yours: the chart writes none.
+    docs = render(CASES["feature-model-hf-cache"])
+    assert not by_kind(docs, "Secret")
+    assert one(docs, "TandemDeployment")["spec"]["model"]["hfTokenSecretRef"]["name"] == "hf-token"

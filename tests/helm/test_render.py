@@ -364,6 +364,8 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
             "/autoscaling/decode/minReplicas",
         ),
         ({"images": {"pullSecrets": ["regcred"]}}, "/images/pullSecrets/0"),
+        ({"model": {"hfToken": {"token": "my token"}}}, "/model/hfToken/token"),
+        ({"model": {"hfToken": {"token": "hf_x", "existingSecret": "s"}}}, "/model/hfToken"),
         ({"prefill": {"acceleratorResource": "gpu count"}}, "/prefill/acceleratorResource"),
         ({"decode": {"volumes": [{"emptyDir": {}}]}}, "/decode/volumes/0"),
         ({"decode": {"volumeMounts": [{"name": "s"}]}}, "/decode/volumeMounts/0"),

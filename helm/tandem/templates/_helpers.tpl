@@ -113,6 +113,15 @@ and pass through as they are, less empty lists, maps and strings; the chart adds
 {{- default (printf "%s-engine" (include "tandem.fullname" .)) .Values.grpcTls.serverName -}}
 {{- end -}}
 
+{{/* The Secret holding the Hugging Face token: the user's, the chart's, or none. */}}
+{{- define "tandem.hfTokenSecret" -}}
+{{- if .Values.model.hfToken.existingSecret -}}
+{{- .Values.model.hfToken.existingSecret -}}
+{{- else if .Values.model.hfToken.token -}}
+{{- printf "%s-hf-token" (include "tandem.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The claim an hf:// model is downloaded into: the user's, the chart's, or none. */}}
 {{- define "tandem.modelCache" -}}
 {{- if .Values.model.cache.existingClaim -}}
