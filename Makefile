@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey profile-job
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema chart-docs bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey profile-job
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -27,6 +27,7 @@ help:
 	@echo "           (mmdebstrap, buildah; as root) and run them: router /health, the operator"
 	@echo "           as non-root, a chat through the router (downloads for minutes; not in CI)"
 	@echo "make chart-schema  write the pool and scaling parts of the chart's values schema from the CRD"
+	@echo "make chart-docs  write the values reference of helm/tandem/README.md from values.yaml's comments"
 	@echo "make soak-memory  the router's tables at 10^6 blocks, 10^5 sessions and responses:"
 	@echo "           memory flat past each bound (in process, no engines; several minutes)"
 	@echo "make soak   an hour of agentic replay on the embedded stack: router and engine RSS and"
@@ -232,6 +233,9 @@ bench-scheduler: setup
 # after changing operators/crds/tandemdeployments.yaml (tests/helm checks it).
 chart-schema: $(STAMP)
 	$(PY) helm/schema_from_crd.py
+
+chart-docs: $(STAMP)
+	$(PY) helm/values_docs.py
 
 # The router's tables driven far past their bounds in process (no engines):
 # 10^6 distinct blocks, 10^5 sessions, 10^5 stored responses; fails when the

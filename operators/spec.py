@@ -127,6 +127,7 @@ class ImagesSpec:
     kv_store: str
     redis: str
     pull_policy: str
+    pull_secrets: tuple[Mapping[str, str], ...] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +138,15 @@ class ParallelismSpec:
     expert: bool
     prefill_context: int
     decode_context: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbesSpec:
+    """Overrides of a container's probes, field by field."""
+
+    readiness: Mapping[str, Any] | None
+    liveness: Mapping[str, Any] | None
+    startup: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,6 +168,16 @@ class PoolSpec:
     spread_across_nodes: bool
     pod_group: str | None
     termination_grace_period_seconds: int
+    accelerator_resource: str
+    affinity: Mapping[str, Any] | None
+    priority_class_name: str | None
+    runtime_class_name: str | None
+    pod_annotations: Mapping[str, str] | None
+    pod_labels: Mapping[str, str] | None
+    volumes: tuple[Mapping[str, Any], ...] | None
+    volume_mounts: tuple[Mapping[str, Any], ...] | None
+    init_containers: tuple[Mapping[str, Any], ...] | None
+    probes: ProbesSpec | None
 
     def gpus(self, replicas: int | None = None) -> int:
         """GPUs `replicas` replicas take (default: the spec's count)."""
@@ -169,8 +189,21 @@ class PoolSpec:
 class IngressSpec:
     enabled: bool
     host: str | None
+    hosts: tuple[str, ...] | None
     class_name: str | None
     tls_secret_name: str | None
+    annotations: Mapping[str, str] | None
+
+    @property
+    def all_hosts(self) -> list[str]:
+        """`host` and `hosts`, each once, in order."""
+        return list(dict.fromkeys(h for h in (self.host, *(self.hosts or ())) if h))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSpec:
+    type: str
+    annotations: Mapping[str, str] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +214,12 @@ class RouterSpec:
     resources: Mapping[str, Any] | None
     api_key_secret_ref: SecretRefSpec | None
     ingress: IngressSpec
+    affinity: Mapping[str, Any] | None
+    priority_class_name: str | None
+    pod_annotations: Mapping[str, str] | None
+    pod_labels: Mapping[str, str] | None
+    probes: ProbesSpec | None
+    service: ServiceSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -392,8 +431,8 @@ def problems(spec: TandemSpec) -> list[str]:
             )
     out += _scaling_problems(spec)
     ingress = spec.router.ingress
-    if ingress.tls_secret_name and not ingress.host:
-        out.append("router.ingress.tlsSecretName needs router.ingress.host")
+    if ingress.tls_secret_name and not ingress.all_hosts:
+        out.append("router.ingress.tlsSecretName needs router.ingress.host or hosts")
     return out
 
 

@@ -41,8 +41,11 @@ from operators.manifests.meta import (
     labels,
     meta,
     model_volume,
+    override_probes,
+    pod_metadata,
     pool_name,
     pool_selector,
+    pull_secrets,
     with_requests,
 )
 from operators.spec import API_VERSION, ENGINE_ROLE, PoolSpec, TandemSpec
@@ -225,6 +228,8 @@ def _engine_container(
         "periodSeconds": 5,
         "failureThreshold": ENGINE_STARTUP_PERIODS,
     }
+    # The engine's probes only: a Ray worker's replace them all (_ray_worker_container).
+    override_probes(container, pool.probes)
     if spec.kv_store.enabled:
         container["volumeMounts"].append(
             {"name": "kvstore", "mountPath": KVSTORE_CONFIG_DIR, "readOnly": True}
@@ -233,6 +238,7 @@ def _engine_container(
         container["volumeMounts"].append(model[1])
     if (tls_volume := grpc_tls_volume(spec)) is not None:
         container["volumeMounts"].append(tls_volume[1])
+    container["volumeMounts"] += [dict(m) for m in pool.volume_mounts or ()]
     return container
 
 
@@ -269,7 +275,7 @@ def _resources(pool: PoolSpec) -> dict[str, Any]:
     resources = with_requests(pool.resources, ENGINE_REQUESTS)
     if pool.gpus_per_pod:
         for key in ("limits", "requests"):
-            resources.setdefault(key, {})["nvidia.com/gpu"] = str(pool.gpus_per_pod)
+            resources.setdefault(key, {})[pool.accelerator_resource] = str(pool.gpus_per_pod)
     return resources
 
 
@@ -280,13 +286,13 @@ COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 
 def _pod_metadata(labels: dict[str, str], pool: PoolSpec) -> dict[str, Any]:
-    """An engine pod template's metadata: its labels, and the pool's PodGroup if it has one."""
-    if not pool.pod_group:
-        return {"labels": labels}
-    return {
-        "labels": {**labels, COSCHEDULING_GROUP_LABEL: pool.pod_group},
-        "annotations": {VOLCANO_GROUP_ANNOTATION: pool.pod_group},
-    }
+    """An engine pod template's metadata: its labels, the pool's PodGroup if
+    it has one, and the pool's extra labels and annotations."""
+    own_labels, own_annotations = labels, {}
+    if pool.pod_group:
+        own_labels = {**labels, COSCHEDULING_GROUP_LABEL: pool.pod_group}
+        own_annotations = {VOLCANO_GROUP_ANNOTATION: pool.pod_group}
+    return pod_metadata(own_labels, own_annotations, pool.pod_labels, pool.pod_annotations)
 
 
 def _pod_spec(
@@ -303,11 +309,21 @@ def _pod_spec(
         volumes.append(model[0])
     if (tls_volume := grpc_tls_volume(spec)) is not None:
         volumes.append(tls_volume[0])
+    volumes += [dict(v) for v in pool.volumes or ()]
     pod: dict[str, Any] = {
         "containers": containers,
         "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
         "volumes": volumes,
+        **pull_secrets(spec),
     }
+    if pool.init_containers:
+        pod["initContainers"] = [dict(c) for c in pool.init_containers]
+    if pool.affinity:
+        pod["affinity"] = dict(pool.affinity)
+    if pool.priority_class_name:
+        pod["priorityClassName"] = pool.priority_class_name
+    if pool.runtime_class_name:
+        pod["runtimeClassName"] = pool.runtime_class_name
     if pool.node_selector:
         pod["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:

@@ -19,6 +19,7 @@ from operators.manifests.meta import (
     env_pod_ip,
     labels,
     meta,
+    pull_secrets,
     selector,
     with_requests,
 )
@@ -73,6 +74,7 @@ def kvstore_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> 
                 "template": {
                     "metadata": {"labels": m_lbls},
                     "spec": {
+                        **pull_secrets(spec),
                         "containers": [
                             {
                                 "name": "master",
@@ -97,7 +99,7 @@ def kvstore_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> 
                                     spec.kv_store.master_resources, KVSTORE_MASTER_REQUESTS
                                 ),
                             }
-                        ]
+                        ],
                     },
                 },
             },
@@ -141,6 +143,7 @@ def kvstore_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> 
                     "metadata": {"labels": c_lbls},
                     "spec": {
                         **store_client_placement(spec),
+                        **pull_secrets(spec),
                         "containers": [
                             {
                                 "name": "client",

@@ -16,7 +16,7 @@ from common.kube import (
 )
 from common.model_source import HF, MOUNT, PVC
 from common.tls import GrpcClientTlsSettings
-from operators.spec import API_VERSION, ENGINE_ROLE, TandemSpec
+from operators.spec import API_VERSION, ENGINE_ROLE, ProbesSpec, TandemSpec
 
 Manifest = dict[str, Any]
 
@@ -98,6 +98,46 @@ def env_pod_ip() -> list[dict[str, Any]]:
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
+
+
+def pod_metadata(
+    own_labels: Mapping[str, str],
+    own_annotations: Mapping[str, str] | None = None,
+    extra_labels: Mapping[str, str] | None = None,
+    extra_annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod template's metadata: the spec's extra labels and annotations
+    under the operator's own, which win (selectors and PodGroups rely on them)."""
+    out: dict[str, Any] = {"labels": {**(extra_labels or {}), **own_labels}}
+    annotations = {**(extra_annotations or {}), **(own_annotations or {})}
+    if annotations:
+        out["annotations"] = annotations
+    return out
+
+
+def pull_secrets(spec: TandemSpec) -> dict[str, Any]:
+    """The pod spec fields that name the image pull Secrets, if any."""
+    secrets = spec.images.pull_secrets
+    return {"imagePullSecrets": [dict(s) for s in secrets]} if secrets else {}
+
+
+PROBE_HANDLERS = ("exec", "grpc", "httpGet", "tcpSocket")
+PROBE_KEYS = {"readiness": "readinessProbe", "liveness": "livenessProbe", "startup": "startupProbe"}
+
+
+def override_probes(container: dict[str, Any], probes: ProbesSpec | None) -> None:
+    """Each probe of `container` with the fields `probes` gives replaced; a
+    handler given (httpGet, exec ...) replaces the operator's handler."""
+    if probes is None:
+        return
+    for field, key in PROBE_KEYS.items():
+        given = getattr(probes, field)
+        if not given:
+            continue
+        ours = container.get(key, {})
+        if any(h in given for h in PROBE_HANDLERS):
+            ours = {k: v for k, v in ours.items() if k not in PROBE_HANDLERS}
+        container[key] = {**ours, **json.loads(json.dumps(given))}
 
 
 def with_requests(resources: Mapping[str, Any] | None, defaults: dict[str, str]) -> dict[str, Any]:

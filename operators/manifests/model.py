@@ -16,7 +16,7 @@ import hashlib
 from typing import Any
 
 from common.model_source import HF, MOUNT
-from operators.manifests.meta import Manifest, Owner, labels, meta
+from operators.manifests.meta import Manifest, Owner, labels, meta, pull_secrets
 from operators.spec import TandemSpec
 
 # The download is network- and disk-bound: a little CPU, memory for hashing.
@@ -58,6 +58,7 @@ def model_download_job(td: str, namespace: str, spec: TandemSpec, owner: Owner) 
                 "metadata": {"labels": lbls},
                 "spec": {
                     "restartPolicy": "Never",
+                    **pull_secrets(spec),
                     "containers": [container],
                     "volumes": [
                         {

@@ -8,6 +8,7 @@ from operators.manifests.meta import (
     Owner,
     labels,
     meta,
+    pull_secrets,
     selector,
     with_requests,
 )
@@ -51,7 +52,10 @@ def redis_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> li
             "spec": {
                 "replicas": 1,
                 "selector": {"matchLabels": selector(lbls)},
-                "template": {"metadata": {"labels": lbls}, "spec": {"containers": [container]}},
+                "template": {
+                    "metadata": {"labels": lbls},
+                    "spec": {**pull_secrets(spec), "containers": [container]},
+                },
             },
         },
         {

@@ -18,6 +18,9 @@ from operators.manifests.meta import (
     labels,
     meta,
     model_volume,
+    override_probes,
+    pod_metadata,
+    pull_secrets,
     selector,
     with_requests,
 )
@@ -88,11 +91,17 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "resources": with_requests(router.resources, ROUTER_REQUESTS),
     }
+    override_probes(container, router.probes)
     pod: dict[str, Any] = {
         "serviceAccountName": f"{td}-router",
         "containers": [container],
         "terminationGracePeriodSeconds": 60,
+        **pull_secrets(spec),
     }
+    if router.affinity:
+        pod["affinity"] = dict(router.affinity)
+    if router.priority_class_name:
+        pod["priorityClassName"] = router.priority_class_name
     # The model (the router tokenizes with its own tokenizer, read where the
     # engines read the weights) and the mTLS Secret.
     volumes = [v for v in (model_volume(spec), grpc_tls_volume(spec)) if v is not None]
@@ -107,20 +116,25 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
             "replicas": router.replicas,
             "selector": {"matchLabels": selector(lbls)},
             "template": {
-                "metadata": {"labels": lbls},
+                "metadata": pod_metadata(
+                    lbls, extra_labels=router.pod_labels, extra_annotations=router.pod_annotations
+                ),
                 "spec": pod,
             },
         },
     }
-    service = {
+    service: Manifest = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": meta(f"{td}-router", namespace, owner, lbls),
         "spec": {
+            "type": router.service.type,
             "selector": selector(lbls),
             "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
         },
     }
+    if router.service.annotations:
+        service["metadata"]["annotations"] = dict(router.service.annotations)
     pdb = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -146,29 +160,31 @@ def router_objects(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> l
     out: list[Manifest] = [account, binding, deployment, service, pdb]
     ingress = router.ingress
     if ingress.enabled:
-        rule: dict[str, Any] = {
-            "http": {
-                "paths": [
-                    {
-                        "path": "/",
-                        "pathType": "Prefix",
-                        "backend": {"service": {"name": f"{td}-router", "port": {"name": "http"}}},
-                    }
-                ]
-            }
+        http = {
+            "paths": [
+                {
+                    "path": "/",
+                    "pathType": "Prefix",
+                    "backend": {"service": {"name": f"{td}-router", "port": {"name": "http"}}},
+                }
+            ]
         }
-        if ingress.host:
-            rule["host"] = ingress.host
-        ing_spec: dict[str, Any] = {"rules": [rule]}
+        hosts = ingress.all_hosts
+        # No host: one rule for every host name the Ingress is reached by.
+        rules = [{"host": host, "http": http} for host in hosts] or [{"http": http}]
+        ing_spec: dict[str, Any] = {"rules": rules}
         if ingress.class_name:
             ing_spec["ingressClassName"] = ingress.class_name
         if ingress.tls_secret_name:
-            ing_spec["tls"] = [{"hosts": [ingress.host], "secretName": ingress.tls_secret_name}]
+            ing_spec["tls"] = [{"hosts": hosts, "secretName": ingress.tls_secret_name}]
+        ing_meta = meta(f"{td}-router", namespace, owner, lbls)
+        if ingress.annotations:
+            ing_meta["annotations"] = dict(ingress.annotations)
         out.append(
             {
                 "apiVersion": "networking.k8s.io/v1",
                 "kind": "Ingress",
-                "metadata": meta(f"{td}-router", namespace, owner, lbls),
+                "metadata": ing_meta,
                 "spec": ing_spec,
             }
         )

@@ -83,6 +83,13 @@ FEATURES: dict[str, dict] = {
         "model": {"source": "hf://meta-llama/Llama-3.1-8B", "cache": {"existingClaim": "weights"}}
     },
     "model-pvc": {"model": {"source": "pvc://weights/llama-3.1-8b"}},
+    "model-hf-token-value": {
+        "model": {
+            "source": "hf://meta-llama/Llama-3.1-8B",
+            "cache": {"create": True},
+            "hfToken": {"token": "hf_0123456789abcdef"},
+        }
+    },
     "decode-spread-and-scheduler": {
         "decode": {"spreadAcrossNodes": True, "schedulerName": "volcano"}
     },
@@ -203,6 +210,127 @@ FEATURES: dict[str, dict] = {
     },
     "grpc-tls-existing-secret": {"grpcTls": {"enabled": True, "existingSecret": "llm-grpc-tls"}},
     "no-kv-store": {"kvStore": {"enabled": False}},
+    # Every pod option of a pool, on a multi-node pool (leader and workers) and a one-pod one.
+    "pod-options": {
+        "images": {"pullSecrets": [{"name": "regcred"}]},
+        "prefill": {
+            "acceleratorResource": "amd.com/gpu",
+            "runtimeClassName": "rocm",
+            "priorityClassName": "inference-high",
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {"matchLabels": {"tandem.dev/role": "prefill"}},
+                            },
+                        }
+                    ]
+                }
+            },
+            "podAnnotations": {"example.com/cost-center": "llm"},
+            "podLabels": {"team": "llm"},
+            "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "10Gi"}}],
+            "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+            "initContainers": [
+                {"name": "warm-cache", "image": "busybox:1.36", "command": ["sh", "-c", "true"]}
+            ],
+            "probes": {"startup": {"failureThreshold": 720}, "liveness": {"timeoutSeconds": 5}},
+        },
+        "decode": {
+            "nodesPerReplica": 2,
+            "gpusPerPod": 8,
+            "parallelism": {"tensor": 8, "pipeline": 2},
+            "acceleratorResource": "habana.ai/gaudi",
+            "podLabels": {"team": "llm"},
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+            "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        },
+    },
+    "router-options": {
+        "router": {
+            "service": {
+                "type": "LoadBalancer",
+                "annotations": {"service.beta.kubernetes.io/aws-load-balancer-internal": "true"},
+            },
+            "priorityClassName": "inference-high",
+            "podAnnotations": {"example.com/cost-center": "llm"},
+            "podLabels": {"team": "llm"},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "node-role", "operator": "In", "values": ["cpu"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "probes": {"readiness": {"periodSeconds": 5}},
+            "ingress": {
+                "enabled": True,
+                "className": "nginx",
+                "hosts": ["llm.example.com", "llm.internal.example.com"],
+                "tlsSecretName": "llm-tls",
+                "annotations": {"nginx.ingress.kubernetes.io/proxy-read-timeout": "3600"},
+            },
+        }
+    },
+    "http-route": {
+        "httpRoute": {
+            "enabled": True,
+            "parentRefs": [{"name": "inference-gateway", "namespace": "gateway"}],
+            "hostnames": ["llm.example.com"],
+            "annotations": {"example.com/owner": "llm"},
+            "requestTimeoutSeconds": 3600,
+        }
+    },
+    "http-route-inference-pool": {
+        "httpRoute": {"enabled": True, "parentRefs": [{"name": "inference-gateway"}]},
+        "inferencePool": {"enabled": True, "endpointPicker": {"name": "tandem-epp"}},
+    },
+    "extra-objects": {
+        "extraObjects": [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "{{ .Release.Name }}-notes", "namespace": "serving"},
+                "data": {"model": "{{ .Values.model.path }}"},
+            },
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {{ .Release.Name }}-batch\n"
+            "  namespace: {{ .Release.Namespace }}\n",
+        ]
+    },
+    "extra-models": {
+        "model": {"source": "hf://Qwen/Qwen3-8B", "cache": {"create": True}},
+        "router": {"apiKeys": {"keys": ["sk-test-0001"]}},
+        "autoscaling": {
+            "decode": {
+                "type": "keda",
+                "triggers": [{"type": "cpu", "metadata": {"value": "80"}}],
+            }
+        },
+        "extraModels": [
+            {
+                "name": "coder",
+                "model": {"path": "Qwen/Qwen2.5-Coder-7B-Instruct", "servedName": "coder"},
+                "decode": {"replicas": 2},
+                "router": {"replicas": 1},
+            },
+            {
+                "name": "embed",
+                "model": {"source": "hf://BAAI/bge-m3"},
+                "prefill": {"gpusPerPod": 0, "acceleratorResource": "amd.com/gpu"},
+                "router": {"ingress": {"enabled": True, "host": "embed.example.com"}},
+                "kvStore": {"enabled": False},
+            },
+        ],
+    },
     "no-helm-test": {"helmTest": {"enabled": False}},
 }
 

@@ -78,12 +78,16 @@ def render_files(
 
 
 def render(
-    values: dict | None = None, release: str = RELEASE, namespace: str = NAMESPACE
+    values: dict | None = None,
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
+    exclude: tuple[str, ...] = (),
 ) -> list[Manifest]:
-    """Every object the chart renders (templates and test hooks; not NOTES.txt)."""
+    """Every object the chart renders (templates and test hooks; not NOTES.txt),
+    but those of the templates named in `exclude`."""
     docs: list[Manifest] = []
     for path, text in sorted(render_files(values, release, namespace).items()):
-        if path.endswith("NOTES.txt"):
+        if path.endswith(("NOTES.txt", *exclude)):
             continue
         docs.extend(d for d in yaml.load_all(text, Loader=KubectlLoader) if d)
     return docs

@@ -13,6 +13,7 @@ field is pruned (and reported) the way kube-apiserver would drop it:
 * ScaledObject, `keda.sh/v1alpha1` (KEDA's ScaledObject specification);
 * PodGroup, `scheduling.volcano.sh/v1beta1` (Volcano's PodGroup) and
   `scheduling.x-k8s.io/v1alpha1` (scheduler-plugins' coscheduling PodGroup);
+* HTTPRoute, `gateway.networking.k8s.io/v1` (the Gateway API's reference);
 * LeaderWorkerSet, `leaderworkerset.x-k8s.io/v1`: tests/operators/lws_schema.py.
 
 `additionalProperties: false` marks objects whose every field is listed here,
@@ -459,6 +460,138 @@ COSCHEDULING_POD_GROUP: Schema = {
     },
 }
 
+# The Gateway API's Duration (GEP-2257) and hostname forms.
+_GATEWAY_DURATION: Schema = {"type": "string", "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"}
+_HOSTNAME: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 253,
+    "pattern": r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+}
+_OBJECT_NAME: Schema = {"type": "string", "minLength": 1, "maxLength": 253}
+_PARENT_REF: Schema = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "group": {"type": "string", "default": "gateway.networking.k8s.io"},
+        "kind": {"type": "string", "default": "Gateway"},
+        "namespace": {"type": "string"},
+        "name": _OBJECT_NAME,
+        "sectionName": {"type": "string"},
+        "port": _PORT_NUMBER,
+    },
+}
+_BACKEND_REF: Schema = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "group": {"type": "string", "default": ""},
+        "kind": {"type": "string", "default": "Service"},
+        "name": _OBJECT_NAME,
+        "namespace": {"type": "string"},
+        "port": _PORT_NUMBER,
+        "weight": {"type": "integer", "format": "int32", "minimum": 0, "maximum": 1000000},
+        "filters": {
+            "type": "array",
+            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    },
+    "x-kubernetes-validations": [
+        {
+            "rule": "(size(self.group) == 0 && self.kind == 'Service') ? has(self.port) : true",
+            "message": "Must have port for Service reference",
+        }
+    ],
+}
+HTTP_ROUTE: Schema = {
+    "type": "object",
+    "properties": {
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "parentRefs": {"type": "array", "maxItems": 32, "items": _PARENT_REF},
+                "hostnames": {"type": "array", "maxItems": 16, "items": _HOSTNAME},
+                "rules": {
+                    "type": "array",
+                    "maxItems": 16,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string"},
+                            "matches": {
+                                "type": "array",
+                                "maxItems": 64,
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "path": {
+                                            "type": "object",
+                                            "additionalProperties": False,
+                                            "properties": {
+                                                "type": {
+                                                    "type": "string",
+                                                    "enum": [
+                                                        "Exact",
+                                                        "PathPrefix",
+                                                        "RegularExpression",
+                                                    ],
+                                                    "default": "PathPrefix",
+                                                },
+                                                "value": {
+                                                    "type": "string",
+                                                    "maxLength": 1024,
+                                                    "default": "/",
+                                                },
+                                            },
+                                        },
+                                        "headers": {
+                                            "type": "array",
+                                            "items": {
+                                                "type": "object",
+                                                "x-kubernetes-preserve-unknown-fields": True,
+                                            },
+                                        },
+                                        "queryParams": {
+                                            "type": "array",
+                                            "items": {
+                                                "type": "object",
+                                                "x-kubernetes-preserve-unknown-fields": True,
+                                            },
+                                        },
+                                        "method": {"type": "string"},
+                                    },
+                                },
+                            },
+                            "filters": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                },
+                            },
+                            "backendRefs": {"type": "array", "items": _BACKEND_REF},
+                            "timeouts": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "request": _GATEWAY_DURATION,
+                                    "backendRequest": _GATEWAY_DURATION,
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    },
+}
+
 
 def _crd(
     group: str,
@@ -516,4 +649,5 @@ def crds() -> list[dict[str, Any]]:
         _crd("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects", SCALED_OBJECT),
         _crd("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups", VOLCANO_POD_GROUP),
         _crd("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups", COSCHEDULING_POD_GROUP),
+        _crd("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes", HTTP_ROUTE),
     ]

@@ -31,6 +31,7 @@ def test_the_chart_renders_every_foreign_kind_and_each_is_valid():
             **CASES["feature-grpc-tls"],
             **CASES["feature-autoscaling-keda"],
             **CASES["feature-pod-groups-volcano"],
+            **CASES["feature-http-route"],
         }
     )
     kinds = {crd["spec"]["names"]["kind"] for crd in foreign_crds()}
@@ -126,4 +127,21 @@ def test_scaled_object_schema_refuses_typos_and_bad_values(path, value, expect):
 def test_pod_group_schemas_refuse_typos_and_bad_values(case, path, value, expect):
     group = one(render(CASES[f"feature-{case}"]), "PodGroup", "tandem-decode")
     found = problems(_set(group, path, value))
+    assert any(expect in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    "path,value,expect",
+    [
+        ("spec.rules.0.backendRefs.0", {"kind": "Service", "name": "tandem-router"}, "port"),
+        ("spec.rules.0.timeouts.request", "1 hour", "request"),
+        ("spec.rules.0.matches.0.path.type", "Prefix", "type"),
+        ("spec.hostnames.0", "LLM.example.com", "hostnames"),
+        ("spec.parentRefs.0.gateway", "gw", "unknown field"),
+        ("spec.rules.0.backendRef", [], "unknown field"),
+    ],
+)
+def test_http_route_schema_refuses_typos_and_bad_values(path, value, expect):
+    route = one(render(CASES["feature-http-route"]), "HTTPRoute")
+    found = problems(_set(route, path, value))
     assert any(expect in p for p in found), found

@@ -43,7 +43,8 @@ def pinned(image: str) -> bool:
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def rendered(request):
-    return request.param, render(CASES[request.param])
+    # The chart's own objects: extraObjects are the user's, as written.
+    return request.param, render(CASES[request.param], exclude=("extra-objects.yaml",))
 
 
 def test_every_container_requests_cpu_and_memory(rendered):
@@ -99,13 +100,16 @@ def test_images_are_pinned_by_tag(rendered):
     case, docs = rendered
     images = [c["image"] for doc in docs for c in containers(doc)]
     td = by_kind(docs, "TandemDeployment")[0]["spec"]
-    images += [v for k, v in td["images"].items() if k != "pullPolicy"]
+    images += [v for k, v in td["images"].items() if k not in ("pullPolicy", "pullSecrets")]
     for image in images:
         assert pinned(image), f"{case}: {image}"
 
 
 def test_labels_are_consistent(rendered):
     case, docs = rendered
+    # The release's TandemDeployments: its own, and one per extraModels entry.
+    tds = {td["metadata"]["name"] for td in by_kind(docs, "TandemDeployment")}
+    assert RELEASE in tds
     for doc in docs:
         labels = doc["metadata"]["labels"]
         for key in CHART_LABELS:
@@ -113,7 +117,7 @@ def test_labels_are_consistent(rendered):
         assert labels["app.kubernetes.io/name"] == "tandem"
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        assert labels["tandem.dev/deployment"] == RELEASE  # the TandemDeployment's name
+        assert labels["tandem.dev/deployment"] in tds  # the TandemDeployment's name
         for template in pod_templates(doc):
             assert template["metadata"]["labels"] == labels, doc["metadata"]["name"]
         selector = doc.get("spec", {}).get("selector", {})

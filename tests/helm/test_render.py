@@ -146,6 +146,18 @@ def test_examples_render_what_they_say():
         render(yaml.safe_load((EXAMPLES / "multinode-lws.yaml").read_text())), "TandemDeployment"
     )["spec"]
     assert lws["decode"]["nodesPerReplica"] == 2
+    models = render(yaml.safe_load((EXAMPLES / "two-models.yaml").read_text()))
+    hosts = {
+        td["metadata"]["name"]: (
+            td["spec"]["model"]["path"],
+            td["spec"]["router"]["ingress"]["host"],
+        )
+        for td in by_kind(models, "TandemDeployment")
+    }
+    assert hosts == {
+        "tandem": ("Qwen/Qwen3-8B", "qwen.llm.example.com"),
+        "tandem-coder": ("Qwen/Qwen2.5-Coder-7B-Instruct", "coder.llm.example.com"),
+    }
 
 
 def profile_commands(text: str) -> list[argparse.Namespace]:
@@ -163,7 +175,7 @@ def test_an_example_that_scales_names_each_pools_profile_and_how_to_take_it(name
     example that turns them on names each, with the `tandem profile` command that
     writes that ConfigMap."""
     text = (EXAMPLES / f"{name}.yaml").read_text()
-    spec = one(render(yaml.safe_load(text)), "TandemDeployment")["spec"]
+    spec = one(render(yaml.safe_load(text)), "TandemDeployment", RELEASE)["spec"]
     if spec["scaling"]["mode"] == "Off":
         return
     named = spec["scaling"].get("profiles", {})
@@ -353,6 +365,25 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
             {"autoscaling": {"decode": {"type": "hpa", "minReplicas": 0, "metrics": [{}]}}},
             "/autoscaling/decode/minReplicas",
         ),
+        ({"images": {"pullSecrets": ["regcred"]}}, "/images/pullSecrets/0"),
+        ({"model": {"hfToken": {"token": "my token"}}}, "/model/hfToken/token"),
+        ({"model": {"hfToken": {"token": "hf_x", "existingSecret": "s"}}}, "/model/hfToken"),
+        ({"prefill": {"acceleratorResource": "gpu count"}}, "/prefill/acceleratorResource"),
+        ({"decode": {"volumes": [{"emptyDir": {}}]}}, "/decode/volumes/0"),
+        ({"decode": {"volumeMounts": [{"name": "s"}]}}, "/decode/volumeMounts/0"),
+        ({"prefill": {"initContainers": [{"name": "w"}]}}, "/prefill/initContainers/0"),
+        ({"prefill": {"probes": {"ready": {}}}}, "additional properties 'ready'"),
+        ({"decode": {"podLabels": {"team": 1}}}, "/decode/podLabels/team"),
+        ({"router": {"service": {"type": "ExternalName"}}}, "/router/service/type"),
+        ({"router": {"probes": {"startup": "fast"}}}, "/router/probes/startup"),
+        ({"router": {"ingress": {"hosts": "llm.example.com"}}}, "/router/ingress/hosts"),
+        ({"httpRoute": {"enabled": True}}, "/httpRoute/parentRefs"),
+        ({"httpRoute": {"requestTimeoutSeconds": -1}}, "/httpRoute/requestTimeoutSeconds"),
+        ({"extraObjects": [3]}, "/extraObjects/0"),
+        ({"extraModels": [{"model": {"path": "x"}}]}, "/extraModels/0"),
+        ({"extraModels": [{"name": "Coder"}]}, "/extraModels/0/name"),
+        ({"extraModels": [{"name": "c", "images": {}}]}, "additional properties 'images'"),
+        ({"extraModels": [{"name": "c", "decode": {"replica": 2}}]}, "/extraModels/0/decode"),
     ],
 )
 def test_invalid_values_fail_naming_the_field(values, field):

@@ -150,7 +150,14 @@ def test_committed_schema_is_what_the_generator_writes():
 # Where the chart checks more than the CRD, on purpose (helm/schema_from_crd.py NARROWER),
 # and what the chart sets itself (a pool's rdma comes from rdma.enabled, its
 # podGroup from podGroups.type).
-NARROWER = {"prefill.resources", "prefill.env", "prefill.engineArgs"}
+NARROWER = {
+    "prefill.resources",
+    "prefill.env",
+    "prefill.engineArgs",
+    "prefill.volumes",
+    "prefill.volumeMounts",
+    "prefill.initContainers",
+}
 CHART_SET = {"prefill.rdma", "prefill.podGroup"}
 CONSTRAINTS = ("type", "enum", "minimum", "maximum", "pattern", "minLength")
 

@@ -623,3 +623,153 @@ def test_a_pool_in_a_pod_group_puts_every_engine_pod_in_it():
         if o["kind"] == "Deployment" and o["metadata"]["name"] == "demo-decode"
     )
     assert "annotations" not in plain["spec"]["template"]["metadata"]
+
+
+POD_OPTIONS = {
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}
+                ]
+            }
+        }
+    },
+    "priorityClassName": "inference-high",
+    "podAnnotations": {"example.com/team": "llm", "scheduling.k8s.io/group-name": "not-mine"},
+    "podLabels": {"team": "llm", "app.kubernetes.io/component": "not-mine"},
+}
+
+
+def test_a_pools_pod_options_reach_every_engine_pod_and_ours_win():
+    multi = {
+        "replicas": 1,
+        "nodesPerReplica": 2,
+        "gpusPerPod": 8,
+        "parallelism": {"tensor": 8, "pipeline": 2},
+        "podGroup": "demo-decode",
+        "acceleratorResource": "amd.com/gpu",
+        "runtimeClassName": "rocm",
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "initContainers": [{"name": "warm", "image": "busybox:1.36", "command": ["true"]}],
+        "probes": {
+            "readiness": {"periodSeconds": 7},
+            "startup": {"httpGet": {"path": "/health", "port": "metrics"}, "failureThreshold": 9},
+        },
+        **POD_OPTIONS,
+    }
+    objs = everything(spec(decode=multi))
+    lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet")
+    group = lws["spec"]["leaderWorkerTemplate"]
+    for side in ("leaderTemplate", "workerTemplate"):
+        template = group[side]
+        kubernetes_validate.validate(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": "t"},
+                "template": template,
+            },
+            "1.32.0",
+            strict=True,
+        )
+        pod, meta = template["spec"], template["metadata"]
+        assert pod["affinity"] == POD_OPTIONS["affinity"]
+        assert (pod["priorityClassName"], pod["runtimeClassName"]) == ("inference-high", "rocm")
+        assert pod["initContainers"][0]["name"] == "warm"
+        assert {"name": "scratch", "emptyDir": {}} in pod["volumes"]
+        [container] = pod["containers"]
+        assert {"name": "scratch", "mountPath": "/scratch"} in container["volumeMounts"]
+        assert container["resources"]["limits"]["amd.com/gpu"] == "8"
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+        # Extra labels and annotations join; the operator's selector and group keys stay its own.
+        assert meta["labels"]["team"] == "llm"
+        assert meta["labels"]["app.kubernetes.io/component"] in ("engine", "engine-worker")
+        assert meta["annotations"]["example.com/team"] == "llm"
+        assert meta["annotations"]["scheduling.k8s.io/group-name"] == "demo-decode"
+    leader = group["leaderTemplate"]["spec"]["containers"][0]
+    # A given field replaces ours; a given handler replaces our handler.
+    assert leader["readinessProbe"]["periodSeconds"] == 7
+    assert "grpc" in leader["readinessProbe"]
+    assert leader["startupProbe"] == {
+        "httpGet": {"path": "/health", "port": "metrics"},
+        "periodSeconds": 5,
+        "failureThreshold": 9,
+    }
+    # A Ray worker keeps its raylet probes.
+    worker = group["workerTemplate"]["spec"]["containers"][0]
+    assert worker["startupProbe"]["httpGet"]["path"] == "/api/local_raylet_healthz"
+
+
+def test_pull_secrets_reach_every_pod_the_operator_runs():
+    s = spec(
+        model=HF_MODEL,
+        images={"pullSecrets": [{"name": "regcred"}]},
+        router={"replicas": 2},
+    )
+    pods = [
+        o["spec"]["template"]["spec"]
+        for o in everything(s)
+        if o["kind"] in ("Deployment", "DaemonSet", "Job")
+    ]
+    # router, redis, KV master, store clients, download Job, two pools
+    assert len(pods) == 7
+    assert all(p["imagePullSecrets"] == [{"name": "regcred"}] for p in pods)
+    # None: the pods name no Secret.
+    plain = [o for o in everything(spec()) if o["kind"] in ("Deployment", "DaemonSet")]
+    assert plain and not any("imagePullSecrets" in o["spec"]["template"]["spec"] for o in plain)
+
+
+def test_router_service_ingress_and_pod_options():
+    router = {
+        "service": {
+            "type": "LoadBalancer",
+            "annotations": {"service.beta.kubernetes.io/aws-load-balancer-internal": "true"},
+        },
+        "ingress": {
+            "enabled": True,
+            "host": "llm.example.com",
+            "hosts": ["llm.internal", "llm.example.com"],
+            "tlsSecretName": "llm-tls",
+            "annotations": {"nginx.ingress.kubernetes.io/proxy-read-timeout": "3600"},
+        },
+        "probes": {"liveness": {"failureThreshold": 12}},
+        **POD_OPTIONS,
+    }
+    objs = everything(spec(router=router))
+    for obj in objs:
+        if obj["kind"] not in ("EnginePool",):
+            kubernetes_validate.validate(obj, "1.32.0", strict=True)
+    service = next(
+        o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "demo-router"
+    )
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["metadata"]["annotations"] == router["service"]["annotations"]
+    ingress = next(o for o in objs if o["kind"] == "Ingress")
+    assert [r["host"] for r in ingress["spec"]["rules"]] == ["llm.example.com", "llm.internal"]
+    assert ingress["spec"]["tls"] == [
+        {"hosts": ["llm.example.com", "llm.internal"], "secretName": "llm-tls"}
+    ]
+    assert ingress["metadata"]["annotations"] == router["ingress"]["annotations"]
+    deployment = next(
+        o for o in objs if o["metadata"]["name"] == "demo-router" and o["kind"] == "Deployment"
+    )
+    template = deployment["spec"]["template"]
+    assert template["spec"]["affinity"] == POD_OPTIONS["affinity"]
+    assert template["spec"]["priorityClassName"] == "inference-high"
+    assert template["metadata"]["labels"]["team"] == "llm"
+    assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "router"
+    probe = template["spec"]["containers"][0]["livenessProbe"]
+    assert probe == {
+        "httpGet": {"path": "/live", "port": "http"},
+        "periodSeconds": 10,
+        "failureThreshold": 12,
+    }
+    # Defaults: a ClusterIP Service, no annotations, one rule per host or one without.
+    plain = everything(spec(router={"ingress": {"enabled": True}}))
+    service = next(
+        o for o in plain if o["kind"] == "Service" and o["metadata"]["name"] == "demo-router"
+    )
+    assert service["spec"]["type"] == "ClusterIP" and "annotations" not in service["metadata"]
+    assert "host" not in next(o for o in plain if o["kind"] == "Ingress")["spec"]["rules"][0]

@@ -7,7 +7,9 @@ use those two labels. Kept to 40 characters so the operator's longest names
 (<td>-kvstore-client plus pod suffixes) stay within Kubernetes' limits.
 */}}
 {{- define "tandem.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if hasKey . "modelFullname" -}}
+{{- .modelFullname -}}
+{{- else if contains .Chart.Name .Release.Name -}}
 {{- .Release.Name | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
 {{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
@@ -72,6 +74,15 @@ and pass through as they are, less empty lists, maps and strings; the chart adds
 {{- $rdma := .root.Values.rdma -}}
 {{- $pool := dict -}}
 {{- range $key, $value := .pool }}
+{{- if eq $key "probes" }}
+{{- $given := dict }}
+{{- range $probe, $fields := $value }}
+{{- if $fields }}
+{{- $_ := set $given $probe $fields }}
+{{- end }}
+{{- end }}
+{{- $value = $given }}
+{{- end }}
 {{- if not (and (or (kindIs "slice" $value) (kindIs "map" $value) (kindIs "string" $value)) (empty $value)) }}
 {{- $_ := set $pool $key $value }}
 {{- end }}
@@ -102,6 +113,15 @@ and pass through as they are, less empty lists, maps and strings; the chart adds
 {{- default (printf "%s-engine" (include "tandem.fullname" .)) .Values.grpcTls.serverName -}}
 {{- end -}}
 
+{{/* The Secret holding the Hugging Face token: the user's, the chart's, or none. */}}
+{{- define "tandem.hfTokenSecret" -}}
+{{- if .Values.model.hfToken.existingSecret -}}
+{{- .Values.model.hfToken.existingSecret -}}
+{{- else if .Values.model.hfToken.token -}}
+{{- printf "%s-hf-token" (include "tandem.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The claim an hf:// model is downloaded into: the user's, the chart's, or none. */}}
 {{- define "tandem.modelCache" -}}
 {{- if .Values.model.cache.existingClaim -}}
@@ -109,4 +129,43 @@ and pass through as they are, less empty lists, maps and strings; the chart adds
 {{- else if .Values.model.cache.create -}}
 {{- printf "%s-model-cache" (include "tandem.fullname" .) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The models this release serves, each a TandemDeployment: the first from these
+values, then one per extraModels entry, whose values are the release's with
+the entry merged over them (maps key by key, lists replaced). Each model is a
+root like `$` (Values, Release, Chart, Files, Capabilities, Template) whose
+fullname is <fullname>-<name> for an entry. A template returns only text, so
+this fills `models` of the dict it is given: (dict "root" $).
+*/}}
+{{- define "tandem.models" -}}
+{{- $root := .root -}}
+{{- $fullname := include "tandem.fullname" $root -}}
+{{- $models := list $root -}}
+{{- if and $root.Values.extraModels (not $root.Values.redis.managed) }}
+{{- fail "extraModels need redis.managed: the routers of two models would share the external Redis's keys (their sessions and loads)" }}
+{{- end }}
+{{- range $entry := $root.Values.extraModels }}
+{{- $name := printf "%s-%s" $fullname $entry.name }}
+{{- if gt (len $name) 40 }}
+{{- fail (printf "extraModels %s: the TandemDeployment's name %s is longer than 40 characters (the operator names its objects after it): shorten the name or the release's" $entry.name $name) }}
+{{- end }}
+{{- $values := mergeOverwrite (deepCopy $root.Values) (deepCopy (omit $entry "name")) }}
+{{- /* An entry's model.path replaces the release's source, not only its path. */}}
+{{- if hasKey (default dict $entry.model) "path" }}
+{{- $_ := set $values.model "source" "" }}
+{{- end }}
+{{- /* Two store clients on one node must not share the disk tier's folder. */}}
+{{- if not (dig "kvStore" "disk" "hostPath" "" $entry) }}
+{{- $_ := set $values.kvStore.disk "hostPath" (printf "%s-%s" $root.Values.kvStore.disk.hostPath $entry.name) }}
+{{- end }}
+{{- /* Nor may two Ingresses claim one host: an entry's Ingress is its own. */}}
+{{- if not (dig "router" "ingress" "" $entry) }}
+{{- $_ := set $values.router.ingress "enabled" false }}
+{{- end }}
+{{- $model := dict "Values" $values "Release" $root.Release "Chart" $root.Chart "Files" $root.Files "Capabilities" $root.Capabilities "Template" $root.Template "modelFullname" $name }}
+{{- $models = append $models $model }}
+{{- end }}
+{{- $_ := set . "models" $models -}}
 {{- end -}}
