@@ -56,7 +56,7 @@ def _policies(text: str) -> list[str]:
     return names
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
+def add_common(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     g = p.add_argument_group("engines")
     g.add_argument("--profiles", type=Path, default=CPU_PROFILES, help="engine profiles (YAML)")
     g.add_argument("--gpus-per-pod", type=int, default=1, help="GPUs (cores on CPU) per pod")
@@ -97,17 +97,20 @@ def add_common(p: argparse.ArgumentParser) -> None:
         default=256,
         help="P/D: below this many uncached tokens the decode pod prefills",
     )
+    # A sweep takes comma lists of both: grid axes.
     r.add_argument(
         "--router-replicas",
-        type=int,
-        default=1,
-        help="router replicas (routing cores), requests spread over them in turn",
+        type=_csv(int) if sweep else int,
+        default=[1] if sweep else 1,
+        help="router replicas (routing cores), requests spread over them in turn"
+        + (" (comma list)" if sweep else ""),
     )
     r.add_argument(
         "--state-lag-ms",
-        type=float,
-        default=0.0,
-        help="until one replica's shared-state writes (bindings, load) reach the others",
+        type=_csv(float) if sweep else float,
+        default=[0.0] if sweep else 0.0,
+        help="until one replica's shared-state writes (bindings, load) reach the others"
+        + (" (comma list)" if sweep else ""),
     )
     t = p.add_argument_group("traffic (tandem.workload's generator, played as the replay client)")
     t.add_argument(
@@ -175,6 +178,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         store_blocks=a.store_blocks,
         sessions=a.sessions,
         seed=a.seeds,
+        router_replicas=a.router_replicas,
+        state_lag_ms=a.state_lag_ms,
     )
     print(f"{len(points)} simulations on Ray ({a.address or 'local'})", file=sys.stderr)
     t0 = time.perf_counter()
@@ -255,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--num-cpus", type=int, default=None, help="local Ray's CPUs (None: all)")
     sweep.add_argument("--out", type=Path, default=None, help="results folder")
     sweep.add_argument("--no-plot", action="store_true", help="write no plot")
-    add_common(sweep)
+    add_common(sweep, sweep=True)
     sweep.set_defaults(func=cmd_sweep)
 
     val = sub.add_parser(

@@ -5,6 +5,7 @@ Ray."""
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import replace
 
@@ -285,3 +286,28 @@ def test_an_agentx_file_replays_as_the_generated_trace_it_holds(tmp_path, capsys
     }
     assert sim_main(["run", "--trace", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["requests"] == from_file["requests"]
+
+
+def test_a_sweep_takes_router_replicas_and_state_lag_as_grid_axes(monkeypatch, tmp_path, capsys):
+    import sim.cli
+
+    ran: list[dict] = []
+
+    def in_process(points, address=None, num_cpus=None):
+        ran.extend(points)
+        return [run_point(p) for p in points]
+
+    monkeypatch.setattr(sim.cli, "run_on_ray", in_process)
+    argv = ["sweep", "--policies", "cost", "--kv-blocks", "64", "--sessions", "2"]
+    argv += ["--router-replicas", "1,2", "--state-lag-ms", "0,500", "--no-plot"]
+    assert sim_main([*argv, "--out", str(tmp_path)]) == 0
+    grid_axes = [(p["router_replicas"], p["state_lag_ms"]) for p in ran]
+    assert grid_axes == [(1, 0.0), (1, 500.0), (2, 0.0), (2, 500.0)]
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [(r["router_replicas"], r["state_lag_ms"]) for r in rows] == [
+        ("1", "0.0"),
+        ("1", "500.0"),
+        ("2", "0.0"),
+        ("2", "500.0"),
+    ]
+    capsys.readouterr()
