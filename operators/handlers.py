@@ -36,6 +36,7 @@ from kubernetes_asyncio.client import ApiException
 from operators import controller, live
 from operators.kube import Kube
 from operators.manifests import LABEL_DEPLOYMENT, MANAGED_BY
+from operators.planner.simulate import Simulator
 from operators.settings import OperatorSettings
 from operators.spec import API_VERSION, GROUP, VERSION, parse_pool
 
@@ -164,8 +165,9 @@ class Handlers:
     settings and a lock per TandemDeployment. kopf passes each its indexes
     by name among the keyword arguments."""
 
-    def __init__(self, settings: OperatorSettings) -> None:
+    def __init__(self, settings: OperatorSettings, simulator: Simulator | None = None) -> None:
         self.settings = settings
+        self.simulator = simulator  # checks decisions (scaling.simulation); None: no checks
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def reconcile(
@@ -237,6 +239,7 @@ class Handlers:
                     memo.events,
                     time.time(),
                     list(hpas.get(ns, [])),
+                    self.simulator,
                 )
             except ApiException as exc:
                 # The next tick decides again from what is there; no retry backoff.
@@ -323,10 +326,13 @@ def hpas_by_namespace(
     }
 
 
-def register(settings: OperatorSettings) -> kopf.OperatorRegistry:
-    """Every handler of the operator, in a registry for `kopf.operator`."""
+def register(
+    settings: OperatorSettings, simulator: Simulator | None = None
+) -> kopf.OperatorRegistry:
+    """Every handler of the operator, in a registry for `kopf.operator`;
+    `simulator` checks scaling decisions (`tandem operator` gives sim's)."""
     registry = kopf.OperatorRegistry()
-    h = Handlers(settings)
+    h = Handlers(settings, simulator)
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(id="startup", registry=registry)(h.startup)
     kopf.on.cleanup(registry=registry)(cleanup)
