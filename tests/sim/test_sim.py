@@ -178,6 +178,17 @@ def test_the_routing_policy_decides_placements():
     assert runs["cost"][0]["hit_rate"] > runs["round-robin"][0]["hit_rate"]
 
 
+def test_the_consistent_hash_baseline_keeps_every_agent_on_its_ring_home():
+    from services.router.routing.hashring import ring_home
+
+    sim = Simulation(_small("consistent-hash", kv_blocks=8192, aggregated=4), Traffic(sessions=8))
+    sim.run()
+    pods = sorted(sim.engines)
+    assert {r.reason for r in sim.records} == {"hash"}
+    assert all(r.decode_pod == ring_home(r.session, pods) for r in sim.records)
+    assert len({r.decode_pod for r in sim.records}) > 1
+
+
 def test_engines_kv_events_reach_the_prefix_index():
     sim = Simulation(_small(kv_blocks=24), Traffic())
     sim.run()
