@@ -322,3 +322,22 @@ def test_a_sweep_takes_router_replicas_and_state_lag_as_grid_axes(monkeypatch, t
         ("2", "500.0"),
     ]
     capsys.readouterr()
+
+
+def test_cli_solve_prints_the_solvers_split_within_the_budget(capsys):
+    assert sim_main(["solve", "--budget", "6", "--hit-rate", "0.5", "--sessions", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "trace: " in out and "hit rate 0.500" in out
+    split = next(line for line in out.splitlines() if line.startswith("disaggregated:"))
+    gpus = int(split.split("=")[1].split("GPUs")[0])
+    assert 0 < gpus <= 6
+
+
+def test_a_scaled_profile_runs_at_k_times_the_rate():
+    from sim.defaults import scaled_profile
+
+    prefill = load_profiles(CPU_PROFILES)["prefill"]
+    double = scaled_profile(prefill, 2)
+    assert double.config.gpus_per_replica == 2
+    assert double.points[0].request_rate == pytest.approx(2 * prefill.points[0].request_rate)
+    assert double.points[0].ttft_p90_s == pytest.approx(prefill.points[0].ttft_p90_s / 2)
