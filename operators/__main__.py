@@ -9,6 +9,7 @@ import os
 import sys
 
 from common.settings import SettingError, add_arguments, from_arguments
+from operators.planner.simulate import Simulator
 from operators.settings import ENV_PREFIX, OperatorSettings
 
 DESCRIPTION = """\
@@ -44,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, simulator: Simulator | None = None) -> int:
+    """`simulator`: what checks scaling decisions by simulation
+    (`scaling.simulation`); the launcher gives sim's, `python -m operators` none."""
     try:
         parser = build_parser()
     except SettingError as exc:  # a bad value in the environment
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     kopf_logger.propagate = False
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
-    return asyncio.run(run(settings))
+    return asyncio.run(run(settings, simulator))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from kubernetes_asyncio.client import ApiException
 from operators import controller, live, profile_run
 from operators.kube import Kube
 from operators.manifests import LABEL_DEPLOYMENT, MANAGED_BY
+from operators.planner.simulate import Simulator
 from operators.profile import LABEL_PROFILE as PROFILE_LABEL
 from operators.profile import RESOURCE as PROFILES
 from operators.profile import parse_profile
@@ -170,8 +171,9 @@ class Handlers:
     settings and a lock per TandemDeployment. kopf passes each its indexes
     by name among the keyword arguments."""
 
-    def __init__(self, settings: OperatorSettings) -> None:
+    def __init__(self, settings: OperatorSettings, simulator: Simulator | None = None) -> None:
         self.settings = settings
+        self.simulator = simulator  # checks decisions (scaling.simulation); None: no checks
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def reconcile(
@@ -250,6 +252,7 @@ class Handlers:
                     memo.events,
                     time.time(),
                     list(hpas.get(ns, [])),
+                    self.simulator,
                 )
             except ApiException as exc:
                 # The next tick decides again from what is there; no retry backoff.
@@ -369,10 +372,13 @@ def profiles_by_namespace(*, name: str, namespace: str | None, **_: Any) -> dict
     return {_namespace(namespace): name}
 
 
-def register(settings: OperatorSettings) -> kopf.OperatorRegistry:
-    """Every handler of the operator, in a registry for `kopf.operator`."""
+def register(
+    settings: OperatorSettings, simulator: Simulator | None = None
+) -> kopf.OperatorRegistry:
+    """Every handler of the operator, in a registry for `kopf.operator`;
+    `simulator` checks scaling decisions (`tandem operator` gives sim's)."""
     registry = kopf.OperatorRegistry()
-    h = Handlers(settings)
+    h = Handlers(settings, simulator)
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(id="startup", registry=registry)(h.startup)
     kopf.on.cleanup(registry=registry)(cleanup)

@@ -18,6 +18,12 @@ actuator apply what it decided and writes the decision down:
   `status.recommendedReplicas`, the conditions `ScalingActive`,
   `ScalingSpecValid`, `DemandMet` and `MetricsAvailable`, Events and gauges;
 * `Off`: nothing, but `ScalingActive=False` once it was on.
+
+With `scaling.simulation.mode` Report or Gate, a tick that proposes new pool
+sizes has the simulator (`operators/planner/simulate.py`, given by the
+launcher) predict the current and the proposed pools on the measured demand,
+off the event loop and within `timeoutSeconds`, then decides again with that
+prediction (Gate holds a proposal predicted worse): `planner/checked.py`.
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ import httpx
 
 from operators import controller, manifests, metrics
 from operators.kube import Kube
+from operators.planner.checked import CheckLimits, checked_tick
 from operators.planner.demand import Window
-from operators.planner.loop import Condition, Effects, PoolStatus, on_tick
+from operators.planner.loop import Condition, Effects, PoolStatus
 from operators.planner.persist import rfc3339, state_from_dict
 from operators.planner.profiles import EngineProfile
 from operators.planner.scrape import MetricsSource, PrometheusSource, RouterScrapeSource
+from operators.planner.simulate import Simulator
 from operators.scaling import (
     capacity_problems,
     load_profiles,
@@ -235,9 +243,11 @@ async def tick(
     emit: Emit,
     now: float,
     hpas: list[dict[str, Any]],
+    simulator: Simulator | None = None,
 ) -> Effects | None:
     """One decision for one TandemDeployment; None when its mode is Off or it
-    cannot decide yet. `hpas`: the HorizontalPodAutoscalers of its namespace."""
+    cannot decide yet. `hpas`: the HorizontalPodAutoscalers of its namespace;
+    `simulator`: what checks a proposal when `scaling.simulation` asks."""
     meta, spec = body["metadata"], parse(body["spec"])
     td, namespace = meta["name"], meta["namespace"]
     previous = body.get("status", {}).get("scaling")
@@ -274,7 +284,15 @@ async def tick(
     inputs = tick_inputs(
         spec, pools, actuator.profiles_by_role, window, external_writers(spec, td, hpas)
     )
-    state, effects = on_tick(now, state_from_dict(previous), inputs, loop_settings(spec.scaling))
+    sim = spec.scaling.simulation
+    state, effects = await checked_tick(
+        now,
+        state_from_dict(previous),
+        inputs,
+        loop_settings(spec.scaling),
+        simulator,
+        CheckLimits(sim.requests, float(sim.timeout_seconds), sim.tolerance),
+    )
     await actuator.apply(effects)
     conditions = [*effects.conditions, metrics_ok]
     if not any(c.type == "ScalingSpecValid" for c in conditions):  # nothing measured to plan on

@@ -29,6 +29,7 @@ from aiohttp import web
 from operators import metrics
 from operators.kube import Kube
 from operators.leader import LeaderElector
+from operators.planner.simulate import Simulator
 from operators.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,13 @@ async def _stand_by(elector: LeaderElector, health_port: int) -> bool:
     return elector.leader
 
 
-async def run(settings: OperatorSettings) -> int:
+async def run(settings: OperatorSettings, simulator: Simulator | None = None) -> int:
     import kopf
 
     from operators.handlers import register
 
     operator: dict[str, Any] = dict(
-        registry=register(settings),
+        registry=register(settings, simulator),
         standalone=True,  # the Lease, not kopf's peering, decides who acts
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,

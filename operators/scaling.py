@@ -30,7 +30,7 @@ from operators.planner.loop import (
     TickInputs,
     plan_ratio,
 )
-from operators.planner.persist import rfc3339, state_to_dict
+from operators.planner.persist import rfc3339, simulation_to_dict, state_to_dict
 from operators.planner.profiles import (
     EngineProfile,
     Parallelism,
@@ -38,6 +38,7 @@ from operators.planner.profiles import (
     ProfileError,
     profile_from_configmap,
 )
+from operators.planner.simulate import SIMULATE_MODES, SimulateMode
 from operators.planner.solver import Decision, Slo
 from operators.spec import ScalingSpec, TandemSpec, parse_pool
 
@@ -226,6 +227,8 @@ def scaling_document(state: LoopState, effects: Effects, mode: str) -> dict[str,
             held=list(record.held),
             lastDecisionTime=rfc3339(record.at),
         )
+        if record.simulation is not None:
+            doc["simulation"] = simulation_to_dict(record.simulation)
     if effects.decision is not None:
         doc.update(
             reasons=list(effects.decision.reasons),
@@ -298,7 +301,15 @@ def tick_inputs(
             for role in spec.roles
         },
         external=external,
+        simulate=simulate_mode(scaling),
     )
+
+
+def simulate_mode(scaling: ScalingSpec) -> SimulateMode:
+    mode = scaling.simulation.mode
+    if mode not in SIMULATE_MODES:
+        raise ValueError(f"scaling.simulation.mode {mode!r}: one of {', '.join(SIMULATE_MODES)}")
+    return mode
 
 
 def mode_of(scaling: ScalingSpec) -> Mode:

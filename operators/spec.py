@@ -290,6 +290,14 @@ class PrometheusSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SimulationSpec:
+    mode: str
+    requests: int
+    timeout_seconds: int
+    tolerance: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class ScalingSpec:
     mode: str
     gpu_budget: int | None
@@ -302,6 +310,7 @@ class ScalingSpec:
     down_window_seconds: int
     max_step: int
     history_limit: int
+    simulation: SimulationSpec
     prometheus: PrometheusSpec | None
 
 

@@ -4,6 +4,7 @@ and cost models fitted from engine profiles (sim/README.md).
     tandem sim run     one configuration: prefix hit rate, TTFT, interactivity, tok/s per GPU
     tandem sim sweep   a grid of configurations as Ray tasks: one CSV, a table, a plot
     tandem sim validate  the measured runs of sim/measured.json simulated: off by how much
+    tandem sim solve   the planner's solver on the same profiles and trace: its P:D within a budget
 
 Pods are N (aggregated) or xPyD (prefill and decode). Speeds come from
 engine profiles (`--profiles`, ConfigMaps as `tandem profile` writes them or
@@ -20,10 +21,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from operators.planner.solver import Demand, Problem, solve
 from services.router.routing.strategies import POLICIES
 from sim import validation
-from sim.defaults import CPU_BLOCK_BYTES_PER_TOKEN, CPU_PROFILES, fitted_model
+from sim.cluster import Traffic
+from sim.defaults import (
+    CPU_BLOCK_BYTES_PER_TOKEN,
+    CPU_PROFILES,
+    fitted_model,
+    load_profiles,
+    scaled_profile,
+)
 from sim.sweep import grid, model_fields, parse_pods, plot, run_on_ray, run_point, table, write_csv
+from tandem.workload.generate import trace_stats
 
 
 def _csv(kind: type) -> Any:
@@ -56,7 +66,7 @@ def _policies(text: str) -> list[str]:
     return names
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
+def add_common(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     g = p.add_argument_group("engines")
     g.add_argument("--profiles", type=Path, default=CPU_PROFILES, help="engine profiles (YAML)")
     g.add_argument("--gpus-per-pod", type=int, default=1, help="GPUs (cores on CPU) per pod")
@@ -97,17 +107,20 @@ def add_common(p: argparse.ArgumentParser) -> None:
         default=256,
         help="P/D: below this many uncached tokens the decode pod prefills",
     )
+    # A sweep takes comma lists of both: grid axes.
     r.add_argument(
         "--router-replicas",
-        type=int,
-        default=1,
-        help="router replicas (routing cores), requests spread over them in turn",
+        type=_csv(int) if sweep else int,
+        default=[1] if sweep else 1,
+        help="router replicas (routing cores), requests spread over them in turn"
+        + (" (comma list)" if sweep else ""),
     )
     r.add_argument(
         "--state-lag-ms",
-        type=float,
-        default=0.0,
-        help="until one replica's shared-state writes (bindings, load) reach the others",
+        type=_csv(float) if sweep else float,
+        default=[0.0] if sweep else 0.0,
+        help="until one replica's shared-state writes (bindings, load) reach the others"
+        + (" (comma list)" if sweep else ""),
     )
     t = p.add_argument_group("traffic (tandem.workload's generator, played as the replay client)")
     t.add_argument(
@@ -175,6 +188,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         store_blocks=a.store_blocks,
         sessions=a.sessions,
         seed=a.seeds,
+        router_replicas=a.router_replicas,
+        state_lag_ms=a.state_lag_ms,
     )
     print(f"{len(points)} simulations on Ray ({a.address or 'local'})", file=sys.stderr)
     t0 = time.perf_counter()
@@ -202,6 +217,34 @@ def cmd_validate(a: argparse.Namespace) -> int:
         model = validation.slowed(model, prefill, decode)
     rows = validation.compare(measured, model, a.store_blocks)
     print(json.dumps(validation.to_json(rows), indent=1) if a.json else validation.table(rows))
+    return 0
+
+
+def cmd_solve(a: argparse.Namespace) -> int:
+    """The solver's most capacity within ``--budget`` GPUs for the trace's mean
+    prompt and output tokens at ``--hit-rate`` (to set beside the simulated splits)."""
+    traffic = Traffic(a.trace_profile, a.sessions, a.turns_median, a.seed, trace_file=a.trace)
+    stats = trace_stats(traffic.generate())
+    profiles = tuple(scaled_profile(p, a.gpus_per_pod) for p in load_profiles(a.profiles).values())
+    demand = Demand(
+        None,  # sized for the budget alone
+        stats["total_in_tokens"] / stats["requests"],
+        stats["total_out_tokens"] / stats["requests"],
+        a.hit_rate,
+    )
+    decision = solve(Problem(profiles, demand, budget_gpus=a.budget, headroom=1.0))
+    print(
+        f"trace: {stats['requests']} requests, mean prompt {demand.mean_input_tokens:.0f}, "
+        f"output {demand.mean_output_tokens:.0f} tokens, hit rate {a.hit_rate:.3f}"
+    )
+    for kind, plan in (
+        ("disaggregated", decision.best_disaggregated),
+        ("aggregated", decision.best_aggregated),
+    ):
+        if plan is not None:
+            pools = " + ".join(f"{p.replicas} {p.role}" for p in plan.pools)
+            print(f"{kind}: {pools} = {plan.gpus} GPUs, {plan.capacity_rps:.3g} req/s")
+    print(decision.reasons[0])
     return 0
 
 
@@ -255,8 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--num-cpus", type=int, default=None, help="local Ray's CPUs (None: all)")
     sweep.add_argument("--out", type=Path, default=None, help="results folder")
     sweep.add_argument("--no-plot", action="store_true", help="write no plot")
-    add_common(sweep)
+    add_common(sweep, sweep=True)
     sweep.set_defaults(func=cmd_sweep)
+
+    solver = sub.add_parser(
+        "solve",
+        help="the solver's P:D within a GPU budget for a trace, beside the simulated splits",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    solver.add_argument("--budget", type=int, required=True, help="GPUs")
+    solver.add_argument(
+        "--hit-rate", type=float, default=0.0, help="prefix hit rate (a simulated one)"
+    )
+    solver.add_argument("--sessions", type=int, default=4, help="sessions")
+    solver.add_argument("--seed", type=int, default=0, help="trace seed")
+    add_common(solver)
+    solver.set_defaults(func=cmd_solve)
 
     val = sub.add_parser(
         "validate",

@@ -13,6 +13,7 @@ supplies only time, load and KV state.
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,6 +49,9 @@ class Traffic:
     # AgentX-format trace files (a .json/.jsonl file or a folder of them):
     # replayed as they are instead of generated.
     trace_file: str | None = None
+    # Sessions per second starting as a Poisson process (seeded), instead of
+    # lanes: an open-loop arrival rate (0: lanes).
+    session_rate: float = 0.0
 
     def generate(self) -> list[Session]:
         if self.trace_file:
@@ -421,9 +425,18 @@ class Simulation:
 
         step()
 
-    def run(self) -> dict[str, Any]:
+    def run(self, interrupt: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Play the traffic to its end; ``interrupt`` (asked now and then) stops it."""
         wall = time.perf_counter()
         sessions = self.traffic.generate()
+        if self.traffic.session_rate > 0:
+            self._arrivals(sessions, self.traffic.session_rate)
+        else:
+            self._lanes(sessions)
+        self.loop.run(max_events=50_000_000, interrupt=interrupt)
+        return self.summary(time.perf_counter() - wall)
+
+    def _lanes(self, sessions: list[Session]) -> None:
         queue = list(enumerate(sessions))
         queue.reverse()
         lanes = self.traffic.concurrency or len(sessions)
@@ -439,8 +452,24 @@ class Simulation:
         self.active_lanes = min(lanes, len(sessions))
         for _ in range(self.active_lanes):
             lane()
-        self.loop.run(max_events=50_000_000)
-        return self.summary(time.perf_counter() - wall)
+
+    def _arrivals(self, sessions: list[Session], rate: float) -> None:
+        """Each session starts at its Poisson arrival; ``active_lanes`` counts
+        the sessions not yet done."""
+        rng = random.Random(self.traffic.seed)
+
+        def done() -> None:
+            self.active_lanes -= 1
+
+        def start(index: int, s: Session) -> Callable[[], None]:
+            return lambda: self._agent(s, index, s.id, s.requests, done)
+
+        self.active_lanes = len(sessions)
+        self._poll()
+        at = 0.0
+        for index, s in enumerate(sessions):
+            self.loop.at(at, start(index, s))
+            at += rng.expovariate(rate)
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         recs = [r for r in self.records if r.end is not None and r.first_token is not None]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from operators.planner.profiles import EngineProfile, profiles_from_yaml
@@ -18,6 +19,30 @@ def load_profiles(path: Path) -> dict[str, EngineProfile]:
     """Profiles of a file (ConfigMaps as `tandem profile` or the published
     folder write them), by role."""
     return {p.config.role: p for p in profiles_from_yaml(path.read_text())}
+
+
+def scaled_profile(profile: EngineProfile, gpus: int) -> EngineProfile:
+    """The profile of a replica on ``gpus`` GPUs of the same hardware, scaled
+    linearly as the simulator scales its pods: rates × k, latencies ÷ k."""
+    k = gpus / profile.config.gpus_per_replica
+
+    def over(v: float | None) -> float | None:
+        return None if v is None else v / k
+
+    points = tuple(
+        replace(
+            p,
+            request_rate=p.request_rate * k,
+            input_tokens_per_s=p.input_tokens_per_s * k,
+            output_tokens_per_s=p.output_tokens_per_s * k,
+            ttft_p50_s=over(p.ttft_p50_s),
+            ttft_p90_s=over(p.ttft_p90_s),
+            itl_s=over(p.itl_s),
+            interactivity_p90=None if p.interactivity_p90 is None else p.interactivity_p90 * k,
+        )
+        for p in profile.points
+    )
+    return replace(profile, config=replace(profile.config, gpus_per_replica=gpus), points=points)
 
 
 def fitted_model(

@@ -15,6 +15,13 @@ from collections.abc import Callable
 _Event = tuple[float, int, Callable[[], None]]
 
 
+INTERRUPT_EVERY = 1000
+
+
+class Interrupted(Exception):
+    """The run's ``interrupt`` said stop."""
+
+
 class EventLoop:
     def __init__(self) -> None:
         self.now = 0.0
@@ -32,9 +39,18 @@ class EventLoop:
     def after(self, delay: float, action: Callable[[], None]) -> None:
         self.at(self.now + max(0.0, delay), action)
 
-    def run(self, until: float | None = None, max_events: int | None = None) -> None:
-        """Run events in time order until none is left (or ``until``, or ``max_events``)."""
+    def run(
+        self,
+        until: float | None = None,
+        max_events: int | None = None,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> None:
+        """Run events in time order until none is left (or ``until``, or
+        ``max_events``); ``interrupt``, asked every ``INTERRUPT_EVERY`` events,
+        stops the run with ``Interrupted`` when it says so (a caller's deadline)."""
         while self._heap:
+            if interrupt is not None and self.processed % INTERRUPT_EVERY == 0 and interrupt():
+                raise Interrupted(f"interrupted at {self.now:.1f} s after {self.processed} events")
             if until is not None and self._heap[0][0] > until:
                 self.now = until
                 return

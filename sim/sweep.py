@@ -30,6 +30,8 @@ COLUMNS = (
     "store_blocks",
     "sessions",
     "seed",
+    "router_replicas",
+    "state_lag_ms",
     "requests",
     "hit_rate",
     "ttft_p50_s",
@@ -40,6 +42,8 @@ COLUMNS = (
     "sim_time_s",
     "wall_s",
 )
+# The columns a row takes from its point (the rest are the run's figures).
+POINT_COLUMNS = COLUMNS[: COLUMNS.index("requests")]
 _PODS = re.compile(r"^(?:(\d+)|(\d+)P(\d+)D)$")
 
 
@@ -106,9 +110,9 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     config, traffic = point_config(point)
     result = Simulation(config, traffic).run()
     return {
-        **{
-            k: point[k] for k in ("policy", "pods", "kv_blocks", "store_blocks", "sessions", "seed")
-        },
+        **{k: point.get(k) for k in POINT_COLUMNS},
+        "router_replicas": config.router_replicas,
+        "state_lag_ms": config.state_lag_s * 1e3,
         **result,
     }
 

@@ -225,8 +225,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     from operators.__main__ import main as operator_main
+    from sim.check import SimulationChecker
 
-    return operator_main(args.rest)
+    # The operator checks scaling decisions with the simulator when a
+    # TandemDeployment asks (scaling.simulation); operators cannot import sim.
+    return operator_main(args.rest, simulator=SimulationChecker())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,15 @@ targets:
   once the GPUs are free; a budget cut below the current size is applied at
   once, skipping the windows, never more than the cut.
 
+With ``simulate`` on (``Report``, ``Gate``: ``simulate.py``), a proposal that
+changes the pools is judged by the simulation the shell ran on it
+(``inputs.simulation``, one about this same current → proposed): the record
+carries the prediction, the ``SimulationAgrees`` condition says the verdict,
+and under ``Gate`` a ``Worse`` proposal is held (the pools and the
+recommendation stay as they are). The shell calls ``on_tick`` once to learn
+the proposal, runs the simulation, and calls it again from the same state
+with the check: the loop stays pure.
+
 Modes: ``Off`` decides nothing (the pools are left to ``kubectl scale``),
 ``Recommend`` publishes what to set (one event per changed recommendation),
 ``Auto`` writes it. ``DemandMet`` says whether the pools as they are (their
@@ -35,6 +44,7 @@ from typing import Literal
 
 from .efficiency import PoolMeasurement, measure_efficiency
 from .profiles import EngineProfile, PoolRole
+from .simulate import CheckRequest, SimulateMode, SimulationCheck, check_request
 from .solver import (
     Decision,
     Demand,
@@ -90,6 +100,8 @@ class TickInputs:
     bounds: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     # Pools whose count another writer owns (an autoscaler), with why: decided, not written.
     external: Mapping[str, str] = field(default_factory=dict)
+    simulate: SimulateMode = "Off"
+    simulation: SimulationCheck | None = None  # the shell's check of this tick's proposal
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,7 @@ class DecisionRecord:
     binding: str
     summary: str
     held: tuple[str, ...]  # why a target was not (yet) followed
+    simulation: SimulationCheck | None = None  # what the simulation said of the proposal
 
 
 @dataclass(frozen=True)
@@ -289,6 +302,13 @@ def on_tick(
     bounded, held_by_bounds = _within_bounds(targets, inputs.bounds)
     state, replicas, held, reasons = _smooth(now, state, inputs, spec, bounded, settings)
     held = held_by_bounds + held
+    simulation = _simulation(inputs, spec, replicas)
+    if inputs.simulate == "Gate" and simulation and simulation.verdict == "Worse":
+        held.append(
+            f"{plan_ratio(spec)} → {plan_ratio(replicas)} held by the simulation: "
+            f"{simulation.reason}"
+        )
+        replicas = dict(spec)
     scale = tuple(
         ScalePool(p.role, replicas[p.role], spec[p.role], reasons[p.role])
         for p in sorted(inputs.pools, key=lambda p: replicas[p.role] - spec[p.role])
@@ -307,6 +327,7 @@ def on_tick(
         binding=decision.binding,
         summary=summary,
         held=tuple(held),
+        simulation=simulation,
     )
     events: list[Event] = []
     if inputs.mode == "Auto" and scale:
@@ -356,6 +377,17 @@ def on_tick(
         conditions.append(Condition("DemandMet", "False", "BelowDemand", short))
     else:
         conditions.append(Condition("DemandMet", "True", "Met", summary))
+    if inputs.simulate != "Off":
+        conditions.append(_simulation_condition(inputs, simulation, record.replicas != spec))
+        if inputs.simulate == "Gate" and simulation and simulation.verdict == "Worse":
+            # One Event per proposal held, not per tick that holds it again.
+            before = previous.simulation if previous else None
+            if not (
+                before
+                and before.verdict == "Worse"
+                and before.about(simulation.current_replicas, simulation.proposed_replicas)
+            ):
+                events.append(Event("Warning", "SimulationHeld", held[-1]))
     history = (*state.history, record)[-settings.history :]
     state = replace(state, history=history, last_message=message)
     return state, Effects(
@@ -366,6 +398,48 @@ def on_tick(
         decision,
         plan_ratio(spec),
     )
+
+
+def simulation_request(inputs: TickInputs, effects: Effects, requests: int) -> CheckRequest | None:
+    """What to simulate of a tick's proposal (``requests`` on each side), or
+    None: simulation off, no plan, or no change proposed."""
+    record = effects.record
+    if inputs.simulate == "Off" or record is None or inputs.demand is None or not record.targets:
+        return None
+    spec = {p.role: p.spec_replicas for p in inputs.pools}
+    if dict(record.replicas) == spec:
+        return None
+    by_name = {p.name: p for p in inputs.profiles}
+    pools = {p.role: (by_name[p.config], p.spec_replicas) for p in inputs.pools}
+    return check_request(
+        pools, record.replicas, inputs.demand, inputs.headroom, inputs.slo, requests
+    )
+
+
+def _simulation(
+    inputs: TickInputs, spec: Mapping[str, int], replicas: Mapping[str, int]
+) -> SimulationCheck | None:
+    """The shell's check of this proposal, if it checked this one."""
+    check = inputs.simulation
+    if inputs.simulate == "Off" or dict(replicas) == dict(spec) or check is None:
+        return None
+    return check if check.about(spec, replicas) else None
+
+
+def _simulation_condition(
+    inputs: TickInputs, check: SimulationCheck | None, proposes: bool
+) -> Condition:
+    kind = "SimulationAgrees"
+    if check is None:
+        if proposes:
+            return Condition(kind, "Unknown", "NotChecked", "the proposal was not simulated")
+        return Condition(kind, "Unknown", "NoChange", "no change proposed: nothing to simulate")
+    if check.verdict == "Failed":
+        return Condition(kind, "Unknown", "CheckFailed", check.reason)
+    if check.verdict == "Worse":
+        then = "held" if inputs.simulate == "Gate" else "reported only (simulation.mode Report)"
+        return Condition(kind, "False", "Worse", f"{check.reason}; {then}")
+    return Condition(kind, "True", check.verdict, check.reason)
 
 
 def _deployed_shortfall(

@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from .loop import MODES, DecisionRecord, LoopState
+from .simulate import Prediction, SimulationCheck
+from .solver import Demand
 
 
 def rfc3339(at: float) -> str:
@@ -39,7 +41,70 @@ def record_to_dict(r: DecisionRecord) -> dict[str, Any]:
         "binding": r.binding,
         "summary": r.summary,
         "held": list(r.held),
+        **({"simulation": simulation_to_dict(r.simulation)} if r.simulation else {}),
     }
+
+
+def _prediction_to_dict(replicas: Mapping[str, int], p: Prediction | None) -> dict[str, Any]:
+    figures = (
+        {}
+        if p is None
+        else {
+            "goodputRps": round(p.goodput_rps, 4),
+            "ttftP90Seconds": round(p.ttft_p90_s, 3),
+            "requests": p.requests,
+        }
+    )
+    return {"replicas": dict(replicas), **figures}
+
+
+def _prediction(doc: Mapping[str, Any]) -> Prediction | None:
+    if "goodputRps" not in doc:
+        return None
+    return Prediction(float(doc["goodputRps"]), float(doc["ttftP90Seconds"]), int(doc["requests"]))
+
+
+def simulation_to_dict(c: SimulationCheck) -> dict[str, Any]:
+    """`status.scaling.simulation`: both sides' predictions and the verdict."""
+    doc: dict[str, Any] = {
+        "current": _prediction_to_dict(c.current_replicas, c.current),
+        "proposed": _prediction_to_dict(c.proposed_replicas, c.proposed),
+        "verdict": c.verdict,
+        "reason": c.reason,
+        "wallSeconds": round(c.wall_s, 2),
+    }
+    if c.demand is not None:
+        doc["demand"] = {
+            "requestRate": c.demand.request_rate,
+            "meanInputTokens": c.demand.mean_input_tokens,
+            "meanOutputTokens": c.demand.mean_output_tokens,
+            "hitRate": c.demand.hit_rate,
+        }
+    return doc
+
+
+def simulation_from_dict(doc: Mapping[str, Any]) -> SimulationCheck:
+    verdict = str(doc["verdict"])
+    if verdict not in ("Better", "Same", "Worse", "Failed"):
+        raise ValueError(f"verdict {verdict!r}")
+    d = doc.get("demand")
+    return SimulationCheck(
+        current_replicas=_ints(doc["current"].get("replicas")),
+        proposed_replicas=_ints(doc["proposed"].get("replicas")),
+        current=_prediction(doc["current"]),
+        proposed=_prediction(doc["proposed"]),
+        verdict=cast(Any, verdict),
+        reason=str(doc.get("reason", "")),
+        wall_s=float(doc.get("wallSeconds", 0.0)),
+        demand=None
+        if d is None
+        else Demand(
+            _optional_float(d.get("requestRate")),
+            float(d["meanInputTokens"]),
+            float(d["meanOutputTokens"]),
+            _optional_float(d.get("hitRate")),
+        ),
+    )
 
 
 def _optional_float(value: object) -> float | None:
@@ -70,6 +135,7 @@ def record_from_dict(doc: Mapping[str, Any]) -> DecisionRecord:
         binding=str(doc.get("binding", "")),
         summary=str(doc.get("summary", "")),
         held=tuple(str(h) for h in doc.get("held", [])),
+        simulation=simulation_from_dict(doc["simulation"]) if doc.get("simulation") else None,
     )
 
 

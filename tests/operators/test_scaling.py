@@ -114,6 +114,15 @@ def test_the_capacity_check_names_the_overflowing_term_and_the_parallelism_that_
     )
 
 
+def test_the_simulation_check_is_off_by_default_and_its_spec_reaches_the_loop():
+    assert parse(spec({"mode": "Auto"})).scaling.simulation.mode == "Off"
+    s = parse(spec({"mode": "Auto", "simulation": {"mode": "Gate", "timeoutSeconds": 9}}))
+    assert (s.scaling.simulation.mode, s.scaling.simulation.timeout_seconds) == ("Gate", 9)
+    assert (s.scaling.simulation.requests, s.scaling.simulation.tolerance) == (300, 0.05)
+    inputs = scaling.tick_inputs(s, (), {}, None, {})
+    assert inputs.simulate == "Gate"
+
+
 def test_pods_count_as_the_loop_needs():
     pool = {"spec": {"replicas": 3}}
     pods = [

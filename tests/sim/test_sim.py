@@ -5,6 +5,7 @@ Ray."""
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import replace
 
@@ -177,6 +178,17 @@ def test_the_routing_policy_decides_placements():
     assert runs["cost"][0]["hit_rate"] > runs["round-robin"][0]["hit_rate"]
 
 
+def test_the_consistent_hash_baseline_keeps_every_agent_on_its_ring_home():
+    from services.router.routing.hashring import ring_home
+
+    sim = Simulation(_small("consistent-hash", kv_blocks=8192, aggregated=4), Traffic(sessions=8))
+    sim.run()
+    pods = sorted(sim.engines)
+    assert {r.reason for r in sim.records} == {"hash"}
+    assert all(r.decode_pod == ring_home(r.session, pods) for r in sim.records)
+    assert len({r.decode_pod for r in sim.records}) > 1
+
+
 def test_engines_kv_events_reach_the_prefix_index():
     sim = Simulation(_small(kv_blocks=24), Traffic())
     sim.run()
@@ -285,3 +297,47 @@ def test_an_agentx_file_replays_as_the_generated_trace_it_holds(tmp_path, capsys
     }
     assert sim_main(["run", "--trace", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["requests"] == from_file["requests"]
+
+
+def test_a_sweep_takes_router_replicas_and_state_lag_as_grid_axes(monkeypatch, tmp_path, capsys):
+    import sim.cli
+
+    ran: list[dict] = []
+
+    def in_process(points, address=None, num_cpus=None):
+        ran.extend(points)
+        return [run_point(p) for p in points]
+
+    monkeypatch.setattr(sim.cli, "run_on_ray", in_process)
+    argv = ["sweep", "--policies", "cost", "--kv-blocks", "64", "--sessions", "2"]
+    argv += ["--router-replicas", "1,2", "--state-lag-ms", "0,500", "--no-plot"]
+    assert sim_main([*argv, "--out", str(tmp_path)]) == 0
+    grid_axes = [(p["router_replicas"], p["state_lag_ms"]) for p in ran]
+    assert grid_axes == [(1, 0.0), (1, 500.0), (2, 0.0), (2, 500.0)]
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [(r["router_replicas"], r["state_lag_ms"]) for r in rows] == [
+        ("1", "0.0"),
+        ("1", "500.0"),
+        ("2", "0.0"),
+        ("2", "500.0"),
+    ]
+    capsys.readouterr()
+
+
+def test_cli_solve_prints_the_solvers_split_within_the_budget(capsys):
+    assert sim_main(["solve", "--budget", "6", "--hit-rate", "0.5", "--sessions", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "trace: " in out and "hit rate 0.500" in out
+    split = next(line for line in out.splitlines() if line.startswith("disaggregated:"))
+    gpus = int(split.split("=")[1].split("GPUs")[0])
+    assert 0 < gpus <= 6
+
+
+def test_a_scaled_profile_runs_at_k_times_the_rate():
+    from sim.defaults import scaled_profile
+
+    prefill = load_profiles(CPU_PROFILES)["prefill"]
+    double = scaled_profile(prefill, 2)
+    assert double.config.gpus_per_replica == 2
+    assert double.points[0].request_rate == pytest.approx(2 * prefill.points[0].request_rate)
+    assert double.points[0].ttft_p90_s == pytest.approx(prefill.points[0].ttft_p90_s / 2)

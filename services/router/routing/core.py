@@ -31,6 +31,7 @@ from services.router.routing.policy import (
     NoPodAvailable,
     Policy,
     RouteInput,
+    prefix_key,
 )
 from services.router.routing.sessions import common_prefix_len
 from services.router.routing.settings import RoutingSettings
@@ -309,7 +310,10 @@ class RoutingCore:
         self.index.expire_predictions(now)
         self.live.expire(now)
         views = self._views(n, hashes, req.session, shared, req.exclude, now)
-        choice = self.policy.choose(RouteInput(n, views, req.session, shared.binding, now))
+        key = prefix_key(hashes, self.settings.block_size)
+        choice = self.policy.choose(
+            RouteInput(n, views, req.session, shared.binding, now, prefix_key=key)
+        )
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "route session=%s tokens=%d class=%s -> %s prefill=%s (%s) cached=%s "
@@ -385,7 +389,10 @@ class RoutingCore:
         self.index.expire_predictions(now)
         views = self._views(num_tokens, hashes, session, SharedView(binding), frozenset(), now)
         try:
-            choice = self.policy.peek(RouteInput(num_tokens, views, session, binding, now))
+            key = prefix_key(hashes, self.settings.block_size)
+            choice = self.policy.peek(
+                RouteInput(num_tokens, views, session, binding, now, prefix_key=key)
+            )
         except NoPodAvailable:
             return None
         return next(v for v in views if v.name == choice.pod)

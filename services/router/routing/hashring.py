@@ -25,6 +25,14 @@ def _ring(pods: tuple[str, ...], vnodes: int) -> tuple[list[int], list[str]]:
     return [p for p, _ in points], [pod for _, pod in points]
 
 
+def ring_home(key: str, pods: Sequence[str], vnodes: int = 64) -> str:
+    """The pod ``key`` hashes to on the ring, whatever the loads."""
+    if not pods:
+        raise ValueError("no pods to hash onto")
+    points, owners = _ring(tuple(sorted(pods)), vnodes)
+    return owners[bisect.bisect(points, _point(key)) % len(points)]
+
+
 def bounded_load_choice(
     key: str,
     pods: Sequence[str],

@@ -44,6 +44,18 @@ from services.router.routing.strategies import (
 )
 
 REMOTE_PREFILL_SCOPES = ("request", "pod")
+# The prompt prefix a request without a session is hashed on (consistent-hash):
+# past a system prompt, into what tells conversations apart.
+PREFIX_KEY_TOKENS = 1024
+
+
+def prefix_key(block_hashes: Sequence[int], block_size: int) -> str | None:
+    """The chained hash of the prompt's first ``PREFIX_KEY_TOKENS`` (fewer when
+    the prompt is shorter): block hashes chain, so one names the whole prefix."""
+    if not block_hashes:
+        return None
+    blocks = min(len(block_hashes), max(1, PREFIX_KEY_TOKENS // block_size))
+    return format(block_hashes[blocks - 1], "x")
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,10 @@ class RouteInput:
     session: str | None = None
     binding: Binding | None = None
     now: float = 0.0
+    # The prompt's prefix, as the chained hash of its first blocks (up to
+    # PREFIX_KEY_TOKENS): what consistent-hash routing keys a request without
+    # a session on. None: the prompt fills no block.
+    prefix_key: str | None = None
 
 
 @dataclass(frozen=True)

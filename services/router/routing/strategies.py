@@ -20,9 +20,11 @@ go to their consistent-hash home with bounded loads (the cheapest pod instead
 when the request would evict live KV somewhere); a fork of a cached context
 goes where its prefix is, held there by the same move cost as a bound session.
 
-``round-robin``, ``least-load``, ``prefix`` (most cached, then least load) and
-``session`` (always sticky, new sessions by bounded-load hashing) use the same
-inputs, so comparisons are one flag apart.
+``round-robin``, ``least-load``, ``prefix`` (most cached, then least load),
+``session`` (always sticky, new sessions by bounded-load hashing) and
+``consistent-hash`` (the session id, else the prompt's prefix hash, on a ring
+of the pool's pods, load and cache aside: the hash-routing baseline) use the
+same inputs, so comparisons are one flag apart.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from services.router.routing.cost import PodView, evicted_tokens, load_tokens
-from services.router.routing.hashring import bounded_load_choice
+from services.router.routing.hashring import bounded_load_choice, ring_home
 
 if TYPE_CHECKING:
     from services.router.routing.policy import PolicySettings, RouteInput
@@ -213,10 +215,35 @@ class Session:
         return cheapest_prefill(c)
 
 
+class ConsistentHash:
+    """Where the request's key falls on a hash ring of the pool's pods: the
+    session id, else the prompt's prefix hash (``RouteInput.prefix_key``);
+    a request with neither (a prompt shorter than a block) goes to the least
+    loaded pod. No load bound, no cache or KV awareness: a pod keeps its keys
+    however busy, and a pod added or removed moves only its share of them."""
+
+    name = "consistent-hash"
+    summary = "session or prefix hash on a ring"
+    public = False
+
+    def choose(self, c: Candidates) -> Pick:
+        return self._home(c, "hash")
+
+    def choose_prefill(self, c: Candidates) -> Pick:
+        return self._home(c, "prefill-hash")
+
+    @staticmethod
+    def _home(c: Candidates, reason: str) -> Pick:
+        key = c.req.session or c.req.prefix_key
+        if key is None:
+            return LeastLoad._least(c), f"{reason}-no-key"
+        return ring_home(key, [p.name for p in c.pods]), reason
+
+
 # The registry, in the order --help lists them. A new policy is a class above and
 # its name here.
 REGISTRY: Mapping[str, type[Strategy]] = {
-    cls.name: cls for cls in (Cost, RoundRobin, LeastLoad, Prefix, Session)
+    cls.name: cls for cls in (Cost, RoundRobin, LeastLoad, Prefix, Session, ConsistentHash)
 }
 POLICIES = tuple(REGISTRY)
 PUBLIC_POLICIES = tuple(name for name, cls in REGISTRY.items() if cls.public)

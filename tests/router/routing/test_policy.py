@@ -4,15 +4,18 @@ from collections import Counter
 
 import pytest
 
-from services.router.routing.hashring import bounded_load_choice
+from services.router.routing.hashring import bounded_load_choice, ring_home
 from services.router.routing.policy import (
+    PREFIX_KEY_TOKENS,
     Binding,
     NoPodAvailable,
     PodView,
     Policy,
     PolicySettings,
     RouteInput,
+    prefix_key,
 )
+from services.router.routing.strategies import POLICIES
 
 
 def pol(name="cost", **kw):
@@ -202,7 +205,7 @@ def test_tight_kv_sends_a_new_session_where_it_evicts_least():
 
 def test_unavailable_pods_are_never_chosen():
     views = pods(dict(name="a", available=False, cached_tokens=4000), dict(name="b"))
-    for name in ("cost", "round-robin", "least-load", "prefix", "session"):
+    for name in POLICIES:
         assert pol(name).choose(RouteInput(5000, views, "s", Binding("a"))).pod == "b"
     with pytest.raises(NoPodAvailable):
         pol().choose(RouteInput(10, pods(dict(name="a", available=False))))
@@ -257,3 +260,49 @@ def test_xpyd_prefill_pool_down_falls_back_to_local_prefill():
 def test_invalid_policy_is_named():
     with pytest.raises(ValueError, match="--routing-policy: routing policy 'fastest'"):
         PolicySettings(policy="fastest").validate()
+
+
+def test_consistent_hash_keeps_each_key_on_its_ring_home_whatever_the_load():
+    names = [f"p{i}" for i in range(8)]
+    idle = pods(*(dict(name=n) for n in names))
+    busy = pods(*(dict(name=n, in_flight=50, cached_tokens=0) for n in names))
+    sessions = [f"s{i}" for i in range(400)]
+    homes = {s: pol("consistent-hash").choose(RouteInput(500, idle, s)).pod for s in sessions}
+    assert all(homes[s] == ring_home(s, names) for s in sessions)
+    # Spread over every pod, no load bound: a session stays home however busy it is.
+    assert set(homes.values()) == set(names)
+    hot = [dict(name=n, in_flight=100 if n == homes["s0"] else 0) for n in names]
+    c = pol("consistent-hash").choose(RouteInput(500, pods(*hot), "s0"))
+    assert (c.pod, c.reason) == (homes["s0"], "hash")
+    assert pol("consistent-hash").choose(RouteInput(500, busy, "s0")).pod == homes["s0"]
+    # A pod removed moves only its own keys.
+    gone = homes["s0"]
+    rest = pods(*(dict(name=n) for n in names if n != gone))
+    moved = [
+        s for s in sessions if pol("consistent-hash").choose(RouteInput(5, rest, s)).pod != homes[s]
+    ]
+    assert moved == [s for s in sessions if homes[s] == gone]
+
+
+def test_consistent_hash_keys_a_request_without_session_on_its_prompt_prefix():
+    views = pods(*(dict(name=f"p{i}") for i in range(8)))
+    same = [prefix_key([11, 12, 13, 14, 15, 16, 17, 18, 19, 20], 128) for _ in range(2)]
+    assert same[0] == same[1] == format(18, "x")  # the 8th block: 1,024 tokens
+    assert prefix_key([11, 12], 128) == format(12, "x") and prefix_key([], 128) is None
+    assert PREFIX_KEY_TOKENS // 16 == 64
+    c = pol("consistent-hash").choose(RouteInput(5000, views, None, prefix_key=same[0]))
+    assert (c.pod, c.reason) == (ring_home(same[0], [v.name for v in views]), "hash")
+    # No session and no full block: the least loaded pod.
+    loaded = pods(dict(name="a", in_flight=3), dict(name="b"))
+    c = pol("consistent-hash").choose(RouteInput(10, loaded, None))
+    assert (c.pod, c.reason) == ("b", "hash-no-key")
+
+
+def test_consistent_hash_places_prefill_by_the_same_key():
+    views = pods(
+        *(dict(name=f"p{i}", role="prefill") for i in range(4)),
+        *(dict(name=f"d{i}", role="decode") for i in range(4)),
+    )
+    c = pol("consistent-hash").choose(RouteInput(8000, views, "sess-7"))
+    assert c.pod == ring_home("sess-7", ["d0", "d1", "d2", "d3"])
+    assert c.prefill_pod == ring_home("sess-7", ["p0", "p1", "p2", "p3"])

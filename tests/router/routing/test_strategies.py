@@ -26,7 +26,8 @@ def crd_router_policy() -> dict:
 
 
 def test_each_policy_is_registered_once_under_its_own_name():
-    assert POLICIES == tuple(REGISTRY) == ("cost", "round-robin", "least-load", "prefix", "session")
+    assert tuple(REGISTRY) == POLICIES
+    assert POLICIES == ("cost", "round-robin", "least-load", "prefix", "session", "consistent-hash")
     for name, cls in REGISTRY.items():
         assert cls.name == name
         assert Policy(PolicySettings(policy=name)).strategy.name == name
