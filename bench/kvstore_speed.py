@@ -20,6 +20,21 @@ all measured in one run.
      then ``register_buffer``), so ``shm + staging copy`` adds the copy from an ordinary
      buffer (an engine's KV cache) into that pool.
 
+4. **KV blocks as engines move them** (SmolLM2-sized blocks only: 30 layer pages of
+   192 KiB in a layer-outer CPU cache, as vLLM 0.32 lays it out), the same requester
+   calls vLLM's transfer threads make, from one cache into another:
+
+   * ``layers tcp``: vLLM's own path, one buffer per layer (30 descriptors a block);
+   * ``packed tcp``: ``--pack-blocks`` over TCP (``PackingStore``: pack into a staging
+     row, one buffer per block; a get unpacks);
+   * ``packed shm``: ``--pack-blocks`` with ``--transfer shm`` (or ``auto`` on the pool
+     owner's host): the staging rows in memory the pool owner maps, moved through a
+     dummy client; what a put or get costs an engine end to end.
+
+   These rows time a ``memcpy`` of the same bytes inside each of their own rounds
+   (``memcpy*`` in the table): on a loaded machine a ratio to a copy timed minutes
+   apart says little.
+
 Bandwidth is payload bytes per second (one direction) for every figure.
 
     python -m bench.kvstore_speed [--rounds 5] [--sizes 4KB,1MB,5898240] [--batches 1,12] [--json]
@@ -54,7 +69,12 @@ VARIANTS: dict[str, tuple[str, dict[str, str], int]] = {
     "tcp x2 threads": ("tcp", {}, 2),
     "tcp unregistered": ("tcp-unregistered", {}, 1),
     "shm": ("shm", {}, 1),
+    "layers tcp": ("layers-tcp", {}, 1),
+    "packed tcp": ("packed-tcp", {}, 1),
+    "packed shm": ("packed-shm", {}, 1),
 }
+BLOCK_VARIANTS = ("layers-tcp", "packed-tcp", "packed-shm")
+SMOLLM2_LAYERS, SMOLLM2_PAGE_SHAPE = 30, (3, 128, 2 * 64)  # heads, tokens, K+V floats
 
 
 def median_gbps(nbytes: int, seconds: list[float]) -> float:
@@ -140,6 +160,9 @@ def run_requester(
 ) -> list[dict]:
     """In a requester process: put/get every (size, batch) and report GB/s."""
     from mooncake.store import MooncakeDistributedStore
+
+    if mode in BLOCK_VARIANTS:
+        return run_block_requester(mode, store_args, batches, rounds)
 
     store = MooncakeDistributedStore()
     largest = max(sizes) * max(batches)
@@ -265,6 +288,111 @@ def _put_get(
     return row
 
 
+def kv_cache(blocks: int, seed: int | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A SmolLM2 KV cache as vLLM's CPU backend allocates it: one buffer, one
+    ``[blocks, heads, tokens, 2 * head_size]`` float32 view per layer."""
+    page = SMOLLM2_BLOCK_BYTES // SMOLLM2_LAYERS // 4
+    raw = torch.zeros(SMOLLM2_LAYERS * blocks * page)
+    if seed is not None:
+        raw.copy_(torch.rand(raw.numel(), generator=torch.Generator().manual_seed(seed)))
+    layers = [
+        raw[i * blocks * page : (i + 1) * blocks * page].view(blocks, *SMOLLM2_PAGE_SHAPE)
+        for i in range(SMOLLM2_LAYERS)
+    ]
+    return raw, layers
+
+
+def run_block_requester(mode: str, store_args: dict, batches: list[int], rounds: int) -> list[dict]:
+    """Whole KV blocks from one cache into another, through vLLM's TCP client and,
+    for the packed variants, Tandem's ``PackingStore`` around it."""
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+    from services.kvstore.packing import BlockPacker, PackingStore
+    from services.kvstore.shm import attach
+
+    blocks = max(batches)
+    tcp = MooncakeDistributedStore()
+    if tcp.setup(
+        "127.0.0.1",
+        store_args["metadata_url"],
+        0,
+        64 << 20,
+        "tcp",
+        "",
+        store_args["master_address"],
+    ):
+        raise RuntimeError("Mooncake requester set-up (tcp) failed")
+    (src_raw, src), (dst_raw, dst) = kv_cache(blocks, seed=1), kv_cache(blocks, seed=None)
+    for raw in (src_raw, dst_raw):  # vLLM registers its KV cache with the store
+        if tcp.register_buffer(raw.data_ptr(), raw.numel() * 4) != 0:
+            raise RuntimeError("register_buffer failed for the KV cache")
+    packers = BlockPacker(src), BlockPacker(dst)
+    staging = 128 << 20  # the store's default --pack-staging-size
+    stores = {
+        "layers-tcp": (tcp, tcp),
+        "packed-tcp": tuple(PackingStore(tcp, p, staging) for p in packers),
+        "packed-shm": tuple(
+            PackingStore(tcp, p, staging, shm=attach(store_args["pool_owner_address"]))
+            for p in packers
+        ),
+    }[mode]
+    rows = []
+    try:
+        for batch in batches:
+            times: dict[str, list[float]] = {"put": [], "get": [], "memcpy": []}
+            ids = list(range(batch))
+            nbytes = SMOLLM2_BLOCK_BYTES * batch
+            copy_src, copy_dst = torch.rand(nbytes // 4), torch.zeros(nbytes // 4)
+            for r in range(rounds + 1):  # round 0 warms up
+                keys = [f"speed-{mode}-{batch}-{r}-{i}" for i in ids]
+                put_args = _block_descriptors(packers[0], ids)
+                get_args = _block_descriptors(packers[1], ids)
+                # memcpy of the same bytes in the same round: under load, a
+                # ratio to a memcpy timed minutes apart says little.
+                copy_start = time.perf_counter()
+                copy_dst.copy_(copy_src)
+                start = time.perf_counter()
+                put = stores[0].batch_put_from_multi_buffers(keys, *put_args, ReplicateConfig())
+                put_done = time.perf_counter()
+                got = stores[1].batch_get_into_multi_buffers(keys, *get_args)
+                get_done = time.perf_counter()
+                intact = all(torch.equal(a[:batch], b[:batch]) for a, b in zip(src, dst))
+                if put != [0] * batch or got != [SMOLLM2_BLOCK_BYTES] * batch or not intact:
+                    raise RuntimeError(f"{mode}: put {put} get {got} bytes intact={intact}")
+                dst_raw.zero_()
+                tcp.batch_remove(keys, True)
+                if r:
+                    times["memcpy"].append(start - copy_start)
+                    times["put"].append(put_done - start)
+                    times["get"].append(get_done - put_done)
+            rows.append(
+                {
+                    "object_bytes": SMOLLM2_BLOCK_BYTES,
+                    "batch": batch,
+                    "put_ms": statistics.median(times["put"]) * 1e3,
+                    "get_ms": statistics.median(times["get"]) * 1e3,
+                    "put_gbps": median_gbps(nbytes, times["put"]),
+                    "get_gbps": median_gbps(nbytes, times["get"]),
+                    "memcpy_gbps": median_gbps(nbytes, times["memcpy"]),
+                }
+            )
+        return rows
+    finally:
+        for store in stores:
+            if store is not tcp:
+                store.close()
+        tcp.close()
+
+
+def _block_descriptors(packer, ids: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """vLLM's per-block descriptors: one ``(address, length)`` per layer region."""
+    addrs = [
+        [int(base + b * length) for base, length in zip(packer.bases, packer.block_lens)]
+        for b in ids
+    ]
+    return addrs, [[int(x) for x in packer.block_lens]] * len(ids)
+
+
 def bench_variant(
     name: str, store_args: dict, sizes: list[int], batches: list[int], rounds: int, log: Path
 ) -> dict:
@@ -314,6 +442,7 @@ def run(rounds: int, sizes: list[int], batches: list[int], variants: list[str]) 
             "metadata_url": s.metadata_url,
             "master_address": s.master_address,
             "client_port": s.client_port,
+            "pool_owner_address": s.pool_owner_address,
         }
         try:
             for name in variants:
@@ -349,7 +478,9 @@ def print_report(report: dict) -> None:
             continue
         for row in variant["rows"]:
             key = f"{row['object_bytes']}x{row['batch']}"
-            mc, tcp = report["memcpy_gbps"][key], report["loopback_tcp_gbps"][key]
+            tcp = report["loopback_tcp_gbps"][key]
+            # The block variants time memcpy in their own rounds (marked *).
+            mc = row.get("memcpy_gbps", report["memcpy_gbps"][key])
             size = (
                 f"{row['object_bytes'] / (1 << 20):.2f}MiB"
                 if row["object_bytes"] >= 1 << 20
@@ -357,7 +488,8 @@ def print_report(report: dict) -> None:
             )
             print(
                 f"  {variant['variant']:<30} {size:>9} {row['batch']:>5} "
-                f"{row['put_gbps']:6.2f} {row['get_gbps']:6.2f} {mc:7.2f} {tcp:6.2f} "
+                f"{row['put_gbps']:6.2f} {row['get_gbps']:6.2f} "
+                f"{mc:6.2f}{'*' if 'memcpy_gbps' in row else ' '} {tcp:6.2f} "
                 f"{row['put_gbps'] / mc:6.2f} {row['get_gbps'] / mc:6.2f} "
                 f"{row['put_gbps'] / tcp:7.2f} {row['get_gbps'] / tcp:7.2f} "
                 f"{row['put_ms']:7.2f} {row['get_ms']:7.2f}"
@@ -369,7 +501,7 @@ def print_report(report: dict) -> None:
                     f"{'':>6} {'':>7} {'':>6} {staged / mc:6.2f}"
                 )
     load = ", ".join(f"{x:.2f}" for x in report["load_average_after"])
-    print(f"load average after {load}")
+    print(f"load average after {load}; memcpy*: timed in the variant's own rounds")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,9 +545,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if SMOLLM2_BLOCK_BYTES not in sizes and any(VARIANTS[v][0] in BLOCK_VARIANTS for v in variants):
+        parser.error(f"--variants: the KV block variants need {SMOLLM2_BLOCK_BYTES} in --sizes")
     report = run(
         args.rounds,
-        [parse_size(s) for s in args.sizes.split(",")],
+        sizes,
         [int(b) for b in args.batches.split(",")],
         variants,
     )

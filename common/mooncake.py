@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from common.settings import setting
 
 RETENTION_POLICIES = ("lru", "soft-pin")
+# How packing engines move blocks to and from the pool owner.
+TRANSFERS = ("auto", "tcp", "shm")
 
 _SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
 
@@ -130,6 +132,15 @@ class KvStoreSettings:
         "per engine transfer thread that blocks are packed into "
         "(at least one block is used)",
     )
+    transfer: str = setting(
+        "auto",
+        "with --pack-blocks: how engines move packed blocks. 'shm': "
+        "through shared memory with the pool owner (engines on its host "
+        "only; an engine that cannot attach refuses to start), 'tcp': "
+        "over Mooncake's transfer engine, 'auto': shm when the pool owner "
+        "is on the engine's host, else tcp",
+        choices=TRANSFERS,
+    )
     state_dir: str = setting(
         None,
         "where logs and the engines' Mooncake config file are written",
@@ -156,6 +167,11 @@ class KvStoreSettings:
     @property
     def metadata_url(self) -> str:
         return f"http://{self.host}:{self.metadata_port}/metadata"
+
+    @property
+    def pool_owner_address(self) -> str:
+        """The pool owner's RPC address, where a shared-memory client attaches."""
+        return f"{self.host}:{self.client_port}"
 
     @property
     def engine_config_path(self) -> str:
@@ -290,6 +306,8 @@ def engine_store_config(s: KvStoreSettings) -> dict:
             "lease_ttl_ms": s.lease_ttl_ms,
             "pack_blocks": s.pack_blocks,
             "pack_staging_bytes": parse_size(s.pack_staging_size),
+            "transfer": s.transfer,
+            "pool_owner_address": s.pool_owner_address,
             "kvstore_health_url": f"http://{s.host}:{s.http_port}/health",
         },
     }

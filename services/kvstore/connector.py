@@ -19,7 +19,10 @@ changes nothing else:
   request's KV is written and no reader holds a lease on them;
 * with ``pack_blocks`` in that block (the store's ``--pack-blocks``), each KV
   block moves to and from the store as one packed buffer instead of one per
-  layer (``packing.py``); the stored objects are the same bytes.
+  layer (``packing.py``); the stored objects are the same bytes. With the
+  store's ``--transfer`` at ``shm`` (or ``auto`` and the pool owner on this
+  host) those packed blocks move through shared memory with the pool owner
+  (``shm.py``) instead of TCP.
 
 How a hint gets from the request to the put: the scheduler side records it
 when the request arrives (``on_new_request``) and tags the request's store
@@ -53,6 +56,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
 
 from services.kvstore.packing import BlockPacker, PackingStore
 from services.kvstore.retention import REQ_META_ATTR, RetentionHint
+from services.kvstore.shm import ShmUnavailable, attach, wants_shm
 
 # Under vLLM's logger: the connector runs in vLLM's processes, where only
 # vLLM's loggers are set up to print INFO.
@@ -89,6 +93,12 @@ def packing_of(config: dict[str, Any]) -> int | None:
     if not block.get("pack_blocks", False):
         return None
     return int(block.get("pack_staging_bytes", 128 << 20))
+
+
+def transfer_of(config: dict[str, Any]) -> tuple[str, str | None]:
+    """The store's ``--transfer`` and its pool owner's RPC address."""
+    block = config.get("tandem") or {}
+    return block.get("transfer", "tcp"), block.get("pool_owner_address")
 
 
 def apply_retention(replicate_config: Any, retention: dict[str, Any]) -> bool:
@@ -325,6 +335,7 @@ class TandemStoreConnector(MooncakeStoreConnector):
         self._hints: OrderedDict[str, RetentionHint] = OrderedDict()
         self._retention: RequestRetention | None = None
         self._pack_staging_bytes: int | None = None
+        self._transfer: tuple[str, str | None] = ("tcp", None)
         self._packing_stores: list[PackingStore] = []
         worker = self.connector_worker
         if worker is not None:
@@ -332,6 +343,7 @@ class TandemStoreConnector(MooncakeStoreConnector):
                 config = json.load(f)
             retention = retention_of(config)
             self._pack_staging_bytes = packing_of(config)
+            self._transfer = transfer_of(config)
             if apply_retention(worker.store_replicate_config, retention):
                 log.info(
                     "KV store retention: soft-pin every put for %d ms", retention["session_ttl_ms"]
@@ -403,22 +415,59 @@ class TandemStoreConnector(MooncakeStoreConnector):
             log.warning("KV store: not packing blocks, one buffer per layer as vLLM does: %s", exc)
             return
         threads = [worker.kv_send_thread, *worker.kv_recv_threads]
+        attach_shm = self._shm_wanted(packer)
         for thread in threads:
-            if thread is not None:
-                thread.store = PackingStore(thread.store, packer, self._pack_staging_bytes)
-                self._packing_stores.append(thread.store)
+            if thread is None:
+                continue
+            shm = self._attach_shm() if attach_shm else None
+            attach_shm = shm is not None
+            thread.store = PackingStore(thread.store, packer, self._pack_staging_bytes, shm=shm)
+            self._packing_stores.append(thread.store)
         log.info(
             "KV store: packing blocks, 1 buffer per block instead of %d (%d-byte rows, "
-            "up to %d blocks per store call)",
+            "up to %d blocks per store call), over %s",
             packer.descriptors_per_block,
             packer.row_bytes,
             self._packing_stores[0].rows_per_call,
+            f"shared memory with the pool owner at {self._transfer[1]}"
+            if attach_shm
+            else "the transfer engine (TCP)",
         )
+
+    def _shm_wanted(self, packer: BlockPacker) -> bool:
+        transfer, pool_owner = self._transfer
+        if transfer == "shm":
+            return True
+        # auto: the pool owner on this host, and a KV cache in host memory.
+        return (
+            pool_owner is not None
+            and packer.layers[0].device.type == "cpu"
+            and wants_shm(transfer, pool_owner)
+        )
+
+    def _attach_shm(self) -> Any:
+        """A dummy client on the pool owner; None (TCP) when ``auto`` cannot attach."""
+        transfer, pool_owner = self._transfer
+        if pool_owner is None:
+            raise ShmUnavailable("the store config names no pool_owner_address")
+        try:
+            return attach(pool_owner)
+        except ShmUnavailable as exc:
+            if transfer == "shm":
+                raise
+            log.warning("KV store: packed blocks over TCP instead: %s", exc)
+            return None
 
     def shutdown(self):
         if getattr(self, "_retention", None) is not None:
             self._retention.reaper.stop()
         super().shutdown()
+        # Detach from the pool owner once the transfer threads are drained
+        # (shutdown also runs from __del__: once only).
+        stores, self._packing_stores = getattr(self, "_packing_stores", []), []
+        for store in stores:
+            if store.over_shm:
+                store.close()
 
 
 def _register() -> None:

@@ -154,6 +154,8 @@ def test_engine_store_config_is_what_vllm_reads(tmp_path):
         "lease_ttl_ms": s.lease_ttl_ms,
         "pack_blocks": False,
         "pack_staging_bytes": 128 << 20,
+        "transfer": "auto",
+        "pool_owner_address": f"127.0.0.1:{s.client_port}",
         "kvstore_health_url": f"http://127.0.0.1:{s.http_port}/health",
     }
 
@@ -170,6 +172,32 @@ def test_pack_blocks_reaches_every_engine_of_the_store(tmp_path, monkeypatch):
     assert parse_settings(["--state-dir", str(tmp_path)]).pack_blocks
     with pytest.raises(SettingError, match="--pack-staging-size"):
         validate(_settings(tmp_path, pack_staging_size="lots"), check_ports=False)
+
+
+def test_transfer_setting_reaches_engines_and_needs_packing(tmp_path):
+    from services.kvstore.connector import transfer_of
+
+    shm = _settings(tmp_path, pack_blocks=True, transfer="shm", client_port=51234)
+    validate(shm, check_ports=False)
+    assert transfer_of(engine_store_config(shm)) == ("shm", "127.0.0.1:51234")
+    assert transfer_of({}) == ("tcp", None)  # a config written before the setting
+    with pytest.raises(SettingError, match="--transfer.*--pack-blocks"):
+        validate(_settings(tmp_path, transfer="shm"), check_ports=False)
+    with pytest.raises(SettingError, match="--transfer"):
+        validate(_settings(tmp_path, transfer="rdma"), check_ports=False)
+
+
+def test_auto_transfer_uses_shared_memory_only_with_a_local_pool_owner():
+    from services.kvstore.shm import is_local_address, wants_shm
+
+    assert wants_shm("auto", "127.0.0.1:51103") and wants_shm("auto", "localhost:51103")
+    # TEST-NET-1 (RFC 5737): no interface here has it; an unknown name neither.
+    assert not wants_shm("auto", "192.0.2.7:51103")
+    assert not wants_shm("auto", "no-such-host.invalid:51103")
+    assert wants_shm("shm", "192.0.2.7:51103") and not wants_shm("tcp", "127.0.0.1:51103")
+    assert is_local_address(socket.gethostname())
+    with pytest.raises(ValueError, match="transfer"):
+        wants_shm("nvlink", "127.0.0.1:1")
 
 
 def test_multiconnector_for_pd_roles():

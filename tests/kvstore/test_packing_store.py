@@ -6,7 +6,10 @@ so the packed path is checked against exactly what vLLM's connector sends.
 * a packed put stores the same bytes as vLLM's one-buffer-per-layer put;
 * each reads the other's objects (packing is not a format);
 * a missing key fails alone; batches larger than the staging buffer split;
-* calls that are not one whole block per key pass through untouched.
+* calls that are not one whole block per key pass through untouched;
+* over shared memory (a dummy client attached to the pool owner): the same
+  objects, read and written across the two transports, soft pins applied,
+  and a clear error when the engine cannot attach.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import signal
 import subprocess
 
+import httpx
 import pytest
 import torch
 
@@ -21,6 +25,7 @@ from common.ports import free_port
 from kernels import pack_blocks_reference
 from services.kvstore.api import store_launch, wait_ready
 from services.kvstore.packing import SIZE_MISMATCH, BlockPacker, PackingStore
+from services.kvstore.shm import ShmUnavailable, attach
 
 pytestmark = pytest.mark.stack
 
@@ -28,9 +33,7 @@ LAYERS, BLOCKS, HEADS, BLOCK_SIZE, HEAD_SIZE = 4, 8, 3, 32, 64
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    from mooncake.store import MooncakeDistributedStore
-
+def launched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("packing-store")
     launch = store_launch(
         tmp / "kvstore",
@@ -43,16 +46,22 @@ def client(tmp_path_factory):
         popen = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(launch.health_url, timeout=120, alive=lambda: popen.poll() is None)
-        s = launch.settings
-        store = MooncakeDistributedStore()
-        assert (
-            store.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "", s.master_address) == 0
-        )
-        yield store
-        store.close()
+        yield launch
     finally:
         popen.send_signal(signal.SIGTERM)
         popen.wait(30)
+
+
+@pytest.fixture(scope="module")
+def client(launched):
+    """The TCP requester every engine of these tests uses (vLLM's own client)."""
+    from mooncake.store import MooncakeDistributedStore
+
+    s = launched.settings
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", s.metadata_url, 0, 64 << 20, "tcp", "", s.master_address) == 0
+    yield store
+    store.close()
 
 
 @pytest.fixture
@@ -102,8 +111,8 @@ class Engine:
         self.store = store
         self.packing_stores: list[PackingStore] = []
 
-    def packing(self, staging_bytes: int = 1 << 20) -> PackingStore:
-        self.packing_stores.append(PackingStore(self.store, self.packer, staging_bytes))
+    def packing(self, staging_bytes: int = 1 << 20, shm=None) -> PackingStore:
+        self.packing_stores.append(PackingStore(self.store, self.packer, staging_bytes, shm=shm))
         return self.packing_stores[-1]
 
     def close(self) -> None:
@@ -243,3 +252,87 @@ def test_calls_that_are_not_whole_blocks_pass_through(client, engines):
         [torch.cat([engine.layers[i][2:4].reshape(-1).view(torch.uint8)]) for i in range(LAYERS)]
     )
     assert bytes(client.get("two-blocks")) == expected.numpy().tobytes()
+
+
+# -- over shared memory -----------------------------------------------------------
+
+
+def test_blocks_put_over_shm_read_over_tcp_and_back(launched, client, engines):
+    """An engine on the pool owner's host and one elsewhere share every block."""
+    from mooncake.store import ReplicateConfig
+
+    owner = launched.settings.pool_owner_address
+    writer = engines(7)
+    over_shm = writer.packing(staging_bytes=2 * writer.packer.row_bytes, shm=attach(owner))
+    assert over_shm.over_shm and over_shm.rows_per_call == 2
+    blocks = [6, 1, 4]  # more than the staging buffer holds: two store calls
+    addrs, sizes = writer.descriptors(blocks)
+    keys = [f"shm-{b}" for b in blocks]
+    assert over_shm.batch_put_from_multi_buffers(keys, addrs, sizes, ReplicateConfig()) == [0] * 3
+    assert over_shm.packed_keys == 3
+    # Existence checks go to the TCP client, and see what shared memory wrote.
+    assert over_shm.batch_is_exist([*keys, "shm-never"]) == [1, 1, 1, 0]
+
+    # A TCP engine (vLLM's per-layer path) reads what went over shared memory.
+    tcp_reader = engines()
+    targets = [0, 2, 5]
+    taddrs, tsizes = tcp_reader.descriptors(targets)
+    assert (
+        client.batch_get_into_multi_buffers(keys, taddrs, tsizes) == [writer.packer.row_bytes] * 3
+    )
+    for source, target in zip(blocks, targets):
+        assert torch.equal(tcp_reader.block(target), writer.block(source))
+
+    # ... and the reverse: a TCP put, read into another engine over shared memory.
+    tcp_writer = engines(8)
+    waddrs, wsizes = tcp_writer.descriptors([3, 7])
+    assert client.batch_put_from_multi_buffers(
+        ["tcp-3", "tcp-7"], waddrs, wsizes, ReplicateConfig()
+    ) == [0, 0]
+    shm_reader = engines()
+    got = shm_reader.packing(shm=attach(owner)).batch_get_into_multi_buffers(
+        ["tcp-7", "tcp-never", "tcp-3"], *shm_reader.descriptors([1, 2, 3])
+    )
+    assert got[0] == got[2] == writer.packer.row_bytes and got[1] < 0
+    assert torch.equal(shm_reader.block(1), tcp_writer.block(7))
+    assert torch.equal(shm_reader.block(3), tcp_writer.block(3))
+    assert not shm_reader.block(2).any()
+
+
+def test_soft_pins_apply_over_shm(launched, engines):
+    """Retention rides on the put's ReplicateConfig, which the dummy client
+    hands to the pool owner: a pinned put over shared memory is pinned."""
+    from mooncake.store import ReplicateConfig, SoftPinAction
+
+    def pinned() -> float:
+        for line in httpx.get(launched.metrics_url, timeout=10).text.splitlines():
+            if line.startswith("tandem_kvstore_pinned_objects "):
+                return float(line.split()[1])
+        raise AssertionError("tandem_kvstore_pinned_objects not exported")
+
+    before = pinned()
+    engine = engines(9)
+    config = ReplicateConfig()
+    config.soft_pin_action = SoftPinAction.ENABLE
+    config.soft_pin_ttl_ms = 600_000
+    over_shm = engine.packing(shm=attach(launched.settings.pool_owner_address))
+    addrs, sizes = engine.descriptors([0, 1])
+    assert over_shm.batch_put_from_multi_buffers(["pin-0", "pin-1"], addrs, sizes, config) == [
+        0,
+        0,
+    ]
+    assert pinned() == before + 2
+
+
+def test_a_pool_owner_that_cannot_be_attached_fails_shm_and_falls_back_under_auto(caplog):
+    """``shm`` refuses to start the engine with the reason; ``auto`` moves
+    packed blocks over TCP and says why."""
+    from types import SimpleNamespace
+
+    from services.kvstore.connector import TandemStoreConnector
+
+    absent = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ShmUnavailable, match=f"{absent} over shared memory.*--transfer"):
+        TandemStoreConnector._attach_shm(SimpleNamespace(_transfer=("shm", absent)))
+    assert TandemStoreConnector._attach_shm(SimpleNamespace(_transfer=("auto", absent))) is None
+    assert "packed blocks over TCP instead" in caplog.text
