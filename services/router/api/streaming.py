@@ -91,6 +91,7 @@ class Shape:
 
     opening: Callable[[str], dict] | None = None
     closing = DONE  # what ends the event stream
+    streams_logprobs = False  # the client asked for logprobs (its chunks carry them)
 
     def __init__(self, card: ModelCard) -> None:
         self.card = card
@@ -121,9 +122,15 @@ class Shape:
     def stream_payloads(
         self, request_id: str, message: pb.GenerateResponse, include_usage: bool
     ) -> list[dict]:
-        """The stream events one engine message makes (usage goes with the last)."""
+        """The stream events one engine message makes (usage goes with the last).
+        A message without text still carries its tokens' logprobs, when asked
+        for (the engine holds text back mid-character or for stop strings)."""
         payloads = []
-        if message.text or message.finish_reason:
+        if (
+            message.text
+            or message.finish_reason
+            or (self.streams_logprobs and len(message.logprobs))
+        ):
             payloads.extend(self.deltas(request_id, message))
         if message.finish_reason and include_usage:
             payloads.append(self.usage_chunk(request_id, usage(message.usage)))

@@ -111,6 +111,47 @@ async def test_stream_events_and_writes():
     assert all(c["id"] == "chatcmpl-1" and c["model"] == "m" for c in chunks)
 
 
+def _held_back(logprob: float) -> pb.GenerateResponse:
+    """A message whose token's text the engine holds back (half a character,
+    or a possible stop string): no text, but the token and its logprob."""
+    message = pb.GenerateResponse(token_ids=[7])
+    message.logprobs.add(token="\ufffd", logprob=logprob)
+    return message
+
+
+@pytest.mark.parametrize("shape", ["chat", "completions"])
+async def test_messages_without_text_keep_their_logprobs(shape):
+    from services.router.api.completions.serving import CompletionShape
+
+    def new_shape(top):
+        return ChatShape(CARD, top_logprobs=top) if shape == "chat" else CompletionShape(CARD, top)
+
+    first, last = _messages(2)
+    last.logprobs.add(token=" t1", logprob=-0.5)
+    messages = [first, _held_back(-1.5), last]
+    responder = _responder(RouterMetrics())
+
+    async def tokens_logprobs(top):
+        sent = await _run(
+            EventStream(
+                responder.sse(_ereq(), new_shape(top), messages[0], _Rest(messages[1:]), False)
+            )
+        )
+        chunks = [json.loads(e[6:]) for e in _events(sent)[:-1]]
+        lp = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+        if shape == "chat":
+            return len(chunks), [e["logprob"] for x in lp for e in x["content"]]
+        return len(chunks), [v for x in lp for v in x["token_logprobs"]]
+
+    # Asked for: the held-back token's logprob comes in a chunk of its own.
+    n, logprobs = await tokens_logprobs(0)
+    assert logprobs == [-1.5, -0.5]
+    assert n == (4 if shape == "chat" else 3)  # (chat: the role opening first)
+    # Not asked for: a message without text makes no chunk.
+    n, logprobs = await tokens_logprobs(None)
+    assert logprobs == [] and n == (3 if shape == "chat" else 2)
+
+
 async def test_error_after_the_first_byte_is_an_event_then_done():
     responder = _responder(RouterMetrics())
     first, *rest = _messages(3)
