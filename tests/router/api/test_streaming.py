@@ -204,6 +204,77 @@ async def test_someone_elses_cancellation_goes_on():
         await task
 
 
+class _Orchestrator:
+    """Streams `messages`, then hangs (before the first one, with none)."""
+
+    def __init__(self, messages: list[pb.GenerateResponse]) -> None:
+        self.messages = messages
+        self.closed = False
+
+    async def stream(self, ereq):
+        try:
+            for message in self.messages:
+                yield message
+            await asyncio.Event().wait()
+        finally:
+            self.closed = True
+
+
+def _request(gone: asyncio.Event):
+    from starlette.requests import Request
+
+    async def receive():
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return Request({"type": "http", "method": "POST", "headers": []}, receive)
+
+
+async def test_client_leaving_before_the_first_token_is_a_499():
+    metrics = RouterMetrics()
+    engine = _Orchestrator([])
+    responder = Responder(engine, metrics, timeout_s=30)
+    gone = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, gone.set)
+    with pytest.raises(OpenAIError) as raised:
+        await responder.respond(_request(gone), _ereq(), ChatShape(CARD), True, False)
+    assert raised.value.status == 499 and engine.closed
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "tandem_router_client_disconnects_total") == 1
+
+
+async def test_no_first_token_within_the_timeout_is_a_504():
+    engine = _Orchestrator([])
+    responder = Responder(engine, RouterMetrics(), timeout_s=0.05)
+    with pytest.raises(OpenAIError) as raised:
+        await responder.respond(_request(asyncio.Event()), _ereq(), ChatShape(CARD), True, False)
+    assert raised.value.status == 504 and engine.closed
+
+
+async def test_the_first_tokens_watch_carries_on_into_the_stream():
+    """One watch per request: the client leaving mid-stream ends the stream
+    quietly, as before the first token it is a 499."""
+    metrics = RouterMetrics()
+    engine = _Orchestrator(_messages(3)[:2])
+    responder = Responder(engine, metrics, timeout_s=30)
+    gone = asyncio.Event()
+    response = await responder.respond(_request(gone), _ereq(), ChatShape(CARD), True, False)
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+        if len(sent) == 3:  # start, two chunks; then the engine is silent
+            gone.set()
+
+    async def no_receive():  # the request's watch listens, not the response's
+        await asyncio.Event().wait()
+
+    await asyncio.wait_for(response({"type": "http"}, no_receive, send), 5)
+    assert len(sent) == 3 and engine.closed
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "tandem_router_client_disconnects_total") == 1
+
+
 async def test_choices_stream_interleaved_numbered_with_one_usage():
     responder = _responder(RouterMetrics())
     (first_a, *rest_a), (first_b, *rest_b) = _messages(3), _messages(2)
