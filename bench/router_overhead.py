@@ -1005,6 +1005,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     unknown = [r for r in routers if r not in ROUTERS]
     if unknown or not routers:
         raise SystemExit(f"--routers: unknown {unknown}; choose from {', '.join(ROUTERS)}")
+    if "tandem-base" in routers and not args.base_src:
+        raise SystemExit("--routers tandem-base needs --base-src (the base router's source tree)")
     cpus = sorted(os.sched_getaffinity(0))
     router_cpu = cpus[0] if args.router_cpu is None else args.router_cpu
     if args.load_cpus:

@@ -226,6 +226,8 @@ def test_config_checks_routers_and_cpus():
     assert config.routers == ["tandem"] and config.router_cpu == 0 and config.load_cpus == [0]
     with pytest.raises(SystemExit, match="unknown"):
         ro.config_from_args(ro.build_parser().parse_args(["--routers", "tandem,nginx"]))
+    with pytest.raises(SystemExit, match="--base-src"):
+        ro.config_from_args(ro.build_parser().parse_args(["--routers", "tandem,tandem-base"]))
 
 
 # -- drivers, on a stand-in target -----------------------------------------------
