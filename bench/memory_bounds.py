@@ -79,6 +79,7 @@ def _core(bound: int) -> RoutingCore:
             max_session_bindings=bound,
             live_max_sessions=bound,
             live_max_blocks=4 * bound,
+            live_max_tokens=200 * bound,
         ),
         PODS,
     )
@@ -160,6 +161,7 @@ def drive_sessions(marks: Sequence[int], bound: int, tokenizer: Any) -> list[Poi
                         {
                             "session_bindings": state.entries,
                             "live_sessions": len(core.live),
+                            "hash_chains": len(core.chains),
                             "tokenizer_sessions": inc.cached_sessions,
                             "retention_sessions": retention.active_sessions,
                             "prefix_index": len(core.index),

@@ -53,7 +53,7 @@ from bench import router_fakes
 from bench.harness import RedisServer, sigterm_as_interrupt
 from bench.router_fakes import MODEL_NAME
 from bench.router_overhead import parse_sse_line
-from bench.routers import HOST
+from bench.routers import HOST, in_dir
 from common.ports import free_port
 from common.procs import (
     Proc,
@@ -353,7 +353,7 @@ class Bench:
         kind = "openai" if name == "smg" else "grpc"
         port = free_port()
         argv, env, cwd = self.router_argv(name, port, backends[kind])
-        proc, _ = self.procs.launch(name, _in_dir(argv, cwd), env=env)
+        proc, _ = self.procs.launch(name, in_dir(argv, cwd), env=env)
         print(f"[{name}] starting (pid {proc.pid}) ...", file=sys.stderr, flush=True)
         url = f"http://{HOST}:{port}"
         wait_http_ok(
@@ -517,13 +517,6 @@ class _Router:
     backend: str
     proc: Proc
     argv: list[str]
-
-
-def _in_dir(argv: list[str], cwd: str) -> list[str]:
-    """`argv` run from `cwd` (the base router's source tree)."""
-    if cwd == os.getcwd():
-        return argv
-    return ["sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
 
 
 # -- the report ---------------------------------------------------------------

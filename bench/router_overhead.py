@@ -52,7 +52,7 @@ from orjson import loads as _loads
 from bench import router_fakes
 from bench.harness import cpu_busy_seconds, sigterm_as_interrupt
 from bench.router_fakes import MODEL_NAME
-from bench.routers import HOST, ROUTERS, RouterSpec, find_binary, http_router_argv
+from bench.routers import HOST, ROUTERS, RouterSpec, find_binary, http_router_argv, in_dir
 from common.ports import free_port
 from common.procs import (
     Proc,
@@ -74,10 +74,18 @@ DIRECT_GRPC = "direct-grpc"
 # -- routers ------------------------------------------------------------------
 
 
-def router_argv(spec: RouterSpec, port: int, backend: str, model_dir: str) -> list[str]:
+def router_argv(
+    spec: RouterSpec, port: int, backend: str, model_dir: str, base_src: str | None = None
+) -> list[str]:
     """The command that starts `spec` on `port` in front of `backend` (a gRPC
     host:port for Tandem, an http:// URL for the others), with logging at
-    warning level and nothing but round robin."""
+    warning level and nothing but round robin; ``tandem-base`` from the
+    source tree `base_src`."""
+    if spec.name == "tandem-base":
+        if not base_src:
+            raise ProcessError("tandem-base needs --base-src")
+        argv = router_argv(ROUTERS["tandem"], port, backend, model_dir)
+        return in_dir(argv, str(Path(base_src).resolve()))
     if spec.backend == "grpc":  # Tandem's router, plain or with agent features on
         return [
             sys.executable,
@@ -101,7 +109,7 @@ def router_argv(spec: RouterSpec, port: int, backend: str, model_dir: str) -> li
             *spec.router_args,
         ]
     argv = http_router_argv(spec, port, [backend], spec.policy)
-    if spec.name == "sglang-router":
+    if spec.name in ("sglang-router", "smg"):
         argv += ["--shutdown-grace-period-secs", "1"]
     return argv
 
@@ -200,6 +208,17 @@ def rate_limit(
     return "router latency"
 
 
+def per_core(rps: float, router_cpu_pct: float | None) -> float | None:
+    """Requests per second one core of the router serves: the rate ÷ the
+    share of a core the router used for it. On a machine too small for the
+    client and backend to saturate the router, this is what its CPU cost per
+    request allows (a router's rate at saturation may differ: batching helps,
+    a full run queue hurts)."""
+    if not router_cpu_pct or router_cpu_pct <= 0:
+        return None
+    return rps * 100.0 / router_cpu_pct
+
+
 def ratio(value: float | None, base: float | None) -> float | None:
     """value ÷ base; None when either is missing or base is not positive
     (an added latency at or below zero has no meaningful ratio)."""
@@ -220,9 +239,9 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| router | policy | added TTFT p50 ms | added TTFT p99 ms | added e2e p50 ms "
         "| added e2e p99 ms | max req/s (1 core) | CPU at max: router / its core / load "
-        "| limited by | errors |"
+        "| limited by | req/s per router core | errors |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 11]
     for r in rows:
         cpu = " / ".join(
             _pct(r.get(k)) for k in ("router_cpu_pct", "router_core_busy_pct", "load_cpu_busy_pct")
@@ -234,7 +253,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {_fmt(r.get('added_ttft_p99_ms'))} | {_fmt(r.get('added_e2e_p50_ms'))} "
             f"| {_fmt(r.get('added_e2e_p99_ms'))} | {at_least}{_fmt(r.get('max_rps'), 1)} "
             f"| {cpu} | {r.get('limited_by', 'n/a')} "
-            f"| {r.get('errors', 0)} |"
+            f"| {_fmt(r.get('rps_per_core'), 0)} | {r.get('errors', 0)} |"
         )
     return "\n".join(lines)
 
@@ -269,6 +288,7 @@ def ratio_lines(rows: list[dict[str, Any]], baseline: str = "tandem") -> list[st
                 ("added TTFT p99", "added_ttft_p99_ms"),
                 ("added e2e p50", "added_e2e_p50_ms"),
                 ("added e2e p99", "added_e2e_p99_ms"),
+                ("req/s per router core", "rps_per_core"),
             )
         ]
         # A rate the router did not limit is a lower bound, and so is its ratio.
@@ -563,6 +583,7 @@ class Config:
     client_procs: int = 1
     startup_timeout_s: float = 120.0
     out: Path = Path("bench/results/router_overhead.json")
+    base_src: str | None = None  # source tree of the "tandem-base" router
 
     @property
     def ideal_e2e_ms(self) -> float:
@@ -697,11 +718,14 @@ class Bench:
         backend = self.backends[spec.backend]
         port = free_port()
         seen_before = self._paths_seen()
+        env = {"TANDEM_LOG_LEVEL": "WARNING"}
+        if c.base_src and spec.name == "tandem-base":
+            env["PYTHONPATH"] = str(Path(c.base_src).resolve())
         proc, _ = self.procs.launch(
             spec.name,
-            router_argv(spec, port, backend, self.model_dir),
+            router_argv(spec, port, backend, self.model_dir, c.base_src),
             {c.router_cpu},
-            env={"TANDEM_LOG_LEVEL": "WARNING"},
+            env=env,
         )
         url = f"http://{HOST}:{port}"
         try:
@@ -792,6 +816,7 @@ class Bench:
                     "policy": r["policy"],
                     **added_latency(r["routed"], r["direct"]),
                     "max_rps": rate["rps"],
+                    "rps_per_core": per_core(rate["rps"], rate["router_cpu_pct"]),
                     "router_cpu_pct": rate["router_cpu_pct"],
                     "router_core_busy_pct": rate["router_core_busy_pct"],
                     "load_cpu_busy_pct": rate["load_cpu_busy_pct"],
@@ -864,7 +889,9 @@ def render(report: dict[str, Any]) -> str:
         f"≥ {BUSY_PCT:.0f}% busy or within 10% of the loop without a router; 'core shared' "
         f"= the router's core ≥ {BUSY_PCT:.0f}% busy with other processes; 'router "
         "latency' = none of these. 'router CPU' and 'router latency' name the router as "
-        "the limit; for the others its own maximum is higher (≥).",
+        "the limit; for the others its own maximum is higher (≥). Req/s per router core = "
+        "max req/s ÷ the router's CPU share: what its CPU cost per request allows one "
+        "core to serve, also where the client and backend, not the router, were the limit.",
         "",
         "Measured latency per path (ms):",
         "",
@@ -968,6 +995,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds each backend and router may take to start",
     )
     p.add_argument("--out", type=Path, default=Config.out, help="JSON report")
+    p.add_argument("--base-src", help="source tree of the tandem-base router (before/after)")
     p.add_argument("--rate-worker", help=argparse.SUPPRESS)
     return p
 
@@ -977,6 +1005,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     unknown = [r for r in routers if r not in ROUTERS]
     if unknown or not routers:
         raise SystemExit(f"--routers: unknown {unknown}; choose from {', '.join(ROUTERS)}")
+    if "tandem-base" in routers and not args.base_src:
+        raise SystemExit("--routers tandem-base needs --base-src (the base router's source tree)")
     cpus = sorted(os.sched_getaffinity(0))
     router_cpu = cpus[0] if args.router_cpu is None else args.router_cpu
     if args.load_cpus:
@@ -1011,6 +1041,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         client_procs=args.client_procs,
         startup_timeout_s=args.startup_timeout,
         out=args.out,
+        base_src=args.base_src,
     )
 
 

@@ -4,6 +4,7 @@ how to find them and the command line they share."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ ANSWER_SCHEMA = {
 
 ROUTERS: dict[str, RouterSpec] = {
     "tandem": RouterSpec("tandem", "grpc", "round-robin"),
+    # The same router run from another source tree (--base-src): before/after in one run.
+    "tandem-base": RouterSpec("tandem-base", "grpc", "round-robin"),
     # The same router with the bundled model's tool template and vLLM's hermes
     # parser, every request carrying tools (tool_choice auto: each output token
     # goes through the parser).
@@ -106,22 +109,36 @@ ROUTERS: dict[str, RouterSpec] = {
         binary="sglang-router",
         ready_path="/readiness",
     ),
+    # SGLang's gateway, sglang-router's successor (its own venv: see find_binary).
+    "smg": RouterSpec(
+        "smg", "http", "round_robin", package="smg==1.13.0", binary="smg", ready_path="/readiness"
+    ),
 }
 
 
+def own_venv(spec: RouterSpec) -> Path:
+    """A venv of the router's own, so that its dependencies stay out of the
+    project's (smg pins versions the project does not use)."""
+    return Path(".tandem") / f"venv-{spec.name}"
+
+
 def find_binary(spec: RouterSpec) -> str:
-    """The router's console script: on PATH, else next to this Python (a venv
-    used without activating it)."""
-    found = shutil.which(spec.binary) or shutil.which(
-        spec.binary, path=str(Path(sys.executable).parent)
+    """The router's console script: on PATH, next to this Python (a venv used
+    without activating it), or in `own_venv`."""
+    found = (
+        shutil.which(spec.binary)
+        or shutil.which(spec.binary, path=str(Path(sys.executable).parent))
+        or shutil.which(spec.binary, path=str(own_venv(spec) / "bin"))
     )
     if not found:
+        venv = own_venv(spec)
         raise SystemExit(
             f"{spec.name}: the '{spec.binary}' command is not installed. Install it with "
-            f"`pip install {spec.package}` (or `pip install -e '.[routers]'`, or "
-            f"`make bench-routers`), or leave it out with --routers."
+            f"`python -m venv {venv} && {venv}/bin/pip install {spec.package}` (or "
+            f"`pip install {spec.package}`, `make bench-routers`), or leave it out with "
+            f"--routers."
         )
-    return found
+    return str(Path(found).resolve())
 
 
 def http_router_argv(spec: RouterSpec, port: int, worker_urls: list[str], policy: str) -> list[str]:
@@ -146,6 +163,13 @@ def http_router_argv(spec: RouterSpec, port: int, worker_urls: list[str], policy
     ]
     if spec.name == "vllm-router":
         return [find_binary(spec), *common, "--log-level", "warning"]
-    if spec.name == "sglang-router":
+    if spec.name in ("sglang-router", "smg"):
         return [find_binary(spec), "launch", *common, "--log-level", "warn"]
     raise ValueError(f"unknown router {spec.name!r}")
+
+
+def in_dir(argv: list[str], cwd: str) -> list[str]:
+    """`argv` run from `cwd` (the base router's source tree)."""
+    if cwd == os.getcwd():
+        return argv
+    return ["sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]

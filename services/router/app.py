@@ -153,6 +153,7 @@ def bounded_tables(
         TableSize("prefix_index", len(index), index.evictions),
         TableSize("predicted_index", index.predicted_entries, index.predicted_evictions),
         TableSize("live_sessions", len(core.live), core.live.evictions),
+        TableSize("hash_chains", len(core.chains), core.chains.evictions),
         TableSize("session_bindings", state.entries, state.evictions),
         TableSize("retention_sessions", retention.active_sessions, retention.evictions),
         TableSize("stored_responses", store.entries, store.evictions),

@@ -4,7 +4,14 @@ tokens (the template already has them). Engines receive token ids only.
 
 A chat request that belongs to a session reuses the tokens of that session's
 previous turn (`routing.IncrementalTokenizer`): same ids as encoding the whole
-text, only the new suffix is tokenized."""
+text, only the new suffix is tokenized.
+
+The template is rendered as `apply_chat_template(..., tokenize=False)` does
+it — the same compiled Jinja template (transformers caches it), with the
+tokenizer's special tokens as variables — minus that method's per-call work
+(looking the template up, rebuilding the special-tokens map) and Jinja's
+copy of the template's globals from a ChainMap, which cost more than the
+render of a short chat (routing/README.md, "Measured")."""
 
 from __future__ import annotations
 
@@ -12,6 +19,9 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from services.router.routing import IncrementalTokenizer
 
@@ -46,6 +56,10 @@ class ChatTokenizer:
         )
         self._encoder = self._incremental.encoder if self._incremental else None
         self._lock = threading.Lock()  # the session cache is shared by worker threads
+        # Compiled templates by whether tools are given (a tokenizer may name
+        # a "tool_use" template), and the variables every render gets.
+        self._templates: dict[bool, Any] = {}
+        self._template_vars = dict(self._tok.special_tokens_map)
 
     @property
     def session_cache(self) -> IncrementalTokenizer | None:
@@ -63,12 +77,28 @@ class ChatTokenizer:
         add_generation_prompt: bool = True,
     ) -> str:
         """Chat messages as the prompt text the model sees."""
-        return self._tok.apply_chat_template(
-            messages,
+        return self._template(bool(tools)).render(
+            messages=messages,
             tools=tools or None,
+            documents=None,
             add_generation_prompt=add_generation_prompt,
-            tokenize=False,
+            **self._template_vars,
         )
+
+    def _template(self, with_tools: bool) -> Any:
+        template = self._templates.get(with_tools)
+        if template is None:
+            # Raises apply_chat_template's own error for a model without a template.
+            source = self._tok.get_chat_template(None, [] if with_tools else None)
+            # transformers' sandboxed environment (its filters, raise_exception)
+            # compiles a template of our own: Jinja copies a template's globals
+            # into every render's context, and kept in the ChainMap Jinja
+            # builds, that copy costs more than rendering a short chat (10 of
+            # 17 us); a plain dict of the same globals costs next to nothing.
+            template = _compile_jinja_template(source).environment.from_string(source)
+            template.globals = dict(template.globals)
+            self._templates[with_tools] = template
+        return template
 
     def ids(self, text: str, add_special_tokens: bool) -> list[int]:
         if self._encoder is not None:

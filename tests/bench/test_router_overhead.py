@@ -24,7 +24,7 @@ from bench.router_fakes import (
 )
 from bench.routers import ROUTERS
 from common.ports import free_port
-from common.procs import Processes, wait_http_ok
+from common.procs import ProcessError, Processes, wait_http_ok
 
 FAST = Timing(first_token_ms=30.0, token_delay_ms=2.0, tokens=8)
 
@@ -108,6 +108,7 @@ def test_table_and_ratios():
             "router_core_busy_pct": 100.0,
             "load_cpu_busy_pct": 70.0,
             "limited_by": "router CPU",
+            "rps_per_core": 202.0,
             "errors": 0,
         },
         {
@@ -127,7 +128,7 @@ def test_table_and_ratios():
     assert len(table) == 4 and table[0].startswith("| router | policy | added TTFT p50 ms")
     assert (
         "| tandem | round-robin | 4.00 | 8.00 | 5.00 | 10.00 | 200.0 | 99% / 100% / 70% "
-        "| router CPU |"
+        "| router CPU | 202 |"
     ) in table[2]
     # Not limited by the router: its maximum is only a lower bound.
     assert "| ≥ 600.0 | 30% / n/a / n/a |" in table[3]
@@ -165,12 +166,26 @@ def test_router_commands_use_round_robin(monkeypatch):
     for name, first in (
         ("vllm-router", ["/bin/vllm-router"]),
         ("sglang-router", ["/bin/sglang-router", "launch"]),
+        ("smg", ["/bin/smg", "launch"]),
     ):
         argv = ro.router_argv(ROUTERS[name], 9000, "http://127.0.0.1:9001", "/m")
         assert argv[: len(first)] == first
         assert argv[argv.index("--policy") + 1] == "round_robin"
         assert argv[argv.index("--worker-urls") + 1] == "http://127.0.0.1:9001"
         assert argv[argv.index("--port") + 1] == "9000"
+
+
+def test_base_router_runs_from_its_own_tree(tmp_path):
+    argv = ro.router_argv(ROUTERS["tandem-base"], 9000, "127.0.0.1:9001", "/m", str(tmp_path))
+    assert argv[:4] == ["sh", "-c", 'cd "$0" && exec "$@"', str(tmp_path)]
+    assert argv[5:7] == ["-m", "services.router"]
+    with pytest.raises(ProcessError, match="--base-src"):
+        ro.router_argv(ROUTERS["tandem-base"], 9000, "127.0.0.1:9001", "/m")
+
+
+def test_rate_per_router_core():
+    assert ro.per_core(300.0, 40.0) == pytest.approx(750.0)
+    assert ro.per_core(300.0, None) is None and ro.per_core(300.0, 0.0) is None
 
 
 def test_agent_variants_turn_features_on_in_the_router_and_the_requests():
@@ -188,6 +203,19 @@ def test_missing_router_names_its_pip_package(monkeypatch):
     monkeypatch.setattr(routers.shutil, "which", lambda *a, **k: None)
     with pytest.raises(SystemExit, match=r"pip install sglang-router==0\.3\.2"):
         routers.find_binary(ROUTERS["sglang-router"])
+    with pytest.raises(SystemExit, match=r"venv-smg/bin/pip install smg==1\.13\.0"):
+        routers.find_binary(ROUTERS["smg"])
+
+
+def test_router_in_its_own_venv_is_found(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / ".tandem" / "venv-smg" / "bin" / "smg"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(routers.sys, "executable", "/nonexistent/python")
+    assert routers.find_binary(ROUTERS["smg"]) == str(script)
 
 
 def test_config_checks_routers_and_cpus():
@@ -198,6 +226,8 @@ def test_config_checks_routers_and_cpus():
     assert config.routers == ["tandem"] and config.router_cpu == 0 and config.load_cpus == [0]
     with pytest.raises(SystemExit, match="unknown"):
         ro.config_from_args(ro.build_parser().parse_args(["--routers", "tandem,nginx"]))
+    with pytest.raises(SystemExit, match="--base-src"):
+        ro.config_from_args(ro.build_parser().parse_args(["--routers", "tandem,tandem-base"]))
 
 
 # -- drivers, on a stand-in target -----------------------------------------------

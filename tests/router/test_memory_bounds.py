@@ -46,7 +46,13 @@ def test_session_tables_memory_flattens_at_their_bounds():
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))
     points = drive_sessions([200, 2_000, 4_000], bound=600, tokenizer=tokenizer)
     # The prefix index holds no session's blocks: no engine confirmed them.
-    names = ("session_bindings", "live_sessions", "tokenizer_sessions", "retention_sessions")
+    names = (
+        "session_bindings",
+        "live_sessions",
+        "hash_chains",
+        "tokenizer_sessions",
+        "retention_sessions",
+    )
     _check(points, {**dict.fromkeys(names, 600), "prefix_index": 0})
 
 
@@ -74,6 +80,7 @@ def test_growth_past_the_bound_is_caught():
         "--session-binding-ttl-s",
         "--live-max-sessions",
         "--live-max-blocks",
+        "--live-max-tokens",
         "--kv-retention-max-sessions",
         "--kv-retention-max-blocks",
         "--tokenizer-cache-sessions",
@@ -110,6 +117,7 @@ def test_tables_are_exposed_with_their_evictions():
     for table_name in (
         "predicted_index",
         "live_sessions",
+        "hash_chains",
         "session_bindings",
         "retention_sessions",
         "stored_responses",

@@ -41,20 +41,66 @@ async def _until_disconnected(request: Request) -> None:
             return
 
 
+class ClientWatch:
+    """Watches a request's client for its disconnect: one task per request,
+    from the wait for the first engine message to the stream's end. While
+    armed, the client leaving cancels the task that armed it."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self._task: asyncio.Task | None = None
+        self._watcher = asyncio.ensure_future(self._until_disconnected(receive))
+        self._watcher.add_done_callback(self._left)
+
+    @staticmethod
+    async def _until_disconnected(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    def _left(self, watcher: asyncio.Future) -> None:
+        if watcher.cancelled() or watcher.exception() is not None:
+            return
+        self.gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def arm(self) -> None:
+        """From now on the client leaving cancels this task (at once, if it has left)."""
+        self._task = asyncio.current_task()
+        if self.gone:
+            self._task.cancel()
+
+    def disarm(self) -> None:
+        self._task = None
+
+    def swallows(self) -> bool:
+        """Whether a CancelledError in the armed task was ours (the client
+        left) and nobody else's, and may end the request quietly."""
+        task = asyncio.current_task()
+        return self.gone and task is not None and task.uncancel() == 0
+
+    def close(self) -> None:
+        self._watcher.cancel()
+
+
 class EventStream(StreamingResponse):
     """An event stream: the chunks, then `closing` (OpenAI's ``data: [DONE]``)
     in the write that ends the body.
 
     Unlike StreamingResponse under uvicorn (ASGI 2.3), no anyio task group
     (its CPU cost per response is in routing/README.md, "Measured"): the
-    chunks stream in this task and a watcher task cancels it if the client
-    disconnects, which ends the response quietly, as StreamingResponse does."""
+    chunks stream in this task and a `ClientWatch` (the request's own, when
+    given) cancels it if the client disconnects, which ends the response
+    quietly, as StreamingResponse does."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], closing: bytes = DONE) -> None:
+    def __init__(
+        self, chunks: AsyncIterator[bytes], closing: bytes = DONE, watch: ClientWatch | None = None
+    ) -> None:
         super().__init__(
             chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
         self.closing = closing
+        self.watch = watch
 
     async def stream_response(self, send: Send) -> None:
         await send(
@@ -65,24 +111,17 @@ class EventStream(StreamingResponse):
         await send({"type": "http.response.body", "body": self.closing, "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        streaming = True
-
-        def client_gone(watcher: asyncio.Future) -> None:
-            if streaming and not watcher.cancelled():
-                task.cancel()
-
-        watcher = asyncio.ensure_future(self.listen_for_disconnect(receive))
-        watcher.add_done_callback(client_gone)
+        watch = self.watch or ClientWatch(receive)
+        watch.arm()
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
             # Ours (the client left) is swallowed; anyone else's goes on.
-            if not watcher.done() or watcher.cancelled() or task.uncancel():
+            if not watch.swallows():
                 raise
         finally:
-            streaming = False
-            watcher.cancel()
+            watch.disarm()
+            watch.close()
 
 
 class Shape:
@@ -91,6 +130,7 @@ class Shape:
 
     opening: Callable[[str], dict] | None = None
     closing = DONE  # what ends the event stream
+    streams_logprobs = False  # the client asked for logprobs (its chunks carry them)
 
     def __init__(self, card: ModelCard) -> None:
         self.card = card
@@ -121,9 +161,15 @@ class Shape:
     def stream_payloads(
         self, request_id: str, message: pb.GenerateResponse, include_usage: bool
     ) -> list[dict]:
-        """The stream events one engine message makes (usage goes with the last)."""
+        """The stream events one engine message makes (usage goes with the last).
+        A message without text still carries its tokens' logprobs, when asked
+        for (the engine holds text back mid-character or for stop strings)."""
         payloads = []
-        if message.text or message.finish_reason:
+        if (
+            message.text
+            or message.finish_reason
+            or (self.streams_logprobs and len(message.logprobs))
+        ):
             payloads.extend(self.deltas(request_id, message))
         if message.finish_reason and include_usage:
             payloads.append(self.usage_chunk(request_id, usage(message.usage)))
@@ -161,16 +207,32 @@ class Responder:
         if not stream:
             return JSONResponse(await self.until_done_or_gone(request, self.collect(ereq, shape)))
         # Wait for the first message before answering, so that errors before
-        # the first byte (no pod, invalid input) keep their HTTP status.
+        # the first byte (no pod, invalid input) keep their HTTP status. The
+        # wait runs in this task; one watch on the client serves it and the
+        # stream after it.
         messages = self.stream(ereq)
+        watch = ClientWatch(request.receive)
+        watch.arm()
         try:
-            first = await self.until_done_or_gone(request, anext(messages))
+            async with asyncio.timeout(self.timeout_s):
+                first = await anext(messages)
         except StopAsyncIteration:
+            watch.close()
             raise OpenAIError(502, "the decode pod ended the stream without output") from None
-        except BaseException:
+        except BaseException as exc:
+            watch.close()
             await messages.aclose()
+            if isinstance(exc, asyncio.CancelledError) and watch.swallows():
+                self.metrics.client_disconnects.inc()
+                raise OpenAIError(499, "client closed the request") from None
+            if isinstance(exc, TimeoutError):
+                raise self.timed_out() from None
             raise
-        return EventStream(self.sse(ereq, shape, first, messages, include_usage), shape.closing)
+        finally:
+            watch.disarm()
+        return EventStream(
+            self.sse(ereq, shape, first, messages, include_usage), shape.closing, watch
+        )
 
     async def until_done_or_gone(self, request: Request, work):
         """Await `work`, cancelling it (which aborts it on the engines) if the

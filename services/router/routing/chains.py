@@ -14,9 +14,11 @@ two prompts share more than that block.
 
 The result is always what ``BlockHasher.event_hashes`` gives for the whole
 prompt (``tests/router/routing/test_chains.py`` checks it on edited,
-truncated and forked histories). Memory is bounded like the live sessions':
-at most ``max_sessions`` chains holding ``max_blocks`` blocks in all, least
-recently used out.
+truncated and forked histories). Memory is bounded by what it holds most of,
+tokens (4 bytes each; a block's hashes, about 100 bytes, come with every
+``block_size`` of them): at most ``max_sessions`` chains holding
+``max_tokens`` tokens in all, least recently used out (its next turn is
+hashed in full).
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ class _Chain:
 
 class HashChains:
     def __init__(
-        self, hasher: BlockHasher, max_sessions: int = 100_000, max_blocks: int = 4_000_000
+        self, hasher: BlockHasher, max_sessions: int = 100_000, max_tokens: int = 20_000_000
     ) -> None:
         self._hasher = hasher
         self._chains: BoundedLru[str, _Chain] = BoundedLru(
-            max_sessions, max_blocks, weigh=lambda c: len(c.full), on_drop=self._forget
+            max_sessions, max_tokens, weigh=lambda c: len(c.tokens) // _ITEM, on_drop=self._forget
         )
         # (cache salt, LoRA, first block's tokens) -> the latest session that began so.
         self._by_opening: dict[tuple[object, ...], str] = {}
@@ -55,6 +57,15 @@ class HashChains:
 
     def __len__(self) -> int:
         return len(self._chains)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the chains hold in all."""
+        return self._chains.weight
+
+    @property
+    def evictions(self) -> int:
+        return self._chains.evictions
 
     def event_hashes(
         self,

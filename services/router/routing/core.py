@@ -171,7 +171,7 @@ class RoutingCore:
         self.settings = settings
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
         self.index = PrefixIndex(settings.index_capacity, settings.predicted_capacity)
-        self.chains = HashChains(self.hasher, settings.live_max_sessions, settings.live_max_blocks)
+        self.chains = HashChains(self.hasher, settings.live_max_sessions, settings.live_max_tokens)
         # session -> its latest prompt's lookup, where the next turn's resumes.
         self._lookups: BoundedLru[str, _Lookup] = BoundedLru(
             settings.live_max_sessions, settings.live_max_blocks, weigh=lambda m: len(m.hashes)

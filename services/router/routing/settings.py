@@ -86,6 +86,13 @@ class RoutingSettings:
         "seen sessions forgotten beyond)",
         metavar="BLOCKS",
     )
+    live_max_tokens: int = setting(
+        20_000_000,
+        "most prompt tokens kept per live session to hash only each turn's new blocks, in all "
+        "(4 bytes a token; least recently seen sessions forgotten beyond: their next turn "
+        "is hashed in full)",
+        metavar="TOKENS",
+    )
     replica_id: str | None = None
 
     def validate(self) -> None:
@@ -100,6 +107,7 @@ class RoutingSettings:
             "max_session_bindings",
             "live_max_sessions",
             "live_max_blocks",
+            "live_max_tokens",
         ):
             value = getattr(self, name)
             if value <= 0:

@@ -111,6 +111,47 @@ async def test_stream_events_and_writes():
     assert all(c["id"] == "chatcmpl-1" and c["model"] == "m" for c in chunks)
 
 
+def _held_back(logprob: float) -> pb.GenerateResponse:
+    """A message whose token's text the engine holds back (half a character,
+    or a possible stop string): no text, but the token and its logprob."""
+    message = pb.GenerateResponse(token_ids=[7])
+    message.logprobs.add(token="\ufffd", logprob=logprob)
+    return message
+
+
+@pytest.mark.parametrize("shape", ["chat", "completions"])
+async def test_messages_without_text_keep_their_logprobs(shape):
+    from services.router.api.completions.serving import CompletionShape
+
+    def new_shape(top):
+        return ChatShape(CARD, top_logprobs=top) if shape == "chat" else CompletionShape(CARD, top)
+
+    first, last = _messages(2)
+    last.logprobs.add(token=" t1", logprob=-0.5)
+    messages = [first, _held_back(-1.5), last]
+    responder = _responder(RouterMetrics())
+
+    async def tokens_logprobs(top):
+        sent = await _run(
+            EventStream(
+                responder.sse(_ereq(), new_shape(top), messages[0], _Rest(messages[1:]), False)
+            )
+        )
+        chunks = [json.loads(e[6:]) for e in _events(sent)[:-1]]
+        lp = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+        if shape == "chat":
+            return len(chunks), [e["logprob"] for x in lp for e in x["content"]]
+        return len(chunks), [v for x in lp for v in x["token_logprobs"]]
+
+    # Asked for: the held-back token's logprob comes in a chunk of its own.
+    n, logprobs = await tokens_logprobs(0)
+    assert logprobs == [-1.5, -0.5]
+    assert n == (4 if shape == "chat" else 3)  # (chat: the role opening first)
+    # Not asked for: a message without text makes no chunk.
+    n, logprobs = await tokens_logprobs(None)
+    assert logprobs == [] and n == (3 if shape == "chat" else 2)
+
+
 async def test_error_after_the_first_byte_is_an_event_then_done():
     responder = _responder(RouterMetrics())
     first, *rest = _messages(3)
@@ -161,6 +202,77 @@ async def test_someone_elses_cancellation_goes_on():
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class _Orchestrator:
+    """Streams `messages`, then hangs (before the first one, with none)."""
+
+    def __init__(self, messages: list[pb.GenerateResponse]) -> None:
+        self.messages = messages
+        self.closed = False
+
+    async def stream(self, ereq):
+        try:
+            for message in self.messages:
+                yield message
+            await asyncio.Event().wait()
+        finally:
+            self.closed = True
+
+
+def _request(gone: asyncio.Event):
+    from starlette.requests import Request
+
+    async def receive():
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return Request({"type": "http", "method": "POST", "headers": []}, receive)
+
+
+async def test_client_leaving_before_the_first_token_is_a_499():
+    metrics = RouterMetrics()
+    engine = _Orchestrator([])
+    responder = Responder(engine, metrics, timeout_s=30)
+    gone = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, gone.set)
+    with pytest.raises(OpenAIError) as raised:
+        await responder.respond(_request(gone), _ereq(), ChatShape(CARD), True, False)
+    assert raised.value.status == 499 and engine.closed
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "tandem_router_client_disconnects_total") == 1
+
+
+async def test_no_first_token_within_the_timeout_is_a_504():
+    engine = _Orchestrator([])
+    responder = Responder(engine, RouterMetrics(), timeout_s=0.05)
+    with pytest.raises(OpenAIError) as raised:
+        await responder.respond(_request(asyncio.Event()), _ereq(), ChatShape(CARD), True, False)
+    assert raised.value.status == 504 and engine.closed
+
+
+async def test_the_first_tokens_watch_carries_on_into_the_stream():
+    """One watch per request: the client leaving mid-stream ends the stream
+    quietly, as before the first token it is a 499."""
+    metrics = RouterMetrics()
+    engine = _Orchestrator(_messages(3)[:2])
+    responder = Responder(engine, metrics, timeout_s=30)
+    gone = asyncio.Event()
+    response = await responder.respond(_request(gone), _ereq(), ChatShape(CARD), True, False)
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+        if len(sent) == 3:  # start, two chunks; then the engine is silent
+            gone.set()
+
+    async def no_receive():  # the request's watch listens, not the response's
+        await asyncio.Event().wait()
+
+    await asyncio.wait_for(response({"type": "http"}, no_receive, send), 5)
+    assert len(sent) == 3 and engine.closed
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "tandem_router_client_disconnects_total") == 1
 
 
 async def test_choices_stream_interleaved_numbered_with_one_usage():

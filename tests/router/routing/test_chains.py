@@ -25,7 +25,7 @@ def step():
 @given(first=tokens, steps=st.lists(step(), max_size=8))
 def test_carried_hashes_equal_full_hashing(first, steps):
     hasher = BlockHasher(BS)
-    chains = HashChains(hasher, max_sessions=3, max_blocks=30)  # evictions happen too
+    chains = HashChains(hasher, max_sessions=3, max_tokens=120)  # evictions happen too
     prompt, session, salt = first, "s", None
     forks = 0
     for kind, at, more in [("extend", 0, []), *steps]:
@@ -63,3 +63,19 @@ def test_ids_no_tokenizer_gives_are_hashed_in_full():
     hasher = BlockHasher(BS)
     prompt = [-1, 2**40, 3, 4, 5]
     assert HashChains(hasher).event_hashes(prompt, "s") == hasher.event_hashes(prompt)
+
+
+def test_chains_are_bounded_by_the_tokens_they_hold():
+    """Long prompts fill the token bound long before the session bound:
+    the least recently used chains go, and their next turn is hashed in full."""
+    hasher = BlockHasher(BS)
+    chains = HashChains(hasher, max_sessions=100, max_tokens=100)
+    for i in range(5):
+        chains.event_hashes([i] * 40, f"s{i}")  # 40 tokens each
+    assert len(chains) == 2 and chains.tokens == 80 and chains.evictions == 3
+    hashed = chains.hashed_blocks
+    chains.event_hashes([0] * 40 + [1] * 4, "s0")  # forgotten: all 11 blocks hashed again
+    assert chains.hashed_blocks == hashed + 11
+    chains.event_hashes([4] * 40 + [1] * 4, "s4")  # kept: 1 new block
+    assert chains.hashed_blocks == hashed + 12
+    assert chains.tokens <= 100

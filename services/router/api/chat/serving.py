@@ -65,6 +65,7 @@ class ChatShape(Shape):
         self._calls = calls  # reads tool calls from the output (None: plain text)
         self._top = top_logprobs  # None: no logprobs
         self._reasoning = reasoning  # splits reasoning from the answer (None: no split)
+        self.streams_logprobs = top_logprobs is not None
 
     def _logprobs(self, entries) -> dict | None:
         return None if self._top is None else chat_logprobs(entries, self._top)
@@ -126,7 +127,7 @@ class ChatShape(Shape):
                 finish_reason = "tool_calls"
         if reasoning:
             delta = {"reasoning_content": reasoning, **delta}
-        if not delta and not finish_reason:
+        if not delta and not finish_reason and not (self.streams_logprobs and message.logprobs):
             return []
         return [
             {

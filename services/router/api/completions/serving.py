@@ -17,6 +17,7 @@ class CompletionShape(Shape):
     def __init__(self, card: ModelCard, logprobs: int | None = None) -> None:
         super().__init__(card)
         self._top = logprobs  # None: no logprobs
+        self.streams_logprobs = logprobs is not None
         self._offset = 0  # text offset of the next token, across stream chunks
 
     def _logprobs(self, entries) -> dict | None:
