@@ -474,6 +474,7 @@ def scale_ups(monitor: Monitor, since: float, until: float) -> list[dict]:
                     if first is None or first.first_served is None
                     else first.first_served - decided,
                     "serving_at": None if first is None else first.first_served,
+                    "ready_at": None if first is None else first.ready,
                 }
             )
     return found
@@ -636,7 +637,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         auto_to = time.time()
         ups = scale_ups(monitor, auto_from, auto_to)
         for up in ups:
-            decided, serving_at = up["decided"], up["serving_at"]
+            decided = up["decided"]
+            # After: from the new pod's first routed request, else (never
+            # routed) from its Ready, so that the table says what it cost.
+            serving_at = up["serving_at"] or up["ready_at"]
+            up["after_from"] = "first routed request" if up["serving_at"] else "Ready, never routed"
             step = next((s for s in steps if s["start"] <= decided < s["end"]), steps[-1])
             up["step"] = step["concurrency"]
             up["before"] = figures(
@@ -737,7 +742,8 @@ def render_report(result: dict[str, Any]) -> str:
         reasons = "; ".join(((up.get("decision") or {}).get("reasons") or [])[:2])
         lines.append(
             f"| {up['step']} | {up['role']} {up['from']} → {up['to']} | {reasons} "
-            f"| {_f(up['ready_s'], '{:.0f}')} | {_f(up['serving_s'], '{:.0f}')} "
+            f"| {_f(up['ready_s'], '{:.0f}')} "
+            f"| {_f(up['serving_s'], '{:.0f}') if up['serving_at'] else 'never'} "
             f"| {_f(b['goodput_rps'], '{:.3f}')} → {_f(af.get('goodput_rps'), '{:.3f}')} "
             f"| {_f(b['ttft_p90_s'])} → {_f(af.get('ttft_p90_s'))} "
             f"| {_f(b['interactivity_p90'], '{:.1f}')} → "
