@@ -644,6 +644,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             up["after_from"] = "first routed request" if up["serving_at"] else "Ready, never routed"
             step = next((s for s in steps if s["start"] <= decided < s["end"]), steps[-1])
             up["step"] = step["concurrency"]
+            # The demand the after-window saw: it may start in a later step.
+            up["after_step"] = next(
+                (
+                    x["concurrency"]
+                    for x in steps
+                    if serving_at and x["start"] <= serving_at < x["end"]
+                ),
+                None,
+            )
             up["before"] = figures(
                 r.records, max(step["start"], decided - a.window_s), decided, slo
             )
@@ -745,6 +754,7 @@ def render_report(result: dict[str, Any]) -> str:
             f"| {_f(up['ready_s'], '{:.0f}')} "
             f"| {_f(up['serving_s'], '{:.0f}') if up['serving_at'] else 'never'} "
             f"| {_f(b['goodput_rps'], '{:.3f}')} → {_f(af.get('goodput_rps'), '{:.3f}')} "
+            f"(after: {up.get('after_step')} sessions, from {up.get('after_from')}) "
             f"| {_f(b['ttft_p90_s'])} → {_f(af.get('ttft_p90_s'))} "
             f"| {_f(b['interactivity_p90'], '{:.1f}')} → "
             f"{_f(af.get('interactivity_p90'), '{:.1f}')} |"
