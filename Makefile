@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema chart-docs bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey profile-job
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema chart-docs bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey profile-job live-loop
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -45,6 +45,9 @@ help:
 	@echo "           make test), its timings printed"
 	@echo "make profile-job  a TandemProfile on the local cluster, as root: the operator runs"
 	@echo "           tandem profile as a Job against a decode pool (2 engines; minutes; not in make test)"
+	@echo "make live-loop  the rate-matching controller live on the local cluster, as root: pools"
+	@echo "           profiled, Auto under rising demand, then Recommend (2-3 engines; 30-40 min;"
+	@echo "           LIVE_LOOP_ARGS, e.g. --profiles DIR to reuse profiles)"
 
 setup: apt $(STAMP) proto model
 
@@ -260,6 +263,11 @@ soak: setup
 # stack, alone; `make test` runs it too, last of the stack tests. `make chaos`
 # is not in CI.
 CHAOS_ARGS ?=
+# The rate-matching controller closing its loop on the local cluster
+# (bench/live_loop.py): not in `test`, it runs engines for half an hour.
+live-loop: setup kubectl
+	$(PY) -m bench.live_loop $(LIVE_LOOP_ARGS)
+
 chaos: setup
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 

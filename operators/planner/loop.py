@@ -38,6 +38,7 @@ spec), not the plan, serve the measured demand within the SLOs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -366,12 +367,12 @@ def on_tick(
     if not decision.meets_demand and inputs.demand.request_rate is not None:
         changes = "; ".join(decision.changes)
         conditions.append(Condition("DemandMet", "False", "BudgetBound", f"{summary}. {changes}"))
-        if message != state.last_message:
+        if _verdict(message) != _verdict(state.last_message):
             events.append(Event("Warning", "BudgetBound", f"{summary}. {changes}"))
     elif capped := [h for h in held_by_bounds if "above maxReplicas" in h]:
         message_capped = f"{'; '.join(capped)}: raise maxReplicas to meet the demand"
         conditions.append(Condition("DemandMet", "False", "MaxReplicas", message_capped))
-        if message != state.last_message:
+        if _verdict(message) != _verdict(state.last_message):
             events.append(Event("Warning", "MaxReplicas", message_capped))
     elif short := _deployed_shortfall(problem, inputs, spec, replicas):
         conditions.append(Condition("DemandMet", "False", "BelowDemand", short))
@@ -465,6 +466,16 @@ def _deployed_shortfall(
     return f"the deployed {plan_ratio(spec)} {serves}, below the measured {rate:.3g} req/s; {then}"
 
 
+# Figures in a message: measured demand, latencies scaled by it and by efficiency.
+_FIGURES = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _verdict(message: str) -> str:
+    """A Warning's message without its figures, which move with every tick's
+    measurement: the Warning is posted again when the verdict changes."""
+    return _FIGURES.sub("#", message)
+
+
 def _invalid(
     now: float,
     state: LoopState,
@@ -478,7 +489,9 @@ def _invalid(
 ) -> tuple[LoopState, Effects]:
     message = f"{why}. To fix: {change}" if change else why
     events = (
-        () if message == state.last_message else (Event("Warning", "ScalingSpecInvalid", message),)
+        ()
+        if _verdict(message) == _verdict(state.last_message)
+        else (Event("Warning", "ScalingSpecInvalid", message),)
     )
     record = DecisionRecord(
         at=now,

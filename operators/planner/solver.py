@@ -389,7 +389,7 @@ def _rejection(
     assert s.interactivity_p90 is not None and slo.interactivity_p90 is not None
     return Rejection(
         name,
-        f"{name}: P90 interactivity is {s.interactivity_p90:.1f} tok/s "
+        f"{name}: P90 interactivity is {s.interactivity_p90:.2f} tok/s "
         f"already at the lowest profiled load (SLO {slo.interactivity_p90:g})",
         limit,
         s.interactivity_p90,
@@ -674,18 +674,29 @@ def _smallest_gpus(problem: Problem) -> int:
     return min(options) if options else 0
 
 
+def _round_up(x: float) -> float:
+    """x to two decimals, upwards: a TTFT SLO printed from it is one the profile meets."""
+    return math.ceil(x * 100 - 1e-9) / 100
+
+
+def _round_down(x: float) -> float:
+    """x to two decimals, downwards: an interactivity SLO printed from it is one
+    the profile meets."""
+    return math.floor(x * 100 + 1e-9) / 100
+
+
 def _slo_changes(problem: Problem, rejected: list[Rejection]) -> list[str]:
     out = []
     ttft = [r.best_value for r in rejected if r.limit == "ttft_p90" and r.best_value]
     inter = [r.best_value for r in rejected if r.limit == "interactivity_p90" and r.best_value]
     if ttft:
         out.append(
-            f"relax the TTFT p90 SLO to at least {min(ttft):.2f} s (the best any "
+            f"relax the TTFT p90 SLO to at least {_round_up(min(ttft)):.2f} s (the best any "
             f"profile reaches), or profile a faster prefill configuration"
         )
     if inter:
         out.append(
-            f"relax the P90 interactivity SLO to at most {max(inter):.1f} tok/s (the "
+            f"relax the P90 interactivity SLO to at most {_round_down(max(inter)):.2f} tok/s (the "
             f"best any profile reaches), or profile a faster decode configuration"
         )
     if any(r.limit == "kv" for r in rejected):

@@ -262,6 +262,24 @@ def test_an_slo_no_profile_meets_gives_a_condition_and_one_event():
     assert first.scale == ()
 
 
+def test_a_warning_is_not_repeated_when_only_its_figures_move():
+    # Seen live: each tick's measured demand and efficiency moved the figures in
+    # the SloUnattainable and BudgetBound messages, and each tick posted a Warning.
+    run = Run(slo=Slo(ttft_p90_s=0.05))
+    first, second = run.tick(100.0, hit=0.1), run.tick(100.0, hit=0.2)
+    before, after = (
+        {c.type: c for c in e.conditions}["ScalingSpecValid"].message for e in (first, second)
+    )
+    assert before != after  # the figures moved
+    assert [e.reason for e in first.events] == ["ScalingSpecInvalid"]
+    assert second.events == ()
+
+    run = Run(prefill=7, decode=3)
+    first, second = run.tick(1000.0, budget=10), run.tick(1100.0, budget=10)
+    assert [e.reason for e in first.events] == ["BudgetBound"]
+    assert [e.reason for e in second.events if e.type == "Warning"] == []
+
+
 def test_a_budget_below_the_minimum_pools_gives_a_condition():
     run = Run()
     effects = run.tick(100.0, budget=1, budget_check=False)

@@ -55,4 +55,4 @@ def test_slos_the_figures_cannot_check_are_refused_by_name():
     assert any(c.startswith("measure the configurations (tandem profile)") for c in d.changes)
     d = solve(Problem(DEEPSEEK, DAY, Slo(interactivity_p90=30.0), headroom=1.0))
     assert d.plan is None and d.binding == "slo"
-    assert any("relax the P90 interactivity SLO to at most 21.0 tok/s" in c for c in d.changes)
+    assert any("relax the P90 interactivity SLO to at most 21.00 tok/s" in c for c in d.changes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -262,7 +263,7 @@ def test_disaggregation_pays_when_interactivity_is_the_slo():
     )
     assert fast.plan.kind == "disaggregated"
     assert any(
-        "P90 interactivity is 20.0 tok/s already at the lowest" in r for r in fast.reasons
+        "P90 interactivity is 20.00 tok/s already at the lowest" in r for r in fast.reasons
     ), fast.reasons
 
 
@@ -391,3 +392,21 @@ def test_fixed_plan_says_what_a_given_sizing_serves():
         {"prefill": "prefill-tp1", "decode": "decode-tp1"},
     )
     assert isinstance(refused, Rejection) and refused.limit == "ttft_p90"
+
+
+def test_the_slo_to_relax_to_is_one_the_profiles_reach():
+    # Seen live on CPU: the best P90 interactivity was 2.47 tok/s against an SLO of
+    # 2.5, and the decision read "is 2.5 tok/s (SLO 2.5) ... relax to at most 2.5".
+    slow = ramp_profile("slow-decode", "decode", 65.0, interactivity=2.47)
+    d = solve(problem(100.0, profiles=(PREFILL, slow), slo=Slo(interactivity_p90=2.5)))
+    assert d.plan is None
+    assert any("P90 interactivity is 2.47 tok/s already" in r for r in d.reasons), d.reasons
+    (change,) = [c for c in d.changes if "interactivity SLO" in c]
+    match = re.search(r"at most ([\d.]+) tok/s", change)
+    assert match and float(match.group(1)) <= 2.47, change
+
+    late = ramp_profile("late-prefill", "prefill", 28.0, ttft_s=0.2049)
+    d = solve(problem(100.0, profiles=(late, DECODE), slo=Slo(ttft_p90_s=0.2)))
+    (change,) = [c for c in d.changes if "TTFT p90 SLO" in c]
+    match = re.search(r"at least ([\d.]+) s", change)
+    assert match and float(match.group(1)) >= 0.2049, change
