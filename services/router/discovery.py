@@ -228,9 +228,8 @@ class KubernetesPods:
             return False
 
         try:
-            if self._rv is not None:
-                await self._apply(pool)  # what changed since initial() returned
-            await self._follow(apply)
+            # What changed since initial() returned, if it did.
+            await self._follow(apply, changed=self._rv is not None)
         finally:
             await self._close()
 
@@ -309,12 +308,19 @@ class KubernetesPods:
     def _key(endpoint_slice: Mapping[str, Any]) -> str:
         return str(endpoint_slice["metadata"]["name"])
 
-    async def _follow(self, on_change: Callable[[], Awaitable[bool]]) -> None:
-        """List (when needed) and watch, calling ``on_change`` after the list
-        and after every change, until it returns True."""
+    async def _follow(
+        self, on_change: Callable[[], Awaitable[bool]], changed: bool = False
+    ) -> None:
+        """List (when needed) and watch, calling ``on_change`` first if
+        ``changed``, after the list and after every change, until it returns
+        True."""
         api = await self._client()
         while True:
             try:
+                if changed:
+                    changed = False
+                    if await on_change():
+                        return
                 if self._rv is None:
                     await self._list(api)
                     if await on_change():
@@ -346,6 +352,19 @@ class KubernetesPods:
                     "endpoint(s), listing again in %gs",
                     type(exc).__name__,
                     exc,
+                    len(merge_endpoints(self._slices)),
+                    self._retry_s,
+                )
+                await asyncio.sleep(self._retry_s)
+            except Exception:
+                # Anything else (a malformed object, a failure applying a
+                # change): a dead watch would leave the router blind to pods
+                # while it still looks healthy, so list again instead.
+                self._lost()
+                self._metrics.discovery_restarts.labels("error").inc()
+                log.exception(
+                    "discovery: unexpected failure following EndpointSlices: keeping the "
+                    "%d known endpoint(s), listing again in %gs",
                     len(merge_endpoints(self._slices)),
                     self._retry_s,
                 )

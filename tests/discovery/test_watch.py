@@ -288,3 +288,38 @@ async def test_an_unreachable_api_server_keeps_the_pool_and_says_so(kube_api, tm
         await pool.close()
         if other is not None:
             other.stop()
+
+
+async def test_an_unexpected_failure_keeps_the_watch_alive(kube_api):
+    """A failure none of the known cases name (here, applying a change) is
+    logged, counted and followed by a new list; the watch never dies silently,
+    which would leave the router blind to new pods while reporting it is up."""
+    slices = Slices(kube_api)
+    slices.put(endpoint_slice("demo-decode-a", "decode", 50061, [endpoint("10.0.0.1", "d-0")]))
+    metrics = RouterMetrics()
+    pods = source(kube_api, metrics)
+    core = RoutingCore(RoutingSettings())
+    pool = PodPool(core, poll_interval_s=60.0, remove_grace_s=0.1)
+    for spec in await asyncio.wait_for(pods.initial(), 10):
+        pool.add_pod(spec)
+
+    apply = pods._apply
+    failures = []
+
+    async def apply_failing_once(target: PodPool) -> None:
+        if not failures:
+            failures.append(1)
+            raise KeyError("an unexpected failure")
+        await apply(target)
+
+    pods._apply = apply_failing_once  # type: ignore[method-assign]
+    watching = asyncio.create_task(pods.watch(pool))
+    try:
+        slices.put(endpoint_slice("demo-decode-b", "decode", 50062, [endpoint("10.0.0.2", "d-1")]))
+        await until(lambda: pod_set(core) == {"10.0.0.1:50061": "in", "10.0.0.2:50062": "in"})
+        assert not watching.done()
+        assert count(metrics, "tandem_router_discovery_watch_restarts_total", reason="error") >= 1
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await pool.close()
