@@ -50,4 +50,4 @@ def test_the_handlers_take_their_intervals_from_the_settings_not_the_import():
     assert not any(registry._spawning.get_all_handlers())
     assert not any(h.requires_finalizer for h in registry._changing.get_all_handlers())
     indexes = {h.id for h in registry._indexing.get_all_handlers()}
-    assert indexes == {"deployments_by_namespace", "hpas_by_namespace"}
+    assert indexes == {"deployments_by_namespace", "hpas_by_namespace", "profiles_by_namespace"}
