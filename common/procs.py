@@ -23,6 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 # Seconds the rest of a process group may outlive its main process at a stop.
 ORPHAN_GRACE_S = 2.0
+# How long a SIGKILLed group may take to be gone.
+KILL_WAIT_S = 5.0
 
 
 class ProcessError(RuntimeError):
@@ -126,6 +128,11 @@ def stop_process_groups(procs: Iterable[Proc], grace_s: float) -> None:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    # SIGKILL takes effect when each process is next scheduled, which on a
+    # busy machine is not at once: callers take "returned" to mean "gone".
+    deadline = time.monotonic() + KILL_WAIT_S
+    while time.monotonic() < deadline and any(group_alive(pid) for pid in pids):
+        time.sleep(0.05)
 
 
 def process_alive(pid: int) -> bool:

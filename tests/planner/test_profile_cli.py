@@ -58,8 +58,9 @@ def test_profile_writes_a_measured_profile(fake_router, tmp_path):
     assert [p.concurrency for p in profile.points] == [1.0, 2.0]
     one, two = profile.points
     # The pool's load comes from the router's busy-time counter: the time requests
-    # spent in the engine's Generate, which the fake makes 200 ms + 20 ms per
-    # further token. The client's E2E adds the router's own time on top.
+    # spent in the engine's Generate, which the fake makes at least 200 ms + 20 ms
+    # per further token (more when a busy machine delays the router reading the
+    # stream). The client's E2E adds the router's own time on top.
     # (Sub-agents run beside their parent's lane: a lane can have several
     # requests in flight.)
     for point, c in ((one, 1), (two, 2)):
@@ -70,8 +71,7 @@ def test_profile_writes_a_measured_profile(fake_router, tmp_path):
             sum(FIRST_TOKEN_MS / 1e3 + (r["output_tokens"] - 1) * TOKEN_DELAY_MS / 1e3 for r in ok)
             / seconds
         )
-        assert point.in_flight == pytest.approx(in_engine, rel=0.2)
-        assert point.in_flight <= sum(r["e2e"] for r in ok) / seconds
+        assert in_engine * 0.9 <= point.in_flight <= sum(r["e2e"] for r in ok) / seconds
         assert point.request_rate == pytest.approx(run["summary"]["requests_per_s"], rel=0.15)
     assert two.in_flight > one.in_flight
     assert one.hit_rate == 0.0  # the fake reports no cache hits
