@@ -27,9 +27,11 @@ all measured in one run.
    * ``layers tcp``: vLLM's own path, one buffer per layer (30 descriptors a block);
    * ``packed tcp``: ``--pack-blocks`` over TCP (``PackingStore``: pack into a staging
      row, one buffer per block; a get unpacks);
-   * ``packed shm``: ``--pack-blocks`` with ``--transfer shm`` (or ``auto`` on the pool
-     owner's host): the staging rows in memory the pool owner maps, moved through a
-     dummy client; what a put or get costs an engine end to end.
+   * ``layers shm``: ``--transfer shm`` (or ``auto`` on the pool owner's host): both
+     caches allocated in shared memory the pool owner maps (``SharedKVCache``, as the
+     engine's connector allocates vLLM's KV cache), vLLM's per-layer calls through a
+     dummy client (``SharedMemoryStore``): the pool owner copies each block once;
+     what a put or get costs an engine end to end.
 
    These rows time a ``memcpy`` of the same bytes inside each of their own rounds
    (``memcpy*`` in the table): on a loaded machine a ratio to a copy timed minutes
@@ -43,6 +45,7 @@ Bandwidth is payload bytes per second (one direction) for every figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -71,9 +74,9 @@ VARIANTS: dict[str, tuple[str, dict[str, str], int]] = {
     "shm": ("shm", {}, 1),
     "layers tcp": ("layers-tcp", {}, 1),
     "packed tcp": ("packed-tcp", {}, 1),
-    "packed shm": ("packed-shm", {}, 1),
+    "layers shm": ("layers-shm", {}, 1),
 }
-BLOCK_VARIANTS = ("layers-tcp", "packed-tcp", "packed-shm")
+BLOCK_VARIANTS = ("layers-tcp", "packed-tcp", "layers-shm")
 SMOLLM2_LAYERS, SMOLLM2_PAGE_SHAPE = 30, (3, 128, 2 * 64)  # heads, tokens, K+V floats
 
 
@@ -288,11 +291,13 @@ def _put_get(
     return row
 
 
-def kv_cache(blocks: int, seed: int | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def kv_cache(blocks: int, seed: int | None, shared=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """A SmolLM2 KV cache as vLLM's CPU backend allocates it: one buffer, one
-    ``[blocks, heads, tokens, 2 * head_size]`` float32 view per layer."""
+    ``[blocks, heads, tokens, 2 * head_size]`` float32 view per layer; in the
+    shared memory of ``shared`` (a ``SharedKVCache``) when given."""
     page = SMOLLM2_BLOCK_BYTES // SMOLLM2_LAYERS // 4
-    raw = torch.zeros(SMOLLM2_LAYERS * blocks * page)
+    with shared or contextlib.nullcontext():
+        raw = torch.zeros(SMOLLM2_LAYERS * blocks * page)
     if seed is not None:
         raw.copy_(torch.rand(raw.numel(), generator=torch.Generator().manual_seed(seed)))
     layers = [
@@ -303,12 +308,12 @@ def kv_cache(blocks: int, seed: int | None) -> tuple[torch.Tensor, list[torch.Te
 
 
 def run_block_requester(mode: str, store_args: dict, batches: list[int], rounds: int) -> list[dict]:
-    """Whole KV blocks from one cache into another, through vLLM's TCP client and,
-    for the packed variants, Tandem's ``PackingStore`` around it."""
+    """Whole KV blocks from one cache into another, through vLLM's TCP client and
+    Tandem's ``PackingStore`` or ``SharedMemoryStore`` around it."""
     from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
     from services.kvstore.packing import BlockPacker, PackingStore
-    from services.kvstore.shm import attach
+    from services.kvstore.shm import SharedKVCache, SharedMemoryStore, attach
 
     blocks = max(batches)
     tcp = MooncakeDistributedStore()
@@ -322,20 +327,21 @@ def run_block_requester(mode: str, store_args: dict, batches: list[int], rounds:
         store_args["master_address"],
     ):
         raise RuntimeError("Mooncake requester set-up (tcp) failed")
-    (src_raw, src), (dst_raw, dst) = kv_cache(blocks, seed=1), kv_cache(blocks, seed=None)
+    shared = (
+        SharedKVCache(attach(store_args["pool_owner_address"])) if mode == "layers-shm" else None
+    )
+    (src_raw, src), (dst_raw, dst) = kv_cache(blocks, 1, shared), kv_cache(blocks, None, shared)
     for raw in (src_raw, dst_raw):  # vLLM registers its KV cache with the store
         if tcp.register_buffer(raw.data_ptr(), raw.numel() * 4) != 0:
             raise RuntimeError("register_buffer failed for the KV cache")
     packers = BlockPacker(src), BlockPacker(dst)
     staging = 128 << 20  # the store's default --pack-staging-size
-    stores = {
-        "layers-tcp": (tcp, tcp),
-        "packed-tcp": tuple(PackingStore(tcp, p, staging) for p in packers),
-        "packed-shm": tuple(
-            PackingStore(tcp, p, staging, shm=attach(store_args["pool_owner_address"]))
-            for p in packers
-        ),
-    }[mode]
+    if mode == "layers-tcp":
+        stores = (tcp, tcp)
+    elif mode == "packed-tcp":
+        stores = tuple(PackingStore(tcp, p, staging) for p in packers)
+    else:  # one sending and one receiving thread, as in an engine
+        stores = (SharedMemoryStore(tcp, shared), SharedMemoryStore(tcp, shared))
     rows = []
     try:
         for batch in batches:
@@ -376,11 +382,15 @@ def run_block_requester(mode: str, store_args: dict, batches: list[int], rounds:
                     "memcpy_gbps": median_gbps(nbytes, times["memcpy"]),
                 }
             )
+        if shared is not None and any(s.passed_through_calls for s in stores):
+            raise RuntimeError("layers-shm: some calls went over TCP, not shared memory")
         return rows
     finally:
         for store in stores:
-            if store is not tcp:
+            if isinstance(store, PackingStore):
                 store.close()
+        if shared is not None:
+            shared.client.close()
         tcp.close()
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from common.settings import setting
 
 RETENTION_POLICIES = ("lru", "soft-pin")
-# How packing engines move blocks to and from the pool owner.
+# How engines move KV blocks to and from the pool owner.
 TRANSFERS = ("auto", "tcp", "shm")
 
 _SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
@@ -121,7 +121,7 @@ class KvStoreSettings:
     )
     pack_blocks: bool = setting(
         False,
-        "engines move each KV block to and from the store as "
+        "engines moving KV blocks over TCP move each as "
         "one packed buffer (kernels.pack_blocks) instead of one "
         "buffer per layer; the stored objects are the same bytes, so "
         "packing and non-packing engines share them",
@@ -134,11 +134,13 @@ class KvStoreSettings:
     )
     transfer: str = setting(
         "auto",
-        "with --pack-blocks: how engines move packed blocks. 'shm': "
-        "through shared memory with the pool owner (engines on its host "
-        "only; an engine that cannot attach refuses to start), 'tcp': "
-        "over Mooncake's transfer engine, 'auto': shm when the pool owner "
-        "is on the engine's host, else tcp",
+        "how engines move KV blocks to and from the pool owner. 'shm': the "
+        "engine's KV cache lives in shared memory the pool owner maps and "
+        "the pool owner copies each block once (engines on its host with a "
+        "host-memory KV cache only; an engine that cannot attach refuses to "
+        "start), 'tcp': over Mooncake's transfer engine (packed with "
+        "--pack-blocks), 'auto': shm when the pool owner is on the engine's "
+        "host and the KV cache in host memory, else tcp",
         choices=TRANSFERS,
     )
     state_dir: str = setting(

@@ -17,12 +17,15 @@ changes nothing else:
   soft-pinned for the hint's TTL, or, for a session's last request
   (``release``), the session's own blocks removed from the store once the
   request's KV is written and no reader holds a lease on them;
-* with ``pack_blocks`` in that block (the store's ``--pack-blocks``), each KV
-  block moves to and from the store as one packed buffer instead of one per
-  layer (``packing.py``); the stored objects are the same bytes. With the
-  store's ``--transfer`` at ``shm`` (or ``auto`` and the pool owner on this
-  host) those packed blocks move through shared memory with the pool owner
-  (``shm.py``) instead of TCP.
+* with the store's ``--transfer`` at ``shm`` (or ``auto`` and the pool owner
+  on this host), the KV cache is allocated in shared memory the pool owner
+  maps (``get_mem_pool_context``, ``shm.py``) and vLLM's per-layer block
+  puts and gets go through a dummy client: the pool owner copies each block
+  once between the KV cache and its pool, no TCP;
+* otherwise, with ``pack_blocks`` in that block (the store's
+  ``--pack-blocks``), each KV block moves over TCP as one packed buffer
+  instead of one per layer (``packing.py``); the stored objects are the same
+  bytes either way.
 
 How a hint gets from the request to the put: the scheduler side records it
 when the request arrives (``on_new_request``) and tags the request's store
@@ -56,7 +59,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
 
 from services.kvstore.packing import BlockPacker, PackingStore
 from services.kvstore.retention import REQ_META_ATTR, RetentionHint
-from services.kvstore.shm import ShmUnavailable, attach, wants_shm
+from services.kvstore.shm import (
+    SharedKVCache,
+    SharedMemoryStore,
+    ShmUnavailable,
+    attach,
+    wants_shm,
+)
 
 # Under vLLM's logger: the connector runs in vLLM's processes, where only
 # vLLM's loggers are set up to print INFO.
@@ -336,7 +345,7 @@ class TandemStoreConnector(MooncakeStoreConnector):
         self._retention: RequestRetention | None = None
         self._pack_staging_bytes: int | None = None
         self._transfer: tuple[str, str | None] = ("tcp", None)
-        self._packing_stores: list[PackingStore] = []
+        self._shared_cache: SharedKVCache | None = None
         worker = self.connector_worker
         if worker is not None:
             with open(path) as f:
@@ -382,6 +391,17 @@ class TandemStoreConnector(MooncakeStoreConnector):
         return meta
 
     # -- worker side ------------------------------------------------------
+    def get_mem_pool_context(self):
+        """Where vLLM allocates the KV cache: shared memory the pool owner
+        maps when blocks should move over shared memory, else vLLM's choice."""
+        context = super().get_mem_pool_context()
+        if context is not None or self.connector_worker is None or not self._shm_wanted():
+            return context
+        client = self._attach_shm()
+        if client is not None:
+            self._shared_cache = SharedKVCache(client)
+        return self._shared_cache
+
     def register_kv_caches(self, kv_caches) -> None:
         super().register_kv_caches(kv_caches)
         thread = getattr(self.connector_worker, "kv_send_thread", None)
@@ -393,8 +413,33 @@ class TandemStoreConnector(MooncakeStoreConnector):
                 )
             thread.tandem = self._retention
             thread.__class__ = _RetentionSendingThread
+        caches = [c if isinstance(c, torch.Tensor) else c[0] for c in kv_caches.values()]
+        if self._shared_cache is not None and self._shared_cache.holds(caches):
+            self._move_over_shm()
+            return
+        if self._shared_cache is not None:
+            log.warning(
+                "KV store: the KV cache was not allocated in shared memory; blocks move over TCP"
+            )
+            self._detach_shm()
         if self._pack_staging_bytes is not None:
             self._pack_blocks(kv_caches)
+
+    def _move_over_shm(self) -> None:
+        """Give each transfer thread a store client that moves blocks in the
+        shared KV cache through the pool owner."""
+        worker = self.connector_worker
+        assert self._shared_cache is not None
+        for thread in [worker.kv_send_thread, *worker.kv_recv_threads]:
+            if thread is not None:
+                thread.store = SharedMemoryStore(thread.store, self._shared_cache)
+        log.info(
+            "KV store: KV cache (%d bytes) in shared memory with the pool owner at %s: "
+            "it copies each block once, no TCP%s",
+            sum(size for _, size in self._shared_cache.regions),
+            self._transfer[1],
+            ", no packing" if self._pack_staging_bytes is not None else "",
+        )
 
     def _pack_blocks(self, kv_caches) -> None:
         """Give each transfer thread a store client that moves packed blocks."""
@@ -414,36 +459,33 @@ class TandemStoreConnector(MooncakeStoreConnector):
         except ValueError as exc:
             log.warning("KV store: not packing blocks, one buffer per layer as vLLM does: %s", exc)
             return
-        threads = [worker.kv_send_thread, *worker.kv_recv_threads]
-        attach_shm = self._shm_wanted(packer)
-        for thread in threads:
-            if thread is None:
-                continue
-            shm = self._attach_shm() if attach_shm else None
-            attach_shm = shm is not None
-            thread.store = PackingStore(thread.store, packer, self._pack_staging_bytes, shm=shm)
-            self._packing_stores.append(thread.store)
+        stores = []
+        for thread in [worker.kv_send_thread, *worker.kv_recv_threads]:
+            if thread is not None:
+                thread.store = PackingStore(thread.store, packer, self._pack_staging_bytes)
+                stores.append(thread.store)
         log.info(
             "KV store: packing blocks, 1 buffer per block instead of %d (%d-byte rows, "
-            "up to %d blocks per store call), over %s",
+            "up to %d blocks per store call), over the transfer engine (TCP)",
             packer.descriptors_per_block,
             packer.row_bytes,
-            self._packing_stores[0].rows_per_call,
-            f"shared memory with the pool owner at {self._transfer[1]}"
-            if attach_shm
-            else "the transfer engine (TCP)",
+            stores[0].rows_per_call if stores else 0,
         )
 
-    def _shm_wanted(self, packer: BlockPacker) -> bool:
+    def _shm_wanted(self) -> bool:
         transfer, pool_owner = self._transfer
+        device = self._vllm_config.device_config.device_type
+        host_cache = device == "cpu"
         if transfer == "shm":
+            if not host_cache:
+                raise ShmUnavailable(
+                    "the store's --transfer is shm, but the KV cache is on "
+                    f"{device}: shared memory holds "
+                    "host memory only; set --transfer to tcp or auto"
+                )
             return True
         # auto: the pool owner on this host, and a KV cache in host memory.
-        return (
-            pool_owner is not None
-            and packer.layers[0].device.type == "cpu"
-            and wants_shm(transfer, pool_owner)
-        )
+        return pool_owner is not None and host_cache and wants_shm(transfer, pool_owner)
 
     def _attach_shm(self) -> Any:
         """A dummy client on the pool owner; None (TCP) when ``auto`` cannot attach."""
@@ -455,19 +497,22 @@ class TandemStoreConnector(MooncakeStoreConnector):
         except ShmUnavailable as exc:
             if transfer == "shm":
                 raise
-            log.warning("KV store: packed blocks over TCP instead: %s", exc)
+            log.warning("KV store: KV blocks over TCP instead: %s", exc)
             return None
+
+    def _detach_shm(self) -> None:
+        cache, self._shared_cache = getattr(self, "_shared_cache", None), None
+        if cache is not None:
+            cache.client.close()
 
     def shutdown(self):
         if getattr(self, "_retention", None) is not None:
             self._retention.reaper.stop()
         super().shutdown()
         # Detach from the pool owner once the transfer threads are drained
-        # (shutdown also runs from __del__: once only).
-        stores, self._packing_stores = getattr(self, "_packing_stores", []), []
-        for store in stores:
-            if store.over_shm:
-                store.close()
+        # (shutdown also runs from __del__: once only). The pool owner unmaps
+        # the KV cache; this process keeps its own mapping.
+        self._detach_shm()
 
 
 def _register() -> None:

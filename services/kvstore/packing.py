@@ -18,10 +18,9 @@ A call whose buffers are not one whole block per key in the registered
 layout (another cache group's layout, Mamba state puts) passes through
 untouched.
 
-Over shared memory (the store's ``--transfer``, ``shm.py``) the staging
-buffer is memory the pool owner maps, and the packed puts and gets go
-through a dummy client attached to it; every other call (existence checks,
-replica lookups, removals, passed-through calls) stays on vLLM's TCP client.
+Packing serves the transfer engine (a remote pool owner): with the pool
+owner on the engine's host the KV cache lives in shared memory instead
+(``shm.py``) and blocks move with one copy, no packing.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ import numpy as np
 import torch
 
 from kernels import block_pages, pack_blocks, packed_block_bytes, unpack_blocks
-from services.kvstore.shm import shared_buffer
 
 log = logging.getLogger("vllm.tandem.kvstore.packing")
 
@@ -117,39 +115,25 @@ class BlockPacker:
 
 class PackingStore:
     """A Mooncake store client whose multi-buffer block puts and gets move one
-    packed buffer per block (over ``shm`` when given). Every other call goes
-    to the store unchanged.
+    packed buffer per block. Every other call goes to the store unchanged.
 
     One per transfer thread: each has its own registered staging buffer of
     ``staging_bytes`` (at least one block), and a batch larger than it moves
     in several store calls.
     """
 
-    def __init__(
-        self, store: Any, packer: BlockPacker, staging_bytes: int, shm: Any = None
-    ) -> None:
+    def __init__(self, store: Any, packer: BlockPacker, staging_bytes: int) -> None:
         self._store = store
-        # Packed puts and gets go through ``shm`` when given (a dummy client
-        # attached to the pool owner, ``shm.py``; this store then owns it).
-        self._transfer = store if shm is None else shm
         self.packer = packer
         rows = max(1, staging_bytes // packer.row_bytes)
         device = packer.layers[0].device
-        if shm is None:
-            self._staging = torch.empty((rows, packer.row_bytes), dtype=torch.uint8, device=device)
-            rc = store.register_buffer(self._staging.data_ptr(), self._staging.numel())
-            if rc != 0:
-                raise RuntimeError(
-                    f"Mooncake register_buffer failed for the {self._staging.numel()}"
-                    f"-byte packing staging buffer: {rc}"
-                )
-        else:
-            if device.type != "cpu":
-                raise ValueError(
-                    "shared-memory transfers stage blocks in host memory; "
-                    f"the KV cache is on {device}"
-                )
-            self._staging = shared_buffer(shm, rows * packer.row_bytes).view(rows, packer.row_bytes)
+        self._staging = torch.empty((rows, packer.row_bytes), dtype=torch.uint8, device=device)
+        rc = store.register_buffer(self._staging.data_ptr(), self._staging.numel())
+        if rc != 0:
+            raise RuntimeError(
+                f"Mooncake register_buffer failed for the {self._staging.numel()}"
+                f"-byte packing staging buffer: {rc}"
+            )
         self._lock = threading.Lock()
         self.packed_keys = 0
         self.passed_through_calls = 0
@@ -158,20 +142,13 @@ class PackingStore:
         return getattr(self._store, name)
 
     @property
-    def over_shm(self) -> bool:
-        return self._transfer is not self._store
-
-    @property
     def rows_per_call(self) -> int:
         return self._staging.shape[0]
 
     def close(self) -> None:
         """Unregister the staging buffer (before it is freed, or a later
-        allocation at the same address fails to register); detach from the
-        pool owner when packed blocks went over shared memory."""
-        self._transfer.unregister_buffer(self._staging.data_ptr())
-        if self.over_shm:
-            self._transfer.close()
+        allocation at the same address fails to register)."""
+        self._store.unregister_buffer(self._staging.data_ptr())
 
     def batch_put_from_multi_buffers(
         self, keys: list[str], addrs: list[list[int]], sizes: list[list[int]], config: Any
@@ -187,7 +164,7 @@ class PackingStore:
                 rows = self._staging[: len(keys[chunk])]
                 pack_blocks(self.packer.layers, ids[chunk], out=rows)
                 _settle(rows)
-                results += self._transfer.batch_put_from(
+                results += self._store.batch_put_from(
                     keys[chunk], _row_addresses(rows), [rows.shape[1]] * rows.shape[0], config
                 )
         self.packed_keys += len(keys)
@@ -206,7 +183,7 @@ class PackingStore:
                 chunk = slice(start, start + self.rows_per_call)
                 rows = self._staging[: len(keys[chunk])]
                 got = list(
-                    self._transfer.batch_get_into(
+                    self._store.batch_get_into(
                         keys[chunk], _row_addresses(rows), [rows.shape[1]] * rows.shape[0]
                     )
                 )

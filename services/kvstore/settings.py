@@ -114,13 +114,6 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
         raise _invalid("--retention", f"must be one of {', '.join(RETENTION_POLICIES)}")
     if settings.transfer not in TRANSFERS:
         raise _invalid("--transfer", f"must be one of {', '.join(TRANSFERS)}")
-    if settings.transfer == "shm" and not settings.pack_blocks:
-        raise _invalid(
-            "--transfer",
-            "'shm' moves packed blocks: it needs --pack-blocks (vLLM's "
-            "per-layer buffers are the engine's own memory, which the pool "
-            "owner cannot map)",
-        )
     if not 0 < settings.eviction_high_watermark <= 1:
         raise _invalid("--eviction-high-watermark", "must be in (0, 1]")
     if not 0 < settings.eviction_ratio <= 1:

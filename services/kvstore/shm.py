@@ -1,30 +1,40 @@
-"""Shared-memory transfers between a packing engine and the pool owner on its host.
+"""One-copy transfers between an engine and the pool owner on its host.
 
 Mooncake's dummy client (``setup_dummy``) attaches to the standalone pool
 owner (``mooncake_client``) on its RPC port and hands it shared memory over
 a Unix socket in the abstract namespace (``@mooncake_client_<port>.sock``):
-the pool owner maps that memory, so a put or a get of a buffer inside it is
-one copy between it and the pool instead of a trip through TCP. Only memory
-the dummy client allocated itself qualifies (``alloc_from_mem_pool``, then
-``register_buffer``; any other buffer is refused), which is why this path
-serves the packed-block staging buffer (``packing.py``) and not vLLM's KV
-cache.
+the pool owner maps that memory, and a put or a get of buffers inside it is
+served by the pool owner itself, one ``memcpy`` per buffer between that
+memory and the object in its pool (its transfer engine copies locally when
+the object's segment is its own). Only memory the dummy client allocated
+qualifies (``alloc_from_mem_pool``, then ``register_buffer`` of the whole
+allocation; any other buffer is refused), so the engine's KV cache itself is
+allocated there: :class:`SharedKVCache` is the allocation context vLLM runs
+its KV cache allocation in (the connector's ``get_mem_pool_context``), and
+:class:`SharedMemoryStore` sends vLLM's per-layer block puts and gets whose
+buffers lie in that memory through the dummy client. Each block then moves
+with one copy per direction, no staging buffer and no packing.
 
 What the dummy client does not do, the engine's TCP client keeps doing:
 ``batch_get_replica_desc`` is not served over this channel ("rpc function
-not registered"), and vLLM's per-layer calls address the engine's own
-memory. Puts carry their ``ReplicateConfig`` to the pool owner unchanged, so
-soft pins and retention hints apply as over TCP.
+not registered"), and existence checks, removals and any call with a buffer
+outside the shared KV cache stay on it. Puts carry their
+``ReplicateConfig`` to the pool owner unchanged, so soft pins and retention
+hints apply as over TCP.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ipaddress
+import math
 import socket
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from common.mooncake import TRANSFERS
 
@@ -54,7 +64,7 @@ def is_local_address(host: str) -> bool:
 
 
 def wants_shm(transfer: str, pool_owner_address: str) -> bool:
-    """Whether packed blocks should move over shared memory (``transfer`` is
+    """Whether KV blocks should move over shared memory (``transfer`` is
     the store's ``--transfer``: ``auto`` asks whether the pool owner is local)."""
     if transfer not in TRANSFERS:
         raise ValueError(f"transfer {transfer!r}: must be one of {', '.join(TRANSFERS)}")
@@ -84,13 +94,117 @@ def attach(pool_owner_address: str) -> Any:
     return client
 
 
-def shared_buffer(client: Any, nbytes: int) -> torch.Tensor:
-    """``nbytes`` of memory the pool owner maps (uint8, registered with ``client``)."""
-    address = client.alloc_from_mem_pool(nbytes)
-    if not address:
-        raise ShmUnavailable(f"Mooncake could not allocate {nbytes} bytes of shared memory")
-    if client.register_buffer(address, nbytes) != 0:
-        raise ShmUnavailable(
-            f"the pool owner refused to map the {nbytes}-byte shared staging buffer"
+class SharedKVCache(TorchFunctionMode):
+    """While active, CPU ``torch.zeros`` / ``torch.empty`` allocate their
+    tensors in shared memory the pool owner maps (``client``, a dummy client
+    from :func:`attach`), registered whole with it.
+
+    vLLM allocates each KV cache group's backing buffer with one
+    ``torch.zeros(nbytes, dtype=torch.int8, device=...)`` inside the
+    connector's allocation context and builds every layer's view on it; a
+    mode (per thread) catches that call without patching vLLM. Fresh shared
+    memory reads as zeros, so nothing is written. The memory lives as long as
+    the process: the pool owner unmaps it when the dummy client closes or
+    stops answering.
+    """
+
+    def __init__(self, client: Any) -> None:
+        super().__init__()
+        self.client = client
+        # (address, bytes) of every allocation made here.
+        self.regions: list[tuple[int, int]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func in (torch.zeros, torch.empty) and _host_allocation(args, kwargs):
+            shape = _shape(args)
+            dtype = kwargs.get("dtype") or torch.get_default_dtype()
+            nbytes = math.prod(shape) * dtype.itemsize
+            if nbytes:
+                return self._allocate(nbytes).view(dtype).view(shape)
+        return func(*args, **kwargs)
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        address = self.client.alloc_from_mem_pool(nbytes)
+        if not address:
+            raise ShmUnavailable(
+                f"Mooncake could not allocate {nbytes} bytes of shared memory for the KV cache"
+            )
+        if self.client.register_buffer(address, nbytes) != 0:
+            raise ShmUnavailable(
+                f"the KV store's pool owner refused to map the {nbytes}-byte shared KV cache"
+            )
+        self.regions.append((address, nbytes))
+        return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=torch.uint8)
+
+    def holds(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether every tensor's storage lies in this shared memory."""
+        return bool(tensors) and all(
+            _inside(self.regions, t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            for t in tensors
         )
-    return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=torch.uint8)
+
+
+class SharedMemoryStore:
+    """A Mooncake store client whose multi-buffer puts and gets go through
+    ``shm`` (the dummy client that allocated ``cache``) when every buffer lies
+    in the shared KV cache; every other call goes to ``store`` unchanged.
+
+    One per transfer thread; the threads share one dummy client (the pool
+    owner maps the KV cache for that client only).
+    """
+
+    def __init__(self, store: Any, cache: SharedKVCache) -> None:
+        self._store = store
+        self._cache = cache
+        self.shared_calls = 0
+        self.passed_through_calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def batch_put_from_multi_buffers(
+        self, keys: list[str], addrs: list[list[int]], sizes: list[list[int]], config: Any
+    ) -> list[int]:
+        return list(
+            self._client_for(addrs, sizes).batch_put_from_multi_buffers(keys, addrs, sizes, config)
+        )
+
+    def batch_get_into_multi_buffers(
+        self, keys: list[str], addrs: list[list[int]], sizes: list[list[int]]
+    ) -> list[int]:
+        return list(self._client_for(addrs, sizes).batch_get_into_multi_buffers(keys, addrs, sizes))
+
+    def _client_for(self, addrs: list[list[int]], sizes: list[list[int]]) -> Any:
+        starts = np.fromiter((a for row in addrs for a in row), dtype=np.int64)
+        lengths = np.fromiter((s for row in sizes for s in row), dtype=np.int64)
+        if (
+            starts.size
+            and starts.shape == lengths.shape
+            and _inside(self._cache.regions, starts, lengths)
+        ):
+            self.shared_calls += 1
+            return self._cache.client
+        self.passed_through_calls += 1
+        return self._store
+
+
+def _inside(regions: list[tuple[int, int]], starts: Any, lengths: Any) -> bool:
+    """Whether every range ``[start, start + length)`` lies in one region."""
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    ok = np.zeros(starts.shape, dtype=bool)
+    for base, size in regions:
+        ok |= (starts >= base) & (starts + lengths <= base + size)
+    return bool(ok.all())
+
+
+def _host_allocation(args: tuple, kwargs: dict) -> bool:
+    """A plain allocation on the host: a shape and at most dtype and device."""
+    if set(kwargs) - {"dtype", "device"} or not args:
+        return False
+    return torch.device(kwargs.get("device") or "cpu").type == "cpu"
+
+
+def _shape(args: tuple) -> tuple[int, ...]:
+    dims = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
+    return tuple(int(d) for d in dims)

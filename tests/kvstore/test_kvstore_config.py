@@ -174,15 +174,14 @@ def test_pack_blocks_reaches_every_engine_of_the_store(tmp_path, monkeypatch):
         validate(_settings(tmp_path, pack_staging_size="lots"), check_ports=False)
 
 
-def test_transfer_setting_reaches_engines_and_needs_packing(tmp_path):
+def test_transfer_setting_reaches_engines(tmp_path):
     from services.kvstore.connector import transfer_of
 
-    shm = _settings(tmp_path, pack_blocks=True, transfer="shm", client_port=51234)
+    # Shared memory needs no packing (the KV cache itself is shared).
+    shm = _settings(tmp_path, transfer="shm", client_port=51234)
     validate(shm, check_ports=False)
     assert transfer_of(engine_store_config(shm)) == ("shm", "127.0.0.1:51234")
     assert transfer_of({}) == ("tcp", None)  # a config written before the setting
-    with pytest.raises(SettingError, match="--transfer.*--pack-blocks"):
-        validate(_settings(tmp_path, transfer="shm"), check_ports=False)
     with pytest.raises(SettingError, match="--transfer"):
         validate(_settings(tmp_path, transfer="rdma"), check_ports=False)
 

@@ -1,21 +1,26 @@
-"""Packed block puts and gets against the real store (Mooncake master and pool
-owner, no engines, no mocks): the descriptors come from vLLM's own
-``RankLocalStoreLayout`` over caches laid out as vLLM 0.32 allocates them,
-so the packed path is checked against exactly what vLLM's connector sends.
+"""Packed and shared-memory block puts and gets against the real store
+(Mooncake master and pool owner, no engines, no mocks): the descriptors come
+from vLLM's own ``RankLocalStoreLayout`` over caches laid out as vLLM 0.32
+allocates them, so both paths are checked against exactly what vLLM's
+connector sends.
 
 * a packed put stores the same bytes as vLLM's one-buffer-per-layer put;
 * each reads the other's objects (packing is not a format);
 * a missing key fails alone; batches larger than the staging buffer split;
 * calls that are not one whole block per key pass through untouched;
-* over shared memory (a dummy client attached to the pool owner): the same
-  objects, read and written across the two transports, soft pins applied,
-  and a clear error when the engine cannot attach.
+* one copy over shared memory (the KV cache allocated where the pool owner
+  maps it, vLLM's per-layer calls through a dummy client): the same objects,
+  read and written across the two transports, calls outside the shared
+  cache on TCP, concurrent transfer threads, soft pins applied, and a clear
+  error when the engine cannot attach.
 """
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import threading
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -25,7 +30,7 @@ from common.ports import free_port
 from kernels import pack_blocks_reference
 from services.kvstore.api import store_launch, wait_ready
 from services.kvstore.packing import SIZE_MISMATCH, BlockPacker, PackingStore
-from services.kvstore.shm import ShmUnavailable, attach
+from services.kvstore.shm import SharedKVCache, SharedMemoryStore, ShmUnavailable, attach
 
 pytestmark = pytest.mark.stack
 
@@ -70,8 +75,8 @@ def engines(client):
     to register a new buffer that overlaps a stale registration)."""
     made: list[Engine] = []
 
-    def make(seed: int | None = None) -> Engine:
-        made.append(Engine(client, seed))
+    def make(seed: int | None = None, shared: SharedKVCache | None = None) -> Engine:
+        made.append(Engine(client, seed, shared))
         return made[-1]
 
     yield make
@@ -82,16 +87,24 @@ def engines(client):
 class Engine:
     """An engine's KV cache as vLLM 0.32 allocates it on CPU (one buffer,
     layer-outer LBHNC views), registered with the store, and the per-block
-    descriptors vLLM's store connector builds for it."""
+    descriptors vLLM's store connector builds for it. With ``shared``, the
+    cache is allocated in its shared memory, as vLLM does inside the
+    connector's allocation context."""
 
-    def __init__(self, store, seed: int | None = None) -> None:
+    def __init__(self, store, seed: int | None = None, shared: SharedKVCache | None = None) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
             KeyMetadata,
             RankLocalStoreLayout,
         )
 
         page = HEADS * BLOCK_SIZE * 2 * HEAD_SIZE
-        self.raw = torch.zeros(LAYERS * BLOCKS * page * 4, dtype=torch.uint8)
+        if shared is None:
+            self.raw = torch.zeros(LAYERS * BLOCKS * page * 4, dtype=torch.uint8)
+        else:
+            with shared:  # vLLM's allocate_kv_cache: one int8 buffer
+                self.raw = torch.zeros(LAYERS * BLOCKS * page * 4, dtype=torch.int8).view(
+                    torch.uint8
+                )
         if seed is not None:
             gen = torch.Generator().manual_seed(seed)
             self.raw.copy_(torch.randint(0, 256, self.raw.shape, dtype=torch.uint8, generator=gen))
@@ -111,8 +124,8 @@ class Engine:
         self.store = store
         self.packing_stores: list[PackingStore] = []
 
-    def packing(self, staging_bytes: int = 1 << 20, shm=None) -> PackingStore:
-        self.packing_stores.append(PackingStore(self.store, self.packer, staging_bytes, shm=shm))
+    def packing(self, staging_bytes: int = 1 << 20) -> PackingStore:
+        self.packing_stores.append(PackingStore(self.store, self.packer, staging_bytes))
         return self.packing_stores[-1]
 
     def close(self) -> None:
@@ -254,52 +267,112 @@ def test_calls_that_are_not_whole_blocks_pass_through(client, engines):
     assert bytes(client.get("two-blocks")) == expected.numpy().tobytes()
 
 
-# -- over shared memory -----------------------------------------------------------
+# -- one copy over shared memory ---------------------------------------------------
 
 
-def test_blocks_put_over_shm_read_over_tcp_and_back(launched, client, engines):
-    """An engine on the pool owner's host and one elsewhere share every block."""
+@pytest.fixture
+def shared(launched):
+    """A KV cache allocation context on a fresh dummy client."""
+    cache = SharedKVCache(attach(launched.settings.pool_owner_address))
+    yield cache
+    cache.client.close()
+
+
+def test_the_allocation_context_takes_only_plain_host_allocations(shared):
+    with shared:
+        kv = torch.zeros(3, 1024, dtype=torch.float32, device="cpu")
+        scratch = torch.ones(16)
+        grads = torch.zeros(16, requires_grad=True)
+        empty = torch.empty(0, dtype=torch.int8)
+    assert kv.shape == (3, 1024) and kv.dtype == torch.float32 and not kv.any()
+    assert shared.regions == [(kv.data_ptr(), 3 * 1024 * 4)]
+    assert shared.holds([kv, kv[1:]]) and not shared.holds([kv, scratch])
+    assert not shared.holds([grads]) and not shared.holds([empty]) and not shared.holds([])
+    kv[2, 5] = 7.0  # ordinary writable memory
+    assert kv.sum() == 7.0
+    # Outside the context, allocations are ordinary again.
+    assert not shared.holds([torch.zeros(16)])
+
+
+def test_blocks_in_the_shared_cache_move_over_shm_and_read_over_tcp(client, engines, shared):
+    """An engine on the pool owner's host and one elsewhere share every block;
+    calls whose buffers are outside the shared cache stay on TCP."""
     from mooncake.store import ReplicateConfig
 
-    owner = launched.settings.pool_owner_address
-    writer = engines(7)
-    over_shm = writer.packing(staging_bytes=2 * writer.packer.row_bytes, shm=attach(owner))
-    assert over_shm.over_shm and over_shm.rows_per_call == 2
-    blocks = [6, 1, 4]  # more than the staging buffer holds: two store calls
+    writer = engines(7, shared=shared)
+    assert shared.holds(writer.layers)
+    over_shm = SharedMemoryStore(client, shared)
+    blocks = [6, 1, 4]
     addrs, sizes = writer.descriptors(blocks)
     keys = [f"shm-{b}" for b in blocks]
     assert over_shm.batch_put_from_multi_buffers(keys, addrs, sizes, ReplicateConfig()) == [0] * 3
-    assert over_shm.packed_keys == 3
+    assert over_shm.shared_calls == 1 and over_shm.passed_through_calls == 0
     # Existence checks go to the TCP client, and see what shared memory wrote.
     assert over_shm.batch_is_exist([*keys, "shm-never"]) == [1, 1, 1, 0]
 
-    # A TCP engine (vLLM's per-layer path) reads what went over shared memory.
+    # A TCP engine (vLLM's per-layer path, ordinary memory) reads what went
+    # over shared memory, through the same wrapper: passed through.
     tcp_reader = engines()
     targets = [0, 2, 5]
-    taddrs, tsizes = tcp_reader.descriptors(targets)
-    assert (
-        client.batch_get_into_multi_buffers(keys, taddrs, tsizes) == [writer.packer.row_bytes] * 3
-    )
+    got = over_shm.batch_get_into_multi_buffers(keys, *tcp_reader.descriptors(targets))
+    assert got == [writer.packer.row_bytes] * 3 and over_shm.passed_through_calls == 1
     for source, target in zip(blocks, targets):
         assert torch.equal(tcp_reader.block(target), writer.block(source))
 
-    # ... and the reverse: a TCP put, read into another engine over shared memory.
+    # ... and the reverse: a TCP put, read into another shared cache over shm.
     tcp_writer = engines(8)
     waddrs, wsizes = tcp_writer.descriptors([3, 7])
     assert client.batch_put_from_multi_buffers(
         ["tcp-3", "tcp-7"], waddrs, wsizes, ReplicateConfig()
     ) == [0, 0]
-    shm_reader = engines()
-    got = shm_reader.packing(shm=attach(owner)).batch_get_into_multi_buffers(
+    shm_reader = engines(shared=shared)
+    got = over_shm.batch_get_into_multi_buffers(
         ["tcp-7", "tcp-never", "tcp-3"], *shm_reader.descriptors([1, 2, 3])
     )
     assert got[0] == got[2] == writer.packer.row_bytes and got[1] < 0
+    assert over_shm.shared_calls == 2
     assert torch.equal(shm_reader.block(1), tcp_writer.block(7))
     assert torch.equal(shm_reader.block(3), tcp_writer.block(3))
     assert not shm_reader.block(2).any()
 
 
-def test_soft_pins_apply_over_shm(launched, engines):
+def test_transfer_threads_share_one_dummy_client(client, engines, shared):
+    """vLLM's sending thread and receiving thread call at the same time."""
+    from mooncake.store import ReplicateConfig
+
+    writer, reader = engines(11, shared=shared), engines(shared=shared)
+    sender, receiver = SharedMemoryStore(client, shared), SharedMemoryStore(client, shared)
+    assert sender.batch_put_from_multi_buffers(
+        ["both-0"], *writer.descriptors([0]), ReplicateConfig()
+    ) == [0]
+    failures: list[str] = []
+
+    def send() -> None:
+        for round_ in range(20):
+            keys = [f"both-{round_}-{b}" for b in range(1, 4)]
+            put = sender.batch_put_from_multi_buffers(
+                keys, *writer.descriptors([1, 2, 3]), ReplicateConfig()
+            )
+            if put != [0] * 3:
+                failures.append(f"put {put}")
+
+    def receive() -> None:
+        for _ in range(20):
+            got = receiver.batch_get_into_multi_buffers(["both-0"], *reader.descriptors([5]))
+            if got != [writer.packer.row_bytes]:
+                failures.append(f"get {got}")
+
+    threads = [threading.Thread(target=send), threading.Thread(target=receive)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures
+    assert torch.equal(reader.block(5), writer.block(0))
+    assert sender.shared_calls == 21 and receiver.shared_calls == 20
+
+
+def test_soft_pins_apply_over_shm(launched, engines, shared):
     """Retention rides on the put's ReplicateConfig, which the dummy client
     hands to the pool owner: a pinned put over shared memory is pinned."""
     from mooncake.store import ReplicateConfig, SoftPinAction
@@ -311,28 +384,37 @@ def test_soft_pins_apply_over_shm(launched, engines):
         raise AssertionError("tandem_kvstore_pinned_objects not exported")
 
     before = pinned()
-    engine = engines(9)
+    engine = engines(9, shared=shared)
     config = ReplicateConfig()
     config.soft_pin_action = SoftPinAction.ENABLE
     config.soft_pin_ttl_ms = 600_000
-    over_shm = engine.packing(shm=attach(launched.settings.pool_owner_address))
+    over_shm = SharedMemoryStore(engine.store, shared)
     addrs, sizes = engine.descriptors([0, 1])
     assert over_shm.batch_put_from_multi_buffers(["pin-0", "pin-1"], addrs, sizes, config) == [
         0,
         0,
     ]
+    assert over_shm.shared_calls == 1
     assert pinned() == before + 2
 
 
 def test_a_pool_owner_that_cannot_be_attached_fails_shm_and_falls_back_under_auto(caplog):
     """``shm`` refuses to start the engine with the reason; ``auto`` moves
-    packed blocks over TCP and says why."""
-    from types import SimpleNamespace
-
+    blocks over TCP and says why; a KV cache on a GPU never uses shm."""
     from services.kvstore.connector import TandemStoreConnector
 
     absent = f"127.0.0.1:{free_port()}"
     with pytest.raises(ShmUnavailable, match=f"{absent} over shared memory.*--transfer"):
         TandemStoreConnector._attach_shm(SimpleNamespace(_transfer=("shm", absent)))
     assert TandemStoreConnector._attach_shm(SimpleNamespace(_transfer=("auto", absent))) is None
-    assert "packed blocks over TCP instead" in caplog.text
+    assert "KV blocks over TCP instead" in caplog.text
+
+    def connector(transfer: str, device: str) -> SimpleNamespace:
+        config = SimpleNamespace(device_config=SimpleNamespace(device_type=device))
+        return SimpleNamespace(_transfer=(transfer, "127.0.0.1:1"), _vllm_config=config)
+
+    wanted = TandemStoreConnector._shm_wanted
+    assert wanted(connector("auto", "cpu")) and wanted(connector("shm", "cpu"))
+    assert not wanted(connector("auto", "cuda")) and not wanted(connector("tcp", "cpu"))
+    with pytest.raises(ShmUnavailable, match="KV cache is on cuda.*--transfer"):
+        wanted(connector("shm", "cuda"))
