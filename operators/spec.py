@@ -104,6 +104,7 @@ class ModelSpec:
     cache: CacheSpec | None
     hf_token_secret_ref: SecretRefSpec | None
     download_backoff_limit: int
+    hub_endpoint: str | None
 
     @property
     def origin(self) -> ModelSource:

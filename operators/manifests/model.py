@@ -34,6 +34,10 @@ def model_download_job(td: str, namespace: str, spec: TandemSpec, owner: Owner) 
         return None
     lbls = labels(td, "model-download")
     env: list[dict[str, Any]] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
+    if model.hub_endpoint is not None:
+        # huggingface_hub reads it for every call: the mirror an air-gapped
+        # cluster serves the Hub's API and files from.
+        env.append({"name": "HF_ENDPOINT", "value": model.hub_endpoint})
     ref = model.hf_token_secret_ref
     if ref is not None:
         env.append(
