@@ -572,6 +572,14 @@ def test_the_download_job_fetches_from_the_hub_endpoint_when_one_is_named():
     )
     # Unset: huggingface_hub's own default, the public Hub.
     assert "HF_ENDPOINT" not in {e["name"] for e in download_env(HF_MODEL)}
+    # Another mirror is another Job: a failed download retries from the new one.
+    named = [
+        manifests.model_download_job("demo", "prod", parse(spec(model=m)), OWNER)["metadata"][
+            "name"
+        ]
+        for m in (HF_MODEL, {**HF_MODEL, "hubEndpoint": mirror})
+    ]
+    assert named[0] != named[1]
     _, _, errors = crd.admit(
         crd_schema("tandemdeployments"),
         {
