@@ -6,7 +6,7 @@ fake API server with the local cluster's controllers (the Job controller
 included). There is no kubelet: the test marks the engine pods Ready and
 ends the Job's pod as the kubelet would, with `tandem profile`'s result as
 its termination message (the real `result_json`). The end-to-end run, with
-engines and the real command in the pod, is tests/journey/test_profile_job.py.
+engines and the real command in the pod, is in tests/journey/test_journey.py.
 """
 
 from __future__ import annotations
