@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from operators.manifests.meta import ROUTER_PORT, Manifest, Owner, labels, meta
+from operators.manifests.meta import ROUTER_PORT, Manifest, Owner, dns_label, labels, meta
 from operators.manifests.router import router_objects
 from operators.planner.profiles import (
     EngineProfile,
@@ -84,11 +84,15 @@ def parse_profile(spec: Mapping[str, Any]) -> ProfileSpec:
 
 
 def job_name(profile: str) -> str:
-    return f"{profile}-profile"
+    return dns_label(f"{profile}-profile")
 
 
 def profile_labels(p: ProfileSpec, profile: str) -> dict[str, str]:
-    return labels(p.deployment, COMPONENT, **{LABEL_ROLE: p.role, LABEL_PROFILE: profile})
+    """LABEL_PROFILE selects a profile's Job; its owner reference names the
+    profile (a long name is cut in the label)."""
+    return labels(
+        p.deployment, COMPONENT, **{LABEL_ROLE: p.role, LABEL_PROFILE: dns_label(profile)}
+    )
 
 
 def profile_command(p: ProfileSpec, td: TandemSpec, replicas: int) -> list[str]:

@@ -12,6 +12,7 @@ engines and the real command in the pod, is in tests/journey/test_journey.py.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -101,6 +102,28 @@ def test_the_job_runs_its_own_router_on_loopback_then_tandem_profile():
     p = parse_profile({"deployment": "demo", "role": "aggregated"})
     router = script_lines(profile_job("run2", NS, "u", p, parse(agg), 1))[0]
     assert "--remote-prefill-threshold" not in router
+
+
+# A DNS label, which a label value (beside being possibly empty) must also be.
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def test_a_long_profile_name_gives_a_job_name_and_labels_kubernetes_takes():
+    p = parse_profile({"deployment": "demo", "role": "decode"})
+    long = "nightly-decode-profile-after-the-model-upgrade-to-revision-7"  # 60 characters
+    job = profile_job(long, NS, "uid-1", p, parse(TD_SPEC), replicas=1)
+    name = job["metadata"]["name"]
+    # The Job controller labels the pods job-name=<name>: 63 characters at most.
+    assert DNS_LABEL.match(name) and name == job_name(long), name
+    for lbls in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
+        assert all(len(v) <= 63 for v in lbls.values()), lbls
+    # Two long names that share their first 55 characters get two Jobs.
+    assert job_name(long) != job_name(long[:-1] + "8")
+    # Short names stay as they were.
+    assert job_name("run1") == "run1-profile"
+    # The profile is its owner: how the operator finds it from the Job.
+    [owner] = job["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("TandemProfile", long)
 
 
 def test_the_result_round_trips_into_the_configmap_tandem_profile_writes():
@@ -221,6 +244,10 @@ def td(api) -> dict:
     return api.get("tandem.dev", "v1alpha1", "tandemdeployments", NS, "demo")
 
 
+# Longer than a Job name's 63 characters with "-profile": the Job's name is cut.
+RUN2 = "second-run-of-the-decode-pool-profile-with-a-long-name-x"
+
+
 def test_a_profile_runs_as_a_job_and_lands_in_the_configmap(kube_api, kubectl, operator):
     kube_api.install(TD, tandem_profile("run1", apply=True))
     # No engine is ready yet: the profile waits.
@@ -237,8 +264,8 @@ def test_a_profile_runs_as_a_job_and_lands_in_the_configmap(kube_api, kubectl, o
     assert s["job"] == job_name("run1") and s["replicas"] == 2
 
     # A second profile of the same pool waits for the first.
-    kube_api.install(tandem_profile("run2"))
-    wait_for(lambda: reason(kube_api, "run2") == "AnotherProfileRunning", what="the second waits")
+    kube_api.install(tandem_profile(RUN2))
+    wait_for(lambda: reason(kube_api, RUN2) == "AnotherProfileRunning", what="the second waits")
 
     job_pod_ends(kube_api, job_name("run1"), "Succeeded", result_json(DECODE))
     wait_for(lambda: profile_status(kube_api, "run1").get("phase") == "Succeeded", what="done")
@@ -260,13 +287,13 @@ def test_a_profile_runs_as_a_job_and_lands_in_the_configmap(kube_api, kubectl, o
     assert out == "Succeeded"
 
     # The second starts once the first is done, and its failure says why.
-    wait_for(lambda: profile_status(kube_api, "run2").get("phase") == "Running", what="run2 runs")
-    job_pod_ends(kube_api, job_name("run2"), "Failed", "RuntimeError: profile decode: no level")
-    wait_for(lambda: profile_status(kube_api, "run2").get("phase") == "Failed", what="run2 fails")
-    assert reason(kube_api, "run2") == "JobFailed"
+    wait_for(lambda: profile_status(kube_api, RUN2).get("phase") == "Running", what="run2 runs")
+    job_pod_ends(kube_api, job_name(RUN2), "Failed", "RuntimeError: profile decode: no level")
+    wait_for(lambda: profile_status(kube_api, RUN2).get("phase") == "Failed", what="run2 fails")
+    assert reason(kube_api, RUN2) == "JobFailed"
     message = next(
         c["message"]
-        for c in profile_status(kube_api, "run2")["conditions"]
+        for c in profile_status(kube_api, RUN2)["conditions"]
         if c["type"] == "Profiled"
     )
     assert "no level" in message and "backoff limit" in message
