@@ -47,6 +47,7 @@ from operators.profile import (
     profile_from_message,
     profile_job,
     result_configmap,
+    taken_on,
     termination_message,
 )
 from operators.spec import API_VERSION, TandemSpec, parse
@@ -177,6 +178,7 @@ async def _start(
         job=job_name(name),
         replicas=ready[p.role],
         startedAt=_now(),
+        takenOn=taken_on(spec, p.role),
     )
 
 
@@ -212,6 +214,8 @@ async def _finish(
             p.deployment,
             {"spec": {"scaling": {"profiles": {p.role: p.config_map}}}},
         )
+    # What the pool ran when the run started (recorded then; else this spec's).
+    ran = body.get("status", {}).get("takenOn") or taken_on(parse(td["spec"]), p.role)
     completed = _now()
     await kube.patch(
         API_VERSION,
@@ -221,7 +225,14 @@ async def _finish(
         {
             "status": {
                 "profiles": {
-                    p.role: deployment_profile_status(p, name, profile, completed, p.apply)
+                    p.role: deployment_profile_status(
+                        p,
+                        name,
+                        profile,
+                        completed,
+                        p.apply,
+                        ran,
+                    )
                 }
             }
         },

@@ -307,6 +307,7 @@ class ScalingSpec:
     slo: SloSpec
     capacity: CapacitySpec | None
     up_cooldown_seconds: int
+    profile_max_age_hours: int
     down_cooldown_seconds: int
     down_window_seconds: int
     max_step: int

@@ -238,11 +238,14 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
     cluster.kubectl("apply", "-f", str(manifest))
 
     # The download Job fills the claim before any engine starts.
-    def model_ready() -> bool:
-        td = cluster.get(f"tandemdeployments/{RELEASE}", api=TDS)
-        return condition(td, "ModelReady").get("status") == "True"
+    def td_condition(kind: str) -> dict:
+        return condition(cluster.get(f"tandemdeployments/{RELEASE}", api=TDS), kind)
 
-    cluster.wait(model_ready, INSTALL_DEADLINE_S, "the model downloaded (ModelReady)")
+    cluster.wait(
+        lambda: td_condition("ModelReady").get("status") == "True",
+        INSTALL_DEADLINE_S,
+        "the model downloaded (ModelReady)",
+    )
     job = cluster.get(
         f"jobs/{download_job_name(RELEASE, f'hf://{HUB_REPO}', MIRROR)}", api="/apis/batch/v1"
     )
@@ -332,6 +335,11 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
     td = cluster.get(f"tandemdeployments/{RELEASE}", api=TDS) or {}
     assert td["spec"]["scaling"]["profiles"]["decode"] == f"{RELEASE}-decode-profile"
     assert td["status"]["profiles"]["decode"]["tandemProfile"] == "journey-decode"
+    cluster.wait(
+        lambda: td_condition("ProfileStale").get("reason") == "Fresh",
+        120,
+        "ProfileStale=False (profiled on what runs)",
+    )
     record(
         "TandemProfile -> Succeeded",
         f"{time.monotonic() - profiled:.1f} s ({point.output_tokens_per_s:.1f} output tok/s "

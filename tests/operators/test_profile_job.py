@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -25,6 +26,8 @@ from operators.profile import (
     profile_from_message,
     profile_job,
     result_configmap,
+    stale_condition,
+    taken_on,
     termination_message,
 )
 from operators.spec import parse
@@ -124,6 +127,45 @@ def test_a_long_profile_name_gives_a_job_name_and_labels_kubernetes_takes():
     # The profile is its owner: how the operator finds it from the Job.
     [owner] = job["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"]) == ("TandemProfile", long)
+
+
+def test_a_profile_is_stale_once_old_or_taken_on_another_model_tp_or_image():
+    scaling = {"mode": "Recommend", "profiles": {"decode": "demo-decode-profile"}}
+    td = {**TD_SPEC, "scaling": scaling}
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    on = taken_on(parse(td), "decode")
+    assert on == {
+        "model": "/models/smol",
+        "tensorParallel": 1,
+        "image": "ghcr.io/tandem-serving/tandem:latest",
+    }
+
+    def record(hours_ago: float, **differs: object) -> dict:
+        return {
+            "configMap": "demo-decode-profile",
+            "takenAt": (now - timedelta(hours=hours_ago)).strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "takenOn": {**on, **differs},
+        }
+
+    fresh = stale_condition(parse(td), {"decode": record(2)}, now)
+    assert fresh is not None and (fresh.status, fresh.reason) == (False, "Fresh")
+    old = stale_condition(parse(td), {"decode": record(721)}, now)
+    assert old is not None and old.status and "721 h ago" in old.message
+    assert "profileMaxAgeHours 720" in old.message and "TandemProfile" in old.message
+    other = stale_condition(
+        parse(td), {"decode": record(1, tensorParallel=2, image="vllm:0.31")}, now
+    )
+    assert other is not None and other.status
+    assert "tensor parallelism 2 then, 1 now" in other.message
+    assert "engine image 'vllm:0.31' then" in other.message
+    # The age is the deployment's to state.
+    lenient = {**td, "scaling": {**td["scaling"], "profileMaxAgeHours": 1000}}
+    assert not stale_condition(parse(lenient), {"decode": record(721)}, now).status
+    # A pool whose scaling.profiles names another ConfigMap than the run wrote,
+    # or no run recorded at all: not judged, no condition.
+    elsewhere = {**td, "scaling": {"mode": "Recommend", "profiles": {"decode": "by-hand"}}}
+    assert stale_condition(parse(elsewhere), {"decode": record(721)}, now) is None
+    assert stale_condition(parse(td), {}, now) is None
 
 
 def test_the_result_round_trips_into_the_configmap_tandem_profile_writes():
@@ -244,6 +286,11 @@ def td(api) -> dict:
     return api.get("tandem.dev", "v1alpha1", "tandemdeployments", NS, "demo")
 
 
+def stale(api) -> dict:
+    conditions = td(api).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "ProfileStale"), {})
+
+
 # Longer than a Job name's 63 characters with "-profile": the Job's name is cut.
 RUN2 = "second-run-of-the-decode-pool-profile-with-a-long-name-x"
 
@@ -282,9 +329,22 @@ def test_a_profile_runs_as_a_job_and_lands_in_the_configmap(kube_api, kubectl, o
     recorded = deployment["status"]["profiles"]["decode"]
     assert (recorded["tandemProfile"], recorded["points"]) == ("run1", len(DECODE.points))
     assert "completedAt" in recorded
+    assert recorded["takenOn"]["image"] == "ghcr.io/tandem-serving/tandem:latest"
     # kubectl shows it.
     out = kubectl("get", "tandemprofile", "run1", "-o", "jsonpath={.status.phase}").stdout
     assert out == "Succeeded"
+    # Profiled on what the pool runs; a new engine image makes the profile stale.
+    wait_for(lambda: stale(kube_api).get("reason") == "Fresh", what="ProfileStale=False")
+    kubectl(
+        "patch",
+        "td",
+        "demo",
+        "--type=merge",
+        "-p",
+        '{"spec": {"images": {"engine": "ghcr.io/tandem-serving/tandem-engine:2.0"}}}',
+    )
+    wait_for(lambda: stale(kube_api).get("status") == "True", what="ProfileStale=True")
+    assert "engine image" in stale(kube_api)["message"]
 
     # The second starts once the first is done, and its failure says why.
     wait_for(lambda: profile_status(kube_api, RUN2).get("phase") == "Running", what="run2 runs")
