@@ -288,7 +288,7 @@ def stale_condition(
         why = []
         try:
             age = now - datetime.fromisoformat(str(record.get("takenAt")))
-        except ValueError:
+        except (ValueError, TypeError):  # no date, or one without its UTC offset
             age = None
         if age is not None and age > limit:
             why.append(

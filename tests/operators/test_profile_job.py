@@ -158,6 +158,9 @@ def test_a_profile_is_stale_once_old_or_taken_on_another_model_tp_or_image():
     assert other is not None and other.status
     assert "tensor parallelism 2 then, 1 now" in other.message
     assert "engine image 'vllm:0.31' then" in other.message
+    # A date without its UTC offset (a profile edited by hand) is not aged.
+    naive = {**record(2), "takenAt": "2026-01-01T00:00:00"}
+    assert stale_condition(parse(td), {"decode": naive}, now).reason == "Fresh"
     # The age is the deployment's to state.
     lenient = {**td, "scaling": {**td["scaling"], "profileMaxAgeHours": 1000}}
     assert not stale_condition(parse(lenient), {"decode": record(721)}, now).status
