@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema chart-docs bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey profile-job live-loop
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema chart-docs bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey live-loop
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -40,11 +40,9 @@ help:
 	@echo "           once) on the test suite's stack, alone (it is also part of make test)"
 	@echo "make cluster start a local cluster for the operator and chart (a test bed, not a"
 	@echo "           Kubernetes; prints its KUBECONFIG); tandem cluster down stops it"
-	@echo "make journey  the user's journey on the local cluster, as root: helm install, traffic,"
-	@echo "           kubectl scale up and down under load, uninstall (3 engines; 3-8 min; also in"
-	@echo "           make test), its timings printed"
-	@echo "make profile-job  a TandemProfile on the local cluster, as root: the operator runs"
-	@echo "           tandem profile as a Job against a decode pool (2 engines; minutes; not in make test)"
+	@echo "make journey  the user's journey on the local cluster, as root: the model downloaded"
+	@echo "           from a Hub mirror, helm install, traffic, a TandemProfile Job, kubectl scale"
+	@echo "           up and down under load, uninstall (3 engines; 4-9 min; also in make test)"
 	@echo "make live-loop  the rate-matching controller live on the local cluster, as root: pools"
 	@echo "           profiled, Auto under rising demand, then Recommend (2-3 engines; 30-40 min;"
 	@echo "           LIVE_LOOP_ARGS, e.g. --profiles DIR to reuse profiles)"
@@ -112,18 +110,14 @@ cluster: $(STAMP) kubectl
 # pytest exiting 5 (no tests collected) fails the target like any failure.
 test: setup aiperf kubectl
 	$(PY) -m pytest -m "not stack" -n $(TEST_WORKERS) $(PYTEST_ARGS)
-	$(PY) -m pytest -m "stack and not profile_job" --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest -m stack --durations=20 $(PYTEST_ARGS)
 
 # The user's journey (tests/journey) alone: the chart applied to the local
-# cluster, served, scaled and uninstalled, its timings printed. `test` runs it
+# cluster, its model downloaded from a Hub mirror, served, profiled, scaled
+# and uninstalled, its timings printed. `test` runs it
 # too (in the engine phase; it needs root, as CI has).
 journey: setup kubectl
 	$(PY) -m pytest -m journey -s --durations=5 tests/journey $(PYTEST_ARGS)
-
-# A TandemProfile end to end on the local cluster (tests/journey/test_profile_job.py):
-# two engines and the profile Job; minutes, so not in `test`.
-profile-job: setup kubectl
-	$(PY) -m pytest -m profile_job -s --durations=5 tests/journey $(PYTEST_ARGS)
 
 # Only the tests that start no engines (a few minutes).
 test-unit: setup kubectl

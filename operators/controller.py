@@ -24,12 +24,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client import ApiException
 
 from operators import drain, manifests, metrics, reconcile
 from operators.kube import Kube
+from operators.profile import stale_condition
 from operators.spec import API_VERSION, TandemSpec, parse, parse_pool, problems
 from operators.status import (
     Condition,
@@ -130,7 +132,7 @@ async def reconcile_deployment(
     out = Outcome(problems=problems(spec))
     if out.problems:
         emit(body, "Warning", "InvalidSpec", "; ".join(out.problems))
-        await _write_status(kube, body, out, router_ready=False)
+        await _write_status(kube, body, out, spec, router_ready=False)
         return out
 
     async def apply(obj: dict[str, Any], keep: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -213,7 +215,7 @@ async def _finish(
     router_ready = router is not None and (
         router.get("status", {}).get("readyReplicas", 0) >= spec.router.replicas
     )
-    await _write_status(kube, body, out, router_ready)
+    await _write_status(kube, body, out, spec, router_ready)
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     metrics.RECONCILES.labels("error" if out.errors else "ok").inc()
     return out
@@ -450,10 +452,16 @@ def _port(pod: dict[str, Any], name: str, default: int) -> int:
     return default
 
 
-async def _write_status(kube: Kube, body: dict[str, Any], out: Outcome, router_ready: bool) -> None:
+async def _write_status(
+    kube: Kube, body: dict[str, Any], out: Outcome, spec: TandemSpec, router_ready: bool
+) -> None:
     meta = body["metadata"]
     generation = meta.get("generation", 1)
     conditions = deployment_conditions(out.pools, router_ready, out.problems, out.errors, out.model)
+    # The profiles' age moves with the clock: each resync judges it again.
+    stale = stale_condition(spec, body.get("status", {}).get("profiles", {}), datetime.now(UTC))
+    if stale is not None:
+        conditions.append(stale)
     status = {
         "observedGeneration": generation,
         **deployment_summary(out.pools),

@@ -39,6 +39,7 @@ from operators import controller, live, profile_run
 from operators.kube import Kube
 from operators.manifests import LABEL_DEPLOYMENT, MANAGED_BY
 from operators.planner.simulate import Simulator
+from operators.profile import KIND as PROFILE_KIND
 from operators.profile import LABEL_PROFILE as PROFILE_LABEL
 from operators.profile import RESOURCE as PROFILES
 from operators.profile import parse_profile
@@ -326,10 +327,12 @@ class Handlers:
         await self.profile(memo, _namespace(namespace), name)
 
     async def profile_job_changed(
-        self, *, labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
+        self, *, meta: Mapping[str, Any], namespace: str | None, memo: Any, **_: Any
     ) -> None:
-        """A profile Job moved: its TandemProfile reads the outcome at once."""
-        await self.profile(memo, _namespace(namespace), labels[PROFILE_LABEL])
+        """A profile Job moved: its TandemProfile (its owner) reads the outcome at once."""
+        for owner in meta.get("ownerReferences", []):
+            if owner.get("kind") == PROFILE_KIND:
+                await self.profile(memo, _namespace(namespace), owner["name"])
 
 
 async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

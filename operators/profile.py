@@ -20,9 +20,10 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, cast
 
-from operators.manifests.meta import ROUTER_PORT, Manifest, Owner, labels, meta
+from operators.manifests.meta import ROUTER_PORT, Manifest, Owner, dns_label, labels, meta
 from operators.manifests.router import router_objects
 from operators.planner.profiles import (
     EngineProfile,
@@ -32,6 +33,7 @@ from operators.planner.profiles import (
 )
 from operators.planner.profiling import PD_PROFILE_ROUTER_ARGS
 from operators.spec import GROUP, VERSION, TandemSpec
+from operators.status import Condition
 
 KIND = "TandemProfile"
 PLURAL = "tandemprofiles"
@@ -84,11 +86,15 @@ def parse_profile(spec: Mapping[str, Any]) -> ProfileSpec:
 
 
 def job_name(profile: str) -> str:
-    return f"{profile}-profile"
+    return dns_label(f"{profile}-profile")
 
 
 def profile_labels(p: ProfileSpec, profile: str) -> dict[str, str]:
-    return labels(p.deployment, COMPONENT, **{LABEL_ROLE: p.role, LABEL_PROFILE: profile})
+    """LABEL_PROFILE selects a profile's Job; its owner reference names the
+    profile (a long name is cut in the label)."""
+    return labels(
+        p.deployment, COMPONENT, **{LABEL_ROLE: p.role, LABEL_PROFILE: dns_label(profile)}
+    )
 
 
 def profile_command(p: ProfileSpec, td: TandemSpec, replicas: int) -> list[str]:
@@ -228,7 +234,12 @@ def result_configmap(
 
 
 def deployment_profile_status(
-    p: ProfileSpec, name: str, profile: EngineProfile, completed_at: str, applied: bool
+    p: ProfileSpec,
+    name: str,
+    profile: EngineProfile,
+    completed_at: str,
+    applied: bool,
+    taken_on: Mapping[str, Any],
 ) -> dict[str, Any]:
     """What the TandemDeployment's `status.profiles.<role>` says of the last run."""
     return {
@@ -238,4 +249,69 @@ def deployment_profile_status(
         "completedAt": completed_at,
         "points": len(profile.points),
         "applied": applied,
+        "takenOn": dict(taken_on),
     }
+
+
+def taken_on(td: TandemSpec, role: str) -> dict[str, Any]:
+    """What a pool runs that its profile's figures depend on: the weights (a
+    new revision is a new source), the tensor parallelism, the engine image."""
+    return {
+        "model": td.model.source or td.model.path or "",
+        "tensorParallel": td.pool(role).parallelism.tensor,
+        "image": td.images.engine,
+    }
+
+
+STALE = "ProfileStale"
+_TAKEN_ON_NAMES = {
+    "model": "model",
+    "tensorParallel": "tensor parallelism",
+    "image": "engine image",
+}
+
+
+def stale_condition(
+    td: TandemSpec, profiles: Mapping[str, Mapping[str, Any]], now: datetime
+) -> Condition | None:
+    """ProfileStale from the deployment's `status.profiles`: True when a pool's
+    profile, the one `scaling.profiles` names, was taken longer ago than
+    `scaling.profileMaxAgeHours` or on another model, tensor parallelism or
+    engine image than the pool runs now. None when no pool's profile was
+    taken by a TandemProfile (a profile applied by hand records neither)."""
+    limit = timedelta(hours=td.scaling.profile_max_age_hours)
+    stale, fresh = [], []
+    for role in td.roles:
+        record = profiles.get(role)
+        if not record or record.get("configMap") != getattr(td.scaling.profiles, role):
+            continue
+        why = []
+        try:
+            age = now - datetime.fromisoformat(str(record.get("takenAt")))
+        except (ValueError, TypeError):  # no date, or one without its UTC offset
+            age = None
+        if age is not None and age > limit:
+            why.append(
+                f"taken {age / timedelta(hours=1):.0f} h ago "
+                f"(scaling.profileMaxAgeHours {td.scaling.profile_max_age_hours})"
+            )
+        then, current = record.get("takenOn") or {}, taken_on(td, role)
+        why += [
+            f"{what} {then[key]!r} then, {current[key]!r} now"
+            for key, what in _TAKEN_ON_NAMES.items()
+            if key in then and then[key] != current[key]
+        ]
+        if why:
+            stale.append(f"{role} ({record['configMap']}): {', '.join(why)}")
+        else:
+            fresh.append(role)
+    if not stale and not fresh:
+        return None
+    if stale:
+        return Condition(
+            STALE,
+            True,
+            "Stale",
+            "; ".join(stale) + ": run a new TandemProfile of the pool",
+        )
+    return Condition(STALE, False, "Fresh", f"{', '.join(fresh)}: profiled on what runs now")

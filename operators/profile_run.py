@@ -47,6 +47,7 @@ from operators.profile import (
     profile_from_message,
     profile_job,
     result_configmap,
+    taken_on,
     termination_message,
 )
 from operators.spec import API_VERSION, TandemSpec, parse
@@ -110,13 +111,8 @@ async def reconcile_profile(kube: Kube, body: dict[str, Any], emit: Emit) -> str
     if kind == "Failed":
         detail = termination_message(pods, "Failed")
         message = f"job/{job_name(name)} failed ({why})" + (f": {detail}" if detail else "")
-        emit(body, "Warning", "ProfileFailed", message)
-        return await _write(
-            kube,
-            body,
-            FAILED,
-            Condition(CONDITION, False, "JobFailed", message),
-            completedAt=_now(),
+        return await _announce(
+            kube, body, emit, FAILED, Condition(CONDITION, False, "JobFailed", message)
         )
     return await _finish(kube, body, td, p, termination_message(pods, "Succeeded"), emit)
 
@@ -170,20 +166,19 @@ async def _start(
         )
     job = profile_job(name, namespace, meta["uid"], p, spec, ready[p.role])
     await kube.create(job)
-    emit(
-        body,
-        "Normal",
-        "ProfileStarted",
-        f"job/{job_name(name)}: {p.role} pool of {p.deployment}, {ready[p.role]} replica(s)",
+    started = (
+        f"job/{job_name(name)} started: {p.role} pool of {p.deployment}, {ready[p.role]} replica(s)"
     )
-    return await _write(
+    return await _announce(
         kube,
         body,
+        emit,
         RUNNING,
-        Condition(CONDITION, False, "Running", f"job/{job_name(name)} started"),
+        Condition(CONDITION, False, "Running", started),
         job=job_name(name),
         replicas=ready[p.role],
         startedAt=_now(),
+        takenOn=taken_on(spec, p.role),
     )
 
 
@@ -205,13 +200,8 @@ async def _finish(
             raise ValueError(f"it measured a {profile.role} pool, not {p.role}")
     except (ValueError, ProfileError) as exc:
         why = f"job/{job_name(name)} completed but its profile is unusable: {exc}"
-        emit(body, "Warning", "ProfileFailed", why)
-        return await _write(
-            kube,
-            body,
-            FAILED,
-            Condition(CONDITION, False, "ResultUnusable", why),
-            completedAt=_now(),
+        return await _announce(
+            kube, body, emit, FAILED, Condition(CONDITION, False, "ResultUnusable", why)
         )
     await reconcile.apply(
         kube, result_configmap(profile, p, name, namespace, td["metadata"]["uid"])
@@ -224,6 +214,8 @@ async def _finish(
             p.deployment,
             {"spec": {"scaling": {"profiles": {p.role: p.config_map}}}},
         )
+    # What the pool ran when the run started (recorded then; else this spec's).
+    ran = body.get("status", {}).get("takenOn") or taken_on(parse(td["spec"]), p.role)
     completed = _now()
     await kube.patch(
         API_VERSION,
@@ -233,7 +225,14 @@ async def _finish(
         {
             "status": {
                 "profiles": {
-                    p.role: deployment_profile_status(p, name, profile, completed, p.apply)
+                    p.role: deployment_profile_status(
+                        p,
+                        name,
+                        profile,
+                        completed,
+                        p.apply,
+                        ran,
+                    )
                 }
             }
         },
@@ -244,10 +243,10 @@ async def _finish(
         f"{len(profile.points)} points written to configmap/{p.config_map}{applied} "
         f"(job/{job_name(name)})"
     )
-    emit(body, "Normal", "Profiled", text)
-    return await _write(
+    return await _announce(
         kube,
         body,
+        emit,
         SUCCEEDED,
         Condition(CONDITION, True, "Profiled", text),
         configMap=p.config_map,
@@ -255,6 +254,31 @@ async def _finish(
         applied=p.apply,
         completedAt=completed,
     )
+
+
+# The Event (type, reason) of each step a user watches, by the phase it enters.
+EVENTS = {
+    RUNNING: ("Normal", "ProfileStarted"),
+    SUCCEEDED: ("Normal", "Profiled"),
+    FAILED: ("Warning", "ProfileFailed"),
+}
+
+
+async def _announce(
+    kube: Kube,
+    body: dict[str, Any],
+    emit: Emit,
+    phase: str,
+    condition: Condition,
+    **fields: Any,
+) -> str:
+    """A step a user watches (started, failed, profiled): its Event, with the
+    condition's message, and the status; a run that ended gets completedAt."""
+    kind, reason = EVENTS[phase]
+    emit(body, kind, reason, condition.message)
+    if phase in (SUCCEEDED, FAILED):
+        fields.setdefault("completedAt", _now())
+    return await _write(kube, body, phase, condition, **fields)
 
 
 async def _pending(kube: Kube, body: dict[str, Any], reason: str, message: str) -> str:

@@ -104,6 +104,7 @@ class ModelSpec:
     cache: CacheSpec | None
     hf_token_secret_ref: SecretRefSpec | None
     download_backoff_limit: int
+    hub_endpoint: str | None
 
     @property
     def origin(self) -> ModelSource:
@@ -306,6 +307,7 @@ class ScalingSpec:
     slo: SloSpec
     capacity: CapacitySpec | None
     up_cooldown_seconds: int
+    profile_max_age_hours: int
     down_cooldown_seconds: int
     down_window_seconds: int
     max_step: int

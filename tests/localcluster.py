@@ -12,10 +12,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from tests.kube.plugin import REPO, kubectl_binary
@@ -119,3 +121,21 @@ class LocalCluster:
 
     def close(self) -> None:
         self.api.close()
+
+
+def cluster_fixture(bridge: str, pod_cidr: str, scope: str = "function") -> Any:
+    """A pytest fixture (assign it to a module-level name) that brings a local
+    cluster up on the bridge and addresses of its test module's own (a user's
+    cluster and other tests may run beside it) and down afterwards."""
+
+    @pytest.fixture(scope=scope)
+    def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+        state = tmp_path_factory.mktemp("cluster")
+        try:
+            running = up(state, bridge, pod_cidr)
+            yield running
+            running.close()
+        finally:
+            down(state)
+
+    return cluster

@@ -3,6 +3,7 @@ metadata and resource requests (pure)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ Manifest = dict[str, Any]
 LABEL_LLMD_ROLE = "llm-d.ai/role"
 MANAGED_BY = "tandem-operator"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+# A label value's limit, and a Job's name's (its pods carry it as `job-name`).
+DNS_LABEL_MAX = 63
 
 ROUTER_PORT = 8000
 GRPC_PORT = 50061
@@ -74,6 +77,16 @@ def labels(td: str, component: str, **extra: str) -> dict[str, str]:
         LABEL_DEPLOYMENT: td,
         **extra,
     }
+
+
+def dns_label(name: str) -> str:
+    """`name` as a DNS label and label value (63 characters at most): a longer
+    one is cut and ends in a hash of the whole, as Kubernetes shortens the
+    names it generates, so that two long names sharing a prefix stay apart."""
+    if len(name) <= DNS_LABEL_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: DNS_LABEL_MAX - len(digest) - 1].rstrip('-.')}-{digest}"
 
 
 def meta(name: str, namespace: str, owner: Owner, lbls: dict[str, str]) -> dict[str, Any]:

@@ -5,9 +5,9 @@ The operator, not the chart, runs it: it alone knows when engines may start
 (it creates their workloads only once the Job completed) and reports the
 download in the TandemDeployment's `ModelReady` condition; a chart hook
 would block `helm install` and could not hold back the operator's engines.
-The Job is named after the source, so a new revision is a new Job (a Job's
-pod template cannot change), and engines keep the old weights until it
-completes.
+The Job is named after the source and the Hub endpoint, so a new revision
+or mirror is a new Job (a Job's pod template cannot change), and engines keep
+the old weights until it completes.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from operators.spec import TandemSpec
 DOWNLOAD_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
 
 
-def download_job_name(td: str, source: str) -> str:
-    return f"{td}-model-{hashlib.sha256(source.encode()).hexdigest()[:8]}"
+def download_job_name(td: str, source: str, hub_endpoint: str | None = None) -> str:
+    """Named after what it downloads from where: a new revision or Hub
+    endpoint is a new Job (a Job's pod template cannot change)."""
+    origin = source if hub_endpoint is None else f"{source} from {hub_endpoint}"
+    return f"{td}-model-{hashlib.sha256(origin.encode()).hexdigest()[:8]}"
 
 
 def model_download_job(td: str, namespace: str, spec: TandemSpec, owner: Owner) -> Manifest | None:
@@ -34,6 +37,10 @@ def model_download_job(td: str, namespace: str, spec: TandemSpec, owner: Owner) 
         return None
     lbls = labels(td, "model-download")
     env: list[dict[str, Any]] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
+    if model.hub_endpoint is not None:
+        # huggingface_hub reads it for every call: the mirror an air-gapped
+        # cluster serves the Hub's API and files from.
+        env.append({"name": "HF_ENDPOINT", "value": model.hub_endpoint})
     ref = model.hf_token_secret_ref
     if ref is not None:
         env.append(
@@ -51,7 +58,9 @@ def model_download_job(td: str, namespace: str, spec: TandemSpec, owner: Owner) 
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": meta(download_job_name(td, model.source), namespace, owner, lbls),
+        "metadata": meta(
+            download_job_name(td, model.source, model.hub_endpoint), namespace, owner, lbls
+        ),
         "spec": {
             "backoffLimit": model.download_backoff_limit,
             "template": {

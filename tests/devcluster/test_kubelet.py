@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,7 @@ import pytest
 from devcluster.kubelet.network import NETNS_PREFIX, VETH_PREFIX
 from devcluster.kubelet.podspec import argv_of, expand, image_repository
 from tests.kube.plugin import kubectl_binary
-from tests.localcluster import LocalCluster, down, up
+from tests.localcluster import LocalCluster, cluster_fixture, down, up
 
 # A bridge and addresses of their own per test process: a user's cluster
 # (tandem0, 10.250.0.0/16) and other pytest-xdist workers may run beside.
@@ -31,15 +30,7 @@ POD_CIDR = f"10.{200 + WORKER}.0.0/16"
 DOWN_CIDR = f"10.{220 + WORKER}.0.0/16"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    state = tmp_path_factory.mktemp("cluster")
-    try:
-        running = up(state, BRIDGE, POD_CIDR)
-        yield running
-        running.close()
-    finally:
-        down(state)
+cluster = cluster_fixture(BRIDGE, POD_CIDR, scope="module")
 
 
 def pod(name: str, container: dict, **spec: object) -> dict:

@@ -77,6 +77,7 @@ FEATURES: dict[str, dict] = {
             "cache": {"create": True, "size": "50Gi", "storageClassName": "fast-rwx"},
             "hfToken": {"existingSecret": "hf-token"},
             "downloadBackoffLimit": 5,
+            "hubEndpoint": "http://hub-mirror.models.svc:8080",
         }
     },
     "model-hf-existing-claim": {

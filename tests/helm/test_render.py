@@ -342,6 +342,7 @@ def test_watch_all_namespaces_binds_the_operator_cluster_wide():
         ({"model": {"cache": {"accessModes": ["ReadWriteAll"]}}}, "/model/cache/accessModes"),
         ({"model": {"hfToken": {"secretKey": ""}}}, "/model/hfToken/secretKey"),
         ({"model": {"downloadBackoffLimit": -1}}, "/model/downloadBackoffLimit"),
+        ({"model": {"hubEndpoint": "hub-mirror:8080"}}, "/model/hubEndpoint"),
         ({"decode": {"spreadAcrossNodes": "yes"}}, "/decode/spreadAcrossNodes"),
         ({"grpcTls": {"enabled": "yes"}}, "/grpcTls/enabled"),
         ({"grpcTls": {"serverName": "Engines_1"}}, "/grpcTls/serverName"),
@@ -529,6 +530,7 @@ def test_an_hf_source_gets_the_cache_claim_and_the_token_the_operators_job_uses(
         "cache": {"persistentVolumeClaim": "tandem-model-cache"},
         "hfTokenSecretRef": {"name": "hf-token", "key": "HF_TOKEN"},
         "downloadBackoffLimit": 5,
+        "hubEndpoint": "http://hub-mirror.models.svc:8080",
         "dtype": "auto",
     }
     claim = one(docs, "PersistentVolumeClaim", "tandem-model-cache")
@@ -547,6 +549,8 @@ def test_an_hf_source_gets_the_cache_claim_and_the_token_the_operators_job_uses(
     # A claim's folder: no cache, nothing downloaded.
     model = one(render(CASES["feature-model-pvc"]), "TandemDeployment")["spec"]["model"]
     assert model["source"] == "pvc://weights/llama-3.1-8b" and "cache" not in model
+    # No hub named: huggingface_hub's own default.
+    assert "hubEndpoint" not in one(render({}), "TandemDeployment")["spec"]["model"]
     assert not by_kind(render({}), "PersistentVolumeClaim")
 
 

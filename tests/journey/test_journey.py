@@ -1,11 +1,18 @@
 """The user's journey, end to end on one machine, as root: `tandem cluster up`,
-the Helm chart rendered with the Helm SDK from helm/examples/local-cpu.yaml
-and applied with the real `kubectl apply -f`, the operator reconciling as a
-pod, Redis, the Mooncake master and store, the routers and the engines
+a Hugging Face Hub mirror in the cluster (devcluster/hubmirror.py, serving
+the prepared model as the Hub would: an air-gapped cluster's mirror), the
+Helm chart rendered with the Helm SDK from helm/examples/local-cpu.yaml with
+the model as `hf://` from that mirror and applied with the real `kubectl
+apply -f`, the operator reconciling as a pod, its download Job filling the
+chart's model cache claim before any engine starts, Redis, the Mooncake
+master and store, the routers and the engines (the cache mounted read-only)
 running from the rendered pod specs, traffic through the router Service's
-loopback port, `kubectl scale` of the decode pool up and back down under
-streaming sessions, and the uninstall (`kubectl delete -f` of what was
-applied, as `helm uninstall` does) and `tandem cluster down` leaving nothing.
+loopback port, a TandemProfile of the decode pool (the operator's profile
+Job: its own router and the real `tandem profile`, the result written to a
+ConfigMap and named in the deployment), `kubectl scale` of the decode pool
+up and back down under streaming sessions, and the uninstall (`kubectl
+delete -f` of what was applied, as `helm uninstall` does, keeping the
+claim) and `tandem cluster down` leaving nothing.
 
 In `make test`'s engine phase (also `make journey`, with its timings printed:
 run with `-s`): three vLLM engines, about 3-8 minutes on 2 cores depending on
@@ -15,13 +22,13 @@ test with it, saying why.
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,11 +37,13 @@ import yaml
 
 from common.kube import LABEL_COMPONENT, LABEL_POOL
 from common.model import resolve_model
+from devcluster.hubmirror import mirror_objects
 from devcluster.kubelet.network import NETNS_PREFIX, VETH_PREFIX
-from operators.manifests import GRPC_PORT, METRICS_PORT
+from operators.manifests import GRPC_PORT, METRICS_PORT, download_job_name
+from operators.planner.profiles import profile_from_configmap
 from tests.helm import chart
 from tests.helpers import engine_load
-from tests.localcluster import LocalCluster, down, up
+from tests.localcluster import LocalCluster, cluster_fixture, down
 
 # Also `stack`: it starts engines, so `pytest -m "not stack"` leaves it out.
 pytestmark = [pytest.mark.journey, pytest.mark.stack]
@@ -46,10 +55,30 @@ PREFILL_POOL = f"{RELEASE}-prefill"
 # Its own bridge and addresses: a user's cluster (tandem0, 10.250.0.0/16) and
 # the kubelet tests (10.200-239.x) may run beside it.
 BRIDGE = "tdjourney"
-POD_CIDR = "10.240.0.0/16"
+cluster = cluster_fixture(BRIDGE, "10.240.0.0/16")
+TDS = "/apis/tandem.dev/v1alpha1"
+# The model's id on the Hub, as the mirror serves the prepared folder.
+HUB_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MIRROR = "http://hub-mirror:8080"
+# One short level of the decode pool: the Job's router, then 6 s of sessions.
+PROFILE = {
+    "apiVersion": "tandem.dev/v1alpha1",
+    "kind": "TandemProfile",
+    "metadata": {"name": "journey-decode"},
+    "spec": {
+        "deployment": RELEASE,
+        "role": "decode",
+        "concurrencies": [1],
+        "levelSeconds": 6,
+        "apply": True,
+        # Small and quick: two sessions, no think time, short answers.
+        "args": ["--sessions=2", "--think-scale=0", "--max-tokens-cap=16"],
+    },
+}
 # Three engines, the store and two routers starting together on 2 cores.
 INSTALL_DEADLINE_S = 900.0
 SCALE_DEADLINE_S = 600.0
+PROFILE_DEADLINE_S = 600.0
 DRAIN_DEADLINE_S = 300.0
 UNINSTALL_DEADLINE_S = 180.0
 # Helm's InstallOrder (pkg/release/util/kind_sorter.go), the kinds the chart
@@ -143,25 +172,28 @@ def helm_order(doc: dict) -> int:
 
 
 def values(tmp_path: Path) -> dict:
-    """local-cpu.yaml with its hostPaths on this machine: the model as
-    `tandem model` prepared it, the store's disk tier under tmp."""
-    model = resolve_model(None)
+    """local-cpu.yaml with the model from the Hub mirror into a claim the
+    chart creates, the store's disk tier under tmp."""
     v = chart.example("local-cpu")
-    v["model"]["path"] = f"/models/{model.name}"
-    v["model"]["volume"]["hostPath"] = str(model.parent)
+    v["model"] |= {
+        "source": f"hf://{HUB_REPO}",
+        "hubEndpoint": MIRROR,
+        "cache": {"create": True, "size": "2Gi"},
+        "volume": {"hostPath": ""},
+    }
     v["kvStore"]["disk"]["hostPath"] = str(tmp_path / "kv")
     return v
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    state = tmp_path / "cluster"
-    try:
-        running = up(state, BRIDGE, POD_CIDR)
-        yield running
-        running.close()
-    finally:
-        down(state)
+def condition(obj: dict | None, kind: str) -> dict:
+    conditions = (obj or {}).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+def seconds(start: str, end: str) -> float:
+    """Between two of the API server's timestamps."""
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    return time.mktime(time.strptime(end, fmt)) - time.mktime(time.strptime(start, fmt))
 
 
 def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -171,6 +203,18 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
         timings[what] = figure
         print(f"\n[journey] {what}: {figure}", flush=True)
 
+    # The cluster's Hub mirror, there before the release (its own start
+    # hashes the weights once).
+    model = resolve_model(None)
+    mirrored = time.monotonic()
+    cluster.apply(*mirror_objects({HUB_REPO: model}))
+    cluster.wait(
+        lambda: [p for p in cluster.pods("app.kubernetes.io/name=hub-mirror") if ready(p)],
+        INSTALL_DEADLINE_S,
+        "the Hub mirror Ready",
+    )
+    record("hub mirror applied -> Ready", f"{time.monotonic() - mirrored:.1f} s")
+
     rendered = chart.render(values(tmp_path), release=RELEASE, namespace=NAMESPACE)
     # Hooks (the chart's test pod) are not part of the release.
     docs = sorted(
@@ -179,15 +223,44 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
     )
     manifest = tmp_path / "release.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
+    # helm uninstall keeps what the chart marks so (the model cache).
     uninstall = tmp_path / "uninstall.yaml"
-    uninstall.write_text(yaml.safe_dump_all(docs[::-1]))
+    uninstall.write_text(
+        yaml.safe_dump_all(
+            d
+            for d in docs[::-1]
+            if d["metadata"].get("annotations", {}).get("helm.sh/resource-policy") != "keep"
+        )
+    )
 
     # helm install: CRDs are the cluster's own (it starts with Tandem's).
     installed = time.monotonic()
     cluster.kubectl("apply", "-f", str(manifest))
 
+    # The download Job fills the claim before any engine starts.
+    def td_condition(kind: str) -> dict:
+        return condition(cluster.get(f"tandemdeployments/{RELEASE}", api=TDS), kind)
+
+    cluster.wait(
+        lambda: td_condition("ModelReady").get("status") == "True",
+        INSTALL_DEADLINE_S,
+        "the model downloaded (ModelReady)",
+    )
+    job = cluster.get(
+        f"jobs/{download_job_name(RELEASE, f'hf://{HUB_REPO}', MIRROR)}", api="/apis/batch/v1"
+    )
+    assert job is not None
+    record(
+        "model download Job",
+        f"{seconds(job['status']['startTime'], job['status']['completionTime']):.0f} s "
+        f"(install -> ModelReady {time.monotonic() - installed:.1f} s)",
+    )
+    cached = cluster.state / "claims" / NAMESPACE / f"{RELEASE}-model-cache" / "hf" / HUB_REPO
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert filecmp.cmp(cached / "main" / name, model / name, shallow=False), name
+
     def td_ready() -> dict | None:
-        td = cluster.get(f"tandemdeployments/{RELEASE}", api="/apis/tandem.dev/v1alpha1")
+        td = cluster.get(f"tandemdeployments/{RELEASE}", api=TDS)
         status = (td or {}).get("status", {})
         return td if status.get("prefill") == "1/1" and status.get("decode") == "1/1" else None
 
@@ -236,6 +309,42 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
     cached = (second.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     assert cached > 0, second.json()["usage"]
     print(f"\ncomponents running: {sorted(c for c in components if c)}")
+
+    # Profile the decode pool as the operator does it: a Job of its own.
+    profiled = time.monotonic()
+    cluster.apply(PROFILE)
+
+    def profile_phase() -> str:
+        found = cluster.get("tandemprofiles/journey-decode", api=TDS) or {}
+        return found.get("status", {}).get("phase", "")
+
+    cluster.wait(
+        lambda: profile_phase() in ("Succeeded", "Failed"), PROFILE_DEADLINE_S, "the profile's end"
+    )
+    found = cluster.get("tandemprofiles/journey-decode", api=TDS)
+    assert profile_phase() == "Succeeded", (
+        condition(found, "Profiled"),
+        cluster.kubectl("logs", "job/journey-decode-profile", check=False)[-3000:],
+    )
+    status = (found or {})["status"]
+    assert status["configMap"] == f"{RELEASE}-decode-profile" and status["points"] == 1
+    profile = profile_from_configmap(cluster.get(f"configmaps/{RELEASE}-decode-profile") or {})
+    assert profile.role == "decode" and profile.source == "measured"
+    [point] = profile.points
+    assert point.concurrency == 1 and point.output_tokens_per_s > 0
+    td = cluster.get(f"tandemdeployments/{RELEASE}", api=TDS) or {}
+    assert td["spec"]["scaling"]["profiles"]["decode"] == f"{RELEASE}-decode-profile"
+    assert td["status"]["profiles"]["decode"]["tandemProfile"] == "journey-decode"
+    cluster.wait(
+        lambda: td_condition("ProfileStale").get("reason") == "Fresh",
+        120,
+        "ProfileStale=False (profiled on what runs)",
+    )
+    record(
+        "TandemProfile -> Succeeded",
+        f"{time.monotonic() - profiled:.1f} s ({point.output_tokens_per_s:.1f} output tok/s "
+        f"at concurrency 1)",
+    )
 
     # Scale the decode pool up: a second pod, discovered and sent requests.
     decode_selector = f"{LABEL_POOL}={DECODE_POOL}"
@@ -333,9 +442,16 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
 
     # helm uninstall: delete what was applied, in Helm's order; every pod's
     # processes go.
-    all_pids = {pid for p in cluster.pods() for pid in pids(p)}
+    # The mirror is the cluster's, not the release's.
+    all_pids = {
+        pid
+        for p in cluster.pods()
+        if not p["metadata"]["name"].startswith("hub-mirror")
+        for pid in pids(p)
+    }
     assert all_pids
     uninstalled = time.monotonic()
+    cluster.kubectl("delete", "tandemprofile", "journey-decode")
     cluster.kubectl("delete", "-f", str(uninstall), "--wait=true", "--timeout=300s")
 
     def nothing_left() -> bool:

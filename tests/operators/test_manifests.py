@@ -561,6 +561,37 @@ def test_an_hf_source_is_downloaded_by_a_job_into_the_cache_engines_read():
     )
 
 
+def test_the_download_job_fetches_from_the_hub_endpoint_when_one_is_named():
+    def download_env(model: dict) -> list[dict]:
+        job = manifests.model_download_job("demo", "prod", parse(spec(model=model)), OWNER)
+        return job["spec"]["template"]["spec"]["containers"][0]["env"]
+
+    mirror = "http://hub-mirror.models.svc:8080"
+    assert {"name": "HF_ENDPOINT", "value": mirror} in download_env(
+        {**HF_MODEL, "hubEndpoint": mirror}
+    )
+    # Unset: huggingface_hub's own default, the public Hub.
+    assert "HF_ENDPOINT" not in {e["name"] for e in download_env(HF_MODEL)}
+    # Another mirror is another Job: a failed download retries from the new one.
+    named = [
+        manifests.model_download_job("demo", "prod", parse(spec(model=m)), OWNER)["metadata"][
+            "name"
+        ]
+        for m in (HF_MODEL, {**HF_MODEL, "hubEndpoint": mirror})
+    ]
+    assert named[0] != named[1]
+    _, _, errors = crd.admit(
+        crd_schema("tandemdeployments"),
+        {
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "TandemDeployment",
+            "metadata": {"name": "demo"},
+            "spec": spec(model={**HF_MODEL, "hubEndpoint": "hub-mirror:8080"}),
+        },
+    )
+    assert any("hubEndpoint" in e for e in errors), errors
+
+
 def test_a_pvc_source_mounts_the_claim_and_downloads_nothing():
     objs = everything(spec(model={"source": "pvc://weights/llama-3.1-8b"}))
     assert not [o for o in objs if o["kind"] == "Job"]

@@ -6,13 +6,15 @@ fake API server with the local cluster's controllers (the Job controller
 included). There is no kubelet: the test marks the engine pods Ready and
 ends the Job's pod as the kubelet would, with `tandem profile`'s result as
 its termination message (the real `result_json`). The end-to-end run, with
-engines and the real command in the pod, is tests/journey/test_profile_job.py.
+engines and the real command in the pod, is in tests/journey/test_journey.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -24,6 +26,8 @@ from operators.profile import (
     profile_from_message,
     profile_job,
     result_configmap,
+    stale_condition,
+    taken_on,
     termination_message,
 )
 from operators.spec import parse
@@ -101,6 +105,70 @@ def test_the_job_runs_its_own_router_on_loopback_then_tandem_profile():
     p = parse_profile({"deployment": "demo", "role": "aggregated"})
     router = script_lines(profile_job("run2", NS, "u", p, parse(agg), 1))[0]
     assert "--remote-prefill-threshold" not in router
+
+
+# A DNS label, which a label value (beside being possibly empty) must also be.
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def test_a_long_profile_name_gives_a_job_name_and_labels_kubernetes_takes():
+    p = parse_profile({"deployment": "demo", "role": "decode"})
+    long = "nightly-decode-profile-after-the-model-upgrade-to-revision-7"  # 60 characters
+    job = profile_job(long, NS, "uid-1", p, parse(TD_SPEC), replicas=1)
+    name = job["metadata"]["name"]
+    # The Job controller labels the pods job-name=<name>: 63 characters at most.
+    assert DNS_LABEL.match(name) and name == job_name(long), name
+    for lbls in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
+        assert all(len(v) <= 63 for v in lbls.values()), lbls
+    # Two long names that share their first 55 characters get two Jobs.
+    assert job_name(long) != job_name(long[:-1] + "8")
+    # Short names stay as they were.
+    assert job_name("run1") == "run1-profile"
+    # The profile is its owner: how the operator finds it from the Job.
+    [owner] = job["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("TandemProfile", long)
+
+
+def test_a_profile_is_stale_once_old_or_taken_on_another_model_tp_or_image():
+    scaling = {"mode": "Recommend", "profiles": {"decode": "demo-decode-profile"}}
+    td = {**TD_SPEC, "scaling": scaling}
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    on = taken_on(parse(td), "decode")
+    assert on == {
+        "model": "/models/smol",
+        "tensorParallel": 1,
+        "image": "ghcr.io/tandem-serving/tandem:latest",
+    }
+
+    def record(hours_ago: float, **differs: object) -> dict:
+        return {
+            "configMap": "demo-decode-profile",
+            "takenAt": (now - timedelta(hours=hours_ago)).strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "takenOn": {**on, **differs},
+        }
+
+    fresh = stale_condition(parse(td), {"decode": record(2)}, now)
+    assert fresh is not None and (fresh.status, fresh.reason) == (False, "Fresh")
+    old = stale_condition(parse(td), {"decode": record(721)}, now)
+    assert old is not None and old.status and "721 h ago" in old.message
+    assert "profileMaxAgeHours 720" in old.message and "TandemProfile" in old.message
+    other = stale_condition(
+        parse(td), {"decode": record(1, tensorParallel=2, image="vllm:0.31")}, now
+    )
+    assert other is not None and other.status
+    assert "tensor parallelism 2 then, 1 now" in other.message
+    assert "engine image 'vllm:0.31' then" in other.message
+    # A date without its UTC offset (a profile edited by hand) is not aged.
+    naive = {**record(2), "takenAt": "2026-01-01T00:00:00"}
+    assert stale_condition(parse(td), {"decode": naive}, now).reason == "Fresh"
+    # The age is the deployment's to state.
+    lenient = {**td, "scaling": {**td["scaling"], "profileMaxAgeHours": 1000}}
+    assert not stale_condition(parse(lenient), {"decode": record(721)}, now).status
+    # A pool whose scaling.profiles names another ConfigMap than the run wrote,
+    # or no run recorded at all: not judged, no condition.
+    elsewhere = {**td, "scaling": {"mode": "Recommend", "profiles": {"decode": "by-hand"}}}
+    assert stale_condition(parse(elsewhere), {"decode": record(721)}, now) is None
+    assert stale_condition(parse(td), {}, now) is None
 
 
 def test_the_result_round_trips_into_the_configmap_tandem_profile_writes():
@@ -221,6 +289,15 @@ def td(api) -> dict:
     return api.get("tandem.dev", "v1alpha1", "tandemdeployments", NS, "demo")
 
 
+def stale(api) -> dict:
+    conditions = td(api).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "ProfileStale"), {})
+
+
+# Longer than a Job name's 63 characters with "-profile": the Job's name is cut.
+RUN2 = "second-run-of-the-decode-pool-profile-with-a-long-name-x"
+
+
 def test_a_profile_runs_as_a_job_and_lands_in_the_configmap(kube_api, kubectl, operator):
     kube_api.install(TD, tandem_profile("run1", apply=True))
     # No engine is ready yet: the profile waits.
@@ -237,8 +314,8 @@ def test_a_profile_runs_as_a_job_and_lands_in_the_configmap(kube_api, kubectl, o
     assert s["job"] == job_name("run1") and s["replicas"] == 2
 
     # A second profile of the same pool waits for the first.
-    kube_api.install(tandem_profile("run2"))
-    wait_for(lambda: reason(kube_api, "run2") == "AnotherProfileRunning", what="the second waits")
+    kube_api.install(tandem_profile(RUN2))
+    wait_for(lambda: reason(kube_api, RUN2) == "AnotherProfileRunning", what="the second waits")
 
     job_pod_ends(kube_api, job_name("run1"), "Succeeded", result_json(DECODE))
     wait_for(lambda: profile_status(kube_api, "run1").get("phase") == "Succeeded", what="done")
@@ -255,18 +332,31 @@ def test_a_profile_runs_as_a_job_and_lands_in_the_configmap(kube_api, kubectl, o
     recorded = deployment["status"]["profiles"]["decode"]
     assert (recorded["tandemProfile"], recorded["points"]) == ("run1", len(DECODE.points))
     assert "completedAt" in recorded
+    assert recorded["takenOn"]["image"] == "ghcr.io/tandem-serving/tandem:latest"
     # kubectl shows it.
     out = kubectl("get", "tandemprofile", "run1", "-o", "jsonpath={.status.phase}").stdout
     assert out == "Succeeded"
+    # Profiled on what the pool runs; a new engine image makes the profile stale.
+    wait_for(lambda: stale(kube_api).get("reason") == "Fresh", what="ProfileStale=False")
+    kubectl(
+        "patch",
+        "td",
+        "demo",
+        "--type=merge",
+        "-p",
+        '{"spec": {"images": {"engine": "ghcr.io/tandem-serving/tandem-engine:2.0"}}}',
+    )
+    wait_for(lambda: stale(kube_api).get("status") == "True", what="ProfileStale=True")
+    assert "engine image" in stale(kube_api)["message"]
 
     # The second starts once the first is done, and its failure says why.
-    wait_for(lambda: profile_status(kube_api, "run2").get("phase") == "Running", what="run2 runs")
-    job_pod_ends(kube_api, job_name("run2"), "Failed", "RuntimeError: profile decode: no level")
-    wait_for(lambda: profile_status(kube_api, "run2").get("phase") == "Failed", what="run2 fails")
-    assert reason(kube_api, "run2") == "JobFailed"
+    wait_for(lambda: profile_status(kube_api, RUN2).get("phase") == "Running", what="run2 runs")
+    job_pod_ends(kube_api, job_name(RUN2), "Failed", "RuntimeError: profile decode: no level")
+    wait_for(lambda: profile_status(kube_api, RUN2).get("phase") == "Failed", what="run2 fails")
+    assert reason(kube_api, RUN2) == "JobFailed"
     message = next(
         c["message"]
-        for c in profile_status(kube_api, "run2")["conditions"]
+        for c in profile_status(kube_api, RUN2)["conditions"]
         if c["type"] == "Profiled"
     )
     assert "no level" in message and "backoff limit" in message
