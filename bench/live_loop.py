@@ -66,7 +66,7 @@ import helm_python as helm
 import httpx
 import yaml
 
-from bench.harness import tandem_cli
+from bench.harness import sigterm_as_interrupt, tandem_cli
 from common.kube import LABEL_COMPONENT, LABEL_POOL
 from common.model import cache_dir, resolve_model
 from operators.manifests import METRICS_PORT
@@ -777,6 +777,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if started.returncode:
         raise RuntimeError(f"tandem cluster up failed:\n{started.stderr}")
     cluster = Cluster(state)
+
+    def save() -> None:  # after each phase: a run stopped midway keeps what it measured
+        (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+
+    interrupted = False
     try:
         url, result["install_s"] = install(cluster, release)
         log(f"installed in {result['install_s']:.0f} s; router Service at {url}")
@@ -785,22 +790,34 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if not a.no_auto:
             result |= apply_profiles(cluster, a, url, out, w)
             result["auto"] = auto_phase(r, a)
+            save()
             result["recommend"] = recommend_phase(r, a)
+            save()
         result["static"] = []
         for shape in a.static:
             fixed = Run(cluster, url, w, slo, tokenizer, Monitor(cluster))
             result["static"].append(static_phase(fixed, a, shape))
+            save()
+    except KeyboardInterrupt:
+        interrupted = True  # stopped: the cluster goes down at once, no graceful uninstall
+        raise
     finally:
-        try:
-            cluster.kubectl("delete", "td", RELEASE, "--wait=true", "--timeout=300s")
-            cluster.kubectl(
-                "delete", "-f", str(release), "--ignore-not-found", "--wait=true", "--timeout=300s"
-            )
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            log(f"uninstall: {exc}")
+        if not interrupted:
+            try:
+                cluster.kubectl("delete", "td", RELEASE, "--wait=true", "--timeout=300s")
+                cluster.kubectl(
+                    "delete",
+                    "-f",
+                    str(release),
+                    "--ignore-not-found",
+                    "--wait=true",
+                    "--timeout=300s",
+                )
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                log(f"uninstall: {exc}")
         tandem_cli("cluster", "down", "--state-dir", str(state), timeout=COMMAND_TIMEOUT_S)
     result["load_average_end"] = load_average()
-    (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    save()
     report = render_report(result)
     (out / "report.md").write_text(report)
     print(report)
@@ -1004,7 +1021,14 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench.live_loop: the local cluster's pod network needs root", file=sys.stderr)
         return 2
-    run(a)
+    try:
+        with sigterm_as_interrupt():
+            run(a)
+    except KeyboardInterrupt:
+        print(
+            "bench.live_loop: interrupted; the phases done are in OUT/result.json", file=sys.stderr
+        )
+        return 130
     return 0
 
 
