@@ -759,7 +759,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     }
     if a.auto_from:
         earlier = json.loads((Path(a.auto_from) / "result.json").read_text())
-        result["auto"] = dict(earlier["auto"], run=str(a.auto_from), step_s=earlier.get("step_s"))
+        first = earlier["auto"]["steps"][0]
+        result["auto"] = dict(
+            earlier["auto"], run=str(a.auto_from), step_s=first["end"] - first["start"]
+        )
     release = out / "release.yaml"
     release.write_text(yaml.safe_dump_all(render(values(a.max_prefill, a.max_decode))))
     log(f"tandem cluster up ({state})")
@@ -897,8 +900,8 @@ def render_static(result: dict[str, Any]) -> list[str]:
     lines = []
     if auto and auto.get("run"):
         lines.append(
-            f"Auto from the earlier run {auto['run']} ({auto.get('step_s') or '?'} s steps; "
-            f"these: {result['step_s']:g} s)"
+            f"Auto from the earlier run {auto['run']} ({auto['step_s']:.0f} s steps; "
+            f"these: {result['step_s']:.0f} s)"
         )
     lines += [
         "| step (sessions) | " + " | ".join(name for name, _ in runs) + " |",

@@ -52,7 +52,11 @@ def test_the_report_compares_auto_with_each_static_shape_per_step():
         "load_average_end": "2 2 2",
         "slo": {"ttftP90Ms": 8000, "interactivityP90": 2.5},
         "step_s": 60.0,
-        "auto": {"steps": [step(2, 0, 0.9, 3.1), step(6, 60, 1.4, 6.2)], "run": "/runs/b"},
+        "auto": {
+            "steps": [step(2, 0, 0.9, 3.1), step(6, 60, 1.4, 6.2)],
+            "run": "/runs/b",
+            "step_s": 150.0,
+        },
         "static": [
             {
                 "shape": "1:1",
@@ -71,6 +75,6 @@ def test_the_report_compares_auto_with_each_static_shape_per_step():
     assert "| 6 | 1.400 / 6.2 / 3.0 (0 failed) | 1.000 / 9.0 / 3.0 (1 failed) |" in report
     assert "| whole trace, goodput | 1.150 | 0.900 | 1.075 |" in report
     assert "best static over the trace: 1:2 (1.075 req/s" in report
-    assert "Auto from the earlier run /runs/b" in report
+    assert "Auto from the earlier run /runs/b (150 s steps; these: 60 s)" in report
     assert "static 1:2: pods that served nothing: d-1" in report
     assert trace_goodput(result["static"][0]["steps"]) == pytest.approx(0.9)
