@@ -1,5 +1,6 @@
 """What every benchmark (and the tests' helpers) share: where results go,
-progress lines, CPU counters, a Redis server, and Ctrl-C/SIGTERM handling.
+progress lines, the `tandem` command run as a user runs it, CPU counters, a
+Redis server, and Ctrl-C/SIGTERM handling.
 
 Processes and ports come from ``common.procs`` and ``common.ports``; the
 endpoint, its SSE stream and percentiles from ``tandem.workload``.
@@ -11,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,12 +22,25 @@ from pathlib import Path
 from common.ports import free_port
 from common.procs import Proc, launch, stop_process_group
 
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
 
 
 def log(msg: str) -> None:
     """A progress line on stderr (stdout carries reports)."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def tandem_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`tandem ARGS...` as a user runs it, from the repository root, its
+    output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "tandem.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _interrupt(signum, frame) -> None:

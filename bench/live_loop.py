@@ -23,16 +23,27 @@ its pools profiled with `tandem profile` through the router's Service,
    (`kubectl scale`, as a user would), the top step replayed again: no pool
    may move, the recommendation must stay one value with one
    `ScalingRecommended` Event, and it must name the change.
+5. Static shapes (`--static 1:1,1:2,2:1`): the mode set to `Off`, both pools
+   scaled by hand to each P:D in turn and waited for (that many pods, all
+   Ready, none draining), then the same demand steps (the same seeded trace;
+   each replay salts its prompts, so no phase reuses another's cache). Each
+   engine pod's own request counter says whether the router sent it work.
+   `--no-auto` runs only these (no profiles needed); `--auto-from DIR`
+   then compares them with the Auto phase of an earlier run.
 
 Per step and per decision it reports: the operator's decision and reasons,
 decision → the new pod Ready → its first routed request (s), and goodput
 (requests per second within both SLOs), TTFT p90 and P90 interactivity of
-the requests before the decision and of those after the new pod served.
+the requests before the decision and of those after the new pod served;
+with static shapes, per step Auto against each shape, and the best static
+shape over the whole trace.
 Everything is written to OUT/result.json and OUT/report.md.
 
     make live-loop                                 # profiles, Auto, Recommend
     python -m bench.live_loop --profiles DIR       # reuse profiles
     python -m bench.live_loop --steps 2,6,10 --step-s 180
+    python -m bench.live_loop --profiles DIR --static 1:1,1:2,2:1
+    python -m bench.live_loop --no-auto --static 1:1,1:2,2:1 --auto-from EARLIER
 
 Needs root (the local cluster's pod network) and the prepared model; runs 2-3
 vLLM engines for 20-40 minutes on 2 cores. Not part of `make test`.
@@ -55,6 +66,7 @@ import helm_python as helm
 import httpx
 import yaml
 
+from bench.harness import sigterm_as_interrupt, tandem_cli
 from common.kube import LABEL_COMPONENT, LABEL_POOL
 from common.model import cache_dir, resolve_model
 from operators.manifests import METRICS_PORT
@@ -89,16 +101,6 @@ def log(msg: str) -> None:
 
 
 # -- the cluster ---------------------------------------------------------------
-
-
-def tandem_cli(*args: str, timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tandem.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 class Cluster:
@@ -234,7 +236,9 @@ class Workload:
         ]
 
     def replay(self, url: str, concurrency: int, duration_s: float, tokenizer: Any) -> Replayer:
-        sessions = generate.generate(generate.params_for("small", sessions=self.sessions))
+        sessions = generate.generate(
+            generate.params_for("small", sessions=self.sessions, seed=self.seed)
+        )
         builder = PromptBuilder(tokenizer, salt=new_salt())
         cfg = ReplayConfig(
             url=url,
@@ -562,6 +566,182 @@ def patch_scaling(cluster: Cluster, scaling: dict) -> None:
     )
 
 
+def install(cluster: Cluster, release: Path) -> tuple[str, float]:
+    """The release applied as `helm install` would; its router Service's URL
+    once one engine per pool serves through it, and the seconds that took."""
+    installed = time.monotonic()
+    cluster.kubectl("apply", "-f", str(release))
+
+    def serving() -> str | None:
+        status = (cluster.td() or {}).get("status", {})
+        url = cluster.router_url()
+        if status.get("prefill") != "1/1" or status.get("decode") != "1/1" or not url:
+            return None
+        try:
+            return url if httpx.get(f"{url}/health", timeout=5).status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    url = wait(serving, INSTALL_DEADLINE_S, "the release serving through the router Service")
+    return url, time.monotonic() - installed
+
+
+def apply_profiles(
+    cluster: Cluster, a: argparse.Namespace, url: str, out: Path, w: Workload
+) -> dict[str, Any]:
+    """Profiles taken now (or an earlier run's, `--profiles`), applied."""
+    found: dict[str, Any] = {}
+    profiles = Path(a.profiles) if a.profiles else out / "profiles"
+    if not a.profiles:
+        took = time.monotonic()
+        take_profiles(url, profiles, w, a.profile_concurrencies, a.profile_level_s)
+        found["profile_s"] = time.monotonic() - took
+    for role in ("prefill", "decode"):
+        cluster.kubectl("apply", "-f", str(profiles / f"{role}.yaml"))
+    found["profiles"] = {
+        role: yaml.safe_load((profiles / f"{role}.yaml").read_text())["data"]["profile.json"]
+        for role in ("prefill", "decode")
+    }
+    return found
+
+
+def auto_phase(r: Run, a: argparse.Namespace) -> dict[str, Any]:
+    """`scaling.mode: Auto` through the demand steps: each decision, its new
+    pod's timings, and the figures before it and after the pod served."""
+    cluster, monitor, slo = r.cluster, r.monitor, r.slo
+    auto_from = time.time()
+    patch_scaling(
+        cluster,
+        {
+            "mode": "Auto",
+            "profiles": {"prefill": "smollm2-cpu-prefill", "decode": "smollm2-cpu-decode"},
+            "slo": {"ttftP90Ms": slo.ttft_p90_ms, "interactivityP90": slo.interactivity_p90},
+            "upCooldownSeconds": a.up_cooldown_s,
+            "gpuBudget": a.engine_budget,
+            "maxStep": 1,
+        },
+    )
+    steps = asyncio.run(monitored(monitor, r.steps(a.steps, a.step_s)))
+    auto_to = time.time()
+    ups = scale_ups(monitor, auto_from, auto_to)
+    for up in ups:
+        decided = up["decided"]
+        # After: from the new pod's first routed request, else (never
+        # routed) from its Ready, so that the table says what it cost.
+        serving_at = up["serving_at"] or up["ready_at"]
+        up["after_from"] = "first routed request" if up["serving_at"] else "Ready, never routed"
+        step = next((s for s in steps if s["start"] <= decided < s["end"]), steps[-1])
+        up["step"] = step["concurrency"]
+        # The demand the after-window saw: it may start in a later step.
+        up["after_step"] = next(
+            (x["concurrency"] for x in steps if serving_at and x["start"] <= serving_at < x["end"]),
+            None,
+        )
+        up["before"] = figures(r.records, max(step["start"], decided - a.window_s), decided, slo)
+        up["after"] = (
+            None
+            if serving_at is None
+            else figures(r.records, serving_at, min(auto_to, serving_at + a.window_s), slo)
+        )
+    return {
+        "steps": steps,
+        "scale_changes": ups,
+        "decisions": monitor.decisions,
+        "events": events(cluster, auto_from),
+        "pods": [p.__dict__ for p in monitor.pods.values()],
+        "load_average": load_average(),
+    }
+
+
+def engine_pods(cluster: Cluster) -> list[dict]:
+    found = cluster.get("pods", labelSelector=f"{LABEL_COMPONENT}=engine") or {}
+    return found.get("items", [])
+
+
+def set_pools(cluster: Cluster, shape: dict[str, int]) -> None:
+    """Each pool scaled by hand, as a user would, and waited for: exactly
+    its replicas in pods, all Ready, none still draining."""
+    for role, n in shape.items():
+        cluster.kubectl("scale", f"enginepool/{RELEASE}-{role}", "--replicas", str(n))
+
+    def settled() -> bool:
+        pods = engine_pods(cluster)
+        for role, n in shape.items():
+            mine = [
+                p for p in pods if p["metadata"]["labels"].get(LABEL_POOL) == f"{RELEASE}-{role}"
+            ]
+            if len(mine) != n or not all(ready(p) for p in mine):
+                return False
+        return True
+
+    wait(settled, 600, f"pools at {shape_name(shape)}")
+
+
+def recommend_phase(r: Run, a: argparse.Namespace) -> dict[str, Any]:
+    """Recommend with the pools set back to 1:1 by hand, the top step
+    again: nothing may move, one Event per changed recommendation."""
+    cluster = r.cluster
+    patch_scaling(cluster, {"mode": "Recommend"})
+    set_pools(cluster, {"prefill": 1, "decode": 1})
+    rec_monitor = Monitor(cluster)
+    rec_from = time.time()
+    rec_steps = asyncio.run(monitored(rec_monitor, r.steps([a.steps[-1]], a.recommend_s)))
+    rec_to = time.time()
+    rec_events = [e for e in events(cluster, rec_from) if e["reason"] == "ScalingRecommended"]
+    recommended = [d["recommendation"] for d in rec_monitor.decisions if d["mode"] == "Recommend"]
+    return {
+        "steps": rec_steps,
+        "spec_replicas": rec_monitor.spec_replicas,
+        "moved": len({json.dumps(s[1], sort_keys=True) for s in rec_monitor.spec_replicas}) > 1,
+        "recommendations": recommended,
+        "distinct": sorted(set(recommended)),
+        "events": rec_events,
+        "event_count": sum(e["count"] for e in rec_events),
+        "last": rec_monitor.decisions[-1] if rec_monitor.decisions else None,
+        "seconds": rec_to - rec_from,
+        "load_average": load_average(),
+    }
+
+
+def served_per_pod(cluster: Cluster) -> dict[str, float]:
+    """Requests each engine pod has served, from its own metrics."""
+    out = {}
+    for pod in engine_pods(cluster):
+        ip = pod["status"]["podIP"]
+        text = httpx.get(f"http://{ip}:{METRICS_PORT}/metrics", timeout=10).text
+        out[pod["metadata"]["name"]] = engine_requests(text)
+    return out
+
+
+def static_phase(r: Run, a: argparse.Namespace, shape: dict[str, int]) -> dict[str, Any]:
+    """One shape held fixed (`scaling.mode: Off`) through the same demand
+    steps; that every engine pod served requests is checked from their
+    metrics (a pod the router never found would serve none)."""
+    patch_scaling(r.cluster, {"mode": "Off"})
+    set_pools(r.cluster, shape)
+    log(f"static {shape_name(shape)}: pools Ready")
+    before = served_per_pod(r.cluster)
+    steps = asyncio.run(r.steps(a.steps, a.step_s))
+    after = served_per_pod(r.cluster)
+    return {
+        "shape": shape_name(shape),
+        "steps": steps,
+        "served_per_pod": {name: n - before.get(name, 0.0) for name, n in after.items()},
+        "load_average": load_average(),
+    }
+
+
+def shape_name(shape: dict[str, int]) -> str:
+    return f"{shape['prefill']}:{shape['decode']}"
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    prefill, sep, decode = text.partition(":")
+    if not (sep and prefill.isdigit() and decode.isdigit()) or min(int(prefill), int(decode)) < 1:
+        raise argparse.ArgumentTypeError(f"a static shape is P:D, each at least 1: {text!r}")
+    return {"prefill": int(prefill), "decode": int(decode)}
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -575,142 +755,72 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "load_average_start": load_average(),
         "slo": {"ttftP90Ms": slo.ttft_p90_ms, "interactivityP90": slo.interactivity_p90},
         "workload": w.__dict__,
+        "step_s": a.step_s,
     }
-    docs = render(values(a.max_prefill, a.max_decode))
+    if a.auto_from:
+        earlier = json.loads((Path(a.auto_from) / "result.json").read_text())
+        first = earlier["auto"]["steps"][0]
+        result["auto"] = dict(
+            earlier["auto"], run=str(a.auto_from), step_s=first["end"] - first["start"]
+        )
     release = out / "release.yaml"
-    release.write_text(yaml.safe_dump_all(docs))
+    release.write_text(yaml.safe_dump_all(render(values(a.max_prefill, a.max_decode))))
     log(f"tandem cluster up ({state})")
     started = tandem_cli(
-        "cluster", "up", "--state-dir", str(state), "--bridge", BRIDGE, "--pod-cidr", POD_CIDR
+        "cluster",
+        "up",
+        "--state-dir",
+        str(state),
+        "--bridge",
+        BRIDGE,
+        "--pod-cidr",
+        POD_CIDR,
+        timeout=COMMAND_TIMEOUT_S,
     )
     if started.returncode:
         raise RuntimeError(f"tandem cluster up failed:\n{started.stderr}")
     cluster = Cluster(state)
+
+    def save() -> None:  # after each phase: a run stopped midway keeps what it measured
+        (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+
+    interrupted = False
     try:
-        installed = time.monotonic()
-        cluster.kubectl("apply", "-f", str(release))
-
-        def serving() -> str | None:
-            td = cluster.td() or {}
-            status = td.get("status", {})
-            url = cluster.router_url()
-            if status.get("prefill") != "1/1" or status.get("decode") != "1/1" or not url:
-                return None
-            try:
-                return url if httpx.get(f"{url}/health", timeout=5).status_code == 200 else None
-            except httpx.HTTPError:
-                return None
-
-        url = wait(serving, INSTALL_DEADLINE_S, "the release serving through the router Service")
-        result["install_s"] = time.monotonic() - installed
+        url, result["install_s"] = install(cluster, release)
         log(f"installed in {result['install_s']:.0f} s; router Service at {url}")
-
-        profiles = Path(a.profiles) if a.profiles else out / "profiles"
-        if not a.profiles:
-            took = time.monotonic()
-            take_profiles(url, profiles, w, a.profile_concurrencies, a.profile_level_s)
-            result["profile_s"] = time.monotonic() - took
-        for role in ("prefill", "decode"):
-            cluster.kubectl("apply", "-f", str(profiles / f"{role}.yaml"))
-        result["profiles"] = {
-            role: yaml.safe_load((profiles / f"{role}.yaml").read_text())["data"]["profile.json"]
-            for role in ("prefill", "decode")
-        }
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None)))
-        monitor = Monitor(cluster)
-        r = Run(cluster, url, w, slo, tokenizer, monitor)
-
-        # Auto.
-        auto_from = time.time()
-        patch_scaling(
-            cluster,
-            {
-                "mode": "Auto",
-                "profiles": {"prefill": "smollm2-cpu-prefill", "decode": "smollm2-cpu-decode"},
-                "slo": {"ttftP90Ms": slo.ttft_p90_ms, "interactivityP90": slo.interactivity_p90},
-                "upCooldownSeconds": a.up_cooldown_s,
-                "gpuBudget": a.engine_budget,
-                "maxStep": 1,
-            },
-        )
-        steps = asyncio.run(monitored(monitor, r.steps(a.steps, a.step_s)))
-        auto_to = time.time()
-        ups = scale_ups(monitor, auto_from, auto_to)
-        for up in ups:
-            decided = up["decided"]
-            # After: from the new pod's first routed request, else (never
-            # routed) from its Ready, so that the table says what it cost.
-            serving_at = up["serving_at"] or up["ready_at"]
-            up["after_from"] = "first routed request" if up["serving_at"] else "Ready, never routed"
-            step = next((s for s in steps if s["start"] <= decided < s["end"]), steps[-1])
-            up["step"] = step["concurrency"]
-            # The demand the after-window saw: it may start in a later step.
-            up["after_step"] = next(
-                (
-                    x["concurrency"]
-                    for x in steps
-                    if serving_at and x["start"] <= serving_at < x["end"]
-                ),
-                None,
-            )
-            up["before"] = figures(
-                r.records, max(step["start"], decided - a.window_s), decided, slo
-            )
-            up["after"] = (
-                None
-                if serving_at is None
-                else figures(r.records, serving_at, min(auto_to, serving_at + a.window_s), slo)
-            )
-        result["auto"] = {
-            "steps": steps,
-            "scale_changes": ups,
-            "decisions": monitor.decisions,
-            "events": events(cluster, auto_from),
-            "pods": [p.__dict__ for p in monitor.pods.values()],
-            "load_average": load_average(),
-        }
-
-        # Recommend: the pools set back to 1 by hand, then the top step again.
-        patch_scaling(cluster, {"mode": "Recommend"})
-        for role in ("prefill", "decode"):
-            cluster.kubectl("scale", f"enginepool/{RELEASE}-{role}", "--replicas", "1")
-
-        def engine_pods() -> list[dict]:
-            found = cluster.get("pods", labelSelector=f"{LABEL_COMPONENT}=engine") or {}
-            return found.get("items", [])
-
-        wait(lambda: len(engine_pods()) == 2, 600, "one engine pod per pool")
-        rec_monitor = Monitor(cluster)
-        rec_from = time.time()
-        rec_steps = asyncio.run(monitored(rec_monitor, r.steps([a.steps[-1]], a.recommend_s)))
-        rec_to = time.time()
-        rec_events = [e for e in events(cluster, rec_from) if e["reason"] == "ScalingRecommended"]
-        recommended = [
-            d["recommendation"] for d in rec_monitor.decisions if d["mode"] == "Recommend"
-        ]
-        result["recommend"] = {
-            "steps": rec_steps,
-            "spec_replicas": rec_monitor.spec_replicas,
-            "moved": len({json.dumps(s[1], sort_keys=True) for s in rec_monitor.spec_replicas}) > 1,
-            "recommendations": recommended,
-            "distinct": sorted(set(recommended)),
-            "events": rec_events,
-            "event_count": sum(e["count"] for e in rec_events),
-            "last": rec_monitor.decisions[-1] if rec_monitor.decisions else None,
-            "seconds": rec_to - rec_from,
-            "load_average": load_average(),
-        }
+        r = Run(cluster, url, w, slo, tokenizer, Monitor(cluster))
+        if not a.no_auto:
+            result |= apply_profiles(cluster, a, url, out, w)
+            result["auto"] = auto_phase(r, a)
+            save()
+            result["recommend"] = recommend_phase(r, a)
+            save()
+        result["static"] = []
+        for shape in a.static:
+            fixed = Run(cluster, url, w, slo, tokenizer, Monitor(cluster))
+            result["static"].append(static_phase(fixed, a, shape))
+            save()
+    except KeyboardInterrupt:
+        interrupted = True  # stopped: the cluster goes down at once, no graceful uninstall
+        raise
     finally:
-        try:
-            cluster.kubectl("delete", "td", RELEASE, "--wait=true", "--timeout=300s")
-            cluster.kubectl(
-                "delete", "-f", str(release), "--ignore-not-found", "--wait=true", "--timeout=300s"
-            )
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            log(f"uninstall: {exc}")
-        tandem_cli("cluster", "down", "--state-dir", str(state))
+        if not interrupted:
+            try:
+                cluster.kubectl("delete", "td", RELEASE, "--wait=true", "--timeout=300s")
+                cluster.kubectl(
+                    "delete",
+                    "-f",
+                    str(release),
+                    "--ignore-not-found",
+                    "--wait=true",
+                    "--timeout=300s",
+                )
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                log(f"uninstall: {exc}")
+        tandem_cli("cluster", "down", "--state-dir", str(state), timeout=COMMAND_TIMEOUT_S)
     result["load_average_end"] = load_average()
-    (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    save()
     report = render_report(result)
     (out / "report.md").write_text(report)
     print(report)
@@ -769,7 +879,61 @@ def render_report(result: dict[str, Any]) -> str:
             f"{last.get('recommendation')} — {last.get('summary')}; changes: {last.get('changes')}",
         ]
         lines += [f"  event: {e['message']}" for e in rec["events"]]
+    if result.get("static"):
+        lines += ["", *render_static(result)]
     return "\n".join(lines) + "\n"
+
+
+def trace_goodput(steps: list[dict]) -> float:
+    """Requests within both SLOs per second over all the steps."""
+    good = sum(s["goodput_rps"] * (s["to"] - s["from"]) for s in steps)
+    return good / max(sum(s["to"] - s["from"] for s in steps), 1e-9)
+
+
+def render_static(result: dict[str, Any]) -> list[str]:
+    """Per demand step, Auto against each shape held fixed on the same trace
+    (goodput req/s, TTFT p90 s, P90 interactivity tok/s), and the best."""
+    auto, static = result.get("auto"), result["static"]
+    runs = ([("Auto", auto["steps"])] if auto else []) + [
+        (f"static {x['shape']}", x["steps"]) for x in static
+    ]
+    lines = []
+    if auto and auto.get("run"):
+        lines.append(
+            f"Auto from the earlier run {auto['run']} ({auto['step_s']:.0f} s steps; "
+            f"these: {result['step_s']:.0f} s)"
+        )
+    lines += [
+        "| step (sessions) | " + " | ".join(name for name, _ in runs) + " |",
+        "|---|" + "---|" * len(runs),
+    ]
+    concurrencies = [s["concurrency"] for s in static[0]["steps"]]
+    for i, c in enumerate(concurrencies):
+        cells = []
+        for _, steps in runs:
+            x = steps[i] if i < len(steps) and steps[i]["concurrency"] == c else None
+            cells.append(
+                "—"
+                if x is None
+                else f"{_f(x['goodput_rps'], '{:.3f}')} / {_f(x['ttft_p90_s'], '{:.1f}')} / "
+                f"{_f(x['interactivity_p90'], '{:.1f}')} ({x['failures']} failed)"
+            )
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    whole = {name: trace_goodput(steps) for name, steps in runs}
+    lines.append(
+        "| whole trace, goodput | " + " | ".join(f"{whole[name]:.3f}" for name, _ in runs) + " |"
+    )
+    best = max((x for x in static), key=lambda x: trace_goodput(x["steps"]))
+    lines += [
+        "",
+        "cells: goodput req/s / TTFT p90 s / P90 interactivity tok/s; best static over the "
+        f"trace: {best['shape']} ({trace_goodput(best['steps']):.3f} req/s within the SLOs)",
+    ]
+    for x in static:
+        idle = [name for name, n in x["served_per_pod"].items() if n <= 0]
+        if idle:
+            lines.append(f"static {x['shape']}: pods that served nothing: {', '.join(idle)}")
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -818,6 +982,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-cap", type=int, default=48, help="cap on output tokens (48)")
     p.add_argument("--profile-concurrencies", default="1,2,4", help="profile levels (1,2,4)")
     p.add_argument("--profile-level-s", type=float, default=40.0, help="seconds per level (40)")
+    p.add_argument(
+        "--static",
+        default="",
+        help="after Auto and Recommend, hold each P:D shape fixed (mode Off) through the "
+        "same demand steps, e.g. 1:1,1:2,2:1 (none)",
+    )
+    p.add_argument(
+        "--no-auto", action="store_true", help="run only the --static shapes (no profiles needed)"
+    )
+    p.add_argument(
+        "--auto-from",
+        help="with --no-auto: compare the static shapes with the Auto phase of an earlier "
+        "run's DIR/result.json",
+    )
     p.add_argument("--out", help="results folder (default ~/.cache/tandem/live-loop/<time>)")
     return p
 
@@ -825,10 +1003,35 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     a.steps = [int(c) for c in a.steps.split(",")]
+    try:
+        a.static = [parse_shape(x) for x in a.static.split(",") if x]
+    except argparse.ArgumentTypeError as exc:
+        print(f"bench.live_loop: {exc}", file=sys.stderr)
+        return 2
+    if a.no_auto and not a.static:
+        print("bench.live_loop: --no-auto needs --static shapes", file=sys.stderr)
+        return 2
+    if a.auto_from and not a.no_auto:
+        print("bench.live_loop: --auto-from goes with --no-auto", file=sys.stderr)
+        return 2
+    too_big = [x for x in a.static if x["prefill"] > a.max_prefill or x["decode"] > a.max_decode]
+    if too_big:
+        print(
+            f"bench.live_loop: {shape_name(too_big[0])} is above --max-prefill/--max-decode",
+            file=sys.stderr,
+        )
+        return 2
     if os.geteuid() != 0:
         print("bench.live_loop: the local cluster's pod network needs root", file=sys.stderr)
         return 2
-    run(a)
+    try:
+        with sigterm_as_interrupt():
+            run(a)
+    except KeyboardInterrupt:
+        print(
+            "bench.live_loop: interrupted; the phases done are in OUT/result.json", file=sys.stderr
+        )
+        return 130
     return 0
 
 

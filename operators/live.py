@@ -38,7 +38,7 @@ from operators import controller, manifests, metrics
 from operators.kube import Kube
 from operators.planner.checked import CheckLimits, checked_tick
 from operators.planner.demand import Window
-from operators.planner.loop import Condition, Effects, PoolStatus
+from operators.planner.loop import Condition, Effects, PoolStatus, not_judged
 from operators.planner.persist import rfc3339, state_from_dict
 from operators.planner.profiles import EngineProfile
 from operators.planner.scrape import MetricsSource, PrometheusSource, RouterScrapeSource
@@ -274,7 +274,7 @@ async def tick(
     actuator = KubeActuator(kube, body, spec, emit)
     valid = await spec_validity(actuator, body, emit)
     if valid.status == "False":
-        await write_status(kube, body, previous, [active(mode), valid], now)
+        await write_status(kube, body, previous, spec_conditions(body, mode, valid), now)
         return None
     pools = await actuator.observe()
     if len(pools) != len(spec.roles):  # the reconcile has not created them all yet
@@ -330,11 +330,14 @@ async def spec_validity(actuator: KubeActuator, body: dict[str, Any], emit: Emit
 def spec_conditions(body: dict[str, Any], mode: str, valid: Condition) -> list[Condition]:
     """ScalingActive and, unless a plan's verdict on this same spec stands
     (an SLO no profile meets, or met: no new demand measured, nothing to
-    revise it), the spec-level ScalingSpecValid."""
+    revise it), the spec-level ScalingSpecValid; when that is False, no plan
+    judges the demand either."""
+    if valid.status == "False":
+        why = f"the scaling spec is not valid ({valid.reason})"
+        return [active(mode), valid, not_judged(valid.reason, why)]
     before = condition(body, "ScalingSpecValid")
     plan_verdict = (
-        valid.status == "True"
-        and bool(before)
+        bool(before)
         and before.get("reason") not in SPEC_REASONS
         and before.get("observedGeneration") == body["metadata"].get("generation", 1)
     )

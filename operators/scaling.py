@@ -52,6 +52,7 @@ def loop_settings(scaling: ScalingSpec) -> LoopSettings:
         down_cooldown_s=float(scaling.down_cooldown_seconds),
         down_window_s=float(scaling.down_window_seconds),
         max_step=scaling.max_step,
+        switch_margin=float(scaling.switch_margin),
         history=scaling.history_limit,
     )
 

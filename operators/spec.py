@@ -311,6 +311,7 @@ class ScalingSpec:
     down_cooldown_seconds: int
     down_window_seconds: int
     max_step: int
+    switch_margin: float
     history_limit: int
     simulation: SimulationSpec
     prometheus: PrometheusSpec | None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,34 +19,33 @@ import httpx
 import pytest
 import yaml
 
-from tests.kube.plugin import REPO, kubectl_binary
+from bench.harness import tandem_cli
+from tests.kube.plugin import kubectl_binary
 
 # kubectl and `tandem cluster` steps: ample for a machine under a load of 50+.
 COMMAND_TIMEOUT_S = 300.0
 
 
-def tandem(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tandem.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT_S,
-    )
-
-
 def up(state: Path, bridge: str, pod_cidr: str) -> LocalCluster:
     """`tandem cluster up` on a bridge and addresses of the caller's own (a
     user's cluster and other tests may run beside it); fails with its error."""
-    started = tandem(
-        "cluster", "up", "--state-dir", str(state), "--bridge", bridge, "--pod-cidr", pod_cidr
+    started = tandem_cli(
+        "cluster",
+        "up",
+        "--state-dir",
+        str(state),
+        "--bridge",
+        bridge,
+        "--pod-cidr",
+        pod_cidr,
+        timeout=COMMAND_TIMEOUT_S,
     )
     assert started.returncode == 0, f"tandem cluster up failed:\n{started.stderr}"
     return LocalCluster(state)
 
 
 def down(state: Path) -> subprocess.CompletedProcess:
-    return tandem("cluster", "down", "--state-dir", str(state))
+    return tandem_cli("cluster", "down", "--state-dir", str(state), timeout=COMMAND_TIMEOUT_S)
 
 
 class LocalCluster:

@@ -49,6 +49,7 @@ from .simulate import CheckRequest, SimulateMode, SimulationCheck, check_request
 from .solver import (
     Decision,
     Demand,
+    Incumbent,
     Problem,
     Rejection,
     Slo,
@@ -71,6 +72,10 @@ class LoopSettings:
     efficiency_weight: float = 0.3  # of a new measurement in the moving average
     efficiency_min_requests: int = 20
     efficiency_bounds: tuple[float, float] = (0.25, 4.0)
+    # Under a binding budget, the plan in force stays unless another serves
+    # this much more: a 4-interval demand window moves by up to 10% on a
+    # loaded machine, enough to flip 2P:1D and 1P:2D when their groups are close.
+    switch_margin: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -265,12 +270,17 @@ def on_tick(
         return state, Effects(
             (),
             (),
-            (Condition("ScalingActive", "Unknown", "NoDemand", "no demand measured yet"),),
+            (
+                Condition("ScalingActive", "Unknown", "NoDemand", "no demand measured yet"),
+                *_not_judged(inputs, "NoDemand", "no demand measured yet"),
+            ),
             None,
             None,
             plan_ratio(spec),
         )
     deployed = {p.config for p in inputs.pools}
+    previous = state.history[-1] if state.history else None
+    in_force = dict(previous.targets) if previous and previous.targets else spec
     problem = Problem(
         profiles=tuple(p for p in inputs.profiles if p.name in deployed),
         demand=inputs.demand,
@@ -279,6 +289,9 @@ def on_tick(
         headroom=inputs.headroom,
         min_replicas=inputs.min_replicas,
         efficiency=efficiency,
+        incumbent=Incumbent(
+            in_force, {p.role: p.config for p in inputs.pools}, settings.switch_margin
+        ),
     )
     decision = solve(problem)
     if decision.plan is None:
@@ -350,7 +363,6 @@ def on_tick(
     message = f"{plan_ratio(replicas)} — {summary}"
     # The summary carries the measured demand, which moves every tick: the
     # event is about the recommendation.
-    previous = state.history[-1] if state.history else None
     changed = previous is None or previous.mode != "Recommend" or previous.replicas != replicas
     if inputs.mode == "Recommend" and replicas != spec and changed:
         events.append(
@@ -519,11 +531,27 @@ def _invalid(
         (
             Condition("ScalingActive", "True", inputs.mode, f"scaling mode {inputs.mode}"),
             Condition("ScalingSpecValid", "False", reason, message),
+            *_not_judged(inputs, reason, f"no valid plan ({why})"),
         ),
         record,
         decision,
         plan_ratio(spec),
     )
+
+
+def not_judged(reason: str, why: str) -> Condition:
+    """DemandMet when this tick has no plan to judge the pools by: the
+    verdict of an earlier tick no longer holds."""
+    return Condition("DemandMet", "Unknown", reason, f"not judged: {why}")
+
+
+def _not_judged(inputs: TickInputs, reason: str, why: str) -> tuple[Condition, ...]:
+    """The conditions a tick without a plan says: DemandMet, and
+    SimulationAgrees when simulation is on (no proposal to check)."""
+    out = [not_judged(reason, why)]
+    if inputs.simulate != "Off":
+        out.append(_simulation_condition(inputs, None, False))
+    return tuple(out)
 
 
 def _within_bounds(

@@ -33,6 +33,11 @@ and every aggregated configuration, the integer sizing that meets
 ``demand × headroom`` with the fewest GPUs (the most goodput per GPU); when no
 sizing within the budget meets it, the one that serves the most (ties: fewer
 GPUs). Across candidates the same order decides.
+
+When the budget binds, shapes of equal GPUs can serve nearly the same (2P:1D
+and 1P:2D when a prefill and a decode group take about the same rate), and
+which wins follows each window's measured shape. An ``Incumbent`` (the plan
+in force) is kept then unless the best plan serves more by its ``margin``.
 """
 
 from __future__ import annotations
@@ -71,6 +76,16 @@ class Slo:
 
 
 @dataclass(frozen=True)
+class Incumbent:
+    """The sizing in force (role → replicas, role → configuration name): kept
+    while the budget binds unless the best plan serves ``margin`` more."""
+
+    replicas: Mapping[str, int]
+    configs: Mapping[str, str]
+    margin: float
+
+
+@dataclass(frozen=True)
 class Problem:
     profiles: tuple[EngineProfile, ...]
     demand: Demand
@@ -82,6 +97,7 @@ class Problem:
     efficiency: Mapping[str, float] = field(default_factory=dict)
     # Configurations the capacity check refused, with its reason.
     refused: Mapping[str, str] = field(default_factory=dict)
+    incumbent: Incumbent | None = None
 
 
 @dataclass(frozen=True)
@@ -583,10 +599,19 @@ def solve(problem: Problem) -> Decision:
         if _better(other, plan, need):
             plan = other
     meets = need is not None and plan.capacity_rps >= need * (1 - _EPS)
+    kept = None if meets else _kept_incumbent(problem, plan)
+    best, plan = plan, kept or plan
     binding = _binding(plan, meets, need, problem.min_replicas)
     reasons, changes = _explain(
         problem, plan, binding, meets, need, best_disagg, best_agg, rejected
     )
+    if kept is not None and problem.incumbent is not None:
+        reasons.insert(
+            1,
+            f"kept {kept.label()}: the best, {best.label()}, serves "
+            f"{_fmt_rps(best.capacity_rps)}, not {problem.incumbent.margin:.0%} more than "
+            f"its {_fmt_rps(kept.capacity_rps)}",
+        )
     return Decision(
         plan=plan,
         meets_demand=meets,
@@ -597,6 +622,24 @@ def solve(problem: Problem) -> Decision:
         best_aggregated=best_agg,
         rejected=tuple(rejected),
     )
+
+
+def _kept_incumbent(problem: Problem, best: Plan) -> Plan | None:
+    """The incumbent's plan when the budget binds and the best plan does not
+    serve its margin more (None: follow the best)."""
+    incumbent = problem.incumbent
+    if incumbent is None or {p.role for p in best.pools} != set(incumbent.replicas):
+        return None
+    if all(incumbent.replicas[p.role] == p.replicas for p in best.pools):
+        return None
+    held = fixed_plan(problem, incumbent.replicas, incumbent.configs)
+    if isinstance(held, Rejection):
+        return None
+    if problem.budget_gpus is not None and held.gpus > problem.budget_gpus:
+        return None
+    if best.capacity_rps > held.capacity_rps * (1 + incumbent.margin):
+        return None
+    return held
 
 
 def _binding(plan: Plan, meets: bool, need: float | None, min_replicas: int) -> Binding:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from operators import scaling
-from operators.planner.loop import LoopState, PoolStatus, TickInputs, on_tick
+from operators.planner.loop import LoopSettings, LoopState, PoolStatus, TickInputs, on_tick
 from operators.planner.persist import state_from_dict, state_to_dict
 from operators.planner.profiles import profile_configmap
 from operators.planner.solver import Demand
@@ -42,6 +42,8 @@ def test_the_crd_defaults_are_the_loops_defaults():
         settings.max_step,
         settings.history,
     ) == (60, 600, 300, 2, 10)
+    assert settings == LoopSettings()  # the CRD's defaults and the loop's are one set
+    assert scaling.loop_settings(parse(spec({"switchMargin": 0.25})).scaling).switch_margin == 0.25
     assert s["headroom"] == 1.2
     slo = scaling.slo_of(parse(spec({"slo": {"ttftP90Ms": 800, "itlP90Ms": 40}})).scaling)
     assert slo.ttft_p90_s == 0.8 and slo.interactivity_p90 == pytest.approx(25.0)

@@ -15,8 +15,16 @@ import pytest
 from operators.planner.actuator import VirtualActuator, VirtualPool
 from operators.planner.demand import PoolCounters, RouterSample, ScrapeHistory, demand_of
 from operators.planner.efficiency import PoolMeasurement
-from operators.planner.loop import Effects, LoopSettings, LoopState, TickInputs, on_tick
+from operators.planner.loop import (
+    Effects,
+    LoopSettings,
+    LoopState,
+    TickInputs,
+    on_tick,
+    plan_ratio,
+)
 from operators.planner.solver import Demand, Slo
+from operators.status import merge_conditions
 from tests.planner.synthetic import ramp_profile
 
 PREFILL = ramp_profile("prefill-tp1", "prefill", 28.0)
@@ -214,6 +222,30 @@ def test_recommend_never_writes_and_says_what_to_set_once():
     assert (met["DemandMet"].status, met["DemandMet"].reason) == ("True", "Met")
 
 
+def test_a_binding_budget_keeps_the_recommendation_between_close_shapes():
+    # Seen live: under a budget of three engines, with a prefill and a decode
+    # group taking about the same rate, each window's measured shape flipped the
+    # recommendation between 2:1 and 1:2, one ScalingRecommended Event a flip.
+    # Prefill groups take 28 req/s at no hits, 28 / (1 - hit) with hits; decode 65.
+    run = Run(mode="Recommend")
+    recommended = []
+    hits = [0.7] * 2 + [0.59, 0.55] * 6  # 1:2 by far, then 1:2 and 2:1 within 5%
+    for hit in hits:
+        effects = run.tick(1000.0, budget=3, hit=hit)
+        recommended.append(plan_ratio(effects.record.replicas))
+        events = [e for e in effects.events if e.reason == "ScalingRecommended"]
+        assert len(events) == (1 if len(recommended) == 1 else 0), (hit, events)
+    assert set(recommended) == {"1:2"}
+    # The decision says what it kept and what it passed over.
+    assert effects.decision.reasons[1].startswith(
+        "kept 1P prefill-tp1 + 2D decode-tp1: the best, 2P prefill-tp1 + 1D decode-tp1"
+    )
+    # A shape that another plan serves clearly better (2:1 by 62%) moves it, once.
+    effects = run.tick(1000.0, budget=3, hit=0.3)
+    assert plan_ratio(effects.record.replicas) == "2:1"
+    assert [e.reason for e in effects.events] == ["ScalingRecommended"]
+
+
 def recommendations_from_jittered_scrapes(intervals: int) -> list[tuple[int, int]]:
     """Recommend over a steady 98 req/s (inside the band where the plan is
     4:2) measured from a router's counters. Each tick stamps its scrape with
@@ -278,6 +310,28 @@ def test_a_warning_is_not_repeated_when_only_its_figures_move():
     first, second = run.tick(1000.0, budget=10), run.tick(1100.0, budget=10)
     assert [e.reason for e in first.events] == ["BudgetBound"]
     assert [e.reason for e in second.events if e.type == "Warning"] == []
+
+
+def test_conditions_say_the_current_verdict_only():
+    # Seen live: DemandMet=False BudgetBound stayed in the status beside
+    # ScalingSpecValid=False SloUnattainable once the efficiency fell; the
+    # status keeps each condition type the last tick that said it wrote.
+    run, stored = Run(prefill=7, decode=3), []
+
+    def tick(rate: float | None, **kw) -> dict[str, tuple[str, str]]:
+        nonlocal stored
+        effects = run.tick(rate, **kw)
+        stored = merge_conditions(stored, effects.conditions, 1, "t")
+        return {c["type"]: (c["status"], c["reason"]) for c in stored}
+
+    assert tick(1000.0, budget=10)["DemandMet"] == ("False", "BudgetBound")
+    run.slo = Slo(ttft_p90_s=0.05)
+    now = tick(1000.0, budget=10)
+    assert now["ScalingSpecValid"] == ("False", "SloUnattainable")
+    assert now["DemandMet"] == ("Unknown", "SloUnattainable")
+    run.slo = Slo()
+    assert tick(1000.0, budget=10)["DemandMet"] == ("False", "BudgetBound")
+    assert tick(None)["DemandMet"] == ("Unknown", "NoDemand")
 
 
 def test_a_budget_below_the_minimum_pools_gives_a_condition():

@@ -6,21 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+from bench.harness import tandem_cli
 from common.procs import Proc
-from tests.kube.plugin import REPO, kubectl_binary
+from tests.kube.plugin import kubectl_binary
 
 
 def tandem(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tandem.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return tandem_cli(*args, timeout=180)
 
 
 def test_up_without_controllers(tmp_path: Path):
