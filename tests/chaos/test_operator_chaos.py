@@ -45,7 +45,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +179,9 @@ class ClusterChaos(ChaosHarness):
         self.decode_before: dict[str, int] = {}
         self.events_before: set[str] = set()
         self.kills: list[float] = []
-        self.watchers: set[asyncio.Task[None]] = set()
+        self.costs: dict[str, int] = {}  # decode pod → deletion cost, as first set
+        # What a fault does beside the phase after its injection returns.
+        self.steps: list[asyncio.Task[None]] = []
 
     # -- reading the cluster (off the event loop: the replay streams on it) --------
     async def pods(self, selector: str) -> list[dict]:
@@ -280,8 +282,9 @@ class ClusterChaos(ChaosHarness):
         self.model = await asyncio.to_thread(served_model, url)
 
     # -- the operator's faults --------------------------------------------------------
-    async def begin(self) -> None:
+    async def begin(self, phase: str) -> None:
         """What the phase compares against: the decode pods, the Events so far."""
+        self.notes.append(f"{phase}:")
         self.decode_before = await self.decode_pods()
         self.events_before = {e["metadata"]["name"] for e in await self.events()}
 
@@ -293,7 +296,7 @@ class ClusterChaos(ChaosHarness):
         ends with the first object `when` holds for."""
         listed = await self.get(path, api, **params)
         assert listed is not None
-        base = str(self.cluster.api.base_url)
+        base = str(self.cluster.api.base_url).rstrip("/")
         query = {
             **params,
             "watch": "true",
@@ -322,16 +325,28 @@ class ClusterChaos(ChaosHarness):
             raise RuntimeError(f"operator pod {pod['metadata']['name']} has no running container")
         os.killpg(pid, signal.SIGKILL)
         self.kills.append(time.monotonic())
-        self.notes.append(f"SIGKILL leader {pod['metadata']['name']} (pid {pid}) {why}")
-        watcher = asyncio.create_task(self._takeover(pid, time.monotonic()))
-        self.watchers.add(watcher)
-        watcher.add_done_callback(self.watchers.discard)
+        self.notes.append(f"  SIGKILL leader {pod['metadata']['name']} (pid {pid}) {why}")
+        self.follow(self._takeover(pid, time.monotonic()))
+
+    def follow(self, step: Coroutine[Any, Any, None]) -> None:
+        """Runs `step` beside the phase; `followed` says how the steps ended."""
+        self.steps.append(asyncio.create_task(step))
+
+    async def followed(self) -> list[str]:
+        """Waits for the steps; what failed in them."""
+        out = []
+        for step in self.steps:
+            try:
+                await step
+            except RuntimeError as exc:
+                out.append(str(exc))
+        self.steps.clear()
+        return out
 
     async def close(self) -> None:
-        for watcher in list(self.watchers):
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+        for step in self.steps:
+            step.cancel()
+        await asyncio.gather(*self.steps, return_exceptions=True)
 
     async def _takeover(self, killed_pid: int, at: float) -> None:
         """Notes when a replica other than the killed process leads."""
@@ -339,21 +354,22 @@ class ClusterChaos(ChaosHarness):
             pod = await self.leader()
             if pod is not None and container_pid(pod) != killed_pid:
                 self.notes.append(
-                    f"  -> {pod['metadata']['name']} leads {time.monotonic() - at:.1f}s after "
+                    f"    -> {pod['metadata']['name']} leads {time.monotonic() - at:.1f}s after "
                     f"(restarts {restarts(pod)}: "
                     f"{'the killed replica restarted' if restarts(pod) else 'the standby'})"
                 )
                 return
             await asyncio.sleep(0.2)
-        self.notes.append(f"  -> no leader within {LEASE_DURATION_S + 120:g}s of the kill")
+        self.notes.append(f"    -> no leader within {LEASE_DURATION_S + 120:g}s of the kill")
 
 
 async def kill_mid_reconcile(h: ClusterChaos) -> None:
-    await h.begin()
+    """Returns at the kill; what the killed leader had applied is noted after."""
+    await h.begin("operator_kill_reconcile")
     leader = await h.leader()
     if leader is None:
         raise RuntimeError("fault not injected: no leader")
-    written = await h.watch_for(
+    copied = await h.watch_for(
         "enginepools",
         TD_API,
         {"fieldSelector": f"metadata.name={DECODE_POOL}"},
@@ -362,15 +378,19 @@ async def kill_mid_reconcile(h: ClusterChaos) -> None:
     patch = json.dumps({"spec": {"decode": {"replicas": 2}}})
     await h.kubectl("patch", "td", RELEASE, "--type", "merge", "-p", patch)
     try:
-        await asyncio.wait_for(written, 60)
+        await asyncio.wait_for(copied, 60)
     except TimeoutError:
         raise RuntimeError("fault not injected: the leader did not copy the count") from None
     h.kill(leader, "on its write of EnginePool/tandem-decode replicas 1 -> 2")
-    await asyncio.sleep(1)
-    h.notes.append(
-        f"  the decode Deployment at {await h.workload_replicas()} replica(s) 1 s after "
-        "the kill (1: the kill came before the scale-up was applied)"
-    )
+
+    async def applied_before() -> None:
+        await asyncio.sleep(1)
+        h.notes.append(
+            f"  the decode Deployment at {await h.workload_replicas()} replica(s) 1 s after "
+            "the kill (1: the kill came before the scale-up was applied)"
+        )
+
+    h.follow(applied_before())
 
 
 async def scaled_up(h: ClusterChaos) -> bool:
@@ -378,7 +398,8 @@ async def scaled_up(h: ClusterChaos) -> bool:
 
 
 async def verify_scaled_up(h: ClusterChaos) -> list[str]:
-    out = pool_change(h.decode_before, await h.decode_pods(), added=1, removed=0)
+    out = await h.followed()
+    out += pool_change(h.decode_before, await h.decode_pods(), added=1, removed=0)
     updates = new_events(
         h.events_before, await h.events(), "Updated", RELEASE, f"Deployment/{DECODE_POOL}"
     )
@@ -390,7 +411,8 @@ async def verify_scaled_up(h: ClusterChaos) -> list[str]:
 
 
 async def kill_mid_scale_down(h: ClusterChaos) -> None:
-    await h.begin()
+    """Returns at the first kill; the second (mid-drain) follows beside the phase."""
+    await h.begin("operator_kill_scale_down")
     deadline = time.monotonic() + 120
     while h.load is None or h.load.streaming == 0:
         if time.monotonic() > deadline:
@@ -411,28 +433,33 @@ async def kill_mid_scale_down(h: ClusterChaos) -> None:
     except TimeoutError:
         raise RuntimeError("fault not injected: no scale-down decision recorded") from None
     h.kill(leader, "on its write of the scale-down record (deletion costs set)")
-    costs = {
-        p["metadata"]["name"]: p["metadata"].get("annotations", {}).get(DELETION_COST)
+    h.follow(kill_mid_drain(h))
+
+
+async def kill_mid_drain(h: ClusterChaos) -> None:
+    """The deletion costs as the killed leader set them; then, once the chosen
+    pod is terminating and a replica leads again (the record still there),
+    that leader killed too."""
+    h.costs = {
+        p["metadata"]["name"]: int(p["metadata"].get("annotations", {}).get(DELETION_COST, 0))
         for p in await h.pods(DECODE_SELECTOR)
     }
     await asyncio.sleep(1)
     h.notes.append(
-        f"  deletion costs {costs}; the decode Deployment at {await h.workload_replicas()} "
+        f"  deletion costs {h.costs}; the decode Deployment at {await h.workload_replicas()} "
         "replica(s) 1 s after the kill (2: the kill came before the shrink)"
     )
-    # Mid-drain: the chosen pod terminating and a leader again, the record still there.
     deadline = time.monotonic() + LEASE_DURATION_S + 120
     while time.monotonic() < deadline:
         draining = [p for p in await h.pods(DECODE_SELECTOR) if terminating(p)]
-        recorded = SCALE_DOWN in (await h.pool())["metadata"].get("annotations", {})
-        if not recorded:
+        if SCALE_DOWN not in (await h.pool())["metadata"].get("annotations", {}):
             h.notes.append("  the scale-down finished before a second leader: no second kill")
             return
         if draining and (second := await h.leader()) is not None:
             h.kill(second, f"while {draining[0]['metadata']['name']} drains")
             return
         await asyncio.sleep(0.1)
-    raise RuntimeError("fault not injected: no leader while the chosen pod drained")
+    raise RuntimeError("no leader while the chosen pod drained")
 
 
 async def scaled_down(h: ClusterChaos) -> bool:
@@ -445,7 +472,12 @@ async def scaled_down(h: ClusterChaos) -> bool:
 
 
 async def verify_scaled_down(h: ClusterChaos) -> list[str]:
-    out = pool_change(h.decode_before, await h.decode_pods(), added=0, removed=1)
+    out = await h.followed()
+    after = await h.decode_pods()
+    out += pool_change(h.decode_before, after, added=0, removed=1)
+    removed = sorted(set(h.decode_before) - set(after))
+    if len(removed) == 1 and h.costs and h.costs.get(removed[0]) != min(h.costs.values()):
+        out.append(f"{removed[0]} removed, not the cheapest ({h.costs})")
     events = await h.events()
     done = new_events(h.events_before, events, "ScaledDown", DECODE_POOL, "2 -> 1")
     if len(done) != 1:
