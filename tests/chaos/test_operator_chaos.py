@@ -498,8 +498,9 @@ RECONCILE = Fault(
 SCALE_DOWN_FAULT = Fault(
     "operator_kill_scale_down",
     kill_mid_scale_down,
-    # Two takeovers (a lease each) and the drain (preStop, streams ending).
-    recover_s=2 * LEASE_DURATION_S + 120,
+    # Two takeovers (a lease and an operator's start each), the drain
+    # (preStop, streams ending) and a pass after it (resync 10 s).
+    recover_s=2 * LEASE_DURATION_S + 180,
     recovered=scaled_down,
     verify=verify_scaled_down,
 )
@@ -550,7 +551,8 @@ async def test_operator_killed_mid_reconcile_and_mid_scale_down(
     h = ClusterChaos(
         cluster,
         str(resolve_model(None)),
-        LoadShape(concurrency=3, deadline_s=180.0, lead_s=8.0, tail_s=8.0),
+        # Sessions enough for a phase that waits minutes for an engine to load.
+        LoadShape(concurrency=3, sessions=80, deadline_s=180.0, lead_s=8.0, tail_s=8.0),
     )
     started = time.monotonic()
     try:
