@@ -11,7 +11,7 @@ APT_PACKAGES := libibverbs1 redis-server
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema chart-docs bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short journey live-loop
+.PHONY: help setup apt venv proto model aiperf kubectl run test test-unit lint docs format chart-schema chart-docs bench bench-all bench-routers bench-policies bench-planner bench-scheduler bench-kernels bench-kvstore down clean images images-check soak soak-memory cluster fuzz sim-sweep chaos chaos-short chaos-operator journey live-loop
 
 help:
 	@echo "make run    set up everything and start the embedded stack (router on http://127.0.0.1:8000)"
@@ -35,7 +35,10 @@ help:
 	@echo "make sim-sweep  the cluster simulator (sim/): policies x pods x KV x store x sessions x"
 	@echo "           seeds as Ray tasks on a local Ray, CSV and plot in sim-results/ (SIM_SWEEP_ARGS)"
 	@echo "make chaos  every scripted fault (engine kills and stalls, router, Redis, KV store, KV events)"
-	@echo "           under agentic replay through two router replicas; one table (~30-60 min)"
+	@echo "           under agentic replay through two router replicas; one table (~30-60 min);"
+	@echo "           then make chaos-operator"
+	@echo "make chaos-operator  the operator's faults under traffic on the local cluster, as root:"
+	@echo "           its leader SIGKILLed mid-reconcile and mid-scale-down (3 engines; 6-15 min)"
 	@echo "make chaos-short  the short chaos sequence (decode kill, router kill, Redis restart at"
 	@echo "           once) on the test suite's stack, alone (it is also part of make test)"
 	@echo "make cluster start a local cluster for the operator and chart (a test bed, not a"
@@ -110,7 +113,7 @@ cluster: $(STAMP) kubectl
 # pytest exiting 5 (no tests collected) fails the target like any failure.
 test: setup aiperf kubectl
 	$(PY) -m pytest -m "not stack" -n $(TEST_WORKERS) $(PYTEST_ARGS)
-	$(PY) -m pytest -m stack --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "stack and not operator_chaos" --durations=20 $(PYTEST_ARGS)
 
 # The user's journey (tests/journey) alone: the chart applied to the local
 # cluster, its model downloaded from a Hub mirror, served, profiled, scaled
@@ -262,8 +265,16 @@ CHAOS_ARGS ?=
 live-loop: setup kubectl
 	$(PY) -m bench.live_loop $(LIVE_LOOP_ARGS)
 
-chaos: setup
+chaos: setup kubectl
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
+	$(MAKE) chaos-operator
+
+# The operator's faults under traffic (tests/chaos/test_operator_chaos.py): the
+# chart on the local cluster, its leader SIGKILLed mid-reconcile and twice
+# mid-scale-down; the chaos table's rows. Root, three engines, 6-15 minutes:
+# `make chaos` runs it last, `make test` does not.
+chaos-operator: setup kubectl
+	$(PY) -m pytest -s -m operator_chaos tests/chaos $(PYTEST_ARGS)
 
 chaos-short: setup
 	$(PY) -m pytest -s -m chaos tests/chaos $(PYTEST_ARGS)

@@ -168,11 +168,14 @@ class KvEventsProxy:
 @dataclass
 class Fault:
     name: str
-    inject: Callable[[Chaos], Awaitable[None]]
+    inject: Callable[[Any], Awaitable[None]]  # given the harness the phase runs on
     allowed: frozenset[str] = frozenset()  # error kinds this fault may cause
     recover_s: float = 60.0  # capacity must be back within this
     # More than `capacity_full` to wait for after this fault, if anything.
-    recovered: Callable[[Chaos], Awaitable[bool]] | None = None
+    recovered: Callable[[Any], Awaitable[bool]] | None = None
+    # The fault's own promises, checked once the phase's traffic is over:
+    # what broke, each in a few words.
+    verify: Callable[[Any], Awaitable[list[str]]] | None = None
 
 
 def _kill_group(proc: Proc, sig: int = signal.SIGKILL) -> None:
@@ -378,7 +381,144 @@ class LoadShape:
     seed: int = 0
 
 
-class Chaos:
+class ChaosHarness:
+    """The phases over some deployment: `capacity_full`, `engine_addresses`
+    and `urls` (where the load goes) say what it is; `Chaos` runs them on the
+    embedded stack, tests/chaos/test_operator_chaos.py on the local cluster."""
+
+    def __init__(self, model_dir: str, shape: LoadShape | None, kv_lease_s: float) -> None:
+        self.model_dir = model_dir
+        self.shape = shape or LoadShape()
+        self.kv_lease_s = kv_lease_s
+        self.urls: list[str] = []
+        self.model = ""
+        self.load: ChaosLoad | None = None
+        self._seed = itertools.count(self.shape.seed)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    async def capacity_full(self) -> bool:
+        raise NotImplementedError
+
+    async def engine_addresses(self) -> dict[str, str]:
+        """Every engine now: name → gRPC address."""
+        raise NotImplementedError
+
+    async def engines_idle(self) -> tuple[bool, str]:
+        """Whether every engine has nothing in flight and no KV block in use."""
+        held = []
+        for name, address in (await self.engine_addresses()).items():
+            try:
+                async with grpc.aio.insecure_channel(address) as channel:
+                    load = await pb_grpc.EngineStub(channel).GetLoad(pb.GetLoadRequest(), timeout=2)
+            except grpc.aio.AioRpcError as exc:
+                held.append(f"{name} unreachable ({exc.code().name})")
+                continue
+            if load.in_flight or load.kv_cache_usage:
+                held.append(f"{name} in_flight={load.in_flight} kv_usage={load.kv_cache_usage:.4f}")
+        return not held, "; ".join(held)
+
+    async def _until(self, probe: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await probe():
+                return True
+            await asyncio.sleep(0.25)
+        return False
+
+    # -- one phase -------------------------------------------------------------------
+    async def _new_load(self) -> ChaosLoad:
+        s = self.shape
+        params = generate.params_for(
+            "small",
+            sessions=s.sessions,
+            seed=next(self._seed),
+            turns_median=4,
+            shared_prefix=128,
+            first_in_median=384,
+            max_context=1536,
+            out_median=24,
+            out_max=s.max_tokens,
+            subagent_share=0.5,
+            subagent_turns_median=2,
+            subagent_task_median=64,
+            think_median=0.2,
+        )
+        sessions = generate.generate(params)
+        builder = PromptBuilder(self.tokenizer, salt=os.urandom(6).hex())
+        # In a thread: the KV-event relay runs on this event loop.
+        prompts = await asyncio.to_thread(build_prompts, sessions, builder)
+        cfg = ReplayConfig(
+            url=",".join(self.urls),
+            model=self.model,
+            concurrency=s.concurrency,
+            think_max=1.0,
+            max_tokens_cap=s.max_tokens,
+            timeout_s=s.deadline_s,
+            session_end_header="x-session-end",
+            progress=False,
+        )
+        return ChaosLoad(cfg, sessions, prompts, builder.salt)
+
+    async def phase(self, fault: Fault) -> Row:
+        s = self.shape
+        # Each fault starts from full capacity, whatever the previous left.
+        if not await self._until(self.capacity_full, ENGINE_RECOVER_S):
+            raise RuntimeError(f"{fault.name}: no full capacity to start from")
+        self.load = load = await self._new_load()
+        runner = asyncio.create_task(load.run())
+        recover_s: float | None = None
+        extra: list[str] = []
+        try:
+            await asyncio.sleep(s.lead_s)
+            try:
+                await fault.inject(self)
+            except RuntimeError as exc:  # e.g. no stream to kill the decode under
+                extra.append(str(exc))
+            injected = time.monotonic()
+
+            async def recovered() -> bool:
+                if not await self.capacity_full():
+                    return False
+                return fault.recovered is None or await fault.recovered(self)
+
+            if await self._until(recovered, fault.recover_s):
+                recover_s = time.monotonic() - injected
+            await asyncio.sleep(s.tail_s)
+        finally:
+            load.stopping.set()
+            try:
+                # Every request has its own deadline: the load ends by then.
+                await asyncio.wait_for(runner, s.deadline_s + 30)
+            except TimeoutError:
+                extra.append("replay did not end after the last deadline")
+        row = judge(fault, [kind_of(r) for r in load.records], recover_s)
+        row.violations += extra
+        idle_by = self.kv_lease_s + 30
+
+        async def idle() -> bool:
+            return (await self.engines_idle())[0]
+
+        if not await self._until(idle, idle_by):
+            row.violations.append(f"KV held {idle_by:g}s after traffic: {await self._why()}")
+        if fault.verify is not None:
+            row.violations += await fault.verify(self)
+        return row
+
+    async def _why(self) -> str:
+        return (await self.engines_idle())[1]
+
+    async def run(self, faults: list[Fault]) -> list[Row]:
+        rows = []
+        for fault in faults:
+            print(f"chaos: {fault.name} ...", file=sys.stderr, flush=True)
+            rows.append(await self.phase(fault))
+            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        return rows
+
+
+class Chaos(ChaosHarness):
     """Two router replicas and Redis in front of `stack`'s engines (started
     here, stopped by `close`), a supervisor restarting what dies, and the
     phases."""
@@ -393,17 +533,12 @@ class Chaos:
         stall_timeout_s: float = 120.0,
         kv_events_proxy: bool = False,
     ) -> None:
+        super().__init__(model_dir, shape, kv_lease_s)
         self.stack = stack
-        self.model_dir = model_dir
         self.log_dir = log_dir
-        self.shape = shape or LoadShape()
-        self.kv_lease_s = kv_lease_s
         self.stall_timeout_s = stall_timeout_s
         self.redis = RedisServer(log_dir)
         self.routers: list[Proc] = []
-        self.urls: list[str] = []
-        self.load: ChaosLoad | None = None
-        self.model = ""
         self.proxy: KvEventsProxy | None = None
         self.use_proxy = kv_events_proxy
         self.batches_before: list[float] = []
@@ -411,10 +546,6 @@ class Chaos:
         self.services: list[Service] = []
         self._supervisor: asyncio.Task[None] | None = None
         self._popen: dict[str, Any] = {}
-        self._seed = itertools.count(self.shape.seed)
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
     def engine(self, role: str) -> Proc:
         return next(p for p in self.stack.procs if p.name.startswith(role))
@@ -524,165 +655,62 @@ class Chaos:
             return 0.0
         return load.kv_cache_usage
 
-    async def engines_idle(self) -> tuple[bool, str]:
-        """Whether every engine has nothing in flight and no KV block in use."""
-        held = []
-        for p in self.engines:
-            try:
-                async with grpc.aio.insecure_channel(p.grpc) as channel:
-                    load = await pb_grpc.EngineStub(channel).GetLoad(pb.GetLoadRequest(), timeout=2)
-            except grpc.aio.AioRpcError as exc:
-                held.append(f"{p.name} unreachable ({exc.code().name})")
-                continue
-            if load.in_flight or load.kv_cache_usage:
-                held.append(
-                    f"{p.name} in_flight={load.in_flight} kv_usage={load.kv_cache_usage:.4f}"
-                )
-        return not held, "; ".join(held)
-
-    async def _metrics(self, url: str) -> str:
-        try:
-            async with httpx.AsyncClient(timeout=2) as c:
-                return (await c.get(f"{url}/metrics")).text
-        except httpx.HTTPError:
-            return ""
+    async def engine_addresses(self) -> dict[str, str]:
+        return {p.name: p.grpc for p in self.engines if p.grpc}
 
     async def capacity_full(self) -> bool:
         """Every service up, every engine SERVING, both replicas healthy with
         every engine `available` and the shared state up."""
         if any(not s.alive() for s in self.services):
             return False
-        for p in self.engines:
-            if not await _serving(p.grpc):  # type: ignore[arg-type]
-                return False
-        for url in self.urls:
-            try:
-                async with httpx.AsyncClient(timeout=2) as c:
-                    if (await c.get(f"{url}/health")).status_code != 200:
-                        return False
-            except httpx.HTTPError:
-                return False
-            samples = await self._samples(url)
-            for p in self.engines:
-                if samples.get(("tandem_router_pod_state", p.grpc, "available")) != 1.0:
-                    return False
-            if samples.get(("tandem_routing_shared_state_up", None, None)) != 1.0:
-                return False
-        return True
-
-    async def _samples(self, url: str) -> dict[tuple[str, str | None, str | None], float]:
-        """A replica's metrics by (sample name, pod label, state label)."""
-        out = {}
-        for family in text_string_to_metric_families(await self._metrics(url)):
-            for sample in family.samples:
-                key = (sample.name, sample.labels.get("pod"), sample.labels.get("state"))
-                out[key] = sample.value
-        return out
+        addresses = list((await self.engine_addresses()).values())
+        return await engines_serving(addresses) and await routers_see(self.urls, addresses)
 
     async def kv_event_batches(self) -> list[float]:
         pod = self.engine("decode").grpc
         return [
-            (await self._samples(url)).get(
+            (await router_samples(url)).get(
                 ("tandem_routing_kv_event_batches_total", pod, None), 0.0
             )
             for url in self.urls
         ]
 
-    async def _until(self, probe: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if await probe():
-                return True
-            await asyncio.sleep(0.25)
-        return False
 
-    # -- one phase -------------------------------------------------------------------
-    async def _new_load(self) -> ChaosLoad:
-        s = self.shape
-        params = generate.params_for(
-            "small",
-            sessions=s.sessions,
-            seed=next(self._seed),
-            turns_median=4,
-            shared_prefix=128,
-            first_in_median=384,
-            max_context=1536,
-            out_median=24,
-            out_max=s.max_tokens,
-            subagent_share=0.5,
-            subagent_turns_median=2,
-            subagent_task_median=64,
-            think_median=0.2,
-        )
-        sessions = generate.generate(params)
-        builder = PromptBuilder(self.tokenizer, salt=os.urandom(6).hex())
-        # In a thread: the KV-event relay runs on this event loop.
-        prompts = await asyncio.to_thread(build_prompts, sessions, builder)
-        cfg = ReplayConfig(
-            url=",".join(self.urls),
-            model=self.model,
-            concurrency=s.concurrency,
-            think_max=1.0,
-            max_tokens_cap=s.max_tokens,
-            timeout_s=s.deadline_s,
-            session_end_header="x-session-end",
-            progress=False,
-        )
-        return ChaosLoad(cfg, sessions, prompts, builder.salt)
+async def engines_serving(addresses: list[str]) -> bool:
+    return all([await _serving(a) for a in addresses])
 
-    async def phase(self, fault: Fault) -> Row:
-        s = self.shape
-        # Each fault starts from full capacity, whatever the previous left.
-        if not await self._until(self.capacity_full, ENGINE_RECOVER_S):
-            raise RuntimeError(f"{fault.name}: no full capacity to start from")
-        self.load = load = await self._new_load()
-        runner = asyncio.create_task(load.run())
-        recover_s: float | None = None
-        extra: list[str] = []
+
+async def routers_see(urls: list[str], addresses: list[str]) -> bool:
+    """Every router healthy, with every engine `available` and the shared state up."""
+    for url in urls:
         try:
-            await asyncio.sleep(s.lead_s)
-            try:
-                await fault.inject(self)
-            except RuntimeError as exc:  # e.g. no stream to kill the decode under
-                extra.append(str(exc))
-            injected = time.monotonic()
-
-            async def recovered() -> bool:
-                if not await self.capacity_full():
+            async with httpx.AsyncClient(timeout=2) as c:
+                if (await c.get(f"{url}/health")).status_code != 200:
                     return False
-                return fault.recovered is None or await fault.recovered(self)
+        except httpx.HTTPError:
+            return False
+        samples = await router_samples(url)
+        for address in addresses:
+            if samples.get(("tandem_router_pod_state", address, "available")) != 1.0:
+                return False
+        if samples.get(("tandem_routing_shared_state_up", None, None)) != 1.0:
+            return False
+    return True
 
-            if await self._until(recovered, fault.recover_s):
-                recover_s = time.monotonic() - injected
-            await asyncio.sleep(s.tail_s)
-        finally:
-            load.stopping.set()
-            try:
-                # Every request has its own deadline: the load ends by then.
-                await asyncio.wait_for(runner, s.deadline_s + 30)
-            except TimeoutError:
-                extra.append("replay did not end after the last deadline")
-        row = judge(fault, [kind_of(r) for r in load.records], recover_s)
-        row.violations += extra
-        idle_by = self.kv_lease_s + 30
 
-        async def idle() -> bool:
-            return (await self.engines_idle())[0]
-
-        if not await self._until(idle, idle_by):
-            row.violations.append(f"KV held {idle_by:g}s after traffic: {await self._why()}")
-        return row
-
-    async def _why(self) -> str:
-        return (await self.engines_idle())[1]
-
-    async def run(self, faults: list[Fault]) -> list[Row]:
-        rows = []
-        for fault in faults:
-            print(f"chaos: {fault.name} ...", file=sys.stderr, flush=True)
-            rows.append(await self.phase(fault))
-            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-        return rows
+async def router_samples(url: str) -> dict[tuple[str, str | None, str | None], float]:
+    """A router's metrics by (sample name, pod label, state label); none when it does not answer."""
+    try:
+        async with httpx.AsyncClient(timeout=2) as c:
+            text = (await c.get(f"{url}/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("pod"), sample.labels.get("state"))
+            out[key] = sample.value
+    return out
 
 
 async def _serving(address: str) -> bool:
