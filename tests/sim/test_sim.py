@@ -145,6 +145,44 @@ def test_published_gpu_profiles_fit():
     )
 
 
+PUBLISHED = PROFILES.parents[1] / "operators" / "planner" / "published" / "deepseek-v3-h800.yaml"
+
+
+def test_the_published_decode_curve_fits_at_every_point_and_every_pod_size():
+    """The decode profile's points (one published, the rest from the model its
+    note states) are one fixed cost per step plus one cost per sequence: the fit
+    goes through each. The profile runs data-parallel ranks of one GPU, so a
+    pod of 8 GPUs is 8 ranks: the same step at the same requests per GPU."""
+    decode = load_profiles(PUBLISHED)["decode"]
+    assert len(decode.points) >= 4
+    unit = decode.config.gpus_per_replica
+    for gpus in (unit, 8, 1):
+        model = fitted_model(PUBLISHED, gpus_per_pod=gpus)
+        for pt in decode.points:
+            assert pt.in_flight is not None and pt.itl_s is not None
+            batch = pt.in_flight * gpus / unit
+            context = batch * (pt.mean_input_tokens + pt.mean_output_tokens / 2)
+            assert model.decode_s(round(batch), round(context)) + model.step_s == pytest.approx(
+                pt.itl_s, rel=0.01 if batch >= 50 else 0.05
+            )
+    # the fixed share is the note's assumption: 0.465 of the published step
+    published = decode.points[-1]
+    assert published.itl_s is not None
+    assert fitted_model(PUBLISHED, 8).step_s == pytest.approx(0.465 * published.itl_s, rel=1e-3)
+
+
+def test_a_data_parallel_profile_scales_in_ranks_not_in_speed():
+    from sim.defaults import scaled_profile
+
+    decode = load_profiles(PUBLISHED)["decode"]
+    pod = scaled_profile(decode, 8)
+    k = 8 / decode.config.gpus_per_replica
+    for a, b in zip(decode.points, pod.points):
+        assert b.request_rate == pytest.approx(a.request_rate * k)
+        assert b.itl_s == pytest.approx(a.itl_s)
+        assert b.in_flight == pytest.approx((a.in_flight or 0) * k)
+
+
 # ------------------------------------------------------------------ KV cache
 
 
