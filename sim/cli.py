@@ -80,6 +80,9 @@ def add_common(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     )
     g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="step token budget")
     g.add_argument(
+        "--max-num-seqs", type=int, default=256, help="requests a pod runs at once (per step)"
+    )
+    g.add_argument(
         "--long-prefill-threshold", type=int, default=0, help="per-request chunk cap (0: off)"
     )
     g.add_argument("--link-gbps", type=float, default=5.0, help="P->D transfer, GB/s")
@@ -144,6 +147,7 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "block_size": bs,
         "block_bytes": a.block_bytes or bs * CPU_BLOCK_BYTES_PER_TOKEN,
         "max_num_batched_tokens": a.max_num_batched_tokens,
+        "max_num_seqs": a.max_num_seqs,
         "long_prefill_threshold": a.long_prefill_threshold,
         "link_gbps": a.link_gbps,
         "link_latency_ms": a.link_latency_ms,

@@ -194,18 +194,31 @@ class Record:
     reason: str = ""
 
 
-def tokens_for(session: Session, index: int, r: Request) -> list[int]:
-    """Token ids with the trace's block structure: equal hash ids give equal
-    tokens at the same offsets, so the engines' block hashes repeat as the
-    trace's do (local ids are made private to their session)."""
-    bs = session.block_size
-    scope = 0 if session.hash_id_scope == "global" else (index + 1) << 40
-    out: list[int] = []
-    for i, h in enumerate(r.hash_ids):
-        count = min(bs, r.in_tokens - i * bs)
-        base = (scope + h) * bs
-        out.extend(range(base, base + count))
-    return out
+def prompt_blocks(
+    session: Session, index: int, r: Request, block_size: int
+) -> tuple[int, list[int]]:
+    """The prompt's length and its full blocks' hashes, as the router's hasher
+    tells the blocks apart: a prompt's tokens are the trace's blocks in order
+    (the trace's id of each ``session.block_size`` tokens, local ids private
+    to their session), so an engine block of ``block_size`` tokens is
+    identified by the trace ids whose tokens it holds, chained on its parent
+    as vLLM chains block hashes (which also fixes where in the first of those
+    trace blocks it starts). The hashes
+    go to the routing core through ``RouteRequest.block_hashes`` (the seam's
+    field for callers that hashed the prompt): the simulator builds and
+    hashes no token ids, which at tens of thousands of tokens a prompt were
+    most of a large run's time."""
+    tb = session.block_size
+    scope = 0 if session.hash_id_scope == "global" else index + 1
+    ids = r.hash_ids
+    n = min(r.in_tokens, len(ids) * tb)
+    hashes: list[int] = []
+    parent = 0
+    for start in range(0, n - block_size + 1, block_size):
+        first, last = start // tb, (start + block_size - 1) // tb
+        parent = hash((parent, scope, *ids[first : last + 1]))
+        hashes.append(parent)
+    return n, hashes
 
 
 class Simulation:
@@ -320,14 +333,16 @@ class Simulation:
         self, session: Session, index: int, key: str, r: Request, done: Callable[[], None]
     ) -> None:
         now = self.loop.now
-        tokens = tokens_for(session, index, r)
+        n, hashes = prompt_blocks(session, index, r, self.config.engine.block_size)
         # The replicas take requests in turn (a Service spreading connections).
         replica = self._next_replica
         self._next_replica = (replica + 1) % len(self.cores)
         core, state = self.cores[replica], self.state
-        decision = core.route(RouteRequest(tokens, session=key), state.read(replica, key), now)
+        decision = core.route(
+            RouteRequest(range(n), session=key, block_hashes=hashes), state.read(replica, key), now
+        )
         state.write(replica, decision.writes)
-        rec = Record(key, now, len(tokens), r.out_tokens, decode_pod=decision.decode_pod)
+        rec = Record(key, now, n, r.out_tokens, decode_pod=decision.decode_pod)
         rec.prefill_pod, rec.reason = decision.prefill_pod, decision.reason
         self.records.append(rec)
         out = max(1, r.out_tokens)
@@ -349,9 +364,7 @@ class Simulation:
                     replica, core.report_prefill(decision, self.loop.now, decision.decode_pod)
                 )
 
-            decode.submit(
-                Job(len(tokens), decision.block_hashes, out, computed, first_token, finished)
-            )
+            decode.submit(Job(n, decision.block_hashes, out, computed, first_token, finished))
             return
         prefill = self.engines[decision.prefill_pod]
 
@@ -369,7 +382,7 @@ class Simulation:
         def to_decode(pjob: Job) -> None:
             decode.submit(
                 Job(
-                    len(tokens),
+                    n,
                     decision.block_hashes,
                     out,
                     on_first_token=pulled(pjob),
@@ -378,9 +391,7 @@ class Simulation:
                 )
             )
 
-        prefill.submit(
-            Job(len(tokens), decision.block_hashes, 1, prefilled, on_done=to_decode, hold_kv=True)
-        )
+        prefill.submit(Job(n, decision.block_hashes, 1, prefilled, on_done=to_decode, hold_kv=True))
 
     # ----- traffic: agents as the replay client plays them ------------------
     def _agent(

@@ -180,9 +180,24 @@ def fit_engine(
     return fit_prefill(prefill, decode_side, ctx_share)
 
 
+def rank_speedup(profile: EngineProfile, gpus: int) -> float:
+    """How much faster one rank of a replica on ``gpus`` GPUs runs than a rank
+    of the profile's replica. A data-parallel profile (``dp`` > 1) keeps its
+    rank size: more GPUs are more ranks, each as fast as the profile's, each
+    paying a step's fixed cost in parallel (fewer GPUs than a rank: a smaller,
+    slower rank). Without data parallelism the one rank spans all the GPUs."""
+    c = profile.config
+    rank_gpus = c.gpus_per_replica / c.parallelism.dp
+    new_rank = gpus if c.parallelism.dp == 1 else min(gpus, rank_gpus)
+    return new_rank / rank_gpus
+
+
 def per_gpu(model: StepModel, profile: EngineProfile, gpus: int) -> StepModel:
-    """A replica on ``gpus`` GPUs (or cores) of the profile's hardware, scaled linearly."""
-    return model.scaled(gpus / profile.config.gpus_per_replica)
+    """A replica on ``gpus`` GPUs (or cores) of the profile's hardware: work per
+    token and per sequence scales linearly with the GPUs, a step's fixed cost
+    with the size of a rank (``rank_speedup``)."""
+    k = gpus / profile.config.gpus_per_replica
+    return replace(model.scaled(k), step_s=model.step_s / rank_speedup(profile, gpus))
 
 
 def kv_block_bytes(

@@ -7,7 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from operators.planner.profiles import EngineProfile, profiles_from_yaml
-from sim.costs import DEFAULT_CTX_SHARE, DEFAULT_STEP_SHARE, StepModel, fit_engine, per_gpu
+from sim.costs import (
+    DEFAULT_CTX_SHARE,
+    DEFAULT_STEP_SHARE,
+    StepModel,
+    fit_engine,
+    per_gpu,
+    rank_speedup,
+)
 
 PROFILES = Path(__file__).parent / "profiles"
 CPU_PROFILES = PROFILES / "cpu-smollm2.yaml"
@@ -23,22 +30,27 @@ def load_profiles(path: Path) -> dict[str, EngineProfile]:
 
 def scaled_profile(profile: EngineProfile, gpus: int) -> EngineProfile:
     """The profile of a replica on ``gpus`` GPUs of the same hardware, scaled
-    linearly as the simulator scales its pods: rates × k, latencies ÷ k."""
+    as the simulator scales its pods (``costs.per_gpu``): rates × k for k
+    times the GPUs, latencies ÷ the rank's speed-up r (1 when more GPUs are
+    more data-parallel ranks), requests in flight × k / r (Little's law)."""
     k = gpus / profile.config.gpus_per_replica
+    r = rank_speedup(profile, gpus)
 
     def over(v: float | None) -> float | None:
-        return None if v is None else v / k
+        return None if v is None else v / r
 
     points = tuple(
         replace(
             p,
+            concurrency=p.concurrency * k / r,
             request_rate=p.request_rate * k,
             input_tokens_per_s=p.input_tokens_per_s * k,
             output_tokens_per_s=p.output_tokens_per_s * k,
             ttft_p50_s=over(p.ttft_p50_s),
             ttft_p90_s=over(p.ttft_p90_s),
             itl_s=over(p.itl_s),
-            interactivity_p90=None if p.interactivity_p90 is None else p.interactivity_p90 * k,
+            in_flight=None if p.in_flight is None else p.in_flight * k / r,
+            interactivity_p90=None if p.interactivity_p90 is None else p.interactivity_p90 * r,
         )
         for p in profile.points
     )

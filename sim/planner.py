@@ -11,25 +11,34 @@ effects are applied to the simulation: a new pod holds its GPUs at once and
 takes work after ``start_s``; a removed pod takes no new work and goes when
 its requests have finished. The simulator decides nothing itself.
 
+With ``simulate`` (``Report``, ``Gate``) and a ``Simulator`` (``sim.check``'s
+``SimulationChecker``, as ``tandem operator`` hands the operator), each tick
+runs through the operator's own seam, ``operators.planner.checked.checked_tick``:
+a proposal is simulated before it acts, and under ``Gate`` one predicted worse
+is held. The check is a simulation inside the simulation, in wall time
+(``CheckLimits.timeout_s``), as the operator runs it.
+
 Not fed (yet): Phase 2's per-pool measurements (the loop's efficiency stays
 at the profiles'), pool bounds, router replicas.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from common.roles import Role
+from operators.planner.checked import CheckLimits, checked_tick
 from operators.planner.loop import (
     LoopSettings,
     LoopState,
     Mode,
     PoolStatus,
     TickInputs,
-    on_tick,
 )
 from operators.planner.profiles import EngineProfile, PoolRole
+from operators.planner.simulate import SimulateMode, Simulator
 from operators.planner.solver import Demand, Slo
 from sim.cluster import Simulation
 
@@ -50,6 +59,8 @@ class PlannerSettings:
     headroom: float = 1.2
     slo: Slo = field(default_factory=Slo)
     loop: LoopSettings = field(default_factory=LoopSettings)
+    simulate: SimulateMode = "Off"  # the TandemDeployment's scaling.simulation.mode
+    check: CheckLimits = field(default_factory=CheckLimits)
 
 
 class Planner:
@@ -57,10 +68,15 @@ class Planner:
     (one profile per role the simulation runs)."""
 
     def __init__(
-        self, sim: Simulation, profiles: dict[PoolRole, EngineProfile], settings: PlannerSettings
+        self,
+        sim: Simulation,
+        profiles: dict[PoolRole, EngineProfile],
+        settings: PlannerSettings,
+        simulator: Simulator | None = None,
     ) -> None:
         self.sim = sim
         self.settings = settings
+        self.simulator = simulator
         self.profiles = {role: p for role, p in profiles.items() if sim.pods_of(POOL_ROLES[role])}
         if not self.profiles:
             raise ValueError("no profile for any pool the simulation runs")
@@ -116,8 +132,12 @@ class Planner:
             slo=s.slo,
             budget_gpus=s.budget_gpus,
             headroom=s.headroom,
+            simulate=s.simulate,
         )
-        self.state, effects = on_tick(now, self.state, inputs, s.loop)
+        self.state, effects = asyncio.run(
+            checked_tick(now, self.state, inputs, s.loop, self.simulator, s.check)
+        )
+        check = effects.record.simulation if effects.record else None
         for scale in effects.scale:
             self._resize(scale.role, scale.replicas)
         self.history.append(
@@ -128,6 +148,7 @@ class Planner:
                 "replicas": {p.role: p.spec_replicas for p in self.pools()},
                 "ratio": effects.ratio,
                 "summary": effects.record.summary if effects.record else "",
+                "simulation": (check.verdict, check.reason) if check else None,
             }
         )
         if sim.active_lanes:

@@ -80,6 +80,7 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
             kv_blocks=point["kv_blocks"],
             block_size=point["block_size"],
             max_num_batched_tokens=point["max_num_batched_tokens"],
+            max_num_seqs=point.get("max_num_seqs", EngineSettings.max_num_seqs),
             long_prefill_threshold=point["long_prefill_threshold"],
             block_bytes=point["block_bytes"],
         ),

@@ -53,6 +53,19 @@ def test_slos_the_figures_cannot_check_are_refused_by_name():
     assert d.plan is None
     assert any("deepseek-v3-h800-prefill-ep32: the profile has no TTFT p90" in r for r in d.reasons)
     assert any(c.startswith("measure the configurations (tandem profile)") for c in d.changes)
-    d = solve(Problem(DEEPSEEK, DAY, Slo(interactivity_p90=30.0), headroom=1.0))
+    d = solve(Problem(DEEPSEEK, DAY, Slo(interactivity_p90=50.0), headroom=1.0))
     assert d.plan is None and d.binding == "slo"
-    assert any("relax the P90 interactivity SLO to at most 21.00 tok/s" in c for c in d.changes)
+    # the lightest decode point (one request per GPU; an assumption, see the profile's note)
+    assert any("relax the P90 interactivity SLO to at most 44.57 tok/s" in c for c in d.changes)
+
+
+def test_an_interactivity_slo_runs_decode_at_a_lighter_assumed_point():
+    """The decode profile's points below the published one follow the model
+    its note states (a fixed cost per step plus a cost per sequence): 30 tok/s
+    per user holds at about 5,800 requests per unit instead of 12,686, so the
+    published day needs 12 decode units instead of 8."""
+    d = solve(Problem(DEEPSEEK, DAY, Slo(interactivity_p90=30.0), headroom=1.0))
+    assert d.plan is not None
+    pre, dec = d.plan.pools
+    assert (pre.replicas, dec.replicas) == (24, 12)
+    assert dec.point.interactivity_p90 == pytest.approx(30.0)

@@ -12,8 +12,9 @@ from dataclasses import replace
 import pytest
 
 from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
+from services.router.routing.hashing import BlockHasher
 from sim.cli import main as sim_main
-from sim.cluster import ClusterConfig, Simulation, Traffic
+from sim.cluster import ClusterConfig, Simulation, Traffic, prompt_blocks
 from sim.costs import DEFAULT_STEP_SHARE, StepModel, fit_decode, fit_prefill
 from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
@@ -25,6 +26,9 @@ from sim.defaults import (
 from sim.engine import Engine, EngineSettings, Job, KVCache
 from sim.events import EventLoop
 from sim.sweep import grid, model_fields, run_on_ray, run_point
+from tandem.workload.generate import generate as generate_trace
+from tandem.workload.generate import params_for
+from tandem.workload.trace import Request, Session
 
 # ----------------------------------------------------------------- event core
 
@@ -143,6 +147,89 @@ def test_published_gpu_profiles_fit():
     assert model.prefill_s(int(uncached), int(start)) == pytest.approx(
         int(uncached) / p.uncached_tokens_per_s, rel=0.01
     )
+
+
+PUBLISHED = PROFILES.parents[1] / "operators" / "planner" / "published" / "deepseek-v3-h800.yaml"
+
+
+def test_the_published_decode_curve_fits_at_every_point_and_every_pod_size():
+    """The decode profile's points (one published, the rest from the model its
+    note states) are one fixed cost per step plus one cost per sequence: the fit
+    goes through each. The profile runs data-parallel ranks of one GPU, so a
+    pod of 8 GPUs is 8 ranks: the same step at the same requests per GPU."""
+    decode = load_profiles(PUBLISHED)["decode"]
+    assert len(decode.points) >= 4
+    unit = decode.config.gpus_per_replica
+    for gpus in (unit, 8, 1):
+        model = fitted_model(PUBLISHED, gpus_per_pod=gpus)
+        for pt in decode.points:
+            assert pt.in_flight is not None and pt.itl_s is not None
+            batch = pt.in_flight * gpus / unit
+            context = batch * (pt.mean_input_tokens + pt.mean_output_tokens / 2)
+            assert model.decode_s(round(batch), round(context)) + model.step_s == pytest.approx(
+                pt.itl_s, rel=0.01 if batch >= 50 else 0.05
+            )
+    # the fixed share is the note's assumption: 0.465 of the published step
+    published = decode.points[-1]
+    assert published.itl_s is not None
+    assert fitted_model(PUBLISHED, 8).step_s == pytest.approx(0.465 * published.itl_s, rel=1e-3)
+
+
+def test_a_data_parallel_profile_scales_in_ranks_not_in_speed():
+    from sim.defaults import scaled_profile
+
+    decode = load_profiles(PUBLISHED)["decode"]
+    pod = scaled_profile(decode, 8)
+    k = 8 / decode.config.gpus_per_replica
+    for a, b in zip(decode.points, pod.points):
+        assert b.request_rate == pytest.approx(a.request_rate * k)
+        assert b.itl_s == pytest.approx(a.itl_s)
+        assert b.in_flight == pytest.approx((a.in_flight or 0) * k)
+
+
+def _trace_tokens(session: Session, index: int, r: Request) -> list[int]:
+    """A prompt's token ids as the trace's blocks make them: the trace id's
+    ``block_size`` tokens, local ids private to their session."""
+    bs = session.block_size
+    scope = 0 if session.hash_id_scope == "global" else (index + 1) << 20
+    out: list[int] = []
+    for i, h in enumerate(r.hash_ids):
+        base = (scope + h) * bs
+        out.extend(range(base, base + min(bs, r.in_tokens - i * bs)))
+    return out
+
+
+@pytest.mark.parametrize(("scope", "engine_block"), [("global", 16), ("local", 64), ("local", 24)])
+def test_the_simulated_block_hashes_tell_blocks_apart_as_the_router_hashes_tokens(
+    scope: str, engine_block: int
+):
+    """``prompt_blocks`` hands the routing core block hashes instead of token
+    ids: over a trace's prompts (sessions sharing a prefix, turns growing,
+    sub-agents forking) two blocks get the same hash exactly when the router's
+    own hasher, hashing the token ids, gives them the same hash; for engine
+    blocks equal to, a multiple of, and not a multiple of the trace's."""
+    sessions = [
+        replace(s, hash_id_scope=scope)
+        for s in generate_trace(params_for("small", sessions=4, seed=3, block_size=16))
+    ]
+    hasher = BlockHasher(engine_block)
+    ours: list[int] = []
+    theirs: list[int] = []
+    for index, s in enumerate(sessions):
+        for _, _, r in s.iter_requests():
+            n, hashes = prompt_blocks(s, index, r, engine_block)
+            tokens = _trace_tokens(s, index, r)
+            assert n == len(tokens)
+            ours += hashes
+            theirs += hasher.event_hashes(tokens)
+    assert len(ours) == len(theirs) > 100
+
+    def partition(hs: list[int]) -> list[int]:
+        first: dict[int, int] = {}
+        return [first.setdefault(h, i) for i, h in enumerate(hs)]
+
+    assert partition(ours) == partition(theirs)
+    assert len(set(ours)) < len(ours)  # the trace reuses blocks: the check has teeth
 
 
 # ------------------------------------------------------------------ KV cache

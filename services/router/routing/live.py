@@ -80,7 +80,10 @@ class LiveSessions:
         # one costs its new blocks, not its whole prompt.
         held = frozenset(cached)
         left_behind = sum(1 for h in own - held if counts.get(h) == 1)
-        new = sum(1 for h in held - own if h not in counts)
+        # In C: with many pods every one holds the common prefix, and this
+        # runs for each pod on every request.
+        not_own = held - own
+        new = len(not_own) - len(counts.keys() & not_own)
         return len(counts) - left_behind + new
 
     def __len__(self) -> int:
