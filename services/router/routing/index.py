@@ -210,20 +210,40 @@ class PrefixIndex:
         start = start or {}
         blocks = self._blocks
         n = len(hashes)
-        result = {}
+        # One walk for all pods, as bit masks: the pods still matching, less
+        # those whose known prefix covers this block. A block costs the same
+        # with 2 pods or 1,000 (each of which holds a common system prompt);
+        # a pod costs only where it stops matching.
+        alive = 0
+        skipping = 0
+        known: list[tuple[int, int]] = []  # (end of the known prefix, bit)
         for pod, bit in self._bits.items():
-            flag = 1 << bit
-            predicted = self._predicted[bit]
-            i = min(start.get(pod, 0), n)
-            while i < n:
-                h = hashes[i]
-                if blocks.get(h, 0) & flag:
-                    blocks.move_to_end(h)  # matched blocks are recently used
-                elif not predicted or predicted.get(h, 0.0) <= now:
-                    break
-                i += 1
-            result[pod] = i
-        return result
+            alive |= 1 << bit
+            held = min(start.get(pod, 0), n)
+            if held:
+                skipping |= 1 << bit
+                known.append((held, bit))
+        known.sort(reverse=True)
+        ends: dict[int, int] = {}
+        for i, h in enumerate(hashes):
+            while known and known[-1][0] <= i:
+                skipping &= ~(1 << known.pop()[1])
+            if not alive:
+                break
+            checked = alive & ~skipping
+            mask = blocks.get(h, 0)
+            if checked & mask:
+                blocks.move_to_end(h)  # matched blocks are recently used
+            missing = checked & ~mask
+            while missing:
+                low = missing & -missing
+                missing ^= low
+                bit = low.bit_length() - 1
+                predicted = self._predicted[bit]
+                if not predicted or predicted.get(h, 0.0) <= now:
+                    alive ^= low
+                    ends[bit] = i
+        return {pod: ends.get(bit, n) for pod, bit in self._bits.items()}
 
 
 def predicted_cached_tokens(matched_blocks: int, num_tokens: int, block_size: int) -> int:

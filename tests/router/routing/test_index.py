@@ -157,3 +157,50 @@ def test_a_match_resumed_where_no_block_was_lost_equals_a_full_one(first, second
     shared = next((i for i, (x, y) in enumerate(zip(old, new)) if x != y), min(len(old), len(new)))
     start = {pod: min(n, shared) for pod, n in held.items() if index.epoch(pod) == epochs[pod]}
     assert index.match(new, now[0], start) == index.match(new, now[0])
+
+
+def _walk_each_pod(index, hashes, now, start):
+    """The match pod by pod: each pod's walk from its known prefix while
+    its blocks are stored there or predicted and not expired."""
+    out = {}
+    for pod, bit in index._bits.items():
+        i = min(start.get(pod, 0), len(hashes))
+        while i < len(hashes):
+            h = hashes[i]
+            stored = index._blocks.get(h, 0) & (1 << bit)
+            if not stored and index._predicted[bit].get(h, 0.0) <= now:
+                break
+            i += 1
+        out[pod] = i
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["stored", "removed", "predict", "expire"]),
+            st.sampled_from("abcdefgh"),
+            st.lists(st.integers(0, 9), max_size=8),
+        ),
+        max_size=20,
+    ),
+    prompt=st.lists(st.integers(0, 9), max_size=12),
+    starts=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 14)),
+)
+def test_one_walk_for_all_pods_matches_each_pods_own_walk(ops, prompt, starts):
+    index = PrefixIndex(capacity=30, predicted_capacity=20)
+    for pod in "abcdefgh":
+        index.add_pod(pod)
+    now = 0.0
+    for kind, pod, hashes in ops:
+        now += 1.0
+        if kind == "stored":
+            index.stored(pod, hashes)
+        elif kind == "removed":
+            index.removed(pod, hashes)
+        elif kind == "predict":
+            index.predict(pod, hashes, now, ttl_s=3.0)
+        else:
+            index.expire_predictions(now)
+    assert index.match(prompt, now, starts) == _walk_each_pod(index, prompt, now, starts)
