@@ -32,8 +32,11 @@ def _unavailable() -> grpc.aio.AioRpcError:
 
 
 class _Call:
-    def __init__(self, messages, error=None):
-        self._messages, self._error = messages, error
+    """A Generate call: its messages, then ``error`` if given; with ``stall``
+    it sets that event after the messages and waits for a cancel."""
+
+    def __init__(self, messages, error=None, stall=None):
+        self._messages, self._error, self._stall = messages, error, stall
 
     def __aiter__(self):
         return self._iter()
@@ -43,6 +46,9 @@ class _Call:
             raise self._error
         for m in self._messages:
             yield m
+        if self._stall is not None:
+            self._stall.set()
+            await asyncio.Event().wait()
 
     def cancel(self):
         pass
@@ -227,6 +233,44 @@ async def test_a_decoding_request_holds_a_slot_but_no_pending_prefill():
     assert (core.local_load(pod).in_flight, core.local_load(pod).pending_prefill_tokens) == (1, 0)
     rest = [m async for m in stream]
     assert rest[-1].finish_reason == "stop"
+    assert _idle(core)
+
+
+class StallingStub(FakeStub):
+    """Prefill and Generate that wait until the client leaves (a stopped replay)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+
+    async def Prefill(self, req, **_):
+        self.calls.append(("Prefill", req))
+        self.waiting.set()
+        await asyncio.Event().wait()
+
+    def Generate(self, req, **_):
+        self.calls.append(("Generate", req))
+        return _Call([pb.GenerateResponse(token_ids=[7], text="h")], stall=self.waiting)
+
+
+@pytest.mark.parametrize("stalls", ["prefill", "decode"])
+async def test_a_client_leaving_mid_request_frees_the_pods_load(stalls):
+    # A replay stopped between phases cancels its requests: whether in the
+    # prefill or mid-stream on the decode pod, no load may stay behind, or
+    # the pod looks busy to the cost policy from then on.
+    prefill, decode = FakeStub(), DecodingStub()
+    stalling = StallingStub()
+    if stalls == "prefill":
+        prefill = stalling
+    else:
+        decode = stalling
+    orch, _, core = _setup([("prefill", prefill), ("decode", decode)])
+    task = asyncio.create_task(_run(orch, _request(n=100, session="s")))
+    await asyncio.wait_for(stalling.waiting.wait(), 5)
+    assert not _idle(core)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
     assert _idle(core)
 
 

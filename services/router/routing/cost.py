@@ -12,6 +12,10 @@ Costs are in *token-equivalents*, so cache hits and queues compare directly;
                 uncached part would evict (KV capacity less what live
                 sessions hold there: ``live.py``)
 
+For a P/D decode pod the first and last terms are weighted by
+``transfer_weight``: what it lacks, and what an evicted session will lack,
+arrives over NIXL rather than being computed (``placement_cost``).
+
 The eviction term is what makes stickiness right when KV is smaller than the
 working set: a session moved, or a fork placed, on a pod whose KV is full of
 other live sessions recomputes its context there *and* costs those sessions
@@ -86,12 +90,17 @@ def prefill_cost(pod: PodView, num_tokens: int, s: PolicySettings) -> float:
 
 
 def placement_cost(pod: PodView, num_tokens: int, s: PolicySettings, weight: float = 1.0) -> float:
-    """What choosing ``pod`` costs: ``weight`` x its uncached tokens, its load,
-    and the later recompute of the live KV it evicts."""
+    """What choosing ``pod`` costs: its uncached tokens, its load, and the
+    later rebuilding of the live KV it evicts. ``weight`` prices a token of KV
+    the pod must fill, its own or an evicted session's, alike: 1 where it is
+    computed there, ``transfer_weight`` on a P/D decode pod, where either
+    arrives over NIXL from the prefill pool (an evicted session's next turn
+    pulls it again). Priced as a recompute there, a decode pod whose KV holds
+    sessions that went idle would cost more than any queue on the others."""
     return (
         weight * uncached_tokens(pod, num_tokens)
         + load_tokens(pod, s, uncached_share(pod, num_tokens))
-        + s.eviction_cost_factor * evicted_tokens(pod, num_tokens)
+        + weight * s.eviction_cost_factor * evicted_tokens(pod, num_tokens)
     )
 
 

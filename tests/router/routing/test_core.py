@@ -2,6 +2,9 @@
 of the shared state, and a pod set that changes at runtime. Local state, no
 servers, no mocks."""
 
+import random
+from collections import Counter
+
 import pytest
 
 from services.router.routing import (
@@ -243,3 +246,38 @@ def test_local_prefill_is_decided_with_the_pods():
     assert (d.prefill_pod, d.local_prefill) == ("p", None)
     agg = make_core().route(RouteRequest(list(range(40))), SharedView(), 0.0)
     assert agg.local_prefill is None
+
+
+def test_pd_decode_pod_full_of_idle_sessions_kv_still_takes_new_sessions():
+    # The live loop's static 1:2: a replay ran on decode pod d1 alone and
+    # stopped; its sessions stay live (the window) and fill d1's KV. Then d2
+    # is added and a new replay starts. d1 holding that KV must not keep every
+    # new session on d2 however many run there: on a decode pod an evicted
+    # session's KV comes back over NIXL, priced at the transfer weight.
+    block, capacity, prompt = 16, 1456, 1600  # the CPU engines' 23,296 KV tokens
+    core = RoutingCore(
+        RoutingSettings(block_size=block, policy=PolicySettings(remote_prefill_threshold=0)),
+        [PodSpec("p", "prefill"), PodSpec("d1", "decode")],
+    )
+
+    def poll(now):
+        for name in core.pods:
+            core.update_pod(name, now, healthy=True, kv_capacity_blocks=capacity)
+
+    def prompt_of(session):
+        return random.Random(session).choices(range(49_000), k=prompt)
+
+    poll(0.0)
+    for i in range(18):  # the first replay: 18 sessions, finished
+        core.release(
+            core.route(RouteRequest(prompt_of(f"old{i}"), session=f"old{i}"), SharedView(), 1.0)
+        )
+    assert core.live.occupied_blocks("d1", None) > capacity  # its KV is full
+    core.add_pod(PodSpec("d2", "decode"))
+    poll(40.0)
+    held = [
+        core.route(RouteRequest(prompt_of(f"new{i}"), session=f"new{i}"), SharedView(), 45.0)
+        for i in range(6)  # the next replay's sessions, all running at once
+    ]
+    where = Counter(d.decode_pod for d in held)
+    assert where["d1"] >= 2 and where["d2"] >= 2, where
