@@ -267,7 +267,12 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
     cluster.wait(td_ready, INSTALL_DEADLINE_S, "the TandemDeployment's pools ready")
 
     def all_ready() -> list[dict] | None:
-        pods = cluster.pods(f"app.kubernetes.io/instance={RELEASE}")
+        # The download Job's pod has done its work: Succeeded, never Ready.
+        pods = [
+            p
+            for p in cluster.pods(f"app.kubernetes.io/instance={RELEASE}")
+            if p.get("status", {}).get("phase") != "Succeeded"
+        ]
         return pods if pods and all(ready(p) for p in pods) else None
 
     release_pods = cluster.wait(all_ready, INSTALL_DEADLINE_S, "every pod of the release Ready")
