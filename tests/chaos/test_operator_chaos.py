@@ -45,7 +45,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ from operators.controller import SCALE_DOWN, scale_down_record
 from operators.manifests import DELETION_COST, GRPC_PORT, ROUTER_PORT
 from tandem.workload.endpoint import served_model
 from tests.helm import chart
-from tests.localcluster import LocalCluster, down, up
+from tests.localcluster import LocalCluster, cluster_fixture
 
 RELEASE = "tandem"
 NAMESPACE = "default"
@@ -522,15 +522,7 @@ def values(tmp_path: Path) -> dict:
     return v
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    state = tmp_path / "cluster"
-    try:
-        running = up(state, BRIDGE, POD_CIDR)
-        yield running
-        running.close()
-    finally:
-        down(state)
+cluster = cluster_fixture(BRIDGE, POD_CIDR)
 
 
 @pytest.mark.stack
