@@ -248,6 +248,7 @@ class Workload:
             max_tokens_cap=self.max_tokens_cap,
             duration_s=duration_s,
             timeout_s=300.0,
+            session_end_header="x-session-end",
             progress=False,
         )
         return Replayer(cfg, sessions, build_prompts(sessions, builder), salt=builder.salt)
