@@ -21,6 +21,7 @@ from pathlib import Path
 
 from common.ports import free_port
 from common.procs import Proc, launch, stop_process_group
+from devcluster.client import COMMAND_TIMEOUT_S, LocalCluster
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -41,6 +42,30 @@ def tandem_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
     )
+
+
+def cluster_up(state: Path, bridge: str, pod_cidr: str) -> LocalCluster:
+    """`tandem cluster up` on a bridge and addresses of the caller's own (a
+    user's cluster and other runs may be beside it); raises with its error."""
+    started = tandem_cli(
+        "cluster",
+        "up",
+        "--state-dir",
+        str(state),
+        "--bridge",
+        bridge,
+        "--pod-cidr",
+        pod_cidr,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+    if started.returncode:
+        raise RuntimeError(f"tandem cluster up failed:\n{started.stderr}")
+    return LocalCluster(state)
+
+
+def cluster_down(state: Path) -> subprocess.CompletedProcess:
+    """`tandem cluster down`: every pod's processes, netns and link gone."""
+    return tandem_cli("cluster", "down", "--state-dir", str(state), timeout=COMMAND_TIMEOUT_S)
 
 
 def _interrupt(signum, frame) -> None:

@@ -66,9 +66,10 @@ import helm_python as helm
 import httpx
 import yaml
 
-from bench.harness import sigterm_as_interrupt, tandem_cli
+from bench.harness import cluster_down, cluster_up, sigterm_as_interrupt, tandem_cli
 from common.kube import LABEL_COMPONENT, LABEL_POOL
 from common.model import cache_dir, resolve_model
+from devcluster.client import LocalCluster
 from operators.manifests import METRICS_PORT
 from operators.planner.persist import from_rfc3339
 from tandem.workload import generate
@@ -93,7 +94,6 @@ KV_DTYPE_BYTES = 4  # float32 on CPU
 POLL_S = 3.0
 # Engine start on a loaded 2-core machine: 40-120 s seen; the whole install more.
 INSTALL_DEADLINE_S = 1200.0
-COMMAND_TIMEOUT_S = 300.0
 
 
 def log(msg: str) -> None:
@@ -103,60 +103,8 @@ def log(msg: str) -> None:
 # -- the cluster ---------------------------------------------------------------
 
 
-class Cluster:
-    """The running local cluster: kubectl for what a user does, its API server
-    over HTTP for what the monitor polls."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.kubeconfig = state / "kubeconfig"
-        server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        self.server = server
-
-    def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        result = subprocess.run(
-            ["kubectl", "--cache-dir", str(self.state / "kc"), "-n", NAMESPACE, *args],
-            env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)),
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-        )
-        if result.returncode:
-            raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
-        return result.stdout
-
-    def get(self, path: str, api: str = "/api/v1", **params: str) -> dict | None:
-        response = httpx.get(
-            f"{self.server}{api}/namespaces/{NAMESPACE}/{path}", params=params, timeout=30
-        )
-        if response.status_code == 404:
-            return None
-        response.raise_for_status()
-        return response.json()
-
-    def td(self) -> dict | None:
-        return self.get(f"tandemdeployments/{RELEASE}", api=TD_API)
-
-    def router_url(self) -> str | None:
-        try:
-            services = json.loads((self.state / "services.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        entry = services.get(f"{NAMESPACE}/{RELEASE}-router")
-        if not entry:
-            return None
-        (port,) = entry["ports"].values()
-        return f"http://127.0.0.1:{port['loopback']}"
-
-
-def wait(what: Any, timeout: float, name: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := what()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {name}")
-        time.sleep(2.0)
-    return result
+def td(cluster: LocalCluster) -> dict | None:
+    return cluster.get(f"tandemdeployments/{RELEASE}", api=TD_API)
 
 
 def values(max_prefill: int, max_decode: int) -> dict:
@@ -312,7 +260,7 @@ class PodSeen:
 class Monitor:
     """Polls what the operator decided and what the pods did, with wall times."""
 
-    cluster: Cluster
+    cluster: LocalCluster
     decisions: list[dict] = field(default_factory=list)  # each changed status.scaling
     pods: dict[str, PodSeen] = field(default_factory=dict)
     spec_replicas: list[tuple[float, dict[str, int]]] = field(default_factory=list)
@@ -485,7 +433,7 @@ def scale_ups(monitor: Monitor, since: float, until: float) -> list[dict]:
     return found
 
 
-def events(cluster: Cluster, since: float) -> list[dict]:
+def events(cluster: LocalCluster, since: float) -> list[dict]:
     """The TandemDeployment's Events from `since` on (wall time)."""
     items = (cluster.get("events") or {}).get("items", [])
     out = []
@@ -512,7 +460,7 @@ def events(cluster: Cluster, since: float) -> list[dict]:
 
 @dataclass
 class Run:
-    cluster: Cluster
+    cluster: LocalCluster
     url: str
     workload: Workload
     slo: Slo
@@ -561,21 +509,21 @@ async def monitored(monitor: Monitor, work: Any) -> Any:
         await task
 
 
-def patch_scaling(cluster: Cluster, scaling: dict) -> None:
+def patch_scaling(cluster: LocalCluster, scaling: dict) -> None:
     cluster.kubectl(
         "patch", "td", RELEASE, "--type", "merge", "-p", json.dumps({"spec": {"scaling": scaling}})
     )
 
 
-def install(cluster: Cluster, release: Path) -> tuple[str, float]:
+def install(cluster: LocalCluster, release: Path) -> tuple[str, float]:
     """The release applied as `helm install` would; its router Service's URL
     once one engine per pool serves through it, and the seconds that took."""
     installed = time.monotonic()
     cluster.kubectl("apply", "-f", str(release))
 
     def serving() -> str | None:
-        status = (cluster.td() or {}).get("status", {})
-        url = cluster.router_url()
+        status = (td(cluster) or {}).get("status", {})
+        url = cluster.service_url(f"{RELEASE}-router")
         if status.get("prefill") != "1/1" or status.get("decode") != "1/1" or not url:
             return None
         try:
@@ -583,12 +531,14 @@ def install(cluster: Cluster, release: Path) -> tuple[str, float]:
         except httpx.HTTPError:
             return None
 
-    url = wait(serving, INSTALL_DEADLINE_S, "the release serving through the router Service")
+    url = cluster.wait(
+        serving, INSTALL_DEADLINE_S, "the release serving through the router Service"
+    )
     return url, time.monotonic() - installed
 
 
 def apply_profiles(
-    cluster: Cluster, a: argparse.Namespace, url: str, out: Path, w: Workload
+    cluster: LocalCluster, a: argparse.Namespace, url: str, out: Path, w: Workload
 ) -> dict[str, Any]:
     """Profiles taken now (or an earlier run's, `--profiles`), applied."""
     found: dict[str, Any] = {}
@@ -654,12 +604,12 @@ def auto_phase(r: Run, a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def engine_pods(cluster: Cluster) -> list[dict]:
+def engine_pods(cluster: LocalCluster) -> list[dict]:
     found = cluster.get("pods", labelSelector=f"{LABEL_COMPONENT}=engine") or {}
     return found.get("items", [])
 
 
-def set_pools(cluster: Cluster, shape: dict[str, int]) -> None:
+def set_pools(cluster: LocalCluster, shape: dict[str, int]) -> None:
     """Each pool scaled by hand, as a user would, and waited for: exactly
     its replicas in pods, all Ready, none still draining."""
     for role, n in shape.items():
@@ -675,7 +625,7 @@ def set_pools(cluster: Cluster, shape: dict[str, int]) -> None:
                 return False
         return True
 
-    wait(settled, 600, f"pools at {shape_name(shape)}")
+    cluster.wait(settled, 600, f"pools at {shape_name(shape)}")
 
 
 def recommend_phase(r: Run, a: argparse.Namespace) -> dict[str, Any]:
@@ -704,7 +654,7 @@ def recommend_phase(r: Run, a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def served_per_pod(cluster: Cluster) -> dict[str, float]:
+def served_per_pod(cluster: LocalCluster) -> dict[str, float]:
     """Requests each engine pod has served, from its own metrics."""
     out = {}
     for pod in engine_pods(cluster):
@@ -767,20 +717,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     release = out / "release.yaml"
     release.write_text(yaml.safe_dump_all(render(values(a.max_prefill, a.max_decode))))
     log(f"tandem cluster up ({state})")
-    started = tandem_cli(
-        "cluster",
-        "up",
-        "--state-dir",
-        str(state),
-        "--bridge",
-        BRIDGE,
-        "--pod-cidr",
-        POD_CIDR,
-        timeout=COMMAND_TIMEOUT_S,
-    )
-    if started.returncode:
-        raise RuntimeError(f"tandem cluster up failed:\n{started.stderr}")
-    cluster = Cluster(state)
+    cluster = cluster_up(state, BRIDGE, POD_CIDR)
 
     def save() -> None:  # after each phase: a run stopped midway keeps what it measured
         (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
@@ -819,7 +756,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 )
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 log(f"uninstall: {exc}")
-        tandem_cli("cluster", "down", "--state-dir", str(state), timeout=COMMAND_TIMEOUT_S)
+        cluster.close()
+        cluster_down(state)
     result["load_average_end"] = load_average()
     save()
     report = render_report(result)

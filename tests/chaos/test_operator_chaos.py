@@ -64,11 +64,12 @@ from bench.chaos import (
 )
 from common.kube import COMPONENT_ENGINE, LABEL_COMPONENT, LABEL_DEPLOYMENT, LABEL_POOL
 from common.model import resolve_model
+from devcluster.client import LocalCluster
 from operators.controller import SCALE_DOWN, scale_down_record
 from operators.manifests import DELETION_COST, GRPC_PORT, ROUTER_PORT
 from tandem.workload.endpoint import served_model
 from tests.helm import chart
-from tests.localcluster import LocalCluster, cluster_fixture
+from tests.localcluster import cluster_fixture
 
 RELEASE = "tandem"
 NAMESPACE = "default"
@@ -238,11 +239,7 @@ class ClusterChaos(ChaosHarness):
         ]
 
     def service_url(self) -> str | None:
-        entry = self.cluster.services().get(f"{NAMESPACE}/{RELEASE}-router")
-        if not entry:
-            return None
-        (port,) = entry["ports"].values()
-        return f"http://127.0.0.1:{port['loopback']}"
+        return self.cluster.service_url(f"{RELEASE}-router")
 
     async def capacity_full(self) -> bool:
         release = await self.pods(f"app.kubernetes.io/instance={RELEASE}")

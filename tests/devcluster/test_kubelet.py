@@ -17,10 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.harness import cluster_down, cluster_up
+from devcluster.client import LocalCluster, kubectl_binary
 from devcluster.kubelet.network import NETNS_PREFIX, VETH_PREFIX
 from devcluster.kubelet.podspec import argv_of, expand, image_repository
-from tests.kube.plugin import kubectl_binary
-from tests.localcluster import LocalCluster, cluster_fixture, down, up
+from tests.localcluster import cluster_fixture
 
 # A bridge and addresses of their own per test process: a user's cluster
 # (tandem0, 10.250.0.0/16) and other pytest-xdist workers may run beside.
@@ -289,7 +290,7 @@ def test_jobs_run_to_the_end_with_their_termination_messages(cluster: LocalClust
 def test_down_leaves_no_process_namespace_or_link(tmp_path: Path):
     bridge = f"tddown{os.getpid() % 10000}"
     try:
-        cluster = up(tmp_path, bridge, DOWN_CIDR)
+        cluster = cluster_up(tmp_path, bridge, DOWN_CIDR)
         sleeper = {"name": "s", "image": "python:3.11", "command": ["sleep", "600"]}
         cluster.apply(pod("sleeper", sleeper))
         running = cluster.wait(
@@ -304,7 +305,7 @@ def test_down_leaves_no_process_namespace_or_link(tmp_path: Path):
         assert any(n.startswith(VETH_PREFIX + suffix) for n in links())
         cluster.close()
     finally:
-        stopped = down(tmp_path)
+        stopped = cluster_down(tmp_path)
     assert stopped.returncode == 0, stopped.stderr
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

@@ -35,15 +35,17 @@ import httpx
 import pytest
 import yaml
 
+from bench.harness import cluster_down
 from common.kube import LABEL_COMPONENT, LABEL_POOL
 from common.model import resolve_model
+from devcluster.client import LocalCluster
 from devcluster.hubmirror import mirror_objects
 from devcluster.kubelet.network import NETNS_PREFIX, VETH_PREFIX
 from operators.manifests import GRPC_PORT, METRICS_PORT, download_job_name
 from operators.planner.profiles import profile_from_configmap
 from tests.helm import chart
 from tests.helpers import engine_load
-from tests.localcluster import LocalCluster, cluster_fixture, down
+from tests.localcluster import cluster_fixture
 
 # Also `stack`: it starts engines, so `pytest -m "not stack"` leaves it out.
 pytestmark = [pytest.mark.journey, pytest.mark.stack]
@@ -282,11 +284,9 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
     assert "1/1" in printed, printed
 
     def router_url() -> str | None:
-        entry = cluster.services().get(f"{NAMESPACE}/{RELEASE}-router")
-        if not entry:
+        url = cluster.service_url(f"{RELEASE}-router")
+        if url is None:
             return None
-        (port,) = entry["ports"].values()
-        url = f"http://127.0.0.1:{port['loopback']}"
         try:
             health = httpx.get(f"{url}/health", timeout=5)
         except httpx.HTTPError:
@@ -473,7 +473,7 @@ def test_install_serve_scale_drain_uninstall(cluster: LocalCluster, tmp_path: Pa
     # tandem cluster down: no process, network namespace or link stays.
     pid = json.loads((cluster.state / "cluster.json").read_text())["pid"]
     suffix = f"{pid % 10000}x"
-    stopped = down(cluster.state)
+    stopped = cluster_down(cluster.state)
     assert stopped.returncode == 0, stopped.stderr
     assert not alive(pid)
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

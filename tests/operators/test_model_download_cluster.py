@@ -15,10 +15,11 @@ import json
 from pathlib import Path
 
 from common.kube import LABEL_COMPONENT
+from devcluster.client import LocalCluster
 from devcluster.hubmirror import mirror_objects
 from operators import manifests
 from tests.kube.plugin import start_operator
-from tests.localcluster import LocalCluster, cluster_fixture
+from tests.localcluster import cluster_fixture
 
 # Its own bridge and addresses: other local clusters may run beside it.
 cluster = cluster_fixture("tdmodeldl", "10.244.0.0/16")
