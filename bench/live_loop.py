@@ -556,6 +556,11 @@ def apply_profiles(
     return found
 
 
+def never_routed(up: dict[str, Any]) -> str:
+    left = up.get("ready_before_end_s")
+    return "never" if left is None else f"never (Ready {left:.0f} s before the phase ended)"
+
+
 def auto_phase(r: Run, a: argparse.Namespace) -> dict[str, Any]:
     """`scaling.mode: Auto` through the demand steps: each decision, its new
     pod's timings, and the figures before it and after the pod served."""
@@ -581,6 +586,8 @@ def auto_phase(r: Run, a: argparse.Namespace) -> dict[str, Any]:
         # routed) from its Ready, so that the table says what it cost.
         serving_at = up["serving_at"] or up["ready_at"]
         up["after_from"] = "first routed request" if up["serving_at"] else "Ready, never routed"
+        # A pod Ready just before the phase ended had no chance to be routed.
+        up["ready_before_end_s"] = auto_to - up["ready_at"] if up["ready_at"] else None
         step = next((s for s in steps if s["start"] <= decided < s["end"]), steps[-1])
         up["step"] = step["concurrency"]
         # The demand the after-window saw: it may start in a later step.
@@ -801,7 +808,7 @@ def render_report(result: dict[str, Any]) -> str:
         lines.append(
             f"| {up['step']} | {up['role']} {up['from']} → {up['to']} | {reasons} "
             f"| {_f(up['ready_s'], '{:.0f}')} "
-            f"| {_f(up['serving_s'], '{:.0f}') if up['serving_at'] else 'never'} "
+            f"| {_f(up['serving_s'], '{:.0f}') if up['serving_at'] else never_routed(up)} "
             f"| {_f(b['goodput_rps'], '{:.3f}')} → {_f(af.get('goodput_rps'), '{:.3f}')} "
             f"(after: {up.get('after_step')} sessions, from {up.get('after_from')}) "
             f"| {_f(b['ttft_p90_s'])} → {_f(af.get('ttft_p90_s'))} "
