@@ -33,10 +33,13 @@ from tandem.workload.metrics import percentile
 STOP_GRACE_S = 60.0
 
 
-def start_store(procs: Processes, state: Path, pool_size: str):
+def start_store(procs: Processes, state: Path, pool_size: str, **settings):
+    """``settings``: other store settings (``transfer="auto"``, ...)."""
     from services.kvstore.api import store_launch, wait_ready
 
-    launch = store_launch(state, ports=free_ports(6), pool_size=pool_size, lease_ttl_ms=500)
+    launch = store_launch(
+        state, ports=free_ports(6), pool_size=pool_size, lease_ttl_ms=500, **settings
+    )
     proc, popen = procs.launch(state.name, launch.argv, env=launch.env)
     wait_ready(launch.health_url, 180, alive=lambda: popen.poll() is None)
     return launch, proc

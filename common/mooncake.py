@@ -133,15 +133,14 @@ class KvStoreSettings:
         "(at least one block is used)",
     )
     transfer: str = setting(
-        "tcp",
+        "auto",
         "how engines move KV blocks to and from the pool owner. 'shm': the "
         "engine's KV cache lives in shared memory the pool owner maps and "
         "the pool owner copies each block once (engines on its host with a "
         "host-memory KV cache only; an engine that cannot attach refuses to "
         "start), 'tcp': over Mooncake's transfer engine (packed with "
         "--pack-blocks), 'auto': shm when the pool owner is on the engine's "
-        "host and the KV cache in host memory, else tcp (the default stays "
-        "tcp until the engine stack tests have run on shm)",
+        "host and the KV cache in host memory, else tcp",
         choices=TRANSFERS,
     )
     state_dir: str = setting(

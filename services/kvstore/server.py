@@ -32,13 +32,14 @@ from common.mooncake import (
     find_binary,
     master_command,
 )
-from services.kvstore.metrics import StoreCollector
+from services.kvstore.metrics import StoreCollector, parse_master_metrics
 from services.kvstore.settings import SettingError, parse_settings, validate
 from services.kvstore.supervisor import (
     ManagedProcess,
     StartupError,
     Supervisor,
     http_ok,
+    http_text,
     tcp_open,
 )
 
@@ -60,9 +61,20 @@ def build_supervisor(s: KvStoreSettings) -> Supervisor:
     async def client_ready() -> bool:
         return await http_ok(f"http://{s.host}:{s.client_http_port}/health", expect="healthy")
 
+    async def segment_dropped() -> bool:
+        # Engines mount no memory: the pool owner's segment is all the RAM
+        # the master knows, and it drops it --client-ttl-s after the last
+        # heartbeat.
+        text = await http_text(f"http://{s.host}:{s.master_metrics_port}/metrics")
+        return (
+            text is not None and parse_master_metrics(text).get("master_total_capacity_bytes") == 0
+        )
+
     return Supervisor(
         ManagedProcess(master_cmd, master_ready, log_dir, s.start_timeout_s, s.restart_backoff_s),
         ManagedProcess(client_cmd, client_ready, log_dir, s.start_timeout_s, s.restart_backoff_s),
+        segment_dropped,
+        segment_timeout_s=s.client_ttl_s + 5.0,
     )
 
 

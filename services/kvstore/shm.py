@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import logging
 import math
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from common.mooncake import TRANSFERS
+
+# Under vLLM's logger: this runs in vLLM's processes.
+log = logging.getLogger(f"vllm.{__name__}")
+
+# What a dummy client's call returns per key when the pool owner cannot serve
+# it over shared memory: INVALID_PARAMS (the pool owner has no mapping of this
+# client's memory) and RPC_FAIL (the dummy client is not connected).
+SHM_UNAVAILABLE = frozenset({-600, -900})
 
 
 class ShmUnavailable(RuntimeError):
@@ -150,6 +159,12 @@ class SharedMemoryStore:
     ``shm`` (the dummy client that allocated ``cache``) when every buffer lies
     in the shared KV cache; every other call goes to ``store`` unchanged.
 
+    Keys the dummy client could not move because the pool owner does not have
+    the KV cache mapped (it restarted and the dummy client has not mapped it
+    into the new one yet) or is not reachable are moved again over ``store``
+    (vLLM registers the KV cache with it too), so a pool owner's restart costs
+    the one copy for a while, never a stored block.
+
     One per transfer thread; the threads share one dummy client (the pool
     owner maps the KV cache for that client only).
     """
@@ -159,6 +174,9 @@ class SharedMemoryStore:
         self._cache = cache
         self.shared_calls = 0
         self.passed_through_calls = 0
+        # Calls with keys the dummy client could not move, moved over TCP.
+        self.fallback_calls = 0
+        self._falling_back = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -166,27 +184,67 @@ class SharedMemoryStore:
     def batch_put_from_multi_buffers(
         self, keys: list[str], addrs: list[list[int]], sizes: list[list[int]], config: Any
     ) -> list[int]:
-        return list(
-            self._client_for(addrs, sizes).batch_put_from_multi_buffers(keys, addrs, sizes, config)
-        )
+        def put(client: Any, idx: list[int]) -> list[int]:
+            return list(
+                client.batch_put_from_multi_buffers(
+                    [keys[i] for i in idx], [addrs[i] for i in idx], [sizes[i] for i in idx], config
+                )
+            )
+
+        return self._move(addrs, sizes, put)
 
     def batch_get_into_multi_buffers(
         self, keys: list[str], addrs: list[list[int]], sizes: list[list[int]]
     ) -> list[int]:
-        return list(self._client_for(addrs, sizes).batch_get_into_multi_buffers(keys, addrs, sizes))
+        def get(client: Any, idx: list[int]) -> list[int]:
+            return list(
+                client.batch_get_into_multi_buffers(
+                    [keys[i] for i in idx], [addrs[i] for i in idx], [sizes[i] for i in idx]
+                )
+            )
 
-    def _client_for(self, addrs: list[list[int]], sizes: list[list[int]]) -> Any:
+        return self._move(addrs, sizes, get)
+
+    def _move(
+        self,
+        addrs: list[list[int]],
+        sizes: list[list[int]],
+        call: Callable[[Any, list[int]], list[int]],
+    ) -> list[int]:
+        """``call(client, indices)`` over shared memory when every buffer is in
+        the shared KV cache, then over TCP for the keys it could not move."""
+        every = list(range(len(addrs)))
+        if not self._all_shared(addrs, sizes):
+            self.passed_through_calls += 1
+            return call(self._store, every)
+        self.shared_calls += 1
+        codes = call(self._cache.client, every)
+        retry = [i for i, code in enumerate(codes) if code in SHM_UNAVAILABLE]
+        if not retry:
+            if self._falling_back:
+                self._falling_back = False
+                log.info("KV store: the pool owner has the KV cache mapped again: one copy, no TCP")
+            return codes
+        if not self._falling_back:
+            self._falling_back = True
+            log.warning(
+                "KV store: the pool owner refused the shared KV cache (%s; restarted, and the "
+                "KV cache not yet mapped into the new one?): moving blocks over TCP meanwhile",
+                ", ".join(sorted({str(codes[i]) for i in retry})),
+            )
+        self.fallback_calls += 1
+        for i, code in zip(retry, call(self._store, retry)):
+            codes[i] = code
+        return codes
+
+    def _all_shared(self, addrs: list[list[int]], sizes: list[list[int]]) -> bool:
         starts = np.fromiter((a for row in addrs for a in row), dtype=np.int64)
         lengths = np.fromiter((s for row in sizes for s in row), dtype=np.int64)
-        if (
+        return bool(
             starts.size
             and starts.shape == lengths.shape
             and _inside(self._cache.regions, starts, lengths)
-        ):
-            self.shared_calls += 1
-            return self._cache.client
-        self.passed_through_calls += 1
-        return self._store
+        )
 
 
 def _inside(regions: list[tuple[int, int]], starts: Any, lengths: Any) -> bool:

@@ -7,6 +7,11 @@ owner is restarted after it, since its segment registration died with the
 master. A process that never becomes ready on the first start is a
 configuration error: :class:`StartupError` carries the tail of its log.
 
+A pool owner comes back only once the old one is gone for everyone: the
+master has dropped its segment (a put allocated in a dead segment fails),
+and at least :data:`POOL_OWNER_MIN_DOWN_S` has passed, so that every
+engine's shared-memory client has noticed (see there).
+
 Children get ``PR_SET_PDEATHSIG`` so they do not outlive a supervisor that
 was killed hard.
 """
@@ -34,6 +39,15 @@ log = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 30.0
 _STABLE_AFTER_S = 60.0  # a process up this long resets its backoff
 
+# An engine's dummy client (shared-memory transfers, ``shm.py``) maps its KV
+# cache into a new pool owner only after one of its pings fails, and its RPC
+# pool keeps retrying the connection for about 5 s before a ping does
+# (measured 5.0-5.2 s after a SIGKILL, load 8-9). A pool owner back sooner
+# answers that ping as healthy without having the engine's memory mapped:
+# every shared-memory put and get is then refused (the engines fall back to
+# TCP, but never get the one copy back).
+POOL_OWNER_MIN_DOWN_S = 8.0
+
 
 class StartupError(RuntimeError):
     pass
@@ -45,6 +59,7 @@ class ProcessStatus:
     pid: int | None = None
     restarts: int = 0
     last_exit: int | None = None
+    down_since: float | None = None  # time.monotonic() when it stopped or died
 
 
 def _set_pdeathsig() -> None:  # runs in the child before exec
@@ -65,6 +80,16 @@ async def http_ok(url: str, expect: str | None = None, timeout: float = 1.0) -> 
     if expect is not None:
         return resp.status_code == 200 and expect in resp.text
     return resp.status_code < 500
+
+
+async def http_text(url: str, timeout: float = 2.0) -> str | None:
+    """The body of a 200 answer from ``url``; None otherwise."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            resp = await client.get(url)
+    except httpx.HTTPError:
+        return None
+    return resp.text if resp.status_code == 200 else None
 
 
 def tcp_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -128,6 +153,7 @@ class ManagedProcess:
                 )
             if await self._ready_check():
                 self.status.ready = True
+                self.status.down_since = None
                 log.info("%s ready", self.name)
                 return
             await asyncio.sleep(0.2)
@@ -160,6 +186,8 @@ class ManagedProcess:
             await asyncio.wait({self._pump}, timeout=1)
         self.status.ready = False
         self.status.last_exit = code
+        if self.status.down_since is None:
+            self.status.down_since = time.monotonic()
         return code
 
     def backoff(self) -> float:
@@ -174,6 +202,7 @@ class ManagedProcess:
         self.status.ready = False
         if proc is None or proc.returncode is not None:
             return
+        self.status.down_since = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), grace_s)
@@ -188,11 +217,24 @@ class ManagedProcess:
 
 
 class Supervisor:
-    """Keeps master and pool owner running until :meth:`shutdown`."""
+    """Keeps master and pool owner running until :meth:`shutdown`.
 
-    def __init__(self, master: ManagedProcess, client: ManagedProcess) -> None:
+    ``segment_dropped``: whether the master no longer holds a pool owner's
+    segment (asked before a pool owner is restarted, for up to
+    ``segment_timeout_s`` after it went down: the master's client TTL).
+    """
+
+    def __init__(
+        self,
+        master: ManagedProcess,
+        client: ManagedProcess,
+        segment_dropped: Callable[[], Awaitable[bool]],
+        segment_timeout_s: float,
+    ) -> None:
         self.master = master
         self.client = client
+        self._segment_dropped = segment_dropped
+        self._segment_timeout_s = segment_timeout_s
         self._stopping = False
         self._task: asyncio.Task | None = None
 
@@ -232,18 +274,40 @@ class Supervisor:
                 )
                 await self.client.stop()
                 await self._restart(self.master)
-                await self._restart(self.client)
+                await self._restart(self.client, self._until_pool_owner_gone)
             else:
                 log.error(
                     "mooncake pool owner died (exit %s); restarting it",
                     self.client.status.last_exit,
                 )
-                await self._restart(self.client)
+                await self._restart(self.client, self._until_pool_owner_gone)
 
-    async def _restart(self, proc: ManagedProcess) -> None:
+    async def _until_pool_owner_gone(self) -> None:
+        """Wait until the stopped pool owner is gone for the master and for
+        the engines' shared-memory clients (module docstring)."""
+        down_since = self.client.status.down_since or time.monotonic()
+        while not self._stopping:
+            down_s = time.monotonic() - down_since
+            if down_s >= POOL_OWNER_MIN_DOWN_S:
+                if await self._segment_dropped():
+                    return
+                if down_s >= self._segment_timeout_s:
+                    log.warning(
+                        "the master still lists the old pool owner's segment after %.0fs; "
+                        "restarting the pool owner anyway",
+                        down_s,
+                    )
+                    return
+            await asyncio.sleep(0.25)
+
+    async def _restart(
+        self, proc: ManagedProcess, precondition: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         while not self._stopping:
             delay = proc.backoff()
             await asyncio.sleep(delay)
+            if precondition is not None:
+                await precondition()
             if self._stopping:
                 return
             proc.status.restarts += 1

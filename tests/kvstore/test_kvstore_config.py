@@ -154,7 +154,7 @@ def test_engine_store_config_is_what_vllm_reads(tmp_path):
         "lease_ttl_ms": s.lease_ttl_ms,
         "pack_blocks": False,
         "pack_staging_bytes": 128 << 20,
-        "transfer": "tcp",
+        "transfer": "auto",
         "pool_owner_address": f"127.0.0.1:{s.client_port}",
         "kvstore_health_url": f"http://127.0.0.1:{s.http_port}/health",
     }

@@ -473,9 +473,14 @@ def test_pool_owner_killed_mid_traffic(engines, tokenizer, store):
         f"errors counted: {errors:.0f}; restarts={restarts_now:.0f}"
     )
     # Recovery: a new prompt goes into the restarted pool and is found again.
+    # Healthy means puts and gets work at once: the supervisor restarts the
+    # pool owner only once the master dropped its segment and the engines'
+    # shared-memory clients saw it gone (they move blocks over TCP until the
+    # new one maps their KV cache).
     ids = long_prompt(tokenizer, 1000, seed=300)
+    objects = store.metrics().get("tandem_kvstore_objects", 0.0)
     prefill.client.prefill(ids)
-    time.sleep(1.5)
+    assert settle(store) >= objects + 7  # the prompt's 7 full blocks, put asynchronously
     before = external_hits(decode.client)
     decode.client.generate(ids, max_tokens=1)
     assert external_hits(decode.client) - before >= 896

@@ -418,3 +418,112 @@ def test_a_pool_owner_that_cannot_be_attached_fails_shm_and_falls_back_under_aut
     assert not wanted(connector("auto", "cuda")) and not wanted(connector("tcp", "cpu"))
     with pytest.raises(ShmUnavailable, match="KV cache is on cuda.*--transfer"):
         wanted(connector("shm", "cuda"))
+
+
+def test_a_restarted_pool_owner_serves_the_shared_cache_at_once_and_maps_it_again(tmp_path):
+    """SIGKILL the pool owner: once the store is healthy again, puts and gets
+    of blocks in the shared KV cache succeed at once (over TCP while the new
+    pool owner does not have the cache mapped) with the right bytes, and the
+    dummy client maps the cache into the new pool owner, so the one copy
+    comes back."""
+    import os
+    import time
+
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+    launch = store_launch(
+        tmp_path / "kvstore",
+        ports=[free_port() for _ in range(6)],
+        pool_size="64MB",
+        enable_disk=False,
+        client_ttl_s=2,
+        restart_backoff_s=0.5,
+    )
+    with open(tmp_path / "kvstore.log", "wb") as log:
+        popen = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT)
+    tcp = MooncakeDistributedStore()
+    shared: SharedKVCache | None = None
+    engine: Engine | None = None
+    try:
+        wait_ready(launch.health_url, timeout=120, alive=lambda: popen.poll() is None)
+        s = launch.settings
+        assert tcp.setup("127.0.0.1", s.metadata_url, 0, 16 << 20, "tcp", "", s.master_address) == 0
+        shared = SharedKVCache(attach(s.pool_owner_address))
+        engine = Engine(tcp, 21, shared)
+        over_shm = SharedMemoryStore(tcp, shared)
+        config = ReplicateConfig()
+        assert over_shm.batch_put_from_multi_buffers(
+            ["before"], *engine.descriptors([0]), config
+        ) == [0]
+        assert over_shm.fallback_calls == 0
+
+        pid = httpx.get(launch.health_url).json()["processes"]["client"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while True:  # healthy again, with a new pool owner
+            assert time.monotonic() - killed < 90, "pool owner not restarted"
+            resp = httpx.get(launch.health_url, timeout=5)
+            if resp.status_code == 200 and resp.json()["processes"]["client"]["pid"] != pid:
+                break
+            time.sleep(0.2)
+        healthy_s = time.monotonic() - killed
+
+        keys = ["after-1", "after-2"]
+        assert over_shm.batch_put_from_multi_buffers(keys, *engine.descriptors([1, 2]), config) == [
+            0,
+            0,
+        ]
+        got = over_shm.batch_get_into_multi_buffers(keys, *engine.descriptors([6, 7]))
+        assert got == [engine.packer.row_bytes] * 2
+        assert torch.equal(engine.block(6), engine.block(1))
+        assert torch.equal(engine.block(7), engine.block(2))
+
+        # The one copy is back once a call moves every key over shared memory.
+        for attempt in range(60):
+            fallbacks = over_shm.fallback_calls
+            put = over_shm.batch_put_from_multi_buffers(
+                [f"again-{attempt}"], *engine.descriptors([3]), config
+            )
+            assert put == [0]
+            if over_shm.fallback_calls == fallbacks:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the pool owner never mapped the shared KV cache again")
+        print(
+            f"\nhealthy {healthy_s:.1f}s after the kill; one copy back after "
+            f"{time.monotonic() - killed:.1f}s ({over_shm.fallback_calls} calls over TCP meanwhile)"
+        )
+    finally:
+        if engine is not None:
+            engine.close()
+        if shared is not None:
+            shared.client.close()
+        tcp.close()
+        popen.send_signal(signal.SIGTERM)
+        popen.wait(30)
+
+
+def test_keys_the_pool_owner_cannot_move_over_shm_go_over_tcp(launched, client, engines, shared):
+    """A dummy client whose memory the pool owner has not mapped (as after the
+    pool owner restarted) is refused key by key: those keys move over TCP."""
+    from mooncake.store import ReplicateConfig
+
+    writer = engines(13, shared=shared)
+    unmapped = SharedKVCache(attach(launched.settings.pool_owner_address))
+    unmapped.regions = shared.regions  # the same memory, never mapped for this client
+    try:
+        over_shm = SharedMemoryStore(client, unmapped)
+        keys = ["unmapped-0", "unmapped-1"]
+        assert over_shm.batch_put_from_multi_buffers(
+            keys, *writer.descriptors([0, 1]), ReplicateConfig()
+        ) == [0, 0]
+        assert over_shm.shared_calls == over_shm.fallback_calls == 1
+        got = over_shm.batch_get_into_multi_buffers(keys, *writer.descriptors([4, 5]))
+        assert got == [writer.packer.row_bytes] * 2 and over_shm.fallback_calls == 2
+        assert torch.equal(writer.block(4), writer.block(0))
+        assert torch.equal(writer.block(5), writer.block(1))
+        # A missing key is still a miss, after the TCP retry too.
+        assert over_shm.batch_get_into_multi_buffers(["never"], *writer.descriptors([6]))[0] < 0
+    finally:
+        unmapped.client.close()

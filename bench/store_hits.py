@@ -1,0 +1,199 @@
+"""Store hits against local hits: TTFT when a prompt's prefix comes from the
+shared KV store instead of the engine's own prefix cache, side by side.
+
+Two aggregated engines share one store. For each prefix length and round, a
+prefix is computed once on one engine (the *writer*, which puts its blocks
+into the store), then the same prefix with a new short suffix is sent
+
+* to the writer again: its prefix is in the writer's own prefix cache
+  (a **local** hit);
+* to the other engine, which has never seen it: its prefix is loaded from
+  the store (a **store** hit);
+
+in alternating order, and with the writer alternating between the engines.
+Each request is classified by the serving engine's own counters (the change
+of ``vllm:external_prefix_cache_hits_total`` and
+``vllm:prefix_cache_hits_total`` across it), not by assumption; requests
+that hit neither way are counted as misses and left out of the figures.
+TTFT is the first token of a greedy one-token Generate over gRPC (no
+router). One store and its two engines per ``--transfers`` entry, one after
+the other (at most two engines alive), so ``auto`` (the KV cache in the pool
+owner's shared memory, one copy per block) and ``tcp`` are compared in one
+run. Usage:
+
+    python -m bench.store_hits [--transfers auto,tcp] [--lengths 1024,2048,3072] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.engine_client import EngineClient, long_prompt
+from bench.kvstore_bench import STOP_GRACE_S, start_engine, start_store
+from common.procs import Processes
+from tandem.workload.metrics import percentile
+
+EXTERNAL = "vllm:external_prefix_cache_hits_total"
+LOCAL = "vllm:prefix_cache_hits_total"
+BLOCK_TOKENS = 128  # the engines' KV block size on CPU
+
+
+def store_objects(launch) -> float:
+    import httpx
+
+    for line in httpx.get(launch.metrics_url, timeout=10).text.splitlines():
+        if line.startswith("tandem_kvstore_objects "):
+            return float(line.split()[1])
+    raise RuntimeError("the store exports no tandem_kvstore_objects")
+
+
+def wait_objects(launch, at_least: float, timeout: float = 120) -> None:
+    """Until the store holds ``at_least`` objects (puts are asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while store_objects(launch) < at_least:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the store never reached {at_least:.0f} objects")
+        time.sleep(0.2)
+
+
+def timed(client: EngineClient, ids: list[int]) -> dict:
+    """A one-token request and where its prefix came from, by the engine's counters."""
+    before = client.metrics()
+    r = client.generate(ids, max_tokens=1)
+    after = client.metrics()
+    external = after.get(EXTERNAL, 0.0) - before.get(EXTERNAL, 0.0)
+    local = after.get(LOCAL, 0.0) - before.get(LOCAL, 0.0)
+    kind = "store" if external > 0 else "local" if local > 0 else "miss"
+    return {"kind": kind, "ttft_s": r.seconds, "external": external, "local": local}
+
+
+def measure(
+    launch, clients: list[EngineClient], tokenizer, lengths: list[int], rounds: int, suffix: int
+) -> list[dict]:
+    rows = []
+    seed = int(time.time()) % 100_000 * 100  # fresh prompts: nothing cached from earlier runs
+    for r in range(rounds):
+        for i, length in enumerate(lengths):
+            seed += 1
+            writer, other = (clients[(r + i) % 2], clients[(r + i + 1) % 2])
+            prefix = long_prompt(tokenizer, length, seed=seed)
+            objects = store_objects(launch)
+            writer.generate(prefix + long_prompt(tokenizer, suffix, seed=seed + 7_000_000), 1)
+            wait_objects(launch, objects + len(prefix) // BLOCK_TOKENS)
+            local_ids = prefix + long_prompt(tokenizer, suffix, seed=seed + 8_000_000)
+            store_ids = prefix + long_prompt(tokenizer, suffix, seed=seed + 9_000_000)
+            pair = [(writer, local_ids), (other, store_ids)]
+            for client, ids in pair if (r + i) % 2 == 0 else reversed(pair):
+                row = timed(client, ids)
+                row.update(length=length, round=r)
+                rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    out: dict = {}
+    for kind in ("local", "store"):
+        ttfts = [row["ttft_s"] for row in rows if row["kind"] == kind]
+        out[kind] = {
+            "n": len(ttfts),
+            "p50_s": percentile(ttfts, 50),
+            "p90_s": percentile(ttfts, 90),
+        }
+    out["misses"] = sum(1 for row in rows if row["kind"] == "miss")
+    local, store = out["local"], out["store"]
+    for q in ("p50_s", "p90_s"):
+        out[f"store_over_local_{q[:3]}"] = (
+            store[q] / local[q] if store[q] is not None and local[q] else None
+        )
+    return out
+
+
+def run_transfer(args, procs: Processes, tmp: Path, transfer: str, tokenizer) -> dict:
+    from services.stack import engine_cores
+
+    launch, store_proc = start_store(
+        procs, tmp / f"store-{transfer}", pool_size=args.pool_size, transfer=transfer
+    )
+    engines = []
+    try:
+        with ThreadPoolExecutor(2) as pool:  # start side by side
+            futures = [
+                pool.submit(
+                    start_engine, procs, "both", core, f"{transfer}-{i}", launch.engine_flags
+                )
+                for i, core in enumerate(engine_cores(2))
+            ]
+            engines = [f.result() for f in futures]
+        rows = measure(
+            launch, [c for _, c in engines], tokenizer, args.lengths, args.rounds, args.suffix
+        )
+        return {"transfer": transfer, "summary": summarize(rows), "requests": rows}
+    finally:
+        for proc, client in engines:
+            client.close()
+            procs.stop(proc, STOP_GRACE_S)
+        procs.stop(store_proc, STOP_GRACE_S)
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--transfers", default="auto,tcp", help="store --transfer values to run")
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1024, 2048, 3072],
+        help="prefix lengths in tokens",
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--suffix", type=int, default=32, help="new tokens after the prefix")
+    parser.add_argument("--pool-size", default="2GB")
+    parser.add_argument("--json", type=Path, help="also write every request here")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from common.model import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None)))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="tandem-storehits-") as d:
+        procs = Processes(Path(d))
+        try:
+            for transfer in args.transfers.split(","):
+                results.append(run_transfer(args, procs, Path(d), transfer, tokenizer))
+        finally:
+            procs.stop_all()
+    print(f"load average {os.getloadavg()[0]:.1f} (1 min) at the end")
+    print("transfer | local n / p50 / p90 (s) | store n / p50 / p90 (s) | store/local p50, p90")
+    for res in results:
+        s = res["summary"]
+        lo, st = s["local"], s["store"]
+        print(
+            f"{res['transfer']:8s} | {lo['n']} / {_s(lo['p50_s'])} / {_s(lo['p90_s'])} | "
+            f"{st['n']} / {_s(st['p50_s'])} / {_s(st['p90_s'])} | "
+            f"{_s(s['store_over_local_p50'])}, {_s(s['store_over_local_p90'])}"
+            + (f"  ({s['misses']} misses left out)" if s["misses"] else "")
+        )
+        for length in args.lengths:
+            by = summarize([row for row in res["requests"] if row["length"] == length])
+            print(
+                f"  {length:5d}-token prefix: local p50 {_s(by['local']['p50_s'])} s, "
+                f"store p50 {_s(by['store']['p50_s'])} s, ratio {_s(by['store_over_local_p50'])}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
