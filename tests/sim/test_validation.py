@@ -17,12 +17,34 @@ from sim.defaults import fitted_model
 # Outside the bounds today, each with how far it may be (sim/README.md,
 # "Validation"): ample KV, 4 sessions, TTFT p50 — the measured p50 itself
 # ranged 0.94–1.17 s over four runs of that regime; the 10-session runs'
-# p50, measured on a machine at load averages 18–70.
+# p50, measured on a machine at load averages 18–70; the runs of
+# 2026-12-04, whose engines prefilled about twice as fast as the shipped
+# profile (test_calibration_on_the_runs_of_12_04 below).
 KNOWN_OUTSIDE = {
     ("4 sessions, 182 blocks", "cost", "p50"): 0.35,
     ("10 sessions, 64 blocks", "cost", "p50"): 0.45,
     ("10 sessions, 64 blocks", "round-robin", "p50"): 0.7,
+    ("6 sessions, 64 blocks", "cost", "p50"): 0.35,
+    ("6 sessions, 64 blocks", "round-robin", "p50"): 3.1,
+    ("6 sessions, 64 blocks", "round-robin", "p90"): 0.95,
+    ("10 sessions, 64 blocks, store", "cost", "p50"): 0.65,
+    ("10 sessions, 64 blocks, store", "cost", "p90"): 1.25,
+    ("10 sessions, 64 blocks, store", "round-robin", "p50"): 0.7,
+    ("10 sessions, 64 blocks, store", "round-robin", "p90"): 0.55,
+    ("10 sessions, 64 blocks, store", "cost+store-load-weight=0.1", "p50"): 0.6,
+    ("16 sessions, 50 blocks", "cost", "p50"): 0.95,
+    ("16 sessions, 50 blocks", "cost", "p90"): 1.1,
 }
+# Hit rates outside the 3 points, with how far they may be: the tightest
+# regime (50 blocks for 16 sessions), where the engines' speed decides
+# what is evicted before it is reused.
+KNOWN_HIT_OUTSIDE = {
+    ("16 sessions, 50 blocks", "cost"): 7.0,
+}
+# The store regime's variant: measured behind the cost policy at TTFT p90
+# (3.68 against 2.83 s, one run each), simulated ahead of it (4.51 against
+# 6.22 s); the policies at the router's defaults keep their order there.
+KNOWN_REORDERED = {"10 sessions, 64 blocks, store"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +55,8 @@ def compared():
 
 def test_hit_rates_within_three_points(compared):
     for c in compared:
-        assert abs(c.hit_off_points) <= validation.HIT_POINTS, (c.measured, c.hit_rate)
+        bound = KNOWN_HIT_OUTSIDE.get((c.measured.regime, c.measured.label), validation.HIT_POINTS)
+        assert abs(c.hit_off_points) <= bound, (c.measured, c.hit_rate)
 
 
 def test_ttft_within_a_quarter(compared):
@@ -47,7 +70,15 @@ def test_ttft_within_a_quarter(compared):
 
 def test_policies_keep_their_measured_order(compared):
     for regime, (measured, simulated) in validation.rankings(compared).items():
-        assert measured == simulated, regime
+        if regime in KNOWN_REORDERED:
+
+            def defaults(order: list[str]) -> list[str]:
+                return [label for label in order if "+" not in label]
+
+            assert defaults(measured) == defaults(simulated), regime
+            assert measured != simulated, f"{regime}: now reproduced, drop it from KNOWN_REORDERED"
+        else:
+            assert measured == simulated, regime
     # Hit rates: every two runs of a regime that the measurement tells apart
     # (more than the bound between them) in the same order in simulation.
     for a, b in itertools.combinations(compared, 2):
@@ -64,6 +95,17 @@ def test_calibration_finds_the_profiles_speed_on_the_runs_they_match():
     quiet = [m for m in validation.load_measured() if m.sessions == 4 and m.kv_blocks == 25]
     factors = (0.5, 1.0, 2.0)
     assert validation.calibrate(quiet, fitted_model(), 0, factors) == (1.0, 1.0)
+
+
+def test_calibration_on_the_runs_of_12_04():
+    """The engines of 2026-12-04 prefilled faster than the shipped profile
+    (quieter than the profile's machine: load averages 3-9): calibrated on
+    those runs, the prompt side comes out at half the profile's time."""
+    runs = [m for m in validation.load_measured() if "2026-12-04" in m.source]
+    prefill, _ = validation.calibrate(
+        runs, fitted_model(), validation.STORE_BLOCKS, (0.5, 1.0, 2.0)
+    )
+    assert prefill == 0.5
 
 
 def test_cli_validate_prints_the_table(capsys):
