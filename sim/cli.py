@@ -110,6 +110,13 @@ def add_common(p: argparse.ArgumentParser, sweep: bool = False) -> None:
         default=256,
         help="P/D: below this many uncached tokens the decode pod prefills",
     )
+    r.add_argument(
+        "--store-load-weight",
+        type=float,
+        default=1.0,
+        help="cost policy: a token another pod holds costs this share of computing it on a "
+        "pod that lacks it (the router's --store-load-weight; 1: the router's default)",
+    )
     # A sweep takes comma lists of both: grid axes.
     r.add_argument(
         "--router-replicas",
@@ -158,6 +165,7 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "store_disk_latency_ms": a.store_disk_latency_ms,
         "store_pin_ttl_s": a.store_pin_ttl_s,
         "remote_prefill_threshold": a.remote_prefill_threshold,
+        "store_load_weight": a.store_load_weight,
         "router_replicas": a.router_replicas,
         "state_lag_ms": a.state_lag_ms,
         "trace_file": a.trace,

@@ -82,6 +82,7 @@ class ClusterConfig:
     gpus_per_pod: int = 1
     poll_interval_s: float = 1.0
     remote_prefill_threshold: int = 256
+    store_load_weight: float = 1.0  # the router's, PolicySettings.store_load_weight
     router_replicas: int = 1  # routing cores, requests spread over them in turn
     state_lag_s: float = 0.0  # until one replica's shared-state writes reach the others
 
@@ -109,6 +110,7 @@ class ClusterConfig:
                 PolicySettings(),
                 policy=self.policy,
                 remote_prefill_threshold=self.remote_prefill_threshold,
+                store_load_weight=self.store_load_weight,
             ),
             block_size=self.engine.block_size,
         )

@@ -91,6 +91,7 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
         link=Link(point["link_gbps"] * 1e9, point["link_latency_ms"] / 1e3),
         gpus_per_pod=point["gpus_per_pod"],
         remote_prefill_threshold=point["remote_prefill_threshold"],
+        store_load_weight=point.get("store_load_weight", 1.0),
         router_replicas=point.get("router_replicas", 1),
         state_lag_s=point.get("state_lag_ms", 0.0) / 1e3,
     )

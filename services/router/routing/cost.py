@@ -14,7 +14,10 @@ Costs are in *token-equivalents*, so cache hits and queues compare directly;
 
 For a P/D decode pod the first and last terms are weighted by
 ``transfer_weight``: what it lacks, and what an evicted session will lack,
-arrives over NIXL rather than being computed (``placement_cost``).
+arrives over NIXL rather than being computed (``placement_cost``). With a
+shared KV store, the part of the uncached tokens another pod holds is
+weighted by ``store_load_weight``: the store has every block an engine
+computed, so the pod loads that part rather than computing it.
 
 The eviction term is what makes stickiness right when KV is smaller than the
 working set: a session moved, or a fork placed, on a pod whose KV is full of
@@ -89,16 +92,38 @@ def prefill_cost(pod: PodView, num_tokens: int, s: PolicySettings) -> float:
     return uncached_tokens(pod, num_tokens) + load_tokens(pod, s, uncached_share(pod, num_tokens))
 
 
-def placement_cost(pod: PodView, num_tokens: int, s: PolicySettings, weight: float = 1.0) -> float:
+def stored_tokens(pod: PodView, held_tokens: int, s: PolicySettings) -> int:
+    """The request's tokens ``pod`` lacks that a shared KV store holds: the
+    prefix another pod holds (``held_tokens``, the most any pod holds), which
+    an engine computed and so put in the store; 0 without a store
+    (``store_load_weight`` 1)."""
+    if s.store_load_weight >= 1.0:
+        return 0
+    return max(0, held_tokens - pod.cached_tokens)
+
+
+def placement_cost(
+    pod: PodView,
+    num_tokens: int,
+    s: PolicySettings,
+    weight: float = 1.0,
+    held_tokens: int = 0,
+) -> float:
     """What choosing ``pod`` costs: its uncached tokens, its load, and the
     later rebuilding of the live KV it evicts. ``weight`` prices a token of KV
     the pod must fill, its own or an evicted session's, alike: 1 where it is
     computed there, ``transfer_weight`` on a P/D decode pod, where either
     arrives over NIXL from the prefill pool (an evicted session's next turn
     pulls it again). Priced as a recompute there, a decode pod whose KV holds
-    sessions that went idle would cost more than any queue on the others."""
+    sessions that went idle would cost more than any queue on the others.
+    The uncached tokens the store holds (``stored_tokens``, of the
+    ``held_tokens`` another pod holds) cost ``store_load_weight`` each when
+    that is less: they are loaded, not computed."""
+    uncached = uncached_tokens(pod, num_tokens)
+    stored = min(uncached, stored_tokens(pod, held_tokens, s))
     return (
-        weight * uncached_tokens(pod, num_tokens)
+        weight * (uncached - stored)
+        + min(weight, s.store_load_weight) * stored
         + load_tokens(pod, s, uncached_share(pod, num_tokens))
         + weight * s.eviction_cost_factor * evicted_tokens(pod, num_tokens)
     )

@@ -140,6 +140,14 @@ class PolicySettings:
         choices=REMOTE_PREFILL_SCOPES,
     )
     transfer_weight: float = 0.1
+    store_load_weight: float = setting(
+        1.0,
+        "cost policy, with a shared KV store: what a prompt token a pod lacks "
+        "and another pod holds costs there, as a share of computing it (the store "
+        "has every block an engine computed, so the pod loads it); it also scales "
+        "the cost of moving a session off the pod holding its context. 1: no "
+        "store, a missing token is computed",
+    )
     eviction_cost_factor: float = setting(
         1.0,
         "cost policy: weight of live sessions' cached "
@@ -177,6 +185,8 @@ class PolicySettings:
             raise bad("kv_high_watermark", "must be in (0, 1]")
         if self.eviction_cost_factor < 0:
             raise bad("eviction_cost_factor", "must be >= 0")
+        if not 0 <= self.store_load_weight <= 1:
+            raise bad("store_load_weight", "must be in [0, 1]")
         if self.kv_pressure_tokens < 0:
             raise bad("kv_pressure_tokens", "must be >= 0")
         if self.move_cost_factor < 0:
@@ -280,5 +290,8 @@ class Policy:
         return Choice(name, None, reason, pod.cached_tokens, ttft_s(cost, s), dict(c.costs))
 
     def _candidates(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Candidates:
-        costs = {p.name: placement_cost(p, req.num_tokens, self.settings, weight) for p in pods}
+        held = max((p.cached_tokens for p in req.pods), default=0)
+        costs = {
+            p.name: placement_cost(p, req.num_tokens, self.settings, weight, held) for p in pods
+        }
         return Candidates(req, pods, costs, self.settings)

@@ -89,8 +89,10 @@ def cheapest_prefill(c: Candidates) -> Pick:
 
 def move_cost(anchor: PodView, other: PodView, s: PolicySettings) -> float:
     """Leaving the pod that holds a context: a margin against flapping, plus
-    the share of the prefix ``other`` lacks (rebuilt there, then held twice)."""
-    return s.stickiness_margin_tokens + s.move_cost_factor * max(
+    the share of the prefix ``other`` lacks (rebuilt there, then held twice),
+    rebuilt at ``store_load_weight`` of its compute when a shared KV store
+    holds it (the anchor computed it, so the store has it)."""
+    return s.stickiness_margin_tokens + s.move_cost_factor * s.store_load_weight * max(
         0, anchor.cached_tokens - other.cached_tokens
     )
 

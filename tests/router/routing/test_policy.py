@@ -55,6 +55,35 @@ def test_sticky_keeps_big_cached_prefix_despite_moderate_queue():
     assert pol().choose(RouteInput(31000, views, "s", Binding("a"))).pod == "a"
 
 
+def test_store_prices_a_prefix_another_pod_holds_as_a_load():
+    """With a shared KV store, the session's context the bound pod holds is in
+    the store too: a busy bound pod yields to an idle one, which loads the
+    context at ``store_load_weight`` of computing it. Without the store the
+    same queue keeps the session (the case above)."""
+    views = pods(
+        dict(name="a", cached_tokens=30000, in_flight=4, pending_prefill_tokens=6000),
+        dict(name="b", cached_tokens=0),
+    )
+    req = RouteInput(31000, views, "s", Binding("a"))
+    assert pol().choose(req).pod == "a"
+    c = pol(store_load_weight=0.1).choose(req)
+    assert (c.pod, c.reason) == ("b", "sticky-yielded")
+    # b's cost: 1,000 new tokens computed, 30,000 loaded at 0.1 each
+    assert c.costs["b"] == pytest.approx(1000 + 0.1 * 30000)
+
+
+def test_store_weight_leaves_tokens_no_pod_holds_priced_as_compute():
+    views = pods(dict(name="a", cached_tokens=0), dict(name="b", cached_tokens=0))
+    c = pol(store_load_weight=0.1).choose(RouteInput(4000, views, "s"))
+    assert c.costs == {"a": 4000, "b": 4000}
+
+
+def test_store_weight_must_be_a_share():
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="store-load-weight"):
+            pol(store_load_weight=bad)
+
+
 def test_session_policy_never_yields_but_rebinds_unavailable():
     views = pods(dict(name="a", pending_prefill_tokens=10**6), dict(name="b"))
     assert pol("session").choose(RouteInput(100, views, "s", Binding("a"))).pod == "a"
