@@ -126,8 +126,8 @@ def startup_heap_frozen() -> Iterator[None]:
     """While the router serves: what startup built (the tokenizer,
     transformers, FastAPI: most of the heap) frozen out of the cyclic garbage
     collector, which otherwise re-walked it in every full collection (a
-    quarter of the event loop's time at load, bench/README.md), and young
-    collections less often. Both undone at shutdown."""
+    third of the event loop's time at load: docs/benchmarks.md, "Router
+    overhead"), and young collections less often. Both undone at shutdown."""
     thresholds = gc.get_threshold()
     gc.collect()
     gc.freeze()
