@@ -19,10 +19,11 @@ routing core; `discovery.py` says which pods there are.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,6 +113,30 @@ def endpoint_label(scope) -> str:
                 partial = candidate
         route = route or partial
     return getattr(route, "path", None) or "unmatched"
+
+
+# Young-generation collections every this many allocations (CPython: 700). A
+# streamed request allocates thousands of short-lived objects that reference
+# counting frees; collecting that often only re-walks the survivors.
+_GC_YOUNG_THRESHOLD = 20_000
+
+
+@contextmanager
+def startup_heap_frozen() -> Iterator[None]:
+    """While the router serves: what startup built (the tokenizer,
+    transformers, FastAPI: most of the heap) frozen out of the cyclic garbage
+    collector, which otherwise re-walked it in every full collection (a
+    third of the event loop's time at load: docs/benchmarks.md, "Router
+    overhead"), and young collections less often. Both undone at shutdown."""
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(_GC_YOUNG_THRESHOLD, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 async def _model_info(
@@ -341,15 +366,16 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
             settings.admission.max_queued_requests,
             f"required ({len(settings.api_keys)})" if settings.api_keys else "off",
         )
-        try:
-            yield
-        finally:
-            await cancel_and_wait(watch)
-            if prefetcher is not None:
-                await prefetcher.close()
-            await orchestrator.drain_background()
-            await pool.close()
-            await state.close()
+        with startup_heap_frozen():
+            try:
+                yield
+            finally:
+                await cancel_and_wait(watch)
+                if prefetcher is not None:
+                    await prefetcher.close()
+                await orchestrator.drain_background()
+                await pool.close()
+                await state.close()
 
     app = FastAPI(title="Tandem router", lifespan=lifespan)
     app.state.metrics = metrics
