@@ -43,6 +43,9 @@ from tandem.workload.metrics import percentile
 EXTERNAL = "vllm:external_prefix_cache_hits_total"
 LOCAL = "vllm:prefix_cache_hits_total"
 BLOCK_TOKENS = 128  # the engines' KV block size on CPU
+# vLLM's own timing of its store connector's calls, by operation.
+STORE_OP_SECONDS = "vllm:mooncake_store_operation_time_seconds_sum{{operation={}}}"
+STORE_OPS = ("lookup_exists", "load_get")
 
 
 def store_objects(launch) -> float:
@@ -54,13 +57,19 @@ def store_objects(launch) -> float:
     raise RuntimeError("the store exports no tandem_kvstore_objects")
 
 
-def wait_objects(launch, at_least: float, timeout: float = 120) -> None:
-    """Until the store holds ``at_least`` objects (puts are asynchronous)."""
+def wait_objects(launch, at_least: float, timeout: float = 120, settle_s: float = 1.0) -> None:
+    """Until the store holds ``at_least`` objects and their count has not
+    changed for ``settle_s`` (puts are asynchronous, and the count also moves
+    with other requests' puts: reaching it alone does not say a prefix is in)."""
     deadline = time.monotonic() + timeout
-    while store_objects(launch) < at_least:
+    count, since = store_objects(launch), time.monotonic()
+    while count < at_least or time.monotonic() - since < settle_s:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the store never reached {at_least:.0f} objects")
+            raise TimeoutError(f"the store never settled at {at_least:.0f} objects or more")
         time.sleep(0.2)
+        now = store_objects(launch)
+        if now != count:
+            count, since = now, time.monotonic()
 
 
 def timed(client: EngineClient, ids: list[int]) -> dict:
@@ -71,7 +80,11 @@ def timed(client: EngineClient, ids: list[int]) -> dict:
     external = after.get(EXTERNAL, 0.0) - before.get(EXTERNAL, 0.0)
     local = after.get(LOCAL, 0.0) - before.get(LOCAL, 0.0)
     kind = "store" if external > 0 else "local" if local > 0 else "miss"
-    return {"kind": kind, "ttft_s": r.seconds, "external": external, "local": local}
+    row = {"kind": kind, "ttft_s": r.seconds, "external": external, "local": local}
+    for op in STORE_OPS:
+        key = STORE_OP_SECONDS.format(op)
+        row[f"{op}_s"] = after.get(key, 0.0) - before.get(key, 0.0)
+    return row
 
 
 def measure(
@@ -105,6 +118,12 @@ def summarize(rows: list[dict]) -> dict:
             "n": len(ttfts),
             "p50_s": percentile(ttfts, 50),
             "p90_s": percentile(ttfts, 90),
+            **{
+                f"{op}_p50_s": percentile(
+                    [row.get(f"{op}_s") for row in rows if row["kind"] == kind], 50
+                )
+                for op in STORE_OPS
+            },
         }
     out["misses"] = sum(1 for row in rows if row["kind"] == "miss")
     local, store = out["local"], out["store"]
@@ -184,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{_s(s['store_over_local_p50'])}, {_s(s['store_over_local_p90'])}"
             + (f"  ({s['misses']} misses left out)" if s["misses"] else "")
         )
+        for kind in ("local", "store"):
+            print(
+                f"  {kind} hits, vLLM's store calls p50: "
+                + ", ".join(f"{op} {_s(s[kind][f'{op}_p50_s'])} s" for op in STORE_OPS)
+            )
         for length in args.lengths:
             by = summarize([row for row in res["requests"] if row["length"] == length])
             print(

@@ -433,10 +433,11 @@ class TandemStoreConnector(MooncakeStoreConnector):
         for thread in [worker.kv_send_thread, *worker.kv_recv_threads]:
             if thread is not None:
                 thread.store = SharedMemoryStore(thread.store, self._shared_cache)
+        self._shared_cache.map_into_pool_owner()
         log.info(
             "KV store: KV cache (%d bytes) in shared memory with the pool owner at %s: "
             "it copies each block once, no TCP%s",
-            sum(size for _, size in self._shared_cache.regions),
+            self._shared_cache.nbytes,
             self._transfer[1],
             ", no packing" if self._pack_staging_bytes is not None else "",
         )

@@ -9,9 +9,13 @@ class CountingEngine:
     """Answers like an engine whose counters move by ``external``/``local``
     hit tokens across each request."""
 
-    def __init__(self, external: float, local: float, seconds: float) -> None:
-        self.counters = {store_hits.EXTERNAL: 100.0, store_hits.LOCAL: 50.0}
+    def __init__(
+        self, external: float, local: float, seconds: float, load_get_s: float = 0.0
+    ) -> None:
+        self.load_get = store_hits.STORE_OP_SECONDS.format("load_get")
+        self.counters = {store_hits.EXTERNAL: 100.0, store_hits.LOCAL: 50.0, self.load_get: 2.5}
         self.external, self.local, self.seconds = external, local, seconds
+        self.load_get_s = load_get_s
 
     def metrics(self) -> dict[str, float]:
         return dict(self.counters)
@@ -19,6 +23,7 @@ class CountingEngine:
     def generate(self, ids: list[int], max_tokens: int) -> Result:
         self.counters[store_hits.EXTERNAL] += self.external
         self.counters[store_hits.LOCAL] += self.local
+        self.counters[self.load_get] += self.load_get_s
         return Result([1], "x", len(ids), 0, self.seconds)
 
 
@@ -28,6 +33,13 @@ def test_requests_are_classified_by_the_engines_counters():
     assert store_hits.timed(CountingEngine(0, 0, 0.9), [1, 2])["kind"] == "miss"
     # A partial local hit completed from the store counts as a store hit.
     assert store_hits.timed(CountingEngine(512, 384, 0.3), [1, 2])["kind"] == "store"
+
+
+def test_the_time_in_vllms_store_calls_comes_from_the_engines_counters():
+    row = store_hits.timed(CountingEngine(896, 0, 0.4, load_get_s=0.125), [1, 2])
+    assert row["load_get_s"] == 0.125 and row["lookup_exists_s"] == 0.0
+    s = store_hits.summarize([row, {**row, "load_get_s": 0.375}])
+    assert s["store"]["load_get_p50_s"] == 0.25 and s["local"]["load_get_p50_s"] is None
 
 
 def test_summary_compares_store_hits_with_local_hits_and_leaves_misses_out():

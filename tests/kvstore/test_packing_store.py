@@ -294,6 +294,56 @@ def test_the_allocation_context_takes_only_plain_host_allocations(shared):
     assert not shared.holds([torch.zeros(16)])
 
 
+def test_the_pool_owner_maps_the_shared_cache_before_use(launched, client, shared):
+    """After ``map_into_pool_owner`` the pool owner copies into the cache
+    without a page fault per 4 KiB page, as it does into a cache it has not
+    mapped yet; the warm-up leaves the cache zero and no object behind."""
+    import os
+
+    from services.kvstore.shm import MAP_CHUNK_BYTES
+
+    nbytes = 8 << 20
+    cold = SharedKVCache(attach(launched.settings.pool_owner_address))
+    try:
+        with cold:
+            cold_buf = torch.zeros(nbytes, dtype=torch.int8)
+        with shared:  # three chunks, the last one partial
+            warm_buf = torch.zeros(2 * MAP_CHUNK_BYTES + nbytes, dtype=torch.int8)
+        assert shared.map_into_pool_owner() == warm_buf.numel() == shared.nbytes
+        assert not warm_buf.any()
+        address = warm_buf.data_ptr()
+        keys = [f"tandem-map-{os.getpid()}-{address + off:x}" for off in (0, MAP_CHUNK_BYTES)]
+        assert client.batch_is_exist(keys) == [0, 0]
+
+        source = torch.randint(-128, 128, (nbytes,), dtype=torch.int8)
+        assert client.register_buffer(source.data_ptr(), nbytes) == 0
+        try:
+            assert client.put_from("map-source", source.data_ptr(), nbytes) == 0
+            pid = httpx.get(launched.health_url).json()["processes"]["client"]["pid"]
+
+            def faults_of_get(cache: SharedKVCache, buf: torch.Tensor) -> int:
+                start = _minor_faults(pid)
+                assert cache.client.get_into("map-source", buf.data_ptr(), nbytes) == nbytes
+                return _minor_faults(pid) - start
+
+            cold_faults = faults_of_get(cold, cold_buf)
+            warm_faults = faults_of_get(shared, warm_buf)
+        finally:
+            client.unregister_buffer(source.data_ptr())
+        assert torch.equal(cold_buf, source) and torch.equal(warm_buf[:nbytes], source)
+        pages = nbytes // 4096
+        assert cold_faults > pages // 2, f"{cold_faults} faults into an unmapped cache"
+        assert warm_faults < pages // 20, f"{warm_faults} faults into a mapped cache"
+    finally:
+        cold.client.close()
+
+
+def _minor_faults(pid: int) -> int:
+    """Minor page faults of a process so far (/proc/<pid>/stat, field 10)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def test_blocks_in_the_shared_cache_move_over_shm_and_read_over_tcp(client, engines, shared):
     """An engine on the pool owner's host and one elsewhere share every block;
     calls whose buffers are outside the shared cache stay on TCP."""
