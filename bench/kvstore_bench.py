@@ -31,6 +31,7 @@ from common.procs import Processes
 from tandem.workload.metrics import percentile
 
 STOP_GRACE_S = 60.0
+MAX_MODEL_LEN = 4096  # of the engines start_engine starts
 
 
 def start_store(procs: Processes, state: Path, pool_size: str, **settings):
@@ -122,7 +123,7 @@ def start_engine(procs: Processes, role: str, cpu: int | None, name: str, store_
             "float32",
             "--enforce-eager",
             "--max-model-len",
-            "4096",
+            str(MAX_MODEL_LEN),
             *store_flags,
         ],
         env=env,

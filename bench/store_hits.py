@@ -19,14 +19,25 @@ TTFT is the first token of a greedy one-token Generate over gRPC (no
 router). One store and its two engines per ``--transfers`` entry, one after
 the other (at most two engines alive), so ``auto`` (the KV cache in the pool
 owner's shared memory, one copy per block) and ``tcp`` are compared in one
-run. Usage:
+run.
+
+``--replay`` plays an agentic replay instead: sessions pinned to an engine
+(as the router keeps them), each turn two tool calls in a row, every request
+adding ``--turn-tokens`` new tokens to its session's context, with each
+engine's KV cache (``--kv-blocks``) a fraction of the sessions it serves. A
+turn's first request finds its context evicted by the engine's other
+sessions and loads it from the store; the second finds it in the engine's
+own cache. Same new tokens, same engine, classified by the counters as
+above. Usage:
 
     python -m bench.store_hits [--transfers auto,tcp] [--lengths 1024,2048,3072] [--rounds 3]
+    python -m bench.store_hits --replay [--sessions 8] [--turns 4] [--kv-blocks 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -36,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.engine_client import EngineClient, long_prompt
-from bench.kvstore_bench import STOP_GRACE_S, start_engine, start_store
+from bench.kvstore_bench import MAX_MODEL_LEN, STOP_GRACE_S, start_engine, start_store
 from common.procs import Processes
 from tandem.workload.metrics import percentile
 
@@ -110,6 +121,33 @@ def measure(
     return rows
 
 
+def replay(
+    clients: list[EngineClient],
+    tokenizer,
+    sessions: int,
+    turns: int,
+    first_tokens: int,
+    turn_tokens: int,
+) -> list[dict]:
+    """Every request of an agentic replay, timed and classified; sessions
+    alternate between the engines and stay on theirs."""
+    rows = []
+    seed = int(time.time()) % 100_000 * 100
+    contexts = {s: long_prompt(tokenizer, first_tokens, seed=seed + s) for s in range(sessions)}
+    for turn in range(turns):
+        for session in range(sessions):
+            for call in range(2):  # two tool calls in a row
+                tool_output = long_prompt(
+                    tokenizer, turn_tokens, seed=seed + 1_000_000 + session * 1000 + turn * 2 + call
+                )
+                ids = contexts[session] + tool_output
+                row = timed(clients[session % len(clients)], ids)
+                row.update(session=session, turn=turn, call=call, prompt_tokens=len(ids))
+                rows.append(row)
+                contexts[session] = ids + [tokenizer.eos_token_id]
+    return rows
+
+
 def summarize(rows: list[dict]) -> dict:
     out: dict = {}
     for kind in ("local", "store"):
@@ -140,19 +178,24 @@ def run_transfer(args, procs: Processes, tmp: Path, transfer: str, tokenizer) ->
     launch, store_proc = start_store(
         procs, tmp / f"store-{transfer}", pool_size=args.pool_size, transfer=transfer
     )
+    flags = list(launch.engine_flags)
+    if args.kv_blocks:
+        flags += ["--num-gpu-blocks-override", str(args.kv_blocks)]
     engines = []
     try:
         with ThreadPoolExecutor(2) as pool:  # start side by side
             futures = [
-                pool.submit(
-                    start_engine, procs, "both", core, f"{transfer}-{i}", launch.engine_flags
-                )
+                pool.submit(start_engine, procs, "both", core, f"{transfer}-{i}", flags)
                 for i, core in enumerate(engine_cores(2))
             ]
             engines = [f.result() for f in futures]
-        rows = measure(
-            launch, [c for _, c in engines], tokenizer, args.lengths, args.rounds, args.suffix
-        )
+        clients = [c for _, c in engines]
+        if args.replay:
+            rows = replay(
+                clients, tokenizer, args.sessions, args.turns, args.first_tokens, args.turn_tokens
+            )
+        else:
+            rows = measure(launch, clients, tokenizer, args.lengths, args.rounds, args.suffix)
         return {"transfer": transfer, "summary": summarize(rows), "requests": rows}
     finally:
         for proc, client in engines:
@@ -177,15 +220,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--suffix", type=int, default=32, help="new tokens after the prefix")
     parser.add_argument("--pool-size", default="2GB")
+    parser.add_argument(
+        "--kv-blocks",
+        type=int,
+        help="KV blocks per engine (--num-gpu-blocks-override; default: vLLM's; "
+        "with --replay 34, one 4,096-token request and a block)",
+    )
+    replayed = parser.add_argument_group("agentic replay (--replay)")
+    replayed.add_argument("--replay", action="store_true", help="play the replay instead")
+    replayed.add_argument("--sessions", type=int, default=8)
+    replayed.add_argument("--turns", type=int, default=4)
+    replayed.add_argument("--first-tokens", type=int, default=1024)
+    replayed.add_argument("--turn-tokens", type=int, default=256, help="new tokens a request")
     parser.add_argument("--json", type=Path, help="also write every request here")
+    parser.add_argument(
+        "--state", type=Path, help="keep the store's and engines' logs here (default: a temp dir)"
+    )
     args = parser.parse_args(argv)
+    if args.replay and args.kv_blocks is None:
+        # One request of max-model-len (vLLM keeps one block back): a
+        # quarter of the contexts of the four sessions an engine serves.
+        args.kv_blocks = MAX_MODEL_LEN // BLOCK_TOKENS + 2
+    if args.replay and args.first_tokens + 2 * args.turns * (args.turn_tokens + 1) > MAX_MODEL_LEN:
+        parser.error(f"the sessions' last requests would be over {MAX_MODEL_LEN} tokens")
     from transformers import AutoTokenizer
 
     from common.model import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None)))
     results = []
-    with tempfile.TemporaryDirectory(prefix="tandem-storehits-") as d:
+    with contextlib.ExitStack() as stack:
+        if args.state:
+            args.state.mkdir(parents=True, exist_ok=True)
+            d = str(args.state)
+        else:
+            d = stack.enter_context(tempfile.TemporaryDirectory(prefix="tandem-storehits-"))
         procs = Processes(Path(d))
         try:
             for transfer in args.transfers.split(","):
@@ -208,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {kind} hits, vLLM's store calls p50: "
                 + ", ".join(f"{op} {_s(s[kind][f'{op}_p50_s'])} s" for op in STORE_OPS)
             )
-        for length in args.lengths:
+        for length in [] if args.replay else args.lengths:
             by = summarize([row for row in res["requests"] if row["length"] == length])
             print(
                 f"  {length:5d}-token prefix: local p50 {_s(by['local']['p50_s'])} s, "

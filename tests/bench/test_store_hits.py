@@ -53,3 +53,22 @@ def test_summary_compares_store_hits_with_local_hits_and_leaves_misses_out():
     assert s["local"]["p50_s"] == 0.3 and s["store"]["p50_s"] == 0.36
     assert abs(s["store_over_local_p50"] - 1.2) < 1e-9
     assert store_hits.summarize([])["store_over_local_p50"] is None
+
+
+class Tokenizer:
+    eos_token_id = 2
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [len(w) for w in text.split()]}
+
+
+def test_the_replay_keeps_each_session_on_its_engine_and_grows_its_context():
+    engines = [CountingEngine(896, 0, 0.3), CountingEngine(0, 896, 0.2)]
+    rows = store_hits.replay(
+        engines, Tokenizer(), sessions=3, turns=2, first_tokens=40, turn_tokens=8
+    )
+    assert len(rows) == 3 * 2 * 2
+    assert [r["kind"] for r in rows if r["session"] == 1] == ["local"] * 4  # engine 1
+    assert {r["kind"] for r in rows if r["session"] != 1} == {"store"}
+    grown = [r["prompt_tokens"] for r in rows if r["session"] == 0]
+    assert grown == sorted(grown) and len(set(grown)) == 4
