@@ -85,6 +85,12 @@ def add_common(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     g.add_argument(
         "--long-prefill-threshold", type=int, default=0, help="per-request chunk cap (0: off)"
     )
+    g.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="plan every engine step over its whole batch instead of stepping batches of "
+        "only decodes as runs (the same figures, slower: a check of the runs)",
+    )
     g.add_argument("--link-gbps", type=float, default=5.0, help="P->D transfer, GB/s")
     g.add_argument("--link-latency-ms", type=float, default=1.0, help="P->D transfer latency")
     g.add_argument("--store-gbps", type=float, default=1.0, help="KV store load, GB/s")
@@ -156,6 +162,7 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "max_num_batched_tokens": a.max_num_batched_tokens,
         "max_num_seqs": a.max_num_seqs,
         "long_prefill_threshold": a.long_prefill_threshold,
+        "decode_runs": not a.step_by_step,
         "link_gbps": a.link_gbps,
         "link_latency_ms": a.link_latency_ms,
         "store_gbps": a.store_gbps,

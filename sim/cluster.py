@@ -85,6 +85,9 @@ class ClusterConfig:
     store_load_weight: float = 1.0  # the router's, PolicySettings.store_load_weight
     router_replicas: int = 1  # routing cores, requests spread over them in turn
     state_lag_s: float = 0.0  # until one replica's shared-state writes reach the others
+    # Engines step batches of only decodes as runs (engine.py): the same
+    # figures, faster; False: every step planned over the whole batch.
+    decode_runs: bool = True
 
     def validate(self) -> None:
         if self.aggregated < 0 or self.prefill < 0 or self.decode < 0:
@@ -311,7 +314,9 @@ class Simulation:
             for index in indexes:
                 index.removed(pod, hashes)
 
-        return Engine(name, c.engine, c.model, self.loop, stored, removed, self.store, c.link)
+        return Engine(
+            name, c.engine, c.model, self.loop, stored, removed, self.store, c.link, c.decode_runs
+        )
 
     # ----- router side ------------------------------------------------------
     def _poll(self) -> None:

@@ -24,6 +24,14 @@ What it keeps of vLLM's behaviour:
   running request cannot grow, the newest running request is preempted
   (recompute: its blocks freed, it waits at the head of the queue).
 
+A batch of only decodes (nothing waiting, every request past its first
+token) steps as a *decode run* (``decode_runs``): each step is still one
+event at the time the step-by-step engine would end it, but planning it
+costs the blocks it allocates, not a walk over the batch; the tokens each
+request generated are counted once, when the run ends (a request's last
+token, a request arriving, blocks that do not fit). A run changes no
+figure: ``tests/sim/test_sim.py`` holds it equal to the step-by-step engine.
+
 Simplifications, each a bias the README names: output blocks are not cached,
 a preempted request recomputes its prompt but not its output tokens, and the
 decode side's cost is the fitted step model.
@@ -159,6 +167,17 @@ class EngineSettings:
     block_bytes: int = 0  # bytes of one KV block (store loads, transfers)
 
 
+@dataclass
+class _DecodeRun:
+    """The steps of a batch of only decodes, as a run (module docstring)."""
+
+    batch: int  # requests decoding, every running one
+    context: int  # KV tokens they hold at the planned step
+    grows: dict[int, list[Job]]  # step % block size -> requests that need a block then
+    last: int  # the step whose end finishes the first request
+    step: int = 0  # the step in flight, counted from the run's start
+
+
 class Engine:
     def __init__(
         self,
@@ -170,6 +189,7 @@ class Engine:
         removed: BlockEvents,
         store: SharedStore | None = None,
         link: Link | None = None,
+        decode_runs: bool = True,
     ) -> None:
         self.name = name
         self.s = settings
@@ -183,6 +203,8 @@ class Engine:
         self.running: list[Job] = []
         self._busy = False
         self._wake_at: float | None = None
+        self.decode_runs = decode_runs
+        self._run: _DecodeRun | None = None
         self.busy_s = 0.0
         self.steps = 0
 
@@ -218,6 +240,8 @@ class Engine:
         if self._busy:
             return
         now = self.loop.now
+        if self.decode_runs and self._start_run(now):
+            return
         plan = self._plan(now)
         if plan is None:
             ready = [j.ready_at for j in self.running if j.ready_at > now]
@@ -230,6 +254,76 @@ class Engine:
         self.busy_s += dt
         self.steps += 1
         self.loop.after(dt, lambda: self._finish_step(chunks, decodes))
+
+    # ----- decode runs ------------------------------------------------------
+    def _start_run(self, now: float) -> bool:
+        """Start a decode run if the batch is only decodes; plan its first step."""
+        if self.waiting or not self.running or len(self.running) > self.s.max_num_batched_tokens:
+            return False
+        bs = self.s.block_size
+        grows: dict[int, list[Job]] = {}
+        context = 0
+        last = None
+        for job in self.running:
+            if job.ready_at > now or job.todo or not job.prompt_done or not job.first_token_sent:
+                return False
+            tokens = job.kv_tokens()
+            # Step k needs room for tokens + k + 1: the first new block at
+            # this step, then one every block_size steps.
+            first_grow = job.blocks * bs - tokens
+            if not 0 <= first_grow < bs:
+                return False  # more than one block short, or more than one ahead
+            grows.setdefault(first_grow, []).append(job)
+            context += tokens
+            left = job.out_tokens - job.generated - 1
+            last = left if last is None else min(last, left)
+        assert last is not None
+        run = _DecodeRun(len(self.running), context, grows, last)
+        if not self._plan_run_step(run):
+            return False
+        self._run = run
+        return True
+
+    def _plan_run_step(self, run: _DecodeRun) -> bool:
+        """Plan the run's step as ``_plan`` would: the same blocks allocated
+        (in the batch's order, evicting as ``_grow`` does) and the same step
+        time. False, with nothing changed, when the blocks do not fit: the
+        step-by-step plan preempts."""
+        grow = run.grows.get(run.step % self.s.block_size, ())
+        if grow:
+            if self.kv.used() + len(grow) > self.kv.capacity:
+                return False
+            for job in grow:
+                evicted = self.kv.acquire([], 1)
+                if evicted:
+                    self._removed(self.name, evicted)
+                job.anonymous += 1
+        dt = self.model.step([], run.batch, run.context)
+        self._busy = True
+        self.busy_s += dt
+        self.steps += 1
+        self.loop.after(dt, self._finish_run_step)
+        return True
+
+    def _finish_run_step(self) -> None:
+        self._busy = False
+        run = self._run
+        assert run is not None
+        if run.step == run.last:  # a request's last token: the step-by-step finish
+            self._end_run(run.step)
+            self._finish_step([], list(self.running))
+            return
+        run.step += 1
+        run.context += run.batch
+        if self.waiting or not self._plan_run_step(run):
+            self._end_run(run.step)
+            self._kick()
+
+    def _end_run(self, steps: int) -> None:
+        """The run's tokens, counted: ``steps`` steps have ended."""
+        for job in self.running:
+            job.generated += steps
+        self._run = None
 
     def _grow(self, job: Job, tokens: int) -> bool:
         """Blocks for ``tokens`` of KV in all; False when they do not fit."""

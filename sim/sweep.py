@@ -94,6 +94,7 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
         store_load_weight=point.get("store_load_weight", 1.0),
         router_replicas=point.get("router_replicas", 1),
         state_lag_s=point.get("state_lag_ms", 0.0) / 1e3,
+        decode_runs=point.get("decode_runs", True),
     )
     traffic = Traffic(
         profile=point["trace_profile"],

@@ -15,7 +15,7 @@ from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
 from services.router.routing.hashing import BlockHasher
 from sim.cli import main as sim_main
 from sim.cluster import ClusterConfig, Simulation, Traffic, prompt_blocks
-from sim.costs import DEFAULT_STEP_SHARE, StepModel, fit_decode, fit_prefill
+from sim.costs import DEFAULT_STEP_SHARE, StepModel, StoreTier, fit_decode, fit_prefill
 from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
     CPU_PROFILES,
@@ -370,6 +370,90 @@ def test_a_request_that_cannot_grow_preempts_the_newest_and_it_recomputes():
     assert [j for j, _ in done] == jobs
     assert jobs[0].preemptions == 0 and jobs[1].preemptions == 1
     assert engine.kv.used() == 0 and sorted(stored) == [10, 11]
+
+
+def _played(config, traffic):
+    """Everything a run shows: its figures, each request's record, what the
+    engines did and every KV event the router's index got, in order."""
+    sim = Simulation(config, traffic)
+    events = []
+    for replica, core in enumerate(sim.cores):
+        index = core.index
+        stored, removed = index.stored, index.removed
+
+        def record(kind, apply, replica=replica):
+            def call(pod, hashes):
+                events.append((replica, kind, sim.loop.now, pod, list(hashes)))
+                apply(pod, hashes)
+
+            return call
+
+        index.stored, index.removed = record("stored", stored), record("removed", removed)
+    summary = {k: v for k, v in sim.run().items() if k not in ("wall_s", "events")}
+    engines = {
+        n: (e.busy_s, e.steps, e.kv.used(), list(e.kv.free_cached)) for n, e in sim.engines.items()
+    }
+    return summary, [vars(r) for r in sim.records], engines, events
+
+
+@pytest.mark.parametrize(
+    "config, traffic",
+    [
+        (_small(kv_blocks=24), Traffic()),  # KV-bound: evictions and preemptions
+        (_small(kv_blocks=8192, aggregated=4), Traffic(sessions=12, concurrency=0)),
+        (
+            replace(_small(kv_blocks=64), aggregated=0, prefill=1, decode=2),
+            Traffic(sessions=8, concurrency=0),
+        ),
+        (
+            _small("round-robin", kv_blocks=25, aggregated=4, store=StoreTier(20, 1e9, 0.002)),
+            Traffic(sessions=16, concurrency=0),
+        ),
+    ],
+    ids=["tight-kv", "ample-kv", "p-d", "store"],
+)
+def test_decode_runs_change_nothing_but_the_work(config, traffic, monkeypatch):
+    """Batches of only decodes stepped as runs give the step-by-step engine's
+    run exactly: every figure, record, step and KV event at the same time."""
+    plans = []
+    plan = Engine._plan
+    monkeypatch.setattr(Engine, "_plan", lambda self, now: plans.append(1) or plan(self, now))
+    step_by_step = _played(replace(config, decode_runs=False), traffic)
+    planned_each_step = len(plans)
+    plans.clear()
+    assert _played(config, traffic) == step_by_step
+    assert len(plans) < planned_each_step  # some steps were a run's
+
+
+def test_a_decode_run_ends_where_blocks_do_not_fit_or_a_request_arrives():
+    """One engine, 4-token blocks: decode runs cross block boundaries,
+    evict cached blocks, end at a preemption and at arrivals mid-run; the
+    times, KV events and preemptions are the step-by-step engine's."""
+
+    def play(decode_runs):
+        loop = EventLoop()
+        log = []
+        engine = Engine(
+            "pod",
+            EngineSettings(kv_blocks=14, block_size=4, max_num_batched_tokens=64),
+            StepModel(step_s=0.01, token_s=0.001, seq_s=0.001, seq_ctx_s=1e-5),
+            loop,
+            lambda pod, hs: log.append(("stored", loop.now, list(hs))),
+            lambda pod, hs: log.append(("removed", loop.now, list(hs))),
+            decode_runs=decode_runs,
+        )
+        jobs = [
+            Job(9, [100 + i, 200 + i], out, on_done=lambda j: log.append(("done", loop.now)))
+            for i, out in enumerate([30, 7, 19, 12, 25])
+        ]
+        for i, job in enumerate(jobs):
+            loop.at(0.05 * i * i, lambda job=job: engine.submit(job))
+        loop.run()
+        return log, [j.preemptions for j in jobs], engine.steps, engine.busy_s
+
+    runs = play(True)
+    assert runs == play(False)
+    assert sum(runs[1]) > 0 and any(kind == "removed" for kind, *_ in runs[0])
 
 
 def test_an_agentx_file_replays_as_the_generated_trace_it_holds(tmp_path, capsys):

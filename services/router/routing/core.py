@@ -470,6 +470,12 @@ class RoutingCore:
     ) -> list[PodView]:
         matched = self.index.match(hashes, now, self._known_held(session, hashes))
         bs = self.settings.block_size
+        # Blocks live sessions need, on the pods that report a KV capacity
+        # (``_kv_free_tokens``; the others' room is unknown).
+        reported = (name for name, st in self._pods.items() if st.kv_capacity_blocks)
+        occupied = self.live.occupied_by_pod(
+            session, hashes, {name: matched.get(name, 0) for name in reported}
+        )
         views = []
         for name, st in self._pods.items():
             local, remote = self.local_load(name), shared.loads.get(name, PodLoad())
@@ -487,7 +493,7 @@ class RoutingCore:
                     waiting=st.waiting,
                     kv_cache_usage=st.kv_cache_usage,
                     cached_tokens=predicted_cached_tokens(blocks, n, bs),
-                    kv_free_tokens=self._kv_free_tokens(st, session, hashes[:blocks]),
+                    kv_free_tokens=self._kv_free_tokens(st, occupied.get(name, 0)),
                     pool=st.spec.pool,
                 )
             )
@@ -541,13 +547,11 @@ class RoutingCore:
             self._loads[pod] = new
         return new
 
-    def _kv_free_tokens(
-        self, st: PodStatus, session: str | None, cached: Sequence[int]
-    ) -> int | None:
-        """KV the pod can fill for this request without evicting what live
-        sessions need (None: the pod has not reported its capacity)."""
+    def _kv_free_tokens(self, st: PodStatus, occupied: int) -> int | None:
+        """KV the pod can fill for this request without evicting the
+        ``occupied`` blocks live sessions need (None: the pod has not
+        reported its capacity)."""
         capacity = st.kv_capacity_blocks
         if not capacity:
             return None
-        used = self.live.occupied_blocks(st.spec.name, session, cached)
-        return max(0, capacity - used) * self.settings.block_size
+        return max(0, capacity - occupied) * self.settings.block_size

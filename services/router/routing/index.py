@@ -16,6 +16,7 @@ a routing decision and the engine's events (concurrent forks of one context).
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -34,6 +35,13 @@ class PrefixIndex:
         # predictions share one TTL, so each queue expires in order.
         self._predicted: dict[int, OrderedDict[int, float]] = {}
         self._predicted_count = 0
+        # The queues' oldest predictions, to drop the oldest of all past the
+        # bound without a look at every pod: (expiry, the queue's place
+        # among the pods, bit), one at least for each queue's current oldest
+        # and stale ones (a queue's oldest since gone), skipped when met.
+        self._heads: list[tuple[float, int, int]] = []
+        self._places: dict[int, int] = {}  # bit -> its queue's place in _predicted
+        self._added = 0
         self.evictions = 0  # confirmed hashes dropped by the capacity bound
         self.predicted_evictions = 0  # predictions dropped by theirs before their TTL
         # bit -> when a block last stopped being held there (a tick of
@@ -50,6 +58,8 @@ class PrefixIndex:
             self._bits[pod] = bit
             self._held[bit] = 0
             self._predicted[bit] = OrderedDict()
+            self._added += 1
+            self._places[bit] = self._added
             self._lost(bit)
         return bit
 
@@ -59,6 +69,7 @@ class PrefixIndex:
         if bit is not None:
             self._held.pop(bit, None)
             self._predicted_count -= len(self._predicted.pop(bit, {}))
+            self._places.pop(bit, None)
             self._epochs.pop(bit, None)
 
     @property
@@ -167,29 +178,68 @@ class PrefixIndex:
         expiry = now + ttl_s
         queue = self._predicted[bit]
         before = len(queue)
+        oldest_before = self._oldest_expiry(queue)
         for h in hashes:
             queue[h] = expiry
             queue.move_to_end(h)
         self._predicted_count += len(queue) - before
+        self._new_head(bit, oldest_before)
         while self._predicted_count > self.predicted_capacity:
-            # The prediction that would expire first, of any pod.
-            oldest = min(
-                (b for b, q in self._predicted.items() if q),
-                key=lambda b: next(iter(self._predicted[b].values())),
-            )
-            h, _ = self._predicted[oldest].popitem(last=False)
+            # The prediction that would expire first, of any pod (the first
+            # such pod of ``_predicted`` on a tie).
+            oldest = self._oldest_queue()
+            queue = self._predicted[oldest]
+            h, gone = queue.popitem(last=False)
+            self._new_head(oldest, gone)
             self._prediction_gone(oldest, h)
             self.predicted_evictions += 1
+
+    @staticmethod
+    def _oldest_expiry(queue: OrderedDict[int, float]) -> float | None:
+        return next(iter(queue.values()), None)
+
+    def _new_head(self, bit: int, before: float | None) -> None:
+        """The queue's oldest prediction may have changed from one that
+        expires at ``before``: a new one goes on the heap of heads."""
+        oldest = self._oldest_expiry(self._predicted[bit])
+        if oldest is None or oldest == before:
+            return
+        if len(self._heads) > 2 * len(self._predicted) + 64:  # mostly stale: rebuild
+            self._heads = [
+                (e, self._places[b], b)
+                for b, q in self._predicted.items()
+                if (e := self._oldest_expiry(q)) is not None
+            ]
+            heapq.heapify(self._heads)
+        else:
+            heapq.heappush(self._heads, (oldest, self._places[bit], bit))
+
+    def _oldest_queue(self) -> int:
+        """The pod whose oldest prediction expires first (ties: the first
+        pod in ``_predicted``'s order), of the non-empty queues."""
+        heads = self._heads
+        while True:
+            expiry, place, bit = heads[0]
+            queue = self._predicted.get(bit)
+            if (
+                queue is not None
+                and self._places[bit] == place
+                and self._oldest_expiry(queue) == expiry
+            ):
+                return bit
+            heapq.heappop(heads)  # stale: that queue's oldest changed since
 
     def expire_predictions(self, now: float) -> None:
         """Drop expired predictions (oldest first; refreshes move keys to the end)."""
         for bit, queue in self._predicted.items():
+            before = self._oldest_expiry(queue)
             while queue:
                 h, expiry = next(iter(queue.items()))
                 if expiry > now:
                     break
                 queue.popitem(last=False)
                 self._prediction_gone(bit, h)
+            self._new_head(bit, before)
 
     def _prediction_gone(self, bit: int, h: int) -> None:
         self._predicted_count -= 1

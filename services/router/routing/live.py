@@ -23,9 +23,13 @@ longer priced as live, which costs at worst a recompute of their next turn.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from services.router.routing.lru import BoundedLru
+
+# Distinct cached prefixes ``occupied_by_pod`` remembers (a request finds most
+# pods holding one of a few: the common system prompt, nothing).
+_PREFIXES = 64
 
 
 class LiveSessions:
@@ -41,6 +45,11 @@ class LiveSessions:
             max_sessions, max_blocks, weigh=lambda e: len(e[1]), on_drop=self._unindex
         )
         self._blocks: dict[str, Counter[int]] = {}  # pod -> hash -> live sessions using it
+        # ``occupied_by_pod``'s memory: the one object of each recent prefix,
+        # and per pod (its live blocks' version, prefix, live blocks of it).
+        self._prefixes: BoundedLru[frozenset[int], frozenset[int]] = BoundedLru(_PREFIXES)
+        self._versions: Counter[str] = Counter()  # pod -> changes to its live blocks
+        self._overlaps: dict[str, tuple[int, frozenset[int], int]] = {}
 
     def touch(self, session: str, pods: Iterable[str], hashes: Sequence[int], now: float) -> None:
         """The session's latest turn went to ``pods`` with these blocks."""
@@ -49,6 +58,7 @@ class LiveSessions:
         where = frozenset(pods)
         for pod in where:
             self._blocks.setdefault(pod, Counter()).update(blocks)
+            self._versions[pod] += 1
         self._sessions.put(session, (where, blocks, now))
 
     def end(self, session: str) -> None:
@@ -57,6 +67,8 @@ class LiveSessions:
     def remove_pod(self, pod: str) -> None:
         """The pod is gone: sessions that were live there are live elsewhere only."""
         self._blocks.pop(pod, None)
+        self._versions.pop(pod, None)
+        self._overlaps.pop(pod, None)
         for session, (pods, blocks, seen) in self._sessions.items():
             if pod in pods:
                 self._sessions.replace(session, (pods - {pod}, blocks, seen))
@@ -86,6 +98,51 @@ class LiveSessions:
         new = len(not_own) - len(counts.keys() & not_own)
         return len(counts) - left_behind + new
 
+    def occupied_by_pod(
+        self, session: str | None, hashes: Sequence[int], cached: Mapping[str, int]
+    ) -> dict[str, int]:
+        """``occupied_blocks(pod, session, hashes[:n])`` for every ``pod: n``
+        of ``cached``, equal to it pod by pod. With many pods every one holds
+        the common prefix, and every request asks for all of them: a pod where
+        the session is not live counts its live blocks less those of the
+        prefix, and the prefix's live blocks there are remembered until the
+        pod's live blocks change (most pods, most requests: one touch changes
+        the pods of one session)."""
+        entry = self._sessions.get(session) if session else None
+        prefixes: dict[int, frozenset[int]] = {}
+        out = {}
+        for pod, n in cached.items():
+            if entry is not None and pod in entry[0]:
+                out[pod] = self.occupied_blocks(pod, session, hashes[:n])
+                continue
+            counts = self._blocks.get(pod)
+            held = prefixes.get(n)
+            if held is None:
+                held = prefixes[n] = self._prefix(hashes[:n])
+            live = self._live_of(pod, counts, held) if counts and held else 0
+            out[pod] = (len(counts) if counts else 0) + len(held) - live
+        return out
+
+    def _prefix(self, hashes: Sequence[int]) -> frozenset[int]:
+        """The one object of this prefix's blocks while it is recent (what
+        ``_overlaps`` compares by identity)."""
+        blocks = frozenset(hashes)
+        known = self._prefixes.get(blocks)
+        if known is not None:
+            return known
+        self._prefixes.put(blocks, blocks)
+        return blocks
+
+    def _live_of(self, pod: str, counts: Counter[int], held: frozenset[int]) -> int:
+        """How many of ``held`` are live on ``pod``."""
+        version = self._versions[pod]
+        known = self._overlaps.get(pod)
+        if known is not None and known[0] == version and known[1] is held:
+            return known[2]
+        live = len(counts.keys() & held)
+        self._overlaps[pod] = (version, held, live)
+        return live
+
     def __len__(self) -> int:
         return len(self._sessions)
 
@@ -104,6 +161,7 @@ class LiveSessions:
     def _unindex(self, _session: str, entry: tuple[frozenset[str], frozenset[int], float]) -> None:
         pods, blocks, _ = entry
         for pod in pods:
+            self._versions[pod] += 1
             counts = self._blocks[pod]
             for h in blocks:
                 if counts[h] <= 1:

@@ -204,3 +204,81 @@ def test_one_walk_for_all_pods_matches_each_pods_own_walk(ops, prompt, starts):
         else:
             index.expire_predictions(now)
     assert index.match(prompt, now, starts) == _walk_each_pod(index, prompt, now, starts)
+
+
+class _PredictionsByScan:
+    """Predicted entries as the bound dropped them by looking at every pod:
+    the pod whose oldest prediction expires first, the first such pod on a
+    tie (pods in the order they were added)."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.queues = {}  # pod -> {hash: expiry}, oldest first
+        self.evictions = 0
+
+    def predict(self, pod, hashes, now, ttl_s):
+        queue = self.queues.setdefault(pod, {})
+        for h in hashes:
+            queue.pop(h, None)
+            queue[h] = now + ttl_s
+        while sum(len(q) for q in self.queues.values()) > self.capacity:
+            oldest = min(
+                (p for p, q in self.queues.items() if q),
+                key=lambda p: [*self.queues[p].values()][0],
+            )
+            del self.queues[oldest][next(iter(self.queues[oldest]))]
+            self.evictions += 1
+
+    def expire(self, now):
+        for queue in self.queues.values():
+            for h in [h for h, expiry in queue.items() if expiry <= now]:
+                del queue[h]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["predict", "predict", "predict", "expire", "clear", "remove"]),
+            st.sampled_from("abcd"),
+            st.lists(st.integers(0, 9), max_size=6),
+            st.sampled_from([1.0, 2.0, 5.0]),  # a pod's TTL (with events or without)
+        ),
+        max_size=40,
+    )
+)
+def test_predictions_past_their_bound_go_oldest_first_as_a_scan_of_every_pod_finds(ops):
+    index = PrefixIndex(capacity=100, predicted_capacity=7)
+    scan = _PredictionsByScan(7)
+    ttl = {}
+    now = 0.0
+    for kind, pod, hashes, pod_ttl in ops:
+        now += 0.5
+        if kind == "predict":
+            ttl.setdefault(pod, pod_ttl)  # one TTL a pod, as the core sets it
+            index.predict(pod, hashes, now, ttl[pod])
+            scan.predict(pod, hashes, now, ttl[pod])
+        elif kind == "expire":
+            index.expire_predictions(now)
+            scan.expire(now)
+        elif kind == "clear":
+            index.clear_pod(pod)
+            scan.queues.get(pod, {}).clear()
+        else:
+            index.remove_pod(pod)
+            scan.queues.pop(pod, None)
+        held = {p: list(index._predicted[index._bits[p]].items()) for p in index.pods}
+        assert held == {p: list(q.items()) for p, q in scan.queues.items()}
+        assert index.predicted_evictions == scan.evictions
+
+
+def test_past_the_bound_the_oldest_prediction_left_after_an_expiry_goes_first():
+    idx = PrefixIndex(capacity=10, predicted_capacity=4)
+    idx.predict("a", [1], now=0, ttl_s=10)
+    idx.predict("a", [2], now=1, ttl_s=10)
+    idx.predict("b", [3], now=2, ttl_s=10)
+    idx.expire_predictions(now=10.5)  # a's 1 expires; a's oldest is now 2
+    idx.predict("b", [4, 5, 6], now=10.5, ttl_s=10)  # 5 entries: a's 2 (until 11) goes
+    assert idx.match([2], now=10.6) == {"a": 0, "b": 0}
+    assert idx.match([3], now=10.6) == {"a": 0, "b": 1}
+    assert idx.predicted_evictions == 1

@@ -115,3 +115,72 @@ def test_occupied_blocks_by_sets_equals_counting(turns, session, cached):
         assert live.occupied_blocks(pod, session, cached) == _occupied_by_counting(
             live, pod, session, cached
         )
+
+
+_PODS = ["a", "b", "c"]
+_SESSIONS = ["s", "t", "u", "v"]
+# A few prompts that share prefixes (asked again and again), or any blocks.
+_block_lists = st.sampled_from([[1, 2, 3, 4, 5, 6], [1, 2, 3, 7], [1, 2], [8, 9]]) | st.lists(
+    st.integers(0, 12), max_size=10
+)
+_operations = st.one_of(
+    st.tuples(
+        st.just("touch"),
+        st.sampled_from(_SESSIONS),
+        st.lists(st.sampled_from(_PODS), min_size=1, max_size=2),
+        _block_lists,
+    ),
+    st.tuples(st.just("end"), st.sampled_from(_SESSIONS)),
+    st.tuples(st.just("expire"), st.integers(0, 5)),
+    st.tuples(st.just("remove_pod"), st.sampled_from(_PODS)),
+    st.tuples(
+        st.just("ask"),
+        st.sampled_from([*_SESSIONS, None]),
+        _block_lists,
+        st.fixed_dictionaries({}, optional={pod: st.integers(0, 6) for pod in _PODS}),
+    ),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_operations, max_size=30))
+def test_occupied_by_pod_equals_occupied_blocks_pod_by_pod(operations):
+    """The per-request count over all pods, which remembers each pod's live
+    blocks of a prefix until they change, against ``occupied_blocks`` after
+    any sequence of turns, ends, expiries, pods removed (and come back) and
+    bound evictions, the same prefixes asked again and again."""
+    live = LiveSessions(window_s=4, max_sessions=3, max_blocks=20)
+    now = 0.0
+    for op in operations:
+        if op[0] == "touch":
+            now += 1
+            live.touch(op[1], op[2], op[3], now)
+        elif op[0] == "end":
+            live.end(op[1])
+        elif op[0] == "expire":
+            live.expire(now + op[1])
+        elif op[0] == "remove_pod":
+            live.remove_pod(op[1])
+        else:
+            _, session, hashes, cached = op
+            assert live.occupied_by_pod(session, hashes, cached) == {
+                pod: live.occupied_blocks(pod, session, hashes[:n]) for pod, n in cached.items()
+            }
+
+
+def test_occupied_by_pod_counts_again_once_a_pods_live_blocks_change():
+    """Live blocks and the prompt's cached ones, each once: a count remembered
+    from before a change would be off by the blocks that changed."""
+    live = LiveSessions(window_s=60)
+    live.touch("s", ["a"], [1, 2, 3], now=0)
+    live.touch("t", ["a", "b"], [8, 9], now=0)
+    prefix = [1, 2, 3, 4]
+    assert live.occupied_by_pod(None, prefix, {"a": 4, "b": 4}) == {"a": 6, "b": 6}
+    live.end("s")  # 1, 2, 3 no longer live on a: 8, 9 and the prompt's 1..4
+    assert live.occupied_by_pod(None, prefix, {"a": 4, "b": 4}) == {"a": 6, "b": 6}
+    live.touch("u", ["b"], [1, 2], now=1)  # a new session, live on b
+    assert live.occupied_by_pod(None, prefix, {"a": 4, "b": 4}) == {"a": 6, "b": 6}
+    assert live.occupied_by_pod(None, [5], {"a": 1, "b": 1}) == {"a": 3, "b": 5}
+    assert live.occupied_by_pod("u", prefix, {"a": 2, "b": 2}) == {
+        pod: live.occupied_blocks(pod, "u", prefix[:2]) for pod in ("a", "b")
+    }
