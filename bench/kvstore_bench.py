@@ -35,12 +35,13 @@ MAX_MODEL_LEN = 4096  # of the engines start_engine starts
 
 
 def start_store(procs: Processes, state: Path, pool_size: str, **settings):
-    """``settings``: other store settings (``transfer="auto"``, ...)."""
+    """``settings``: other store settings (``transfer="auto"``, ...); the
+    lease on reads is 500 ms unless given (the benches here remove what they
+    read)."""
     from services.kvstore.api import store_launch, wait_ready
 
-    launch = store_launch(
-        state, ports=free_ports(6), pool_size=pool_size, lease_ttl_ms=500, **settings
-    )
+    settings.setdefault("lease_ttl_ms", 500)
+    launch = store_launch(state, ports=free_ports(6), pool_size=pool_size, **settings)
     proc, popen = procs.launch(state.name, launch.argv, env=launch.env)
     wait_ready(launch.health_url, 180, alive=lambda: popen.poll() is None)
     return launch, proc

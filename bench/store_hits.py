@@ -48,6 +48,7 @@ from pathlib import Path
 
 from bench.engine_client import EngineClient, long_prompt
 from bench.kvstore_bench import MAX_MODEL_LEN, STOP_GRACE_S, start_engine, start_store
+from common.mooncake import KvStoreSettings
 from common.procs import Processes
 from tandem.workload.metrics import percentile
 
@@ -175,8 +176,14 @@ def summarize(rows: list[dict]) -> dict:
 def run_transfer(args, procs: Processes, tmp: Path, transfer: str, tokenizer) -> dict:
     from services.stack import engine_cores
 
+    # The store's own lease on reads (a bench default of 500 ms expires
+    # before a busy TCP transfer thread gets to the read it was granted for).
     launch, store_proc = start_store(
-        procs, tmp / f"store-{transfer}", pool_size=args.pool_size, transfer=transfer
+        procs,
+        tmp / f"store-{transfer}",
+        pool_size=args.pool_size,
+        transfer=transfer,
+        lease_ttl_ms=KvStoreSettings().lease_ttl_ms,
     )
     flags = list(launch.engine_flags)
     if args.kv_blocks:
@@ -248,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     from common.model import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None)))
-    results = []
+    results: list[dict] = []
+    failed: list[str] = []
     with contextlib.ExitStack() as stack:
         if args.state:
             args.state.mkdir(parents=True, exist_ok=True)
@@ -258,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         procs = Processes(Path(d))
         try:
             for transfer in args.transfers.split(","):
-                results.append(run_transfer(args, procs, Path(d), transfer, tokenizer))
+                try:
+                    results.append(run_transfer(args, procs, Path(d), transfer, tokenizer))
+                except Exception as exc:  # report it, and still run the other transfers
+                    print(f"{transfer}: failed: {exc!r}", file=sys.stderr)
+                    failed.append(transfer)
         finally:
             procs.stop_all()
     print(f"load average {os.getloadavg()[0]:.1f} (1 min) at the end")
@@ -285,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    return 0
+    if failed:
+        print(f"failed: {', '.join(failed)} (see the errors above)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
