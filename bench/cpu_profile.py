@@ -27,12 +27,10 @@ import time
 from pathlib import Path
 
 from bench.harness import RESULTS, log
+from bench.router_policies import KV_CACHE_GIB, MAX_MODEL_LEN
 from common.ports import free_port
 from operators.planner.profiling import PD_PROFILE_ROUTER_ARGS
 from services.stack import Stack, StackConfig
-
-MAX_MODEL_LEN = 3072  # bench.router_policies' engines
-KV_CACHE_GIB = 1
 
 
 def profile_role(

@@ -43,6 +43,10 @@ from tandem.workload.endpoint import served_model
 from tandem.workload.replay import ReplayConfig
 
 BASELINE = "tandem:cost"
+# The engines' context and KV cache in these runs (bench.cpu_profile profiles
+# engines set up the same way).
+MAX_MODEL_LEN = 3072  # the small profile compacts past it
+KV_CACHE_GIB = 1
 
 
 @dataclass(frozen=True)
@@ -173,7 +177,7 @@ class PolicyBench:
             aggregated=self.a.engines,
             kv_store=self.a.kv_store,
             router=False,
-            kv_cache_gib=1,
+            kv_cache_gib=KV_CACHE_GIB,
             max_model_len=self.a.max_model_len,
             state_dir=state,
             engine_args=blocks,
@@ -497,8 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--max-model-len",
         type=int,
-        default=3072,
-        help="engines' context (the small profile compacts past 3072)",
+        default=MAX_MODEL_LEN,
+        help=f"engines' context (the small profile compacts past {MAX_MODEL_LEN})",
     )
     ap.add_argument("--block-size", type=int, default=128, help="engines' KV block size")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")

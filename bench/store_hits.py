@@ -31,7 +31,7 @@ own cache. Same new tokens, same engine, classified by the counters as
 above. Usage:
 
     python -m bench.store_hits [--transfers auto,tcp] [--lengths 1024,2048,3072] [--rounds 3]
-    python -m bench.store_hits --replay [--sessions 8] [--turns 4] [--kv-blocks 32]
+    python -m bench.store_hits --replay [--sessions 8] [--turns 4] [--kv-blocks 34]
 """
 
 from __future__ import annotations

@@ -182,7 +182,15 @@ class SharedKVCache(TorchFunctionMode):
                         rc,
                     )
                     return touched
-                self.client.remove(key)
+                rc = self.client.remove(key)
+                if rc != 0:
+                    log.warning(
+                        "KV store: removing the %d-byte warm-up object %s failed with %d; "
+                        "it stays in the pool until evicted",
+                        size,
+                        key,
+                        rc,
+                    )
                 touched += size
         log.info(
             "KV store: the pool owner mapped the shared KV cache (%d bytes) in %.2f s",
