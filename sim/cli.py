@@ -28,7 +28,7 @@ from sim.cluster import Traffic
 from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
     CPU_PROFILES,
-    fitted_model,
+    engine_model,
     load_profiles,
     scaled_profile,
 )
@@ -66,9 +66,21 @@ def _policies(text: str) -> list[str]:
     return names
 
 
-def add_common(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+def add_step_model(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--step-model",
+        type=Path,
+        default=None,
+        help="a step model measured term by term (python -m bench.step_costs --out) "
+        "instead of the one fitted from --profiles",
+    )
+
+
+def add_common(p: argparse.ArgumentParser, sweep: bool = False, step_model: bool = True) -> None:
     g = p.add_argument_group("engines")
     g.add_argument("--profiles", type=Path, default=CPU_PROFILES, help="engine profiles (YAML)")
+    if step_model:
+        add_step_model(g)
     g.add_argument("--gpus-per-pod", type=int, default=1, help="GPUs (cores on CPU) per pod")
     g.add_argument("--block-size", type=int, default=128, help="KV block size, tokens")
     g.add_argument(
@@ -155,7 +167,7 @@ def add_common(p: argparse.ArgumentParser, sweep: bool = False) -> None:
 def base_point(a: argparse.Namespace) -> dict[str, Any]:
     bs = a.block_size
     return {
-        "model": model_fields(fitted_model(a.profiles, a.gpus_per_pod)),
+        "model": model_fields(engine_model(a.profiles, a.step_model, a.gpus_per_pod)),
         "gpus_per_pod": a.gpus_per_pod,
         "block_size": bs,
         "block_bytes": a.block_bytes or bs * CPU_BLOCK_BYTES_PER_TOKEN,
@@ -225,7 +237,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def cmd_validate(a: argparse.Namespace) -> int:
     measured = validation.load_measured(a.measured)
-    model = fitted_model(a.profiles)
+    model = engine_model(a.profiles, a.step_model)
     if a.calibrate_on:
         sessions, blocks = a.calibrate_on
         on = [m for m in measured if (m.sessions, m.kv_blocks) == (sessions, blocks)]
@@ -331,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     solver.add_argument("--sessions", type=int, default=4, help="sessions")
     solver.add_argument("--seed", type=int, default=0, help="trace seed")
-    add_common(solver)
+    add_common(solver, step_model=False)
     solver.set_defaults(func=cmd_solve)
 
     val = sub.add_parser(
@@ -343,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--measured", type=Path, default=validation.MEASURED, help="measured runs (JSON)"
     )
     val.add_argument("--profiles", type=Path, default=CPU_PROFILES, help="engine profiles (YAML)")
+    add_step_model(val)
     val.add_argument(
         "--store-blocks",
         type=int,

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import fields, replace
 from pathlib import Path
 
 from operators.planner.profiles import EngineProfile, profiles_from_yaml
@@ -18,6 +19,9 @@ from sim.costs import (
 
 PROFILES = Path(__file__).parent / "profiles"
 CPU_PROFILES = PROFILES / "cpu-smollm2.yaml"
+# The same engines' step costs measured term by term (`python -m bench.step_costs`).
+CPU_STEP_MODEL = PROFILES / "cpu-smollm2-steps.json"
+STEP_MODEL_KIND = "tandem-step-model"
 # SmolLM2-135M: 30 layers, 3 KV heads of 64, float32 on CPU.
 CPU_BLOCK_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
 
@@ -81,3 +85,28 @@ def fitted_model(
         seq_s=d_side.seq_s,
         seq_ctx_s=d_side.seq_ctx_s,
     )
+
+
+def load_step_model(path: Path, gpus_per_pod: int = 1) -> StepModel:
+    """A step model measured term by term on one GPU (one core on CPU), as
+    ``python -m bench.step_costs --out`` writes it, for a pod of
+    ``gpus_per_pod`` of them (every term ``gpus_per_pod`` times faster: one
+    rank across the pod)."""
+    data = json.loads(path.read_text())
+    if data.get("kind") != STEP_MODEL_KIND:
+        raise ValueError(f"{path}: not a step model (kind {data.get('kind')!r})")
+    measured = data["model"]
+    missing = [f.name for f in fields(StepModel) if f.name not in measured]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(missing)}")
+    return StepModel(**{f.name: float(measured[f.name]) for f in fields(StepModel)}).scaled(
+        gpus_per_pod
+    )
+
+
+def engine_model(profiles: Path, step_model: Path | None, gpus_per_pod: int = 1) -> StepModel:
+    """The pods' step model: measured term by term when ``step_model`` is
+    given, else fitted from the engine profiles."""
+    if step_model is not None:
+        return load_step_model(step_model, gpus_per_pod)
+    return fitted_model(profiles, gpus_per_pod)

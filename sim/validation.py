@@ -3,9 +3,11 @@
 `small` trace, one policy at a time), each replayed in simulation with the
 same trace, KV blocks, store and policy, and compared.
 
-The measurements live in ``sim/measured.json`` (one entry per
-regime and policy: what the benchmark printed, its command, date and load);
-``compare`` simulates each and gives the differences, ``table`` prints them.
+The measurements live in ``sim/measured.json`` (one entry per run: what
+the benchmark printed, its command, date and load; a run left out says why
+in ``excluded``); ``pooled`` averages the runs of each regime and policy
+(their spread is the measurement's own noise), ``compare`` simulates each
+and gives the differences, ``table`` prints them.
 The issue's bounds: prefix hit rate within 3 points, TTFT p50 and p90 within
 25%, and the policies' TTFT order preserved in every regime.
 """
@@ -48,6 +50,13 @@ class Measured:
     source: str  # where the figure is recorded: command, date, load average
     # The router's --store-load-weight in the run (1: its default).
     store_load_weight: float = 1.0
+    # Why the run is left out of the comparison (empty: it is in).
+    excluded: str = ""
+    # Pooled runs (``pooled``): how many, and the lowest and highest of each figure.
+    runs: int = 1
+    hit_range: tuple[float, float] | None = None
+    p50_range: tuple[float, float] | None = None
+    p90_range: tuple[float, float] | None = None
 
     @property
     def label(self) -> str:
@@ -65,7 +74,46 @@ class Measured:
 
 
 def load_measured(path: Path = MEASURED) -> list[Measured]:
-    return [Measured(**row) for row in json.loads(path.read_text())]
+    """The runs recorded, but those excluded."""
+    runs = [Measured(**row) for row in json.loads(path.read_text())]
+    return [m for m in runs if not m.excluded]
+
+
+def pooled(runs: Sequence[Measured]) -> list[Measured]:
+    """One entry per regime and policy (in first-seen order): the runs' mean
+    figures, their range, and every run's source."""
+    groups: dict[tuple[Any, ...], list[Measured]] = {}
+    for m in runs:
+        key = (m.sessions, m.concurrency, m.kv_blocks, m.store, m.policy, m.store_load_weight)
+        groups.setdefault(key, []).append(m)
+    out = []
+    for ms in groups.values():
+        if len({m.requests for m in ms}) > 1:
+            raise ValueError(f"{ms[0].regime}, {ms[0].label}: runs of different traces")
+
+        def mean(values: list[float]) -> float | None:
+            return sum(values) / len(values) if values else None
+
+        def spread(values: list[float]) -> tuple[float, float] | None:
+            return (min(values), max(values)) if values else None
+
+        hits = [m.hit_rate for m in ms]
+        p50 = [m.ttft_p50_s for m in ms if m.ttft_p50_s is not None]
+        p90 = [m.ttft_p90_s for m in ms if m.ttft_p90_s is not None]
+        out.append(
+            replace(
+                ms[0],
+                hit_rate=sum(hits) / len(hits),
+                ttft_p50_s=mean(p50),
+                ttft_p90_s=mean(p90),
+                source=" | ".join(m.source for m in ms),
+                runs=len(ms),
+                hit_range=spread(hits),
+                p50_range=spread(p50),
+                p90_range=spread(p90),
+            )
+        )
+    return out
 
 
 def point_for(
@@ -133,9 +181,9 @@ class Compared:
 
 
 def compare(measured: Sequence[Measured], model: StepModel, store_blocks: int) -> list[Compared]:
-    """Each measured run simulated."""
+    """Each regime and policy measured, simulated (runs pooled)."""
     out = []
-    for m in measured:
+    for m in pooled(measured):
         row = run_point(point_for(m, model, store_blocks))
         if row["requests"] != m.requests:
             raise ValueError(
@@ -165,8 +213,8 @@ def rankings(rows: Sequence[Compared]) -> dict[str, tuple[list[str], list[str]]]
 
 def table(rows: Sequence[Compared]) -> str:
     lines = [
-        "| regime | policy | measured hit / TTFT p50 / p90 | simulated | off by |",
-        "|---|---|---:|---:|---|",
+        "| regime | policy | runs | measured hit / TTFT p50 / p90 (range) | simulated | off by |",
+        "|---|---|---:|---:|---:|---|",
     ]
 
     def secs(v: float | None) -> str:
@@ -175,11 +223,20 @@ def table(rows: Sequence[Compared]) -> str:
     def ratio(v: float | None) -> str:
         return "–" if v is None else f"{v:.2f}×"
 
+    def spread(r: tuple[float, float] | None, percent: bool = False) -> str:
+        if r is None or r[0] == r[1]:
+            return ""
+        if percent:
+            return f" ({100 * r[0]:.1f}–{100 * r[1]:.1f}%)"
+        return f" ({r[0]:.2f}–{r[1]:.2f})"
+
     for c in rows:
         m = c.measured
         lines.append(
-            f"| {m.regime} | {m.label} "
-            f"| {100 * m.hit_rate:.1f}% / {secs(m.ttft_p50_s)} / {secs(m.ttft_p90_s)} s "
+            f"| {m.regime} | {m.label} | {m.runs} "
+            f"| {100 * m.hit_rate:.1f}%{spread(m.hit_range, percent=True)} / "
+            f"{secs(m.ttft_p50_s)}{spread(m.p50_range)} / "
+            f"{secs(m.ttft_p90_s)}{spread(m.p90_range)} s "
             f"| {100 * c.hit_rate:.1f}% / {c.ttft_p50_s:.2f} / {c.ttft_p90_s:.2f} s "
             f"| {c.hit_off_points:+.1f} pt, {ratio(c.p50_ratio)}, {ratio(c.p90_ratio)}"
             f"{'' if c.within() else ' (outside)'} |"

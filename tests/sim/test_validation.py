@@ -7,6 +7,7 @@ recorded, the simulation is rerun (about a second)."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -144,3 +145,33 @@ def test_measured_profile_is_no_closer_than_the_shipped(compared):
     rows = validation.compare(validation.load_measured(), measured_model, validation.STORE_BLOCKS)
     assert ttft_cells_within(rows) <= ttft_cells_within(compared)
     assert all(abs(c.hit_off_points) <= 3.5 for c in rows), [c.hit_off_points for c in rows]
+
+
+def test_runs_of_a_regime_are_pooled_and_excluded_runs_left_out(tmp_path):
+    base = {
+        "sessions": 6,
+        "concurrency": 6,
+        "kv_blocks": 64,
+        "store": False,
+        "requests": 59,
+        "source": "run",
+    }
+    rows = [
+        {**base, "policy": "cost", "hit_rate": 0.85, "ttft_p50_s": 1.0, "ttft_p90_s": 5.0},
+        {**base, "policy": "cost", "hit_rate": 0.86, "ttft_p50_s": 2.0, "ttft_p90_s": 9.0},
+        {**base, "policy": "round-robin", "hit_rate": 0.77, "ttft_p50_s": 2.0, "ttft_p90_s": 11.0},
+        {**base, "policy": "cost", "hit_rate": 0.5, "ttft_p50_s": 9.0, "ttft_p90_s": 99.0}
+        | {"excluded": "load average 70"},
+    ]
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(rows))
+    cost, rr = validation.pooled(validation.load_measured(path))
+    assert (cost.runs, rr.runs) == (2, 1)
+    assert cost.hit_rate == pytest.approx(0.855)
+    assert (cost.ttft_p50_s, cost.ttft_p90_s) == (1.5, 7.0)
+    assert cost.p90_range == (5.0, 9.0) and rr.p90_range == (11.0, 11.0)
+    assert cost.source == "run | run"
+    rows.append({**base, "policy": "cost", "requests": 60, "hit_rate": 0.8} | {"ttft_p50_s": 1.0})
+    path.write_text(json.dumps([r | {"ttft_p90_s": 1.0} for r in rows]))
+    with pytest.raises(ValueError, match="different traces"):
+        validation.pooled(validation.load_measured(path))
