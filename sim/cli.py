@@ -27,6 +27,7 @@ from sim import validation
 from sim.cluster import Traffic
 from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
+    CPU_MEASURED_PROFILES,
     CPU_PROFILES,
     engine_model,
     load_profiles,
@@ -237,7 +238,10 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def cmd_validate(a: argparse.Namespace) -> int:
     measured = validation.load_measured(a.measured)
-    model = engine_model(a.profiles, a.step_model)
+    if a.profiles or a.step_model:
+        model = engine_model(a.profiles or CPU_PROFILES, a.step_model)
+    else:
+        model = validation.engines_model()
     if a.calibrate_on:
         sessions, blocks = a.calibrate_on
         on = [m for m in measured if (m.sessions, m.kv_blocks) == (sessions, blocks)]
@@ -354,7 +358,13 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument(
         "--measured", type=Path, default=validation.MEASURED, help="measured runs (JSON)"
     )
-    val.add_argument("--profiles", type=Path, default=CPU_PROFILES, help="engine profiles (YAML)")
+    val.add_argument(
+        "--profiles",
+        type=Path,
+        default=None,
+        help="engine profiles (YAML) to fit the engines' step model from (default: "
+        f"`tandem profile` of the runs' engines, sim/profiles/{CPU_MEASURED_PROFILES.name})",
+    )
     add_step_model(val)
     val.add_argument(
         "--store-blocks",

@@ -19,6 +19,8 @@ from sim.costs import (
 
 PROFILES = Path(__file__).parent / "profiles"
 CPU_PROFILES = PROFILES / "cpu-smollm2.yaml"
+# The same engines profiled by `tandem profile` (`python -m bench.cpu_profile`).
+CPU_MEASURED_PROFILES = PROFILES / "cpu-smollm2-measured.yaml"
 # The same engines' step costs measured term by term (`python -m bench.step_costs`).
 CPU_STEP_MODEL = PROFILES / "cpu-smollm2-steps.json"
 STEP_MODEL_KIND = "tandem-step-model"

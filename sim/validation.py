@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.costs import StepModel
-from sim.defaults import CPU_BLOCK_BYTES_PER_TOKEN
+from sim.defaults import CPU_BLOCK_BYTES_PER_TOKEN, CPU_MEASURED_PROFILES, fitted_model
 from sim.sweep import model_fields, run_point
 
 MEASURED = Path(__file__).parent / "measured.json"
@@ -71,6 +71,13 @@ class Measured:
         return f"{self.sessions} sessions, {self.kv_blocks} blocks" + (
             ", store" if self.store else ""
         )
+
+
+def engines_model() -> StepModel:
+    """The runs' engines as simulated: fitted from `tandem profile` of the
+    same engines (sim/README.md, "Validation": of the models tried, the one
+    whose hit rates and TTFTs come closest to the runs)."""
+    return fitted_model(CPU_MEASURED_PROFILES)
 
 
 def load_measured(path: Path = MEASURED) -> list[Measured]:

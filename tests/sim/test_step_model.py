@@ -9,7 +9,14 @@ import pytest
 
 from sim.cli import main as sim_main
 from sim.costs import StepModel
-from sim.defaults import CPU_STEP_MODEL, engine_model, fitted_model, load_step_model
+from sim.defaults import (
+    CPU_MEASURED_PROFILES,
+    CPU_PROFILES,
+    CPU_STEP_MODEL,
+    engine_model,
+    fitted_model,
+    load_step_model,
+)
 
 
 def write(path, model: dict, kind: str = "tandem-step-model"):
@@ -39,6 +46,16 @@ def test_what_is_not_a_step_model_is_refused(tmp_path, model, kind, error):
         load_step_model(write(tmp_path / "bad.json", model, kind))
 
 
-def test_the_shipped_step_model_runs_the_validation(capsys):
-    assert sim_main(["validate", "--step-model", str(CPU_STEP_MODEL)]) == 0
-    assert "| 6 sessions, 64 blocks | cost |" in capsys.readouterr().out
+def test_validation_runs_on_a_step_model_or_on_profiles(capsys):
+    tables = []
+    for flags in (
+        [],
+        ["--profiles", str(CPU_MEASURED_PROFILES)],
+        ["--step-model", str(CPU_STEP_MODEL)],
+        ["--profiles", str(CPU_PROFILES)],
+    ):
+        assert sim_main(["validate", *flags]) == 0
+        tables.append(capsys.readouterr().out)
+    assert "| 6 sessions, 64 blocks | cost |" in tables[0]
+    assert tables[0] == tables[1]
+    assert len(set(tables)) == 3

@@ -13,52 +13,35 @@ import pytest
 
 from sim import validation
 from sim.cli import main as sim_main
-from sim.defaults import PROFILES, fitted_model
-
-# `tandem profile` of this machine's engines on 2026-12-04 (bench/cpu_profile.py).
-MEASURED_PROFILES = PROFILES / "cpu-smollm2-measured.yaml"
+from sim.defaults import CPU_STEP_MODEL, fitted_model, load_step_model
 
 # Outside the bounds today, each with how far it may be (sim/README.md,
-# "Validation"): ample KV, 4 sessions, TTFT p50 — the measured p50 itself
-# ranged 0.94–1.17 s over four runs of that regime; the 10-session runs'
-# p50, measured on a machine at load averages 18–70; the runs of
-# 2026-12-04, which calibration fits with prefill at half the shipped
-# profile's time (test_calibration_on_the_runs_of_12_04 below; a profile
-# measured that morning prefilled at the shipped profile's speed).
+# "Validation"): TTFTs the simulation puts shorter than the runs' mean, runs
+# whose own range is as wide (p90 5.2-12.1 s for one regime and policy, on
+# two cores shared with other work), and round-robin at 6 sessions, longer.
 KNOWN_OUTSIDE = {
-    ("4 sessions, 182 blocks", "cost", "p50"): 0.35,
-    ("10 sessions, 64 blocks", "cost", "p50"): 0.45,
-    ("10 sessions, 64 blocks", "round-robin", "p50"): 0.7,
-    ("6 sessions, 64 blocks", "cost", "p50"): 0.35,
-    ("6 sessions, 64 blocks", "round-robin", "p50"): 3.1,
-    ("6 sessions, 64 blocks", "round-robin", "p90"): 0.95,
-    ("10 sessions, 64 blocks, store", "cost", "p50"): 0.65,
-    ("10 sessions, 64 blocks, store", "cost", "p90"): 1.25,
-    ("10 sessions, 64 blocks, store", "round-robin", "p50"): 0.7,
-    ("10 sessions, 64 blocks, store", "round-robin", "p90"): 0.55,
-    ("10 sessions, 64 blocks, store", "cost+store-load-weight=0.1", "p50"): 0.6,
-    ("16 sessions, 50 blocks", "cost", "p50"): 0.95,
-    ("16 sessions, 50 blocks", "cost", "p90"): 1.1,
-    ("16 sessions, 50 blocks", "round-robin", "p50"): 1.75,
-    ("16 sessions, 50 blocks", "round-robin", "p90"): 0.95,
+    ("4 sessions, 182 blocks", "cost", "p50"): 0.4,
+    ("10 sessions, 64 blocks", "cost", "p50"): 0.4,
+    ("10 sessions, 64 blocks", "cost", "p90"): 0.3,
+    ("6 sessions, 64 blocks", "cost", "p90"): 0.4,
+    ("6 sessions, 64 blocks", "round-robin", "p50"): 0.95,
+    ("6 sessions, 64 blocks", "round-robin", "p90"): 0.45,
+    ("10 sessions, 64 blocks, store", "round-robin", "p50"): 0.4,
+    ("10 sessions, 64 blocks, store", "cost+store-load-weight=0.1", "p90"): 0.4,
 }
-# Hit rates outside the 3 points, with how far they may be: the tightest
-# regime (50 blocks for 16 sessions), where the engines' speed decides
-# what is evicted before it is reused.
-KNOWN_HIT_OUTSIDE = {
-    ("16 sessions, 50 blocks", "cost"): 7.0,
-    ("16 sessions, 50 blocks", "round-robin"): 4.5,
-}
-# The store regime's variant: measured behind the cost policy at TTFT p90
-# (3.68 against 2.83 s, one run each), simulated ahead of it (4.51 against
-# 6.22 s); the policies at the router's defaults keep their order there.
+# Hit rates outside the 3 points, with how far they may be: least-load on
+# 25 blocks (4 sessions).
+KNOWN_HIT_OUTSIDE = {("4 sessions, 25 blocks", "least-load"): 3.5}
+# The store regime's variant: measured behind the cost policy at TTFT p90,
+# simulated ahead of it; the policies at the router's defaults keep their
+# order there.
 KNOWN_REORDERED = {"10 sessions, 64 blocks, store"}
 
 
 @pytest.fixture(scope="module")
 def compared():
     measured = validation.load_measured()
-    return validation.compare(measured, fitted_model(), validation.STORE_BLOCKS)
+    return validation.compare(measured, validation.engines_model(), validation.STORE_BLOCKS)
 
 
 def test_hit_rates_within_three_points(compared):
@@ -105,19 +88,6 @@ def test_calibration_finds_the_profiles_speed_on_the_runs_they_match():
     assert validation.calibrate(quiet, fitted_model(), 0, factors) == (1.0, 1.0)
 
 
-def test_calibration_on_the_runs_of_12_04():
-    """The runs of 2026-12-04 had shorter TTFTs than simulated: calibrated
-    on them, the prompt side comes out at half the profile's time and the
-    decode side at the profile's."""
-    runs = [m for m in validation.load_measured() if "2026-12-04" in m.source]
-    assert len(runs) == 7
-    factors = (0.5, 1.0, 2.0)
-    assert validation.calibrate(runs, fitted_model(), validation.STORE_BLOCKS, factors) == (
-        0.5,
-        1.0,
-    )
-
-
 def test_cli_validate_prints_the_table(capsys):
     assert sim_main(["validate"]) == 0
     out = capsys.readouterr().out
@@ -126,25 +96,26 @@ def test_cli_validate_prints_the_table(capsys):
         sim_main(["validate", "--calibrate-on", "ten"])
 
 
-def ttft_cells_within(rows: list[validation.Compared]) -> int:
-    return sum(
-        abs(r - 1.0) <= validation.TTFT_RATIO
-        for c in rows
-        for r in (c.p50_ratio, c.p90_ratio)
-        if r is not None
+def test_the_measured_profile_holds_the_hit_rates_the_others_miss(compared):
+    """Why validation fits the engines from `tandem profile` of them
+    (sim/README.md, "Validation"): with the hand-written profile or the step
+    model measured term by term, fewer hit rates of the pressure, hard and
+    extreme regimes come within 3 points (the figure the runs repeat to a
+    point or so), and with the hand-written profile the extreme regime (16
+    sessions on 50 blocks) is not within the bounds."""
+
+    def hits_within(rows: list[validation.Compared]) -> int:
+        return sum(
+            abs(c.hit_off_points) <= validation.HIT_POINTS for c in rows if c.measured.sessions >= 6
+        )
+
+    shipped, steps = (
+        validation.compare(validation.load_measured(), model, validation.STORE_BLOCKS)
+        for model in (fitted_model(), load_step_model(CPU_STEP_MODEL))
     )
-
-
-def test_measured_profile_is_no_closer_than_the_shipped(compared):
-    """Why the default stays the hand-written profile (sim/README.md,
-    "Validation"): with the profile `tandem profile` measured, no more of the
-    recorded TTFTs come within 25%. Once a measured profile does better, it
-    should become the default."""
-    measured_model = fitted_model(MEASURED_PROFILES)
-    assert measured_model != fitted_model()
-    rows = validation.compare(validation.load_measured(), measured_model, validation.STORE_BLOCKS)
-    assert ttft_cells_within(rows) <= ttft_cells_within(compared)
-    assert all(abs(c.hit_off_points) <= 3.5 for c in rows), [c.hit_off_points for c in rows]
+    assert hits_within(shipped) < hits_within(steps) < hits_within(compared)
+    assert not all(c.within() for c in shipped if c.measured.sessions == 16)
+    assert all(c.within() for c in compared if c.measured.sessions == 16)
 
 
 def test_runs_of_a_regime_are_pooled_and_excluded_runs_left_out(tmp_path):
