@@ -136,6 +136,19 @@ def add_common(p: argparse.ArgumentParser, sweep: bool = False, step_model: bool
         help="cost policy: a token another pod holds costs this share of computing it on a "
         "pod that lacks it (the router's --store-load-weight; 1: the router's default)",
     )
+    r.add_argument(
+        "--routing-index-capacity",
+        type=int,
+        default=None,
+        help="most block hashes the router's prefix index keeps (the router's flag; "
+        "default: the router's)",
+    )
+    r.add_argument(
+        "--live-max-blocks",
+        type=int,
+        default=None,
+        help="most block hashes the router's live sessions hold in all (default: the router's)",
+    )
     # A sweep takes comma lists of both: grid axes.
     r.add_argument(
         "--router-replicas",
@@ -186,6 +199,8 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "store_pin_ttl_s": a.store_pin_ttl_s,
         "remote_prefill_threshold": a.remote_prefill_threshold,
         "store_load_weight": a.store_load_weight,
+        "index_capacity": a.routing_index_capacity,
+        "live_max_blocks": a.live_max_blocks,
         "router_replicas": a.router_replicas,
         "state_lag_ms": a.state_lag_ms,
         "trace_file": a.trace,
@@ -205,6 +220,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         store_blocks=a.store_blocks,
         sessions=a.sessions,
         seed=a.seed,
+        miss_reasons=a.miss_reasons,
     )
     row = run_point(point)
     print(json.dumps(row, indent=1) if a.json else table([row]))
@@ -308,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sessions", type=int, default=4, help="sessions")
     run.add_argument("--seed", type=int, default=0, help="trace seed")
     run.add_argument("--json", action="store_true", help="print the row as JSON")
+    run.add_argument(
+        "--miss-reasons",
+        action="store_true",
+        help="count the computed prompt tokens by reason (new, evicted, elsewhere, tail; "
+        "a record of every block computed: more memory)",
+    )
     add_common(run)
     run.set_defaults(func=cmd_run)
 

@@ -22,9 +22,9 @@ from typing import Any
 from common.roles import Role
 from services.router.routing import PodSpec, RouteRequest, RoutingCore, RoutingSettings, SharedView
 from services.router.routing.core import PodLoad, StateWrites
-from services.router.routing.policy import Binding, PolicySettings
+from services.router.routing.policy import Binding
 from sim.costs import Link, StepModel, StoreTier
-from sim.engine import Engine, EngineSettings, Job, SharedStore
+from sim.engine import Engine, EngineSettings, Job, KVCache, SharedStore
 from sim.events import EventLoop
 from tandem.workload.generate import generate as generate_trace
 from tandem.workload.generate import params_for
@@ -85,9 +85,15 @@ class ClusterConfig:
     store_load_weight: float = 1.0  # the router's, PolicySettings.store_load_weight
     router_replicas: int = 1  # routing cores, requests spread over them in turn
     state_lag_s: float = 0.0  # until one replica's shared-state writes reach the others
+    # The router's table bounds (RoutingSettings; None: the router's default).
+    index_capacity: int | None = None
+    live_max_blocks: int | None = None
     # Engines step batches of only decodes as runs (engine.py): the same
     # figures, faster; False: every step planned over the whole batch.
     decode_runs: bool = True
+    # Count why prompt tokens were computed (MissLedger): a dict of every
+    # block computed, so off unless asked for.
+    miss_reasons: bool = False
 
     def validate(self) -> None:
         if self.aggregated < 0 or self.prefill < 0 or self.decode < 0:
@@ -108,14 +114,22 @@ class ClusterConfig:
             raise ValueError("state_lag_s must be >= 0")
 
     def routing_settings(self) -> RoutingSettings:
-        return RoutingSettings(
+        router = RoutingSettings()
+        return replace(
+            router,
             policy=replace(
-                PolicySettings(),
+                router.policy,
                 policy=self.policy,
                 remote_prefill_threshold=self.remote_prefill_threshold,
                 store_load_weight=self.store_load_weight,
             ),
             block_size=self.engine.block_size,
+            index_capacity=router.index_capacity
+            if self.index_capacity is None
+            else self.index_capacity,
+            live_max_blocks=(
+                router.live_max_blocks if self.live_max_blocks is None else self.live_max_blocks
+            ),
         )
 
     @property
@@ -185,6 +199,59 @@ class LaggedState:
         return apply
 
 
+MISS_REASONS = ("new", "evicted", "elsewhere", "tail")
+
+
+class MissLedger:
+    """Why a prompt's tokens were computed rather than reused, judged when the
+    request is first admitted (the hits the client sees), block by block past
+    the reused prefix:
+
+    * ``new``: no pod had computed the block before (a first turn, a turn's
+      new messages and the previous turn's output, which engines do not cache);
+    * ``evicted``: computed before, cached on no pod now (or only here, behind
+      a block that is not): KV capacity;
+    * ``elsewhere``: another pod holds it: the placement (a session moved, or
+      a prefix other sessions computed on other pods);
+    * ``tail``: the tokens past the last full block the engine may reuse,
+      computed on every request.
+
+    Fed by the engines' KV events, as the prefix index is."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        # block hash -> pods caching it now; 0: computed once, evicted from every pod
+        self.holders: dict[int, int] = {}
+
+    def stored(self, hashes: Sequence[int]) -> None:
+        holders = self.holders
+        for h in hashes:
+            holders[h] = holders.get(h, 0) + 1
+
+    def removed(self, hashes: Sequence[int]) -> None:
+        holders = self.holders
+        for h in hashes:
+            holders[h] -= 1
+
+    def reasons(
+        self, hashes: Sequence[int], prompt_tokens: int, reused_blocks: int, here: KVCache
+    ) -> dict[str, int]:
+        """The prompt's computed tokens by reason; they sum to its tokens not reused."""
+        bs = self.block_size
+        full = min((prompt_tokens - 1) // bs, len(hashes))  # the engine's reuse cap
+        missed = dict.fromkeys(MISS_REASONS, 0)
+        missed["tail"] = prompt_tokens - full * bs
+        for h in hashes[reused_blocks:full]:
+            holders = self.holders.get(h)
+            if holders is None:
+                missed["new"] += bs
+            elif holders - here.holds(h) > 0:
+                missed["elsewhere"] += bs
+            else:
+                missed["evicted"] += bs
+        return missed
+
+
 @dataclass
 class Record:
     session: str
@@ -197,6 +264,12 @@ class Record:
     prefill_pod: str | None = None
     decode_pod: str = ""
     reason: str = ""
+    missed: dict[str, int] | None = None  # computed tokens by reason (MissLedger)
+
+    @property
+    def pod(self) -> str:
+        """Where the prompt was computed."""
+        return self.prefill_pod or self.decode_pod
 
 
 def prompt_blocks(
@@ -238,6 +311,7 @@ class Simulation:
         self.core = self.cores[0]
         self.state = LaggedState(self.loop, config.router_replicas, config.state_lag_s)
         self._next_replica = 0
+        self.misses = MissLedger(config.engine.block_size) if config.miss_reasons else None
         self.store = None
         if config.store:
             self.store = SharedStore(
@@ -305,14 +379,19 @@ class Simulation:
     def _engine(self, name: str) -> Engine:
         c = self.config
         indexes = [core.index for core in self.cores]
+        misses = self.misses
 
         def stored(pod: str, hashes: Sequence[int]) -> None:
             for index in indexes:
                 index.stored(pod, hashes)
+            if misses:
+                misses.stored(hashes)
 
         def removed(pod: str, hashes: Sequence[int]) -> None:
             for index in indexes:
                 index.removed(pod, hashes)
+            if misses:
+                misses.removed(hashes)
 
         return Engine(
             name, c.engine, c.model, self.loop, stored, removed, self.store, c.link, c.decode_runs
@@ -354,6 +433,11 @@ class Simulation:
         self.records.append(rec)
         out = max(1, r.out_tokens)
 
+        def admitted(job: Job, reused_blocks: int) -> None:
+            if self.misses is not None:
+                here = self.engines[rec.pod].kv
+                rec.missed = self.misses.reasons(job.hashes, n, reused_blocks, here)
+
         def first_token(job: Job) -> None:
             rec.first_token = self.loop.now
 
@@ -371,7 +455,17 @@ class Simulation:
                     replica, core.report_prefill(decision, self.loop.now, decision.decode_pod)
                 )
 
-            decode.submit(Job(n, decision.block_hashes, out, computed, first_token, finished))
+            decode.submit(
+                Job(
+                    n,
+                    decision.block_hashes,
+                    out,
+                    computed,
+                    first_token,
+                    finished,
+                    on_admitted=admitted,
+                )
+            )
             return
         prefill = self.engines[decision.prefill_pod]
 
@@ -398,7 +492,17 @@ class Simulation:
                 )
             )
 
-        prefill.submit(Job(n, decision.block_hashes, 1, prefilled, on_done=to_decode, hold_kv=True))
+        prefill.submit(
+            Job(
+                n,
+                decision.block_hashes,
+                1,
+                prefilled,
+                on_done=to_decode,
+                on_admitted=admitted,
+                hold_kv=True,
+            )
+        )
 
     # ----- traffic: agents as the replay client plays them ------------------
     def _agent(
@@ -502,6 +606,7 @@ class Simulation:
         mean_gpus = self.gpu_seconds / self.loop.now if self.loop.now else 0.0
         p90_per_token = percentile(per_token, 90)
         busy = {n: e.busy_s for n, e in self.engines.items()}
+        misses = self._miss_summary(recs) if self.misses is not None else {}
         return {
             "requests": len(recs),
             "hit_rate": sum(r.cached_tokens for r in recs) / prompt if prompt else 0.0,
@@ -516,5 +621,30 @@ class Simulation:
             "sim_time_s": span,
             "utilization": sum(busy.values()) / (span * len(busy)) if span else 0.0,
             "events": self.loop.processed,
+            # what the router's bounded tables forgot (app.py's table metrics), all replicas
+            "index_evictions": sum(c.index.evictions for c in self.cores),
+            "live_session_evictions": sum(c.live.evictions for c in self.cores),
             "wall_s": wall_s,
+            **misses,
         }
+
+    @staticmethod
+    def _miss_summary(recs: Sequence[Record]) -> dict[str, Any]:
+        """Computed prompt tokens by reason (MissLedger), in all and on the
+        requests placed on another pod than their session's (agent's) previous
+        request: ``moved_requests``."""
+        total = dict.fromkeys(MISS_REASONS, 0)
+        moved = dict.fromkeys(MISS_REASONS, 0)
+        moves = 0
+        last_pod: dict[str, str] = {}
+        for r in sorted(recs, key=lambda r: r.arrival):
+            assert r.missed is not None
+            previous = last_pod.get(r.session)
+            last_pod[r.session] = r.pod
+            is_move = previous is not None and previous != r.pod
+            moves += is_move
+            for reason, tokens in r.missed.items():
+                total[reason] += tokens
+                if is_move:
+                    moved[reason] += tokens
+        return {"miss_tokens": total, "moved_requests": moves, "miss_tokens_moved": moved}

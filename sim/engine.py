@@ -69,6 +69,9 @@ class KVCache:
             n += 1
         return n
 
+    def holds(self, h: int) -> bool:
+        return h in self.in_use or h in self.free_cached
+
     def used(self) -> int:
         return len(self.in_use) + self.anonymous
 
@@ -126,6 +129,8 @@ class Job:
     on_prompt_done: Callable[[Job], None] = lambda job: None
     on_first_token: Callable[[Job], None] = lambda job: None
     on_done: Callable[[Job], None] = lambda job: None
+    # first admission of a prompt computed here: the blocks reused (the pod's and the store's)
+    on_admitted: Callable[[Job, int], None] = lambda job, reused_blocks: None
     remote_kv: bool = False  # P/D decode: the prompt's KV is pulled, not computed
     hold_kv: bool = False  # P/D prefill: keep the blocks until ``Engine.release``
     # set by the engine
@@ -437,6 +442,8 @@ class Engine:
         if not job.preemptions:  # what the client sees: the first admission's hits
             job.cached_tokens = cached
             job.store_tokens = from_store * bs
+            if not job.remote_kv:
+                job.on_admitted(job, hit + from_store)
         if job.remote_kv:
             job.transferred_blocks = max(0, len(job.hashes) - hit)
             link = self.link or Link(float("inf"), 0.0)

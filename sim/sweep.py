@@ -95,6 +95,9 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
         router_replicas=point.get("router_replicas", 1),
         state_lag_s=point.get("state_lag_ms", 0.0) / 1e3,
         decode_runs=point.get("decode_runs", True),
+        miss_reasons=point.get("miss_reasons", False),
+        index_capacity=point.get("index_capacity"),
+        live_max_blocks=point.get("live_max_blocks"),
     )
     traffic = Traffic(
         profile=point["trace_profile"],

@@ -14,7 +14,7 @@ import pytest
 from operators.planner.profiles import EngineConfig, EngineProfile, ProfilePoint
 from services.router.routing.hashing import BlockHasher
 from sim.cli import main as sim_main
-from sim.cluster import ClusterConfig, Simulation, Traffic, prompt_blocks
+from sim.cluster import ClusterConfig, MissLedger, Simulation, Traffic, prompt_blocks
 from sim.costs import DEFAULT_STEP_SHARE, StepModel, StoreTier, fit_decode, fit_prefill
 from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
@@ -293,6 +293,50 @@ def test_p_d_runs_prefill_pods_above_the_threshold_only():
     local = [r for r in sim.records if not r.prefill_pod]
     assert remote and local
     assert all(r.prompt_tokens - r.cached_tokens >= 256 for r in remote)
+
+
+def test_the_miss_ledger_tells_new_evicted_and_elsewhere_blocks_apart():
+    ledger = MissLedger(block_size=4)
+    here, there = KVCache(8), KVCache(8)
+    there.acquire([], 2)
+    ledger.stored(there.register([1, 2], owned=2))  # 1, 2 cached on the other pod
+    here.acquire([], 1)
+    ledger.stored(here.register([3], owned=1))
+    here.release([3], 0)
+    ledger.removed(here.acquire([], 8))  # 3 evicted from the only pod that had it
+    # a prompt of 4 full blocks and 2 tokens, nothing reused: 1, 2 elsewhere, 3 evicted, 4 new
+    assert ledger.reasons([1, 2, 3, 4], 18, 0, here) == {
+        "new": 4,
+        "evicted": 4,
+        "elsewhere": 8,
+        "tail": 2,
+    }
+    # two blocks reused; a prompt of whole blocks computes its last block every time
+    assert ledger.reasons([1, 2, 3, 4], 16, 2, here) == {
+        "new": 0,
+        "evicted": 4,
+        "elsewhere": 0,
+        "tail": 4,
+    }
+
+
+@pytest.mark.parametrize("policy", ["cost", "round-robin"])
+def test_miss_reasons_account_for_every_computed_token(policy):
+    config = replace(_small(policy, kv_blocks=24), miss_reasons=True)
+    sim = Simulation(config, Traffic(sessions=8))
+    summary = sim.run()
+    for r in sim.records:
+        assert r.missed is not None and sum(r.missed.values()) == r.prompt_tokens - r.cached_tokens
+    # nothing was cached before the trace's first request
+    assert sim.records[0].missed["evicted"] == sim.records[0].missed["elsewhere"] == 0
+    misses = summary["miss_tokens"]
+    prompt = sum(r.prompt_tokens for r in sim.records)
+    assert sum(misses.values()) == round(prompt * (1 - summary["hit_rate"]))
+    assert misses["new"] > 0 and misses["evicted"] > 0  # 24 blocks a pod: KV pressure
+    if policy == "round-robin":  # sessions move every turn
+        assert misses["elsewhere"] > 0 and summary["moved_requests"] > 0
+    assert all(summary["miss_tokens_moved"][k] <= misses[k] for k in misses)
+    assert "miss_tokens" not in Simulation(_small(policy), Traffic(sessions=2)).run()
 
 
 # -------------------------------------------------------------------- sweeps
