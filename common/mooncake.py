@@ -151,6 +151,14 @@ class KvStoreSettings:
     client_ttl_s: int = setting(
         10, "seconds without a heartbeat after which the master drops the pool owner's segment"
     )
+    priority_boost: int = setting(
+        5,
+        "nice levels the master and the pool owner run ahead of this service "
+        "(and of engines started beside it): their work is short and on the "
+        "path of every store hit, so on a node they share with engines they "
+        "should get a core first. Needs root or CAP_SYS_NICE; without it they "
+        "run at this service's priority (logged). 0: no change",
+    )
     restart_backoff_s: float = setting(
         1.0,
         "first delay before restarting a crashed "
