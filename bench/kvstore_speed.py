@@ -34,8 +34,16 @@ all measured in one run.
      what a put or get costs an engine end to end.
 
    These rows time a ``memcpy`` of the same bytes inside each of their own rounds
-   (``memcpy*`` in the table): on a loaded machine a ratio to a copy timed minutes
-   apart says little.
+   (``memcpy*`` in the table) and report the median of each round's ratio (the put or
+   get against the copy just before it): on a loaded machine a ratio to a copy timed
+   minutes apart says little, and this VM's memory bandwidth drifts by 2-5x between
+   rounds.
+
+The requesters run with ``OMP_WAIT_POLICY=PASSIVE``: torch's ``memcpy`` uses OpenMP
+threads that otherwise spin for a while after each copy, on a core the pool owner
+needs for the put that follows it (puts measured at half the gets' speed because of
+that, with 2 cores; an engine's OpenMP team is its one bound thread, so nothing
+spins there).
 
 Bandwidth is payload bytes per second (one direction) for every figure.
 
@@ -82,6 +90,12 @@ SMOLLM2_LAYERS, SMOLLM2_PAGE_SHAPE = 30, (3, 128, 2 * 64)  # heads, tokens, K+V 
 
 def median_gbps(nbytes: int, seconds: list[float]) -> float:
     return nbytes / statistics.median(seconds) / 1e9
+
+
+def paired_ratio(memcpy_s: list[float], store_s: list[float]) -> float:
+    """Median over rounds of the store call's speed against the memcpy of the same
+    bytes timed just before it in the same round."""
+    return statistics.median(m / t for m, t in zip(memcpy_s, store_s, strict=True))
 
 
 def bench_memcpy(nbytes: int, rounds: int) -> float:
@@ -380,6 +394,8 @@ def run_block_requester(mode: str, store_args: dict, batches: list[int], rounds:
                     "put_gbps": median_gbps(nbytes, times["put"]),
                     "get_gbps": median_gbps(nbytes, times["get"]),
                     "memcpy_gbps": median_gbps(nbytes, times["memcpy"]),
+                    "put_over_memcpy": paired_ratio(times["memcpy"], times["put"]),
+                    "get_over_memcpy": paired_ratio(times["memcpy"], times["get"]),
                 }
             )
         if shared is not None and any(s.passed_through_calls for s in stores):
@@ -420,7 +436,7 @@ def bench_variant(
     with open(log, "ab") as err:
         done = subprocess.run(
             [sys.executable, "-m", "bench.kvstore_speed", "--requester", request],
-            env={**os.environ, **env},
+            env={"OMP_WAIT_POLICY": "PASSIVE", **os.environ, **env},
             stdout=subprocess.PIPE,
             stderr=err,
             timeout=600,
@@ -489,8 +505,11 @@ def print_report(report: dict) -> None:
         for row in variant["rows"]:
             key = f"{row['object_bytes']}x{row['batch']}"
             tcp = report["loopback_tcp_gbps"][key]
-            # The block variants time memcpy in their own rounds (marked *).
+            # The block variants time memcpy in their own rounds (marked *) and
+            # pair each put and get with it.
             mc = row.get("memcpy_gbps", report["memcpy_gbps"][key])
+            put_mc = row.get("put_over_memcpy", row["put_gbps"] / mc)
+            get_mc = row.get("get_over_memcpy", row["get_gbps"] / mc)
             size = (
                 f"{row['object_bytes'] / (1 << 20):.2f}MiB"
                 if row["object_bytes"] >= 1 << 20
@@ -500,7 +519,7 @@ def print_report(report: dict) -> None:
                 f"  {variant['variant']:<30} {size:>9} {row['batch']:>5} "
                 f"{row['put_gbps']:6.2f} {row['get_gbps']:6.2f} "
                 f"{mc:6.2f}{'*' if 'memcpy_gbps' in row else ' '} {tcp:6.2f} "
-                f"{row['put_gbps'] / mc:6.2f} {row['get_gbps'] / mc:6.2f} "
+                f"{put_mc:6.2f} {get_mc:6.2f} "
                 f"{row['put_gbps'] / tcp:7.2f} {row['get_gbps'] / tcp:7.2f} "
                 f"{row['put_ms']:7.2f} {row['get_ms']:7.2f}"
             )
@@ -511,7 +530,10 @@ def print_report(report: dict) -> None:
                     f"{'':>6} {'':>7} {'':>6} {staged / mc:6.2f}"
                 )
     load = ", ".join(f"{x:.2f}" for x in report["load_average_after"])
-    print(f"load average after {load}; memcpy*: timed in the variant's own rounds")
+    print(
+        f"load average after {load}; memcpy*: timed in the variant's own rounds, "
+        "put/mc and get/mc the medians of each round's ratio"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
