@@ -151,15 +151,6 @@ class KvStoreSettings:
     client_ttl_s: int = setting(
         10, "seconds without a heartbeat after which the master drops the pool owner's segment"
     )
-    priority_boost: int = setting(
-        0,
-        "nice levels the master and the pool owner run ahead of this service "
-        "(and of engines started beside it): their work is short and on the "
-        "path of every store hit, so on a node they share with engines they "
-        "should get a core first (measured on 2 cores: no gain, so off by "
-        "default). Needs root or CAP_SYS_NICE; without it they run at this "
-        "service's priority (logged). 0: no change",
-    )
     restart_backoff_s: float = setting(
         1.0,
         "first delay before restarting a crashed "

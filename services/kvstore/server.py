@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -27,7 +26,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from common.logs import setup_logging
 from common.mooncake import (
-    Command,
     KvStoreSettings,
     client_command,
     engine_store_config,
@@ -72,14 +70,9 @@ def build_supervisor(s: KvStoreSettings) -> Supervisor:
             text is not None and parse_master_metrics(text).get("master_total_capacity_bytes") == 0
         )
 
-    def managed(cmd: Command, ready: Callable[[], Awaitable[bool]]) -> ManagedProcess:
-        return ManagedProcess(
-            cmd, ready, log_dir, s.start_timeout_s, s.restart_backoff_s, s.priority_boost
-        )
-
     return Supervisor(
-        managed(master_cmd, master_ready),
-        managed(client_cmd, client_ready),
+        ManagedProcess(master_cmd, master_ready, log_dir, s.start_timeout_s, s.restart_backoff_s),
+        ManagedProcess(client_cmd, client_ready, log_dir, s.start_timeout_s, s.restart_backoff_s),
         segment_dropped,
         segment_timeout_s=s.client_ttl_s + 5.0,
     )

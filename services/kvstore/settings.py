@@ -31,10 +31,6 @@ ENV_PREFIX = "TANDEM_KVSTORE_"
 VLLM_DISK_READ_BUDGET = 1280 << 20
 
 
-# Nice values run from -20 to 19.
-MAX_PRIORITY_BOOST = 39
-
-
 def _invalid(flag: str, message: str) -> SettingError:
     return SettingError(flag, message, env_name(ENV_PREFIX, flag))
 
@@ -122,8 +118,6 @@ def validate(settings: KvStoreSettings, *, check_ports: bool = True) -> None:
         raise _invalid("--eviction-high-watermark", "must be in (0, 1]")
     if not 0 < settings.eviction_ratio <= 1:
         raise _invalid("--eviction-ratio", "must be in (0, 1]")
-    if not 0 <= settings.priority_boost <= MAX_PRIORITY_BOOST:
-        raise _invalid("--priority-boost", f"must be in 0-{MAX_PRIORITY_BOOST} (nice levels)")
     if settings.lease_ttl_ms <= 0:
         raise _invalid("--lease-ttl-ms", "must be greater than zero")
     if settings.disk_write_interval_s <= 0:

@@ -13,26 +13,13 @@ and at least :data:`POOL_OWNER_MIN_DOWN_S` has passed, so that every
 engine's shared-memory client has noticed (see there).
 
 Children get ``PR_SET_PDEATHSIG`` so they do not outlive a supervisor that
-was killed hard, and run ``--priority-boost`` nice levels ahead of it: a
-store hit waits for the pool owner's copy and the master's RPCs, each a few
-milliseconds of work, and on a node whose cores the engines keep busy that
-work otherwise waits for a core behind them. Each child runs in a session
-of its own with that nice on every thread and on its session's scheduler
-autogroup: with autogroups on (the Linux default for processes outside a
-CPU cgroup), the scheduler shares a core between sessions by their
-autogroups' nice first, and thread nice counts only inside a session —
-engines started by ``tandem up`` or the benches are sessions of their own.
-Raising priority needs root or ``CAP_SYS_NICE`` (a container has neither by
-default); without it the child runs at the supervisor's priority and the
-supervisor logs so once. (In a Kubernetes pod neither applies across pods:
-CPU requests set each pod's share.)
+was killed hard.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
-import functools
 import logging
 import os
 import signal
@@ -75,36 +62,12 @@ class ProcessStatus:
     down_since: float | None = None  # time.monotonic() when it stopped or died
 
 
-def _child_setup(priority_boost: int) -> None:  # runs in the child before exec
+def _set_pdeathsig() -> None:  # runs in the child before exec
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-    if priority_boost:
-        # Before exec, so every thread the process starts inherits it (nice
-        # is per thread on Linux), and on the autogroup of the session the
-        # child leads (start_new_session). Refused without the privilege:
-        # the parent sees the child's priority and says so.
-        try:
-            os.nice(-priority_boost)
-        except OSError:
-            pass
-        try:
-            with open("/proc/self/autogroup", "w") as autogroup:
-                autogroup.write(str(-priority_boost))
-        except OSError:  # refused, or a kernel without autogroups
-            pass
-
-
-def autogroup_nice(pid: int) -> int | None:
-    """The nice of the scheduler autogroup ``pid`` is in; None without
-    autogroups (``/proc/<pid>/autogroup`` reads ``/autogroup-<id> nice <n>``)."""
-    try:
-        with open(f"/proc/{pid}/autogroup") as f:
-            return int(f.read().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 async def http_ok(url: str, expect: str | None = None, timeout: float = 1.0) -> bool:
@@ -145,11 +108,8 @@ class ManagedProcess:
         log_dir: Path,
         start_timeout_s: float,
         backoff_s: float,
-        priority_boost: int = 0,
     ) -> None:
         self.command = command
-        self._priority_boost = priority_boost
-        self._priority_refused_logged = False
         self.name = command.name
         self._ready_check = ready
         self._log_path = log_dir / f"{self.name}.log"
@@ -177,12 +137,10 @@ class ManagedProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=functools.partial(_child_setup, self._priority_boost),
-            start_new_session=self._priority_boost > 0,
+            preexec_fn=_set_pdeathsig,
         )
         self.status.pid = self._proc.pid
         self._started_at = time.monotonic()
-        self._check_priority(self._proc.pid)
         self._pump = asyncio.create_task(self._pump_output(self._proc))
         log.info("started %s pid=%d: %s", self.name, self._proc.pid, " ".join(self.command.argv))
         deadline = time.monotonic() + self._start_timeout_s
@@ -204,27 +162,6 @@ class ManagedProcess:
             f"{self.name} not ready after {self._start_timeout_s:.0f}s "
             f"(see {self._log_path}):\n{self.tail()}"
         )
-
-    def _check_priority(self, pid: int) -> None:
-        if not self._priority_boost or self._priority_refused_logged:
-            return
-        wanted = max(-20, os.getpriority(os.PRIO_PROCESS, 0) - self._priority_boost)
-        try:
-            got = os.getpriority(os.PRIO_PROCESS, pid)
-        except OSError:  # already gone: start() reports that
-            return
-        group = autogroup_nice(pid)
-        if got > wanted or (group is not None and group > -self._priority_boost):
-            self._priority_refused_logged = True
-            log.warning(
-                "%s runs at nice %d (autogroup nice %s), not %d (--priority-boost %d "
-                "needs root or CAP_SYS_NICE): engines on this node can delay its work",
-                self.name,
-                got,
-                group,
-                wanted,
-                self._priority_boost,
-            )
 
     def tail(self) -> str:
         return "\n".join(self._tail)
