@@ -44,10 +44,10 @@ import numpy as np
 
 from bench.engine_client import EngineClient, long_prompt
 from bench.kvstore_bench import STOP_GRACE_S, start_engine
+from bench.router_policies import MAX_MODEL_LEN
+from bench.store_hits import BLOCK_TOKENS
 from common.procs import Processes
-
-BLOCK_TOKENS = 128  # the engines' KV block size on CPU
-MAX_MODEL_LEN = 3072  # the validation runs' engines (bench.router_policies)
+from sim.defaults import STEP_MODEL_KIND
 
 
 def ints(text: str) -> list[int]:
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(
             json.dumps(
                 {
-                    "kind": "tandem-step-model",
+                    "kind": STEP_MODEL_KIND,
                     "source": "measured",
                     "note": (
                         f"python -m bench.step_costs {' '.join(argv or sys.argv[1:])}; "
