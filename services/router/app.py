@@ -175,7 +175,7 @@ def bounded_tables(
     by admission and are not listed)."""
     index = core.index
     tables = [
-        TableSize("prefix_index", len(index), index.evictions),
+        TableSize("prefix_index", len(index), index.evictions, index.capacity),
         TableSize("predicted_index", index.predicted_entries, index.predicted_evictions),
         TableSize("live_sessions", len(core.live), core.live.evictions),
         TableSize("hash_chains", len(core.chains), core.chains.evictions),

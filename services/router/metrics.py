@@ -358,6 +358,7 @@ class TableSize:
     table: str
     entries: int
     evictions: int  # entries its bound dropped (not those that expired)
+    capacity: int | None = None  # its bound, where one number is it
 
 
 class _TableCollector(Collector):
@@ -375,11 +376,20 @@ class _TableCollector(Collector):
             "Entries a table's memory bound dropped before they expired",
             labels=["table"],
         )
+        capacity = GaugeMetricFamily(
+            "tandem_router_table_capacity",
+            "Most entries a table keeps (the prefix index's follows the pods' KV blocks "
+            "unless --routing-index-capacity is set)",
+            labels=["table"],
+        )
         for t in self._tables():
             entries.add_metric([t.table], t.entries)
             evictions.add_metric([t.table], t.evictions)
+            if t.capacity is not None:
+                capacity.add_metric([t.table], t.capacity)
         yield entries
         yield evictions
+        yield capacity
 
 
 class _RoutingCollector(Collector):

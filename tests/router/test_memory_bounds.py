@@ -114,6 +114,7 @@ def test_tables_are_exposed_with_their_evictions():
     text = generate_latest(metrics.registry).decode()
     assert 'tandem_router_table_entries{table="prefix_index"} 2.0' in text
     assert 'tandem_router_table_evictions_total{table="prefix_index"} 1.0' in text
+    assert 'tandem_router_table_capacity{table="prefix_index"} 2.0' in text
     for table_name in (
         "predicted_index",
         "live_sessions",

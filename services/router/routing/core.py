@@ -34,7 +34,7 @@ from services.router.routing.policy import (
     prefix_key,
 )
 from services.router.routing.sessions import common_prefix_len
-from services.router.routing.settings import RoutingSettings
+from services.router.routing.settings import INDEX_CAPACITY_FLOOR, RoutingSettings
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,10 @@ class RoutingCore:
         settings.validate()
         self.settings = settings
         self.hasher = BlockHasher(settings.block_size, settings.hash_algo, settings.hash_seed)
-        self.index = PrefixIndex(settings.index_capacity, settings.predicted_capacity)
+        self.index = PrefixIndex(
+            settings.index_capacity or INDEX_CAPACITY_FLOOR, settings.predicted_capacity
+        )
+        self._kv_blocks_reported = 0  # the pods' KV blocks in all, as polled
         self.chains = HashChains(self.hasher, settings.live_max_sessions, settings.live_max_tokens)
         # session -> its latest prompt's lookup, where the next turn's resumes.
         self._lookups: BoundedLru[str, _Lookup] = BoundedLru(
@@ -199,10 +202,19 @@ class RoutingCore:
         the live sessions knew of it is dropped. Load its running requests still
         hold is freed as they are released."""
         self._status(name)
-        del self._pods[name]
+        st = self._pods.pop(name)
         self.index.remove_pod(name)
+        self._kv_capacity_changed(st.kv_capacity_blocks, 0)
         self.health.remove(name)
         self.live.remove_pod(name)
+
+    def _kv_capacity_changed(self, old: int, new: int) -> None:
+        """Unless bounded by a setting, the index keeps as many hashes as the
+        pods have KV blocks in all: it never needs more, and with fewer it
+        forgets where sessions' prefixes are."""
+        self._kv_blocks_reported += new - old
+        if self.settings.index_capacity is None and new != old:
+            self.index.resize(max(INDEX_CAPACITY_FLOOR, self._kv_blocks_reported))
 
     def set_draining(self, name: str, draining: bool = True) -> None:
         """The pod is going away (or stays after all): while marked, it gets no
@@ -235,6 +247,7 @@ class RoutingCore:
             return
         self._set_healthy(st, healthy, why)
         st.draining, st.running, st.waiting = draining, running, waiting
+        self._kv_capacity_changed(st.kv_capacity_blocks, kv_capacity_blocks)
         st.kv_cache_usage, st.kv_capacity_blocks = kv_cache_usage, kv_capacity_blocks
         breaker = self.health.breaker(name)
         if healthy and breaker.probe_due(now):

@@ -76,6 +76,15 @@ class PrefixIndex:
     def pods(self) -> list[str]:
         return list(self._bits)
 
+    def resize(self, capacity: int) -> None:
+        """A new bound on the hashes kept; past it the least recently stored
+        or matched go at once."""
+        if capacity <= 0:
+            raise ValueError("index capacities must be positive")
+        self.capacity = capacity
+        while len(self._blocks) > capacity:
+            self._evict_oldest()
+
     def epoch(self, pod: str) -> int | None:
         """Changes whenever a block stops being held on ``pod`` (removed,
         evicted, cleared, a prediction gone that no event confirmed); None:

@@ -11,6 +11,10 @@ from services.router.routing.health import BreakerSettings
 from services.router.routing.policy import PolicySettings
 from services.router.routing.prefetch import PrefetchSettings
 
+# The prefix index's least bound while it follows the pods' KV (the default):
+# the KV of 14 pods of 71,150 blocks, before any pod reported its size.
+INDEX_CAPACITY_FLOOR = 1_000_000
+
 
 @dataclass(frozen=True)
 class RoutingSettings:
@@ -29,10 +33,11 @@ class RoutingSettings:
         choices=SUPPORTED_ALGOS,
     )
     hash_seed: str | None = None  # None: PYTHONHASHSEED, else vLLM's fixed seed
-    index_capacity: int = setting(
-        1_000_000,
+    index_capacity: int | None = setting(
+        None,
         "most block hashes the prefix index keeps (the least recently stored or "
-        "matched forgotten beyond: a missed prediction)",
+        "matched forgotten beyond: a missed prediction); default: the KV blocks "
+        f"the pods report in all, at least {INDEX_CAPACITY_FLOOR:,}",
         flag="--routing-index-capacity",
         metavar="BLOCKS",
     )
@@ -101,8 +106,9 @@ class RoutingSettings:
 
         if self.block_size <= 0:
             raise bad("block_size", f"{self.block_size}: must be positive")
+        if self.index_capacity is not None and self.index_capacity <= 0:
+            raise bad("index_capacity", f"{self.index_capacity}: must be positive")
         for name in (
-            "index_capacity",
             "predicted_capacity",
             "max_session_bindings",
             "live_max_sessions",

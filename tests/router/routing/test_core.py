@@ -84,6 +84,43 @@ async def test_pod_report_follows_polls_and_decisions():
     assert {p.state for p in report.values()} == {"available"}
 
 
+def test_index_bound_follows_the_pods_kv(monkeypatch):
+    # By default the index keeps as many hashes as the pods report KV blocks
+    # (never fewer than the floor); a setting fixes the bound instead.
+    monkeypatch.setattr("services.router.routing.core.INDEX_CAPACITY_FLOOR", 8)
+    core = make_core(pods=("a", "b", "c"))
+    assert core.index.capacity == 8
+    core.update_pod("a", 0.1, healthy=True, kv_capacity_blocks=6)
+    core.update_pod("b", 0.1, healthy=True, kv_capacity_blocks=6)
+    assert core.index.capacity == 12
+    core.index.stored("a", range(6))
+    core.index.stored("b", range(100, 106))
+    assert len(core.index) == 12 and core.index.evictions == 0
+    core.update_pod("b", 0.2, healthy=True, kv_capacity_blocks=6)  # same report: no change
+    core.mark_unhealthy("b", "UNAVAILABLE")  # a failed poll keeps the last report
+    assert core.index.capacity == 12
+    core.update_pod("c", 0.3, healthy=True, kv_capacity_blocks=2)
+    assert core.index.capacity == 14
+    core.remove_pod("b")  # its hashes go with it; the bound shrinks to a and c's
+    assert core.index.capacity == 8 and len(core.index) == 6
+    core.update_pod("a", 0.4, healthy=True, kv_capacity_blocks=3)  # a smaller KV
+    assert core.index.capacity == 8  # the floor
+    assert len(core.index) == 6
+
+    fixed = make_core(pods=("a",), index_capacity=5)
+    fixed.update_pod("a", 0.1, healthy=True, kv_capacity_blocks=600)
+    assert fixed.index.capacity == 5
+
+
+def test_index_shrinks_by_forgetting_the_least_recent():
+    core = make_core(index_capacity=10)
+    core.index.stored("a", range(10))
+    core.index.match([0, 1], 0.0)  # 0 and 1 are used again
+    core.index.resize(4)
+    assert len(core.index) == 4 and core.index.evictions == 6
+    assert core.index.match([0, 1], 0.0) == {"a": 2, "b": 0}
+
+
 async def test_reported_kv_capacity_prices_evicting_live_sessions():
     # Pods of 10 blocks (40 tokens). Two live sessions of 8 blocks each, one per
     # pod; a third, new, session of 6 blocks fits nowhere without evicting.
