@@ -59,9 +59,12 @@ TD = {
 # waiting decode's heartbeats, sent from its stalled steps, stall too.
 # These tests are about who ends a lease, not how fast a pull is.
 KV_LEASE_S = 300
-# Long enough to outlast the scale-down (a few seconds); short enough to end
-# well inside the grace period on a loaded 2-core machine (~1-2 tokens/s each).
-STREAM_TOKENS = 96
+# Each stream decodes about this long at the rate one request decodes alone:
+# long enough to outlast the start of the others and the scale-down, short
+# enough to end inside the grace period once five share two engines. Sized in
+# seconds, not tokens: a 2-core machine decodes several times faster idle than loaded.
+STREAM_S = 30
+STREAM_TOKENS = (96, 1800)  # the bounds: max_model_len is 2048
 PRESTOP_S = 1.0  # the pod's preStop sleep: the router sees `terminating` first
 
 
@@ -164,36 +167,58 @@ class Cluster:
         self.api.call(lambda: self.api.store.delete(self.pod_kind, "default", name, options))
 
 
-async def stream(client: httpx.AsyncClient, url: str, sid: str, outcomes: list) -> None:
-    """One long streamed answer; records (ok, detail)."""
+async def stream(
+    client: httpx.AsyncClient,
+    url: str,
+    sid: str,
+    max_tokens: int,
+    outcomes: list,
+    decoding: asyncio.Event | None = None,
+) -> list[float]:
+    """One long streamed answer; records (ok, detail), sets ``decoding`` at its
+    first token and returns the times its tokens arrived."""
     body = {
         "model": MODEL_NAME,
         "stream": True,
-        "max_tokens": STREAM_TOKENS,
+        "max_tokens": max_tokens,
         "ignore_eos": True,
         "messages": [{"role": "user", "content": f"Session {sid}: tell me a long story."}],
     }
-    finish, tokens = None, 0
+    finish, arrivals = None, []
     try:
         async with client.stream(
             "POST", f"{url}/v1/chat/completions", json=body, headers={"x-session-id": sid}
         ) as r:
             if r.status_code != 200:
                 outcomes.append((False, f"stream {sid}: {r.status_code} {await r.aread()}"))
-                return
+                return arrivals
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     chunk = json.loads(line[6:])
                     if "error" in chunk:
                         outcomes.append((False, f"stream {sid}: {chunk['error']}"))
-                        return
+                        return arrivals
                     for choice in chunk["choices"]:
-                        tokens += bool(choice["delta"].get("content"))
+                        if choice["delta"].get("content"):
+                            arrivals.append(time.monotonic())
+                            if decoding is not None:
+                                decoding.set()
                         finish = choice.get("finish_reason") or finish
     except httpx.HTTPError as exc:
         outcomes.append((False, f"stream {sid}: {exc!r}"))
-        return
-    outcomes.append((finish == "length", f"stream {sid}: finish {finish}, {tokens} chunks"))
+        return arrivals
+    outcomes.append((finish == "length", f"stream {sid}: finish {finish}, {len(arrivals)} chunks"))
+    return arrivals
+
+
+async def stream_tokens(client: httpx.AsyncClient, url: str, outcomes: list) -> int:
+    """max_tokens for a stream of about STREAM_S seconds, from the rate one
+    request decodes alone on this machine now."""
+    arrivals = await stream(client, url, "probe", 32, outcomes)
+    assert len(arrivals) >= 2, outcomes
+    rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-3)
+    low, high = STREAM_TOKENS
+    return max(low, min(high, int(rate * STREAM_S)))
 
 
 async def short_requests(
@@ -282,13 +307,24 @@ def test_scale_down_while_streaming(engines, kube_api, kubectl, tmp_path):
 async def drive(cluster: Cluster, kubectl, url: str, decodes: dict) -> dict:
     address = {name: proc.grpc for name, proc in decodes.items()}
     outcomes: list = []
-    async with httpx.AsyncClient(timeout=600) as client:
+    # No keep-alive: a pooled connection left idle past the router's
+    # keep-alive timeout can be closed as the next /health poll reuses it.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await until_async(lambda: _all_available(client, url, set(address.values())), 60)
+        max_tokens = await stream_tokens(client, url, outcomes)
         # Long sessions until the two decode pods carry different loads.
         streams = []
         for i in range(5):
-            streams.append(asyncio.create_task(stream(client, url, f"s{i}", outcomes)))
-            await until_async(lambda n=i + 1: _in_flight_total(client, url, address, n), 60)
+            decoding = asyncio.Event()
+            task = asyncio.create_task(stream(client, url, f"s{i}", max_tokens, outcomes, decoding))
+            streams.append(task)
+            # A P/D prefill can take longer than a stream lasts on a fast
+            # machine: wait for this stream's first token, not a count.
+            first = asyncio.create_task(decoding.wait())
+            await asyncio.wait({task, first}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
+            first.cancel()
+            assert decoding.is_set(), (f"stream s{i} never decoded", outcomes)
             pods = await router_pods(client, url)
             loads = {n: pods[a]["in_flight"] for n, a in address.items()}
             if i >= 2 and len(set(loads.values())) == 2:
@@ -341,6 +377,7 @@ async def drive(cluster: Cluster, kubectl, url: str, decodes: dict) -> dict:
     assert failures == []
     return {
         "sessions_streaming": len(streams),
+        "stream_tokens": max_tokens,
         "loads_before": loads,
         "deletion_costs": costs,
         "removed": victim,
@@ -363,11 +400,6 @@ async def until_async(check, timeout: float) -> None:
 async def _all_available(client, url, addresses) -> bool:
     pods = await router_pods(client, url)
     return all(pods.get(a, {}).get("state") == "available" for a in addresses)
-
-
-async def _in_flight_total(client, url, address, n) -> bool:
-    pods = await router_pods(client, url)
-    return sum(pods[a]["in_flight"] for a in address.values()) >= n
 
 
 async def _state(client, url, address, state) -> bool:
