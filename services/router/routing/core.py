@@ -173,7 +173,6 @@ class RoutingCore:
         self.index = PrefixIndex(
             settings.index_capacity or INDEX_CAPACITY_FLOOR, settings.predicted_capacity
         )
-        self._kv_blocks_reported = 0  # the pods' KV blocks in all, as polled
         self.chains = HashChains(self.hasher, settings.live_max_sessions, settings.live_max_tokens)
         # session -> its latest prompt's lookup, where the next turn's resumes.
         self._lookups: BoundedLru[str, _Lookup] = BoundedLru(
@@ -204,17 +203,18 @@ class RoutingCore:
         self._status(name)
         st = self._pods.pop(name)
         self.index.remove_pod(name)
-        self._kv_capacity_changed(st.kv_capacity_blocks, 0)
+        if st.kv_capacity_blocks:
+            self._fit_index()
         self.health.remove(name)
         self.live.remove_pod(name)
 
-    def _kv_capacity_changed(self, old: int, new: int) -> None:
+    def _fit_index(self) -> None:
         """Unless bounded by a setting, the index keeps as many hashes as the
         pods have KV blocks in all: it never needs more, and with fewer it
         forgets where sessions' prefixes are."""
-        self._kv_blocks_reported += new - old
-        if self.settings.index_capacity is None and new != old:
-            self.index.resize(max(INDEX_CAPACITY_FLOOR, self._kv_blocks_reported))
+        if self.settings.index_capacity is None:
+            blocks = sum(st.kv_capacity_blocks for st in self._pods.values())
+            self.index.resize(max(INDEX_CAPACITY_FLOOR, blocks))
 
     def set_draining(self, name: str, draining: bool = True) -> None:
         """The pod is going away (or stays after all): while marked, it gets no
@@ -247,8 +247,10 @@ class RoutingCore:
             return
         self._set_healthy(st, healthy, why)
         st.draining, st.running, st.waiting = draining, running, waiting
-        self._kv_capacity_changed(st.kv_capacity_blocks, kv_capacity_blocks)
+        reported = kv_capacity_blocks != st.kv_capacity_blocks
         st.kv_cache_usage, st.kv_capacity_blocks = kv_cache_usage, kv_capacity_blocks
+        if reported:
+            self._fit_index()
         breaker = self.health.breaker(name)
         if healthy and breaker.probe_due(now):
             breaker.record_success(now)
