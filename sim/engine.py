@@ -10,9 +10,12 @@ What it keeps of vLLM's behaviour:
 * A request is admitted when its first chunk's blocks fit: the longest cached prefix of its
   full-block hashes is reused (capped at ``(n - 1) // block_size`` blocks),
   the rest is allocated, evicting cached blocks no request uses, least
-  recently freed first (vLLM's free-block queue); the step that finishes a
-  prompt publishes its new blocks (``BlockStored``) and an eviction publishes
-  ``BlockRemoved``, as the engines' KV events do.
+  recently freed first (vLLM's free-block queue). As vLLM's
+  ``allocate_slots``, a chunk's full blocks are cached when the chunk is
+  scheduled, not once computed: a request admitted after it, in the same
+  step too, reuses them (one forward pass writes them before it reads).
+  The engine publishes them (``BlockStored``) when the step ends, and an
+  eviction publishes ``BlockRemoved``, as the engines' KV events do.
 * With a store, a prefix the pod lacks but the store holds is loaded (its
   time from the RAM and disk tiers' bandwidth and latency, for the blocks
   each holds) instead of computed; every prompt's blocks are put to the
@@ -22,7 +25,8 @@ What it keeps of vLLM's behaviour:
 
 * Blocks are allocated as a request's chunks and tokens need them; when a
   running request cannot grow, the newest running request is preempted
-  (recompute: its blocks freed, it waits at the head of the queue).
+  (recompute: its blocks freed, it waits at the head of the queue), and
+  that step admits no waiting request.
 
 A batch of only decodes (nothing waiting, every request past its first
 token) steps as a *decode run* (``decode_runs``): each step is still one
@@ -93,13 +97,14 @@ class KVCache:
 
     def register(self, hashes: Sequence[int], owned: int) -> list[int]:
         """A request's next ``hashes`` blocks are full: they become cached, in
-        order, up to the ``owned`` anonymous blocks it holds. Stops at a hash
-        already cached here (another request computed it meanwhile: this copy
-        stays anonymous, and so do the blocks after it)."""
+        order, up to the ``owned`` anonymous blocks it holds; returns those
+        cached. A hash already cached here (another request computed it
+        meanwhile) keeps this copy anonymous; the blocks after it are cached
+        (vLLM caches both copies; one by hash is what a lookup finds)."""
         stored = []
         for h in hashes[:owned]:
             if h in self.in_use or h in self.free_cached:
-                break
+                continue
             self.anonymous -= 1
             self.in_use[h] = 1
             stored.append(h)
@@ -147,6 +152,8 @@ class Job:
     preemptions: int = 0
     held: list[int] = field(default_factory=list)  # hashes it uses
     anonymous: int = 0  # blocks it holds beyond ``held``
+    # prompt blocks the engine has cached or found cached (vLLM's num_cached_block)
+    cached_blocks: int = 0
 
     @property
     def todo(self) -> int:
@@ -210,6 +217,7 @@ class Engine:
         self._wake_at: float | None = None
         self.decode_runs = decode_runs
         self._run: _DecodeRun | None = None
+        self._cached: list[int] = []  # blocks cached by the step being planned
         self.busy_s = 0.0
         self.steps = 0
 
@@ -239,7 +247,7 @@ class Engine:
 
     def _free(self, job: Job) -> None:
         self.kv.release(job.held, job.anonymous)
-        job.held, job.anonymous = [], 0
+        job.held, job.anonymous, job.cached_blocks = [], 0, 0
 
     def _kick(self) -> None:
         if self._busy:
@@ -255,10 +263,11 @@ class Engine:
                 self.loop.at(self._wake_at, self._kick)
             return
         chunks, decodes, dt = plan
+        cached, self._cached = self._cached, []
         self._busy = True
         self.busy_s += dt
         self.steps += 1
-        self.loop.after(dt, lambda: self._finish_step(chunks, decodes))
+        self.loop.after(dt, lambda: self._finish_step(chunks, decodes, cached))
 
     # ----- decode runs ------------------------------------------------------
     def _start_run(self, now: float) -> bool:
@@ -316,7 +325,7 @@ class Engine:
         assert run is not None
         if run.step == run.last:  # a request's last token: the step-by-step finish
             self._end_run(run.step)
-            self._finish_step([], list(self.running))
+            self._finish_step([], list(self.running), [])
             return
         run.step += 1
         run.context += run.batch
@@ -359,6 +368,7 @@ class Engine:
         chunks: list[tuple[Job, int]] = []
         decodes: list[Job] = []
         busy = len(self.running) + len(self.waiting) > 1
+        preempted = False
         # Running requests first, oldest first; a request that cannot grow
         # preempts the newest running one (itself, if it is the newest).
         i = 0
@@ -374,6 +384,7 @@ class Engine:
                 chunks = [(j, c) for j, c in chunks if j is not victim]
                 decodes = [j for j in decodes if j is not victim]
                 self._preempt(victim)
+                preempted = True
                 if victim is job:
                     break
             else:
@@ -381,11 +392,18 @@ class Engine:
                     decodes.append(job)
                 else:
                     chunks.append((job, n))
+                    self._cache(job, job.done_tokens + n)
                 budget -= n
                 i += 1
                 continue
             break  # the job itself was preempted: the newest are gone
-        while self.waiting and budget > 0 and len(self.running) < self.s.max_num_seqs:
+        # vLLM schedules no waiting request in a step that preempted one.
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.s.max_num_seqs
+        ):
             job = self.waiting[0]
             first = self._admit(job, now, budget, busy)
             if first is None:
@@ -399,6 +417,7 @@ class Engine:
                 budget -= 1
             elif first:
                 chunks.append((job, first))
+                self._cache(job, job.done_tokens + first)
                 budget -= first
         if not chunks and not decodes:
             return None
@@ -438,6 +457,7 @@ class Engine:
             self._removed(self.name, evicted)
         job.held = list(job.hashes[:hit])
         job.anonymous = more
+        job.cached_blocks = hit
         job.admitted = True
         if not job.preemptions:  # what the client sees: the first admission's hits
             job.cached_tokens = cached
@@ -456,13 +476,17 @@ class Engine:
             return 0
         return first - cached
 
-    def _finish_step(self, chunks: list[tuple[Job, int]], decodes: list[Job]) -> None:
+    def _finish_step(
+        self, chunks: list[tuple[Job, int]], decodes: list[Job], cached: list[int]
+    ) -> None:
+        """The step's end: its KV events (the blocks it cached), its tokens."""
         self._busy = False
+        if cached:
+            self._stored(self.name, cached)
         for job, n in chunks:
             if not job.admitted:
                 continue  # preempted meanwhile
             job.done_tokens += n
-            self._publish(job, job.done_tokens // self.s.block_size)
             if job.todo == 0:
                 self._prompt_done(job)
         for job in decodes:
@@ -471,7 +495,9 @@ class Engine:
             job.generated += 1
             if not job.prompt_done:  # a pulled prompt: its first token is the decode's
                 job.prompt_done = True
-                self._publish(job, len(job.hashes))
+                stored = self._register(job, len(job.hashes))
+                if stored:
+                    self._stored(self.name, stored)
             self._first_token(job)
             if job.generated >= job.out_tokens:
                 self._finish(job)
@@ -493,14 +519,23 @@ class Engine:
             job.first_token_sent = True
             job.on_first_token(job)
 
-    def _publish(self, job: Job, full_blocks: int) -> None:
-        """The prompt's blocks now full become cached (``BlockStored``)."""
-        new = job.hashes[len(job.held) : min(full_blocks, len(job.hashes))]
-        stored = self.kv.register(new, job.anonymous)
-        if stored:
-            job.held.extend(stored)
-            job.anonymous -= len(stored)
-            self._stored(self.name, stored)
+    def _cache(self, job: Job, tokens: int) -> None:
+        """A chunk scheduled up to ``tokens`` of the prompt: its full blocks
+        are cached now, as vLLM's ``allocate_slots`` caches them, and
+        published when the step ends."""
+        self._cached.extend(self._register(job, tokens // self.s.block_size))
+
+    def _register(self, job: Job, full_blocks: int) -> list[int]:
+        """The prompt's first ``full_blocks`` blocks become cached; returns
+        the hashes cached."""
+        end = min(full_blocks, len(job.hashes))
+        if end <= job.cached_blocks:
+            return []
+        stored = self.kv.register(job.hashes[job.cached_blocks : end], job.anonymous)
+        job.cached_blocks = end
+        job.held.extend(stored)
+        job.anonymous -= len(stored)
+        return stored
 
     def _finish(self, job: Job) -> None:
         job.finished = True

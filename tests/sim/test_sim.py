@@ -416,6 +416,49 @@ def test_a_request_that_cannot_grow_preempts_the_newest_and_it_recomputes():
     assert engine.kv.used() == 0 and sorted(stored) == [10, 11]
 
 
+def _engine(kv_blocks, stored=None, budget=64):
+    loop = EventLoop()
+    engine = Engine(
+        "pod",
+        EngineSettings(kv_blocks=kv_blocks, block_size=4, max_num_batched_tokens=budget),
+        StepModel(step_s=0.01, token_s=0.001, seq_s=0.001),
+        loop,
+        lambda pod, hs: (stored if stored is not None else []).extend(hs),
+        lambda pod, hs: None,
+    )
+    return loop, engine
+
+
+def test_blocks_are_cached_when_scheduled_so_a_request_in_the_same_step_reuses_them():
+    """vLLM's allocate_slots caches a chunk's full blocks as it schedules it:
+    a second request with the same 3-block prefix, admitted in the same step,
+    reuses them (one copy in KV, its prefix counted cached); the KV events
+    come when the step ends."""
+    stored: list[int] = []
+    loop, engine = _engine(kv_blocks=16, stored=stored)
+    engine.submit(Job(2, [], 2))  # its step runs while the two arrive
+    first = Job(14, [1, 2, 3], 2)
+    second = Job(14, [1, 2, 3], 2)
+    engine.submit(first)
+    engine.submit(second)
+    loop.run(until=0.02)  # the first step ended at 0.012: the next one took both
+    assert engine.running[1:] == [first, second]
+    assert second.cached_tokens == 12 and second.held == [1, 2, 3]
+    assert engine.kv.used() == 1 + 3 + 1 + 1 and stored == []
+    loop.run()
+    assert stored == [1, 2, 3]
+    assert first.finished and second.finished and engine.kv.used() == 0
+
+
+def test_a_duplicate_block_stays_anonymous_and_the_blocks_after_it_are_cached():
+    kv = KVCache(8)
+    kv.acquire([], 1)
+    assert kv.register([2], owned=1) == [2]
+    kv.acquire([], 3)
+    assert kv.register([1, 2, 3], owned=3) == [1, 3]  # 2 is cached already
+    assert kv.used() == 4 and kv.anonymous == 1
+
+
 def _played(config, traffic):
     """Everything a run shows: its figures, each request's record, what the
     engines did and every KV event the router's index got, in order."""
