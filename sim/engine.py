@@ -7,10 +7,11 @@ What it keeps of vLLM's behaviour:
   left of ``max_num_batched_tokens`` on prompt chunks, first-come first-served
   (chunked prefill); ``long_prefill_threshold`` caps one request's chunk in a
   step it shares with other work (vLLM lifts the cap for a lone request).
-* A request is admitted when its first chunk's blocks fit: the longest cached prefix of its
-  full-block hashes is reused (capped at ``(n - 1) // block_size`` blocks),
-  the rest is allocated, evicting cached blocks no request uses, least
-  recently freed first (vLLM's free-block queue). As vLLM's
+* A request is admitted when the blocks of its whole prompt fit (vLLM's
+  ``scheduler_reserve_full_isl``): the longest cached prefix of its
+  full-block hashes is reused (capped at ``(n - 1) // block_size`` blocks)
+  and blocks for its first chunk are allocated, evicting cached blocks no
+  request uses, least recently freed first (vLLM's free-block queue). As vLLM's
   ``allocate_slots``, a chunk's full blocks are cached when the chunk is
   scheduled, not once computed: a request admitted after it, in the same
   step too, reuses them (one forward pass writes them before it reads).
@@ -449,9 +450,12 @@ class Engine:
             first = cached + min(job.prompt_tokens - cached, budget)
             if busy and self.s.long_prefill_threshold > 0:
                 first = min(first, cached + self.s.long_prefill_threshold)
-        more = blocks_for(first, bs) - hit
-        if not self.kv.can_allocate(job.hashes[:hit], more):
+        # vLLM admits a request only if its whole sequence fits
+        # (``scheduler_reserve_full_isl``), though it allocates the first chunk.
+        whole = max(first, job.prompt_tokens + job.generated)
+        if not self.kv.can_allocate(job.hashes[:hit], blocks_for(whole, bs) - hit):
             return None
+        more = blocks_for(first, bs) - hit
         evicted = self.kv.acquire(job.hashes[:hit], more)
         if evicted:
             self._removed(self.name, evicted)

@@ -459,6 +459,23 @@ def test_a_duplicate_block_stays_anonymous_and_the_blocks_after_it_are_cached():
     assert kv.used() == 4 and kv.anonymous == 1
 
 
+def test_a_request_waits_until_its_whole_prompt_fits():
+    """vLLM's scheduler_reserve_full_isl: a 4-block prompt is admitted only
+    when all 4 blocks are free, though with a budget of 4 tokens a step its
+    first chunk would need one."""
+    loop, engine = _engine(kv_blocks=6, budget=4)
+    running = Job(8, [1, 2], 3)
+    engine.submit(running)
+    waiting = Job(16, [11, 12, 13, 14], 1)
+    engine.submit(waiting)
+    # steps 1-2 compute the running prompt; in step 3 (0.028-0.039) it
+    # decodes in 3 blocks and the step has 3 tokens to spare
+    loop.run(until=0.035)
+    assert list(engine.waiting) == [waiting] and engine.kv.used() == 3
+    loop.run()
+    assert waiting.finished and running.finished
+
+
 def _played(config, traffic):
     """Everything a run shows: its figures, each request's record, what the
     engines did and every KV event the router's index got, in order."""
