@@ -13,7 +13,8 @@ adds only its own cost:
 * ``grpc``: the ``tandem.engine.v1.Engine`` service plus ``grpc.health.v1``
   (SERVING) for the Tandem router, answering like services/engine/servicer.py:
   GetModelInfo (role ``both``, block size 128), GetLoad (its in-flight count),
-  Generate (one token per message, usage on the last).
+  Generate (one token per message, usage on the last) and GenerateStream
+  (the same requests multiplexed, common/engine_stream.py).
 
 Every token is the text " tok" unless the gRPC fake is given ``--token-text``
 (tests start several fakes with different texts to see which one served).
@@ -21,7 +22,10 @@ Every token is the text " tok" unless the gRPC fake is given ``--token-text``
 Timing, per request, on an absolute schedule from arrival (so a slow event loop
 does not add up): token *i* (0-based) is sent at ``first_token_ms +
 i * token_delay_ms``. The number of tokens is the request's ``max_tokens``
-(``--tokens`` when absent).
+(``--tokens`` when absent). With ``--steps`` each token waits for the next
+tick of a clock shared by all requests (every ``token_delay_ms``), so that
+the tokens of all requests in flight go out together, as an engine's step
+hands them out.
 
     python -m bench.router_fakes openai --port 8100 --first-token-ms 20 --token-delay-ms 5
     python -m bench.router_fakes grpc --port 8101 --model-path ~/.cache/tandem/models/...
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import signal
 import sys
 import time
@@ -53,6 +58,18 @@ class Timing:
     first_token_ms: float = 20.0
     token_delay_ms: float = 5.0
     tokens: int = 16  # when the request has no max_tokens
+    # Like an engine stepping: each token waits for the next step boundary (a
+    # shared clock ticking every token_delay_ms), so the tokens of every
+    # request in flight go out together, as vLLM hands out a step's outputs.
+    steps: bool = False
+
+    def due(self, arrival: float, offset_s: float) -> float:
+        """When a token `offset_s` after `arrival` is sent."""
+        t = arrival + offset_s
+        if not self.steps or self.token_delay_ms <= 0:
+            return t
+        step = self.token_delay_ms / 1000.0
+        return _STEP_EPOCH + math.ceil((t - _STEP_EPOCH) / step) * step
 
     def offsets_s(self, n: int) -> list[float]:
         """Seconds from arrival at which each of `n` tokens is due."""
@@ -64,6 +81,9 @@ class Timing:
         except (TypeError, ValueError):
             n = self.tokens
         return max(1, n)
+
+
+_STEP_EPOCH = time.perf_counter()
 
 
 async def _sleep_until(t: float) -> None:
@@ -175,7 +195,7 @@ def create_openai_app(
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         offsets = timing.offsets_s(n)
         if not body.get("stream"):
-            await _sleep_until(arrival + offsets[-1])
+            await _sleep_until(timing.due(arrival, offsets[-1]))
             text = TOKEN_TEXT * n
             choice = (
                 {
@@ -206,7 +226,7 @@ def create_openai_app(
         if chunks[0]:
             await response.write(chunks[0])
         for i, due in enumerate(offsets):
-            await _sleep_until(arrival + due)
+            await _sleep_until(timing.due(arrival, due))
             if i < n - 1:
                 await response.write(chunks[1 + i])
             else:
@@ -319,6 +339,7 @@ def create_grpc_servicer(
 ):
     import grpc
 
+    from common.engine_stream import GenerateStreamServer, RequestFailed
     from common.proto import engine_pb2 as pb
     from common.proto import engine_pb2_grpc as pb_grpc
 
@@ -326,15 +347,15 @@ def create_grpc_servicer(
         def __init__(self) -> None:
             self.in_flight = 0
 
-        async def Generate(self, request, context):
+        async def _generate(self, request):
             arrival = time.perf_counter()
             if not request.token_ids:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
+                raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
             n = timing.count(request.sampling_params.max_tokens or None)
             self.in_flight += 1
             try:
                 for i, due in enumerate(timing.offsets_s(n)):
-                    await _sleep_until(arrival + due)
+                    await _sleep_until(timing.due(arrival, due))
                     message = pb.GenerateResponse(token_ids=[TOKEN_ID], text=token_text)
                     if i == n - 1:
                         message.finish_reason = "length"
@@ -348,6 +369,17 @@ def create_grpc_servicer(
                     yield message
             finally:
                 self.in_flight -= 1
+
+        async def Generate(self, request, context):
+            try:
+                async for message in self._generate(request):
+                    yield message
+            except RequestFailed as exc:
+                await context.abort(exc.code, exc.details)
+
+        async def GenerateStream(self, request_iterator, context):
+            async for response in GenerateStreamServer(self._generate).run(request_iterator):
+                yield response
 
         async def Prefill(self, request, context):
             await context.abort(
@@ -457,6 +489,12 @@ def main(argv: list[str] | None = None) -> int:
         default=Timing.tokens,
         help="tokens per response when the request sets no max_tokens",
     )
+    parser.add_argument(
+        "--steps",
+        action="store_true",
+        help="send tokens on a shared step clock (every --token-delay-ms), all requests' "
+        "tokens of a step together, as an engine does",
+    )
     parser.add_argument("--model", default=MODEL_NAME, help="served model name")
     parser.add_argument(
         "--model-path", default="", help="model folder reported by GetModelInfo / get_model_info"
@@ -469,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_arguments(parser, GrpcTlsSettings, "TANDEM_FAKE_ENGINE_")
     args = parser.parse_args(argv)
-    timing = Timing(args.first_token_ms, args.token_delay_ms, args.tokens)
+    timing = Timing(args.first_token_ms, args.token_delay_ms, args.tokens, args.steps)
     if args.kind == "openai":
         serve_openai(
             args.host,

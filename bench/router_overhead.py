@@ -578,6 +578,7 @@ class Config:
     tokens: int = 16
     first_token_ms: float = 20.0
     token_delay_ms: float = 5.0
+    engine_steps: bool = False
     router_cpu: int = 0
     load_cpus: list[int] = field(default_factory=list)
     client_procs: int = 1
@@ -620,6 +621,7 @@ class Bench:
             str(c.token_delay_ms),
             "--tokens",
             str(c.tokens),
+            *(["--steps"] if c.engine_steps else []),
         )
         proc, _ = self.procs.launch(f"fake-{kind}", argv, self.load_cpus)
         if kind == "http":
@@ -861,7 +863,12 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"## Router overhead — fixed-latency backend: first token {c['first_token_ms']:g} ms, "
         f"then {c['token_delay_ms']:g} ms × {c['tokens'] - 1} (e2e {c['ideal_e2e_ms']:g} ms, "
-        f"{c['tokens']} tokens)",
+        f"{c['tokens']} tokens)"
+        + (
+            "; tokens on a shared step clock (every request's token of a step together)"
+            if c.get("engine_steps")
+            else ""
+        ),
         "",
         f"Added latency: {c['requests']} streaming chat requests per router at concurrency "
         f"{c['concurrency']}, interleaved with as many straight to its backend "
@@ -971,6 +978,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="backend delay between tokens",
     )
     p.add_argument(
+        "--engine-steps",
+        action="store_true",
+        help="the backends send tokens on a shared step clock (every --token-delay-ms), "
+        "every request's token of a step together, as an engine does (without: each "
+        "request on its own schedule)",
+    )
+    p.add_argument(
         "--router-cpu",
         type=int,
         default=None,
@@ -1036,6 +1050,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         tokens=args.tokens,
         first_token_ms=args.first_token_ms,
         token_delay_ms=args.token_delay_ms,
+        engine_steps=args.engine_steps,
         router_cpu=router_cpu,
         load_cpus=load,
         client_procs=args.client_procs,

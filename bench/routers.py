@@ -79,6 +79,14 @@ ROUTERS: dict[str, RouterSpec] = {
     "tandem": RouterSpec("tandem", "grpc", "round-robin"),
     # The same router run from another source tree (--base-src): before/after in one run.
     "tandem-base": RouterSpec("tandem-base", "grpc", "round-robin"),
+    # A Generate call per request (a gRPC message per token) instead of the
+    # shared GenerateStream per engine.
+    "tandem-per-request": RouterSpec(
+        "tandem-per-request",
+        "grpc",
+        "round-robin",
+        router_args=("--engine-streams", "per-request"),
+    ),
     # The same router with the bundled model's tool template and vLLM's hermes
     # parser, every request carrying tools (tool_choice auto: each output token
     # goes through the parser).

@@ -4,9 +4,11 @@ Prefill and decode are the same code: the KV connector configured for the
 engine's role decides whether KV is produced for a remote decode or pulled
 from a remote prefill. Every request ends in a final message or a gRPC error;
 a cancelled call (client gone) aborts the request in vLLM, freeing its KV.
-Once the engine cannot serve any more (dead, or stalled inside a step),
-``fail_all`` ends every request in flight with UNAVAILABLE at once, which the
-router retries on another pod.
+GenerateStream carries many Generate calls over one RPC, the router's
+(common/engine_stream.py), with the same semantics per request. Once the
+engine cannot serve any more (dead, or stalled inside a step), ``fail_all``
+ends every request in flight with UNAVAILABLE at once, which the router
+retries on another pod.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from common.engine_stream import GenerateStreamServer, RequestFailed
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
@@ -92,24 +95,24 @@ class EngineServicer(pb_grpc.EngineServicer):
             task.cancel()
 
     async def _run(
-        self, request_id: str, prompt: dict, params, context, kind: str, remote_kv: bool = False
+        self, request_id: str, prompt: dict, params, kind: str, remote_kv: bool = False
     ) -> AsyncIterator[Any]:
         """Run one request in vLLM, keeping the in-flight count, timing its
         phases (`remote_kv`: its KV comes from a prefill engine) and mapping
-        errors."""
+        errors to `RequestFailed`."""
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self._failure is not None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, self._failure[1])
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, self._failure[1])
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
         if request_id in self._active:
-            await context.abort(
+            raise RequestFailed(
                 grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} is already running"
             )
         task = asyncio.current_task()
-        assert task is not None  # gRPC runs every call in a task
+        assert task is not None  # gRPC runs every call in a task, GenerateStream each request
         self._active[request_id] = task
         self._idle.clear()
         received = time.monotonic()
@@ -139,13 +142,13 @@ class EngineServicer(pb_grpc.EngineServicer):
             # fail_all cancelled it: tell the caller, who is still waiting.
             task.uncancel()
             self._metrics.errors.labels(kind, self._failure[0]).inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, self._failure[1])
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, self._failure[1]) from None
         except EngineDeadError as exc:
             self._metrics.errors.labels(kind, "engine_dead").inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine dead: {exc}")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, f"engine dead: {exc}") from None
         except (ValueError, VLLMClientError) as exc:  # e.g. a grammar that does not compile
             self._metrics.errors.labels(kind, "invalid").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         finally:
             self._active.pop(request_id, None)
             self._load.request_ended()
@@ -159,36 +162,35 @@ class EngineServicer(pb_grpc.EngineServicer):
             prompt["cache_salt"] = cache_salt
         return prompt
 
-    async def _sampling(self, context, request, **kwargs):
+    def _sampling(self, request, **kwargs):
         from vllm.exceptions import VLLMClientError
 
         try:
             return to_vllm(request.sampling_params, defaults=self._sampling_defaults, **kwargs)
         except (ValueError, TypeError, VLLMClientError) as exc:
             self._metrics.errors.labels("sampling", "invalid").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
-    async def _retention(self, context, request):
+    @staticmethod
+    def _retention(request):
         """The router's KV store retention hint, checked before vLLM sees it."""
         if not request.HasField("retention"):
             return None
         try:
             return retention_from_proto(request.retention)
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"retention: {exc}")
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, f"retention: {exc}") from None
 
-    # -- RPCs --------------------------------------------------------------
-    async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
+    async def _prefill(self, request: pb.PrefillRequest) -> pb.PrefillResponse:
         if self._role == Role.DECODE:
-            await context.abort(
+            raise RequestFailed(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this engine is a decode engine; send Prefill to a prefill engine",
             )
         if not request.token_ids:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
-        hint = await self._retention(context, request)
-        params = await self._sampling(
-            context,
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
+        hint = self._retention(request)
+        params = self._sampling(
             request,
             max_tokens=1,
             constrained=False,
@@ -199,12 +201,11 @@ class EngineServicer(pb_grpc.EngineServicer):
             request.request_id,
             self._prompt(request.token_ids, request.cache_salt or None),
             params,
-            context,
             "prefill",
         ):
             final = out
         if final is None or final.kv_transfer_params is None:
-            await context.abort(
+            raise RequestFailed(
                 grpc.StatusCode.INTERNAL,
                 "prefill produced no kv_transfer_params "
                 "(is a KV connector configured for role prefill?)",
@@ -215,28 +216,27 @@ class EngineServicer(pb_grpc.EngineServicer):
             cached_tokens=final.num_cached_tokens or 0,
         )
 
-    async def Generate(self, request: pb.GenerateRequest, context):
+    async def _generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         if not request.token_ids:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty")
         try:
             kv_params = parse_kv_transfer_params(request.kv_transfer_params_json)
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kv_transfer_params: {exc}")
+            raise RequestFailed(
+                grpc.StatusCode.INVALID_ARGUMENT, f"kv_transfer_params: {exc}"
+            ) from None
         if kv_params and self._role == Role.PREFILL:
-            await context.abort(
+            raise RequestFailed(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this engine is a prefill engine; it cannot pull remote KV",
             )
-        hint = await self._retention(context, request)
-        params = await self._sampling(
-            context, request, kv_transfer_params=with_hint(kv_params, hint)
-        )
+        hint = self._retention(request)
+        params = self._sampling(request, kv_transfer_params=with_hint(kv_params, hint))
         completion_tokens = 0
         async for out in self._run(
             request.request_id,
             self._prompt(request.token_ids, request.cache_salt or None),
             params,
-            context,
             "generate",
             remote_kv=bool(kv_params),
         ):
@@ -255,6 +255,26 @@ class EngineServicer(pb_grpc.EngineServicer):
                     )
                 )
             yield message
+
+    # -- RPCs --------------------------------------------------------------
+    async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
+        try:
+            return await self._prefill(request)
+        except RequestFailed as exc:
+            await context.abort(exc.code, exc.details)
+
+    async def Generate(self, request: pb.GenerateRequest, context):
+        try:
+            async for message in self._generate(request):
+                yield message
+        except RequestFailed as exc:
+            await context.abort(exc.code, exc.details)
+
+    async def GenerateStream(self, request_iterator, context):
+        """Generate for every request started on this stream, their tokens
+        sent together as they are ready."""
+        async for response in GenerateStreamServer(self._generate).run(request_iterator):
+            yield response
 
     async def ReleaseKv(self, request: pb.ReleaseKvRequest, context) -> pb.ReleaseKvResponse:
         if self._role != Role.DECODE:

@@ -273,7 +273,11 @@ def create_app(settings: RouterSettings, source: PodSource | None = None) -> Fas
         core = RoutingCore(routing)
         state = shared_state(routing)
         pool = PodPool(
-            core, settings.poll_interval_s, remove_grace_s=settings.shutdown_grace_s, tls=tls
+            core,
+            settings.poll_interval_s,
+            remove_grace_s=settings.shutdown_grace_s,
+            tls=tls,
+            shared_streams=settings.engine_streams == "shared",
         )
         for spec in specs:
             pool.add_pod(spec)

@@ -101,6 +101,14 @@ class RouterSettings(RouterLaunchSettings):
         metavar="NAME",
     )
     poll_interval_s: float = setting(1.0, "seconds between health/load polls of each pod")
+    engine_streams: str = setting(
+        "shared",
+        "how generation reaches an engine: 'shared' runs every request to an engine over one "
+        "multiplexed GenerateStream call, the tokens of each engine step in one message; "
+        "'per-request' opens a Generate call per request (a gRPC message per token: more "
+        "router CPU)",
+        choices=("shared", "per-request"),
+    )
     request_timeout_s: float = setting(600.0, "seconds a request may take end to end")
     shutdown_grace_s: float = setting(
         30.0,

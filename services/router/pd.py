@@ -380,7 +380,7 @@ class Orchestrator:
                 started = time.perf_counter()
                 # The hint goes along when this pod computes the prompt (no
                 # prefill pod, or an aggregated pod): then it writes the KV.
-                call = pod.stub.Generate(
+                call = pod.generate(
                     pb.GenerateRequest(
                         request_id=req.request_id,
                         token_ids=req.token_ids,

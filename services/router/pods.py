@@ -17,6 +17,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.engine_stream import GenerateStreamClient
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
@@ -56,7 +57,9 @@ def open_channel(
 
 
 class EnginePod:
-    """One pod's connections: its gRPC channel and, if it publishes them, its KV events."""
+    """One pod's connections: its gRPC channel (with, unless `shared_stream`
+    is off, one GenerateStream carrying every generation on it) and, if it
+    publishes them, its KV events."""
 
     def __init__(
         self,
@@ -64,9 +67,11 @@ class EnginePod:
         events: KvEventSubscriber | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str | None = None,
+        shared_stream: bool = True,
     ) -> None:
         self.spec = spec
         self._server_name = server_name
+        self._shared_stream = shared_stream
         self._connect(credentials)
         self.events = events
         self.slow_polls = 0
@@ -74,12 +79,21 @@ class EnginePod:
     def _connect(self, credentials: grpc.ChannelCredentials | None) -> None:
         self.channel = open_channel(self.spec.name, credentials, self._server_name)
         self.stub = pb_grpc.EngineStub(self.channel)
+        self.streams = GenerateStreamClient(self.stub) if self._shared_stream else None
         self._health = health_pb2_grpc.HealthStub(self.channel)
+
+    def generate(self, request: pb.GenerateRequest):
+        """A Generate call (an async iterator of its messages, with cancel())."""
+        if self.streams is not None:
+            return self.streams.generate(request)
+        return self.stub.Generate(request)
 
     def reconnect(self, credentials: grpc.ChannelCredentials, grace_s: float) -> None:
         """New calls go over a new channel with `credentials`; the old one
         closes once its calls end (at most `grace_s` later)."""
         old = self.channel
+        if self.streams is not None:
+            self.streams.close_when_idle()
         self._connect(credentials)
         task = asyncio.get_running_loop().create_task(old.close(grace_s))
         _closing.add(task)
@@ -104,6 +118,8 @@ class EnginePod:
         end (or after ``grace_s``; None: now)."""
         if self.events is not None:
             await self.events.stop()
+        if self.streams is not None:
+            self.streams.close_when_idle()
         await self.channel.close(grace_s)
 
 
@@ -114,8 +130,10 @@ class PodPool:
         poll_interval_s: float,
         remove_grace_s: float = 30.0,
         tls: TlsFiles | None = None,
+        shared_streams: bool = True,
     ) -> None:
         self.core = core
+        self._shared_streams = shared_streams
         # Mutual TLS to the engines: the files are checked at each poll and
         # every channel is reopened when they change.
         self._tls = tls
@@ -139,7 +157,11 @@ class PodPool:
             )
             events.start()
         pod = self._pods[spec.name] = EnginePod(
-            spec, events, self._credentials, self._tls.server_name if self._tls else None
+            spec,
+            events,
+            self._credentials,
+            self._tls.server_name if self._tls else None,
+            self._shared_streams,
         )
         log.info(
             "pod %s (%s) added%s",

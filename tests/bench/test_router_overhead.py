@@ -138,6 +138,18 @@ def test_table_and_ratios():
     assert ro.ratio_lines(rows[1:]) == []
 
 
+def test_stepped_tokens_of_requests_in_flight_are_due_together():
+    # As an engine's step: tokens due within one step go out at its end.
+    steps = Timing(first_token_ms=20.0, token_delay_ms=5.0, steps=True)
+    boundary = steps.due(100.0, 0.0)
+    a, b = boundary + 0.0001, boundary + 0.0032  # within one step of each other
+    assert steps.due(a, 0.020) == steps.due(b, 0.020) == pytest.approx(boundary + 0.025)
+    for arrival in (a, b):
+        due = steps.due(arrival, 0.020)
+        assert arrival + 0.020 <= due < arrival + 0.025 + 1e-9
+    assert Timing(first_token_ms=20.0, token_delay_ms=5.0).due(a, 0.020) == a + 0.020
+
+
 def test_parse_sse_line():
     assert ro.parse_sse_line(b"data: [DONE]\n") == (True, 0)
     assert ro.parse_sse_line(b"\n") == (False, 0)

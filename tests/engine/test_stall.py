@@ -19,6 +19,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from common.engine_stream import GenerateStreamClient
 from common.ports import free_port
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
@@ -214,3 +215,44 @@ async def test_a_caller_that_leaves_is_still_a_cancellation(served):
         registry.get_sample_value("tandem_engine_requests_cancelled_total", {"kind": "generate"})
         == 1
     )
+
+
+async def test_failing_the_engine_ends_streamed_requests_with_unavailable(served):
+    # On the router's shared GenerateStream each request fails alone, as an
+    # event; the stream stays open for what comes next.
+    engine, load, servicer, stub, registry = served
+    client = GenerateStreamClient(stub)
+    call = client.generate(pb.GenerateRequest(request_id="s1", token_ids=[1, 2, 3]))
+    read = asyncio.ensure_future(anext(call))
+    await asyncio.wait_for(engine.started.wait(), TIMEOUT_S)
+
+    servicer.fail_all("engine_stalled", "engine stalled: no engine step for 120s")
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(read, TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "engine stalled" in err.value.details()
+    assert engine.aborted == ["s1"]
+    later = client.generate(pb.GenerateRequest(request_id="s2", token_ids=[1]))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(anext(later), TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert await servicer.wait_idle(TIMEOUT_S) and load.in_flight == 0
+    await client.aclose()
+
+
+async def test_a_streamed_request_the_caller_cancels_is_a_cancellation(served):
+    engine, load, servicer, stub, registry = served
+    client = GenerateStreamClient(stub)
+    call = client.generate(pb.GenerateRequest(request_id="s1", token_ids=[1, 2, 3]))
+    await asyncio.wait_for(engine.started.wait(), TIMEOUT_S)
+    call.cancel()
+    async with asyncio.timeout(TIMEOUT_S):
+        while engine.aborted != ["s1"] or load.in_flight:
+            await asyncio.sleep(0.01)
+    assert not servicer.failed
+    assert (
+        registry.get_sample_value("tandem_engine_requests_cancelled_total", {"kind": "generate"})
+        == 1
+    )
+    await client.aclose()

@@ -215,7 +215,7 @@ def _orchestrator(stubs, max_migrations=2, timeout_s=600.0):
         block_size=16, policy=PolicySettings(policy="round-robin", remote_prefill_threshold=0)
     )
     core = RoutingCore(settings)
-    pool = PodPool(core, poll_interval_s=60)
+    pool = PodPool(core, poll_interval_s=60, shared_streams=False)
     for i, stub in enumerate(stubs):
         pod = pool.add_pod(PodSpec(f"127.0.0.1:{1000 + i}", "decode"))
         pod.stub = stub

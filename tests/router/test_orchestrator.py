@@ -95,7 +95,7 @@ def _setup(specs, threshold=0, retention=None, **policy):
         block_size=16, policy=PolicySettings(remote_prefill_threshold=threshold, **policy)
     )
     core = RoutingCore(settings)
-    pool = PodPool(core, poll_interval_s=60)
+    pool = PodPool(core, poll_interval_s=60, shared_streams=False)
     for i, (role, stub, *pod_pool) in enumerate(specs):
         pod = pool.add_pod(PodSpec(f"127.0.0.1:{1000 + i}", role, pool="".join(pod_pool)))
         pod.stub = stub
