@@ -29,6 +29,7 @@ from sim.defaults import (
     CPU_BLOCK_BYTES_PER_TOKEN,
     CPU_MEASURED_PROFILES,
     CPU_PROFILES,
+    CPU_STEP_MODEL,
     engine_model,
     load_profiles,
     scaled_profile,
@@ -384,8 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--profiles",
         type=Path,
         default=None,
-        help="engine profiles (YAML) to fit the engines' step model from (default: "
-        f"`tandem profile` of the runs' engines, sim/profiles/{CPU_MEASURED_PROFILES.name})",
+        help="engine profiles (YAML) to fit the engines' step model from (default: the "
+        f"prompt side from `tandem profile` of the runs' engines, sim/profiles/"
+        f"{CPU_MEASURED_PROFILES.name}, the decode side measured term by term, "
+        f"{CPU_STEP_MODEL.name})",
     )
     add_step_model(val)
     val.add_argument(

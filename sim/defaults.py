@@ -106,6 +106,12 @@ def load_step_model(path: Path, gpus_per_pod: int = 1) -> StepModel:
     )
 
 
+def with_decode_of(prompt: StepModel, decode: StepModel) -> StepModel:
+    """``prompt``'s prompt side with ``decode``'s decode side (the step's
+    fixed cost, per sequence, per token of its context)."""
+    return replace(prompt, step_s=decode.step_s, seq_s=decode.seq_s, seq_ctx_s=decode.seq_ctx_s)
+
+
 def engine_model(profiles: Path, step_model: Path | None, gpus_per_pod: int = 1) -> StepModel:
     """The pods' step model: measured term by term when ``step_model`` is
     given, else fitted from the engine profiles."""
