@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
 from common.proto import engine_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 # Messages a request's reader may fall behind by before new ones merge into
@@ -116,6 +119,11 @@ class GenerateStreamServer:
                 self._emit(pb.GenerateEvent(request_id=request_id, response=message))
         except RequestFailed as exc:
             self._emit(_error_event(request_id, exc.code, exc.details))
+        except Exception as exc:  # a bug: fail this request, as gRPC fails a call (UNKNOWN)
+            log.exception("request %s failed", request_id)
+            self._emit(
+                _error_event(request_id, grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
+            )
         finally:
             if self._running.get(request_id) is asyncio.current_task():
                 del self._running[request_id]

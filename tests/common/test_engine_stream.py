@@ -37,6 +37,8 @@ class Steps:
         n = request.sampling_params.max_tokens
         if n == 0:
             raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens is 0")
+        if request.request_id == "bug":
+            raise KeyError("a bug in the engine")
         try:
             for i in range(n):
                 async with self._step:
@@ -145,6 +147,19 @@ async def test_one_requests_error_is_its_own(engine):
     await _until(lambda: "good" in steps.started)
     await steps.step()
     assert await asyncio.wait_for(good_read, TIMEOUT_S) == ["good:0"]
+
+
+async def test_a_bug_fails_that_request_only_as_unknown(engine):
+    # As gRPC fails a call whose handler raises: the request must not hang.
+    steps, client, _ = engine
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(_read_all(client.generate(_request("bug", 1))), TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.UNKNOWN
+    assert "a bug in the engine" in err.value.details()
+    good = asyncio.ensure_future(_read_all(client.generate(_request("good", 1))))
+    await _until(lambda: "good" in steps.started)
+    await steps.step()
+    assert await asyncio.wait_for(good, TIMEOUT_S) == ["good:0"]
 
 
 async def test_a_cancel_aborts_that_request_only(engine):
