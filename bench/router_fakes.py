@@ -339,11 +339,11 @@ def create_grpc_servicer(
 ):
     import grpc
 
-    from common.engine_stream import GenerateStreamServer, RequestFailed
+    from common.engine_stream import GenerateRpcs, RequestFailed
     from common.proto import engine_pb2 as pb
     from common.proto import engine_pb2_grpc as pb_grpc
 
-    class FakeEngine(pb_grpc.EngineServicer):
+    class FakeEngine(GenerateRpcs, pb_grpc.EngineServicer):
         def __init__(self) -> None:
             self.in_flight = 0
 
@@ -369,17 +369,6 @@ def create_grpc_servicer(
                     yield message
             finally:
                 self.in_flight -= 1
-
-        async def Generate(self, request, context):
-            try:
-                async for message in self._generate(request):
-                    yield message
-            except RequestFailed as exc:
-                await context.abort(exc.code, exc.details)
-
-        async def GenerateStream(self, request_iterator, context):
-            async for response in GenerateStreamServer(self._generate).run(request_iterator):
-                yield response
 
         async def Prefill(self, request, context):
             await context.abort(

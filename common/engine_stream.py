@@ -130,6 +130,27 @@ class GenerateStreamServer:
             self._ready.set()
 
 
+class GenerateRpcs:
+    """Generate and GenerateStream for an Engine servicer, over its
+    ``_generate(request)`` (an async iterator of GenerateResponse raising
+    `RequestFailed`)."""
+
+    _generate: Callable[[pb.GenerateRequest], AsyncIterator[pb.GenerateResponse]]
+
+    async def Generate(self, request: pb.GenerateRequest, context: Any):
+        try:
+            async for message in self._generate(request):
+                yield message
+        except RequestFailed as exc:
+            await context.abort(exc.code, exc.details)
+
+    async def GenerateStream(self, request_iterator: Any, context: Any):
+        """Generate for every request started on this stream, their tokens
+        sent together as they are ready."""
+        async for response in GenerateStreamServer(self._generate).run(request_iterator):
+            yield response
+
+
 def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
 

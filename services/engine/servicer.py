@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from common.engine_stream import GenerateStreamServer, RequestFailed
+from common.engine_stream import GenerateRpcs, RequestFailed
 from common.proto import engine_pb2 as pb
 from common.proto import engine_pb2_grpc as pb_grpc
 from common.roles import Role
@@ -45,7 +45,7 @@ _REMOTE_DECODE = {
 }
 
 
-class EngineServicer(pb_grpc.EngineServicer):
+class EngineServicer(GenerateRpcs, pb_grpc.EngineServicer):
     def __init__(
         self,
         engine: Any,
@@ -262,19 +262,6 @@ class EngineServicer(pb_grpc.EngineServicer):
             return await self._prefill(request)
         except RequestFailed as exc:
             await context.abort(exc.code, exc.details)
-
-    async def Generate(self, request: pb.GenerateRequest, context):
-        try:
-            async for message in self._generate(request):
-                yield message
-        except RequestFailed as exc:
-            await context.abort(exc.code, exc.details)
-
-    async def GenerateStream(self, request_iterator, context):
-        """Generate for every request started on this stream, their tokens
-        sent together as they are ready."""
-        async for response in GenerateStreamServer(self._generate).run(request_iterator):
-            yield response
 
     async def ReleaseKv(self, request: pb.ReleaseKvRequest, context) -> pb.ReleaseKvResponse:
         if self._role != Role.DECODE:
