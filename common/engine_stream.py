@@ -264,6 +264,10 @@ class _ClientStream:
     async def _requests(self) -> AsyncIterator[pb.GenerateStreamRequest]:
         while True:
             await self._wake.wait()
+            # One more turn of the event loop lets every request started in
+            # this one join the message: 20 starts a message instead of 6 at
+            # ~950 req/s, and ~9% less router CPU a request (docs/benchmarks.md).
+            await asyncio.sleep(0)
             self._wake.clear()
             if self._starts or self._cancels:
                 message = pb.GenerateStreamRequest(starts=self._starts, cancels=self._cancels)
