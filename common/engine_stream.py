@@ -266,7 +266,7 @@ class _ClientStream:
             await self._wake.wait()
             # One more turn of the event loop lets every request started in
             # this one join the message: 20 starts a message instead of 6 at
-            # ~950 req/s, and ~9% less router CPU a request (docs/benchmarks.md).
+            # ~950 req/s, and ~12% less router CPU a request (docs/benchmarks.md).
             await asyncio.sleep(0)
             self._wake.clear()
             if self._starts or self._cancels:

@@ -175,6 +175,14 @@ class Shape:
             payloads.append(self.usage_chunk(request_id, usage(message.usage)))
         return payloads
 
+    def stream_chunk(
+        self, request_id: str, message: pb.GenerateResponse, include_usage: bool
+    ) -> bytes:
+        """`stream_payloads` framed: the bytes one engine message adds to the stream."""
+        return b"".join(
+            self.frame(p) for p in self.stream_payloads(request_id, message, include_usage)
+        )
+
     def frame(self, payload: dict) -> bytes:
         return event(payload)
 
@@ -303,18 +311,13 @@ class Responder:
         ready together take one write."""
         rid = ereq.request_id
 
-        def events(message: pb.GenerateResponse, chunk: bytes = b"") -> bytes:
-            for payload in shape.stream_payloads(rid, message, include_usage):
-                chunk += shape.frame(payload)
-            return chunk
-
         try:
             async with asyncio.timeout(self.timeout_s):
                 opening = b"".join(shape.frame(p) for p in shape.opening_payloads(rid))
-                if chunk := events(first, opening):
+                if chunk := opening + shape.stream_chunk(rid, first, include_usage):
                     yield chunk
                 async for message in rest:
-                    if chunk := events(message):
+                    if chunk := shape.stream_chunk(rid, message, include_usage):
                         yield chunk
         except OpenAIError as exc:
             yield shape.error_event(exc)

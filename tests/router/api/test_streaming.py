@@ -89,6 +89,19 @@ def _events(sent: list[dict]) -> list[bytes]:
     return [e for m in sent[1:] for e in m["body"].split(b"\n\n") if e]
 
 
+@pytest.mark.parametrize("text", [" tok", 'say "hi"\n', "naïve ☃ 𝄞", "\\ \u0000 </s>", "tandem"])
+def test_a_plain_text_chunk_is_the_payload_orjson_would_make(text):
+    # The per-token fast path must be byte for byte the general one.
+    shape = ChatShape(ModelCard(name='m"x', max_model_len=1024, created=0))
+    message = pb.GenerateResponse(token_ids=[1], text=text)
+    general = b"".join(
+        shape.frame(p) for p in shape.stream_payloads("chatcmpl-1", message, include_usage=True)
+    )
+    assert shape.stream_chunk("chatcmpl-1", message, include_usage=True) == general
+    assert shape._text_frame is not None  # it took the fast path
+    assert json.loads(general[len(b"data: ") :])["choices"][0]["delta"] == {"content": text}
+
+
 async def test_stream_events_and_writes():
     responder = _responder(RouterMetrics())
     first, *rest = _messages(3)

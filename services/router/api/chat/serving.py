@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jinja2
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from common.proto import engine_pb2 as pb
 from services.router.api.chat.protocol import ChatCompletionRequest
 from services.router.api.chat.reasoning import ReasoningParsers, ReasoningSplit
 from services.router.api.chat.structured import from_response_format, from_structured_outputs
@@ -25,7 +27,7 @@ from services.router.api.chat.tools import (
 from services.router.api.choices import respond_choices
 from services.router.api.engine_request import EngineRequests, ModelCard
 from services.router.api.protocol import named_bad_request, unrenderable
-from services.router.api.streaming import Responder, Shape
+from services.router.api.streaming import Responder, Shape, event
 from services.router.errors import bad_request
 from services.router.pd import EngineRequest
 from services.router.tokenizer import ChatTokenizer
@@ -53,6 +55,12 @@ def chat_logprobs(entries, top: int) -> dict:
     }
 
 
+# A text no chunk holds, whose place in a framed chunk splits it into the
+# bytes before and after any text (ChatShape.stream_chunk).
+_MARKER = pb.GenerateResponse(text="tandem-text-marker-4f1c9e")
+_MARKER_JSON = orjson.dumps(_MARKER.text)
+
+
 class ChatShape(Shape):
     def __init__(
         self,
@@ -66,6 +74,27 @@ class ChatShape(Shape):
         self._top = top_logprobs  # None: no logprobs
         self._reasoning = reasoning  # splits reasoning from the answer (None: no split)
         self.streams_logprobs = top_logprobs is not None
+        self._plain = calls is None and reasoning is None and top_logprobs is None
+        self._text_frame: tuple[bytes, bytes] | None = None  # around a text chunk's JSON text
+
+    def stream_chunk(self, request_id, message, include_usage):
+        # The common chunk (plain text, not the last) framed around the text
+        # alone: what orjson makes of the whole payload, at a fraction of the
+        # CPU, once per token.
+        if (
+            self._plain
+            and message.text
+            and not message.finish_reason
+            and type(self).frame is ChatShape.frame
+        ):
+            if self._text_frame is None:
+                prefix, _, suffix = event(self.deltas(request_id, _MARKER)[0]).partition(
+                    _MARKER_JSON
+                )
+                self._text_frame = (prefix, suffix)
+            prefix, suffix = self._text_frame
+            return prefix + orjson.dumps(message.text) + suffix
+        return super().stream_chunk(request_id, message, include_usage)
 
     def _logprobs(self, entries) -> dict | None:
         return None if self._top is None else chat_logprobs(entries, self._top)
