@@ -81,12 +81,7 @@ class ChatShape(Shape):
         # The common chunk (plain text, not the last) framed around the text
         # alone: what orjson makes of the whole payload, at a fraction of the
         # CPU, once per token.
-        if (
-            self._plain
-            and message.text
-            and not message.finish_reason
-            and type(self).frame is ChatShape.frame
-        ):
+        if self._plain and message.text and not message.finish_reason:
             if self._text_frame is None:
                 prefix, _, suffix = event(self.deltas(request_id, _MARKER)[0]).partition(
                     _MARKER_JSON
