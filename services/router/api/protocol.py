@@ -11,7 +11,14 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from common.proto import engine_pb2 as pb
 from services.router.errors import OpenAIError, bad_request
@@ -49,11 +56,15 @@ class RequestBody(BaseModel):
     """A request body of any family. JSON may spell a lone UTF-16 surrogate
     (``"\\ud800"``), which no UTF-8 string can hold: the tokenizer, gRPC and
     the session hash would all fail on it, so it is a 400 naming the field
-    before anything else reads the body."""
+    before anything else reads the body. (Parsed from JSON bytes by pydantic,
+    as `json_body.JsonBodyRoute` does, a body cannot hold one: the parser
+    rejects it and FastAPI's path, which lands here, says where.)"""
 
     @model_validator(mode="before")
     @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
+    def _valid_unicode(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.mode == "json":
+            return data
         try:
             json.dumps(data, ensure_ascii=False).encode()
         except UnicodeEncodeError:

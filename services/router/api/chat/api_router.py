@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from services.router.api.chat.protocol import ChatCompletionRequest
+from services.router.api.json_body import JsonBodyRoute
 from services.router.api.openapi import ChatCompletion, generation
 from services.router.api.parts import parts_of
 
-router = APIRouter()
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 @router.post("/v1/chat/completions", responses=generation(ChatCompletion))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from services.router.api.json_body import JsonBodyRoute
 from services.router.api.messages.protocol import CountTokensRequest, MessagesRequest
 from services.router.api.openapi import (
     ANTHROPIC_ERRORS,
@@ -16,7 +17,7 @@ from services.router.api.openapi import (
 from services.router.api.parts import parts_of
 from services.router.errors import ANTHROPIC_MESSAGES_PATH
 
-router = APIRouter()
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 @router.post(ANTHROPIC_MESSAGES_PATH, responses=generation(AnthropicMessage, ANTHROPIC_ERRORS))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from services.router.api.json_body import JsonBodyRoute
 from services.router.api.openapi import ResponseObject, answers, generation
 from services.router.api.parts import parts_of
 from services.router.api.responses.protocol import ResponsesRequest
 
-router = APIRouter()
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 @router.post("/v1/responses", responses=generation(ResponseObject))
