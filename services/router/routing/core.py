@@ -314,14 +314,23 @@ class RoutingCore:
         return reports
 
     # ----- the seam ---------------------------------------------------------
-    def route(self, req: RouteRequest, shared: SharedView, now: float) -> RouteDecision:
+    def route(
+        self,
+        req: RouteRequest,
+        shared: SharedView,
+        now: float,
+        block_hashes: Sequence[int] | None = None,
+    ) -> RouteDecision:
         """Choose pods for one request and hold its load (``release`` frees it).
+        ``block_hashes``: the prompt's, when the caller has just computed them
+        (else ``req.block_hashes``, else computed here).
 
         Raises ``NoPodAvailable`` when no decode or aggregated pod can take it.
         Write ``decision.writes`` to the shared-state store afterwards.
         """
         n = len(req.token_ids)
-        hashes = list(req.block_hashes) if req.block_hashes is not None else self.block_hashes(req)
+        given = block_hashes if block_hashes is not None else req.block_hashes
+        hashes = list(given) if given is not None else self.block_hashes(req)
         self.index.expire_predictions(now)
         self.live.expire(now)
         views = self._views(n, hashes, req.session, shared, req.exclude, now)

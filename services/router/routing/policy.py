@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from common.roles import Role
 from common.settings import SettingError, flag_of, setting
@@ -223,7 +223,7 @@ class Policy:
         request_class = classify(
             req.num_tokens, (p.cached_tokens for p in req.pods), s.long_request_tokens
         )
-        return replace(self._choose(req, request_class), request_class=request_class)
+        return self._choose(req, request_class)
 
     def peek(self, req: RouteInput) -> Choice:
         """What ``choose`` would answer now, leaving the strategy's state (the
@@ -240,11 +240,9 @@ class Policy:
             raise NoPodAvailable("no healthy decode or aggregated pod is available")
         split = any(p.role == Role.PREFILL for p in req.pods)
         if not split:
-            chosen = self._choose_one(req, decode, weight=1.0)
-            role = next(p.role for p in decode if p.name == chosen.pod)
-            return replace(chosen, local_prefill="no_prefill_pods" if role == Role.DECODE else None)
+            return self._choose_one(req, decode, 1.0, request_class, alone=True)
         # P/D: decode first. Its missing prefix arrives by transfer, so it weighs less.
-        chosen = self._choose_one(req, decode, weight=s.transfer_weight)
+        chosen = self._choose_one(req, decode, s.transfer_weight, request_class)
         d = next(p for p in decode if p.name == chosen.pod)
         local_work = req.num_tokens - d.cached_tokens
         if s.remote_prefill_scope == "pod":
@@ -267,6 +265,7 @@ class Policy:
                 ttft_s(cost, s),
                 chosen.costs,
                 why,
+                request_class,
             )
         name, reason = self.strategy.choose_prefill(self._candidates(req, candidates, 1.0))
         p = next(p for p in candidates if p.name == name)
@@ -278,16 +277,35 @@ class Policy:
             p.cached_tokens,
             ttft_s(cost, s),
             chosen.costs,
+            request_class=request_class,
         )
 
-    def _choose_one(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Choice:
-        """The decode (or aggregated) pod among ``pods``."""
+    def _choose_one(
+        self,
+        req: RouteInput,
+        pods: Sequence[PodView],
+        weight: float,
+        request_class: str,
+        alone: bool = False,
+    ) -> Choice:
+        """The decode (or aggregated) pod among ``pods``; `alone`: no
+        prefill pods are configured (a decode pod then prefills locally)."""
         s = self.settings
         c = self._candidates(req, pods, weight)
         name, reason = self.strategy.choose(c)
         pod = c.pod(name)
         cost = prefill_cost(pod, req.num_tokens, s)
-        return Choice(name, None, reason, pod.cached_tokens, ttft_s(cost, s), dict(c.costs))
+        local = "no_prefill_pods" if alone and pod.role == Role.DECODE else None
+        return Choice(
+            name,
+            None,
+            reason,
+            pod.cached_tokens,
+            ttft_s(cost, s),
+            dict(c.costs),
+            local,
+            request_class,
+        )
 
     def _candidates(self, req: RouteInput, pods: Sequence[PodView], weight: float) -> Candidates:
         held = max((p.cached_tokens for p in req.pods), default=0)

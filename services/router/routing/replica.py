@@ -9,8 +9,6 @@ for a replica alone). This is the whole of the sequence, so every caller
 from __future__ import annotations
 
 import time
-from dataclasses import replace
-
 from services.router.routing.core import RouteDecision, RouteRequest, RoutingCore
 from services.router.routing.shared_state import LocalState
 
@@ -30,10 +28,11 @@ class Replica:
         start = time.perf_counter()
         shared = await self.state.read(req.session, now)
         read = time.perf_counter()
-        if req.block_hashes is None:
-            req = replace(req, block_hashes=self.core.block_hashes(req))
+        hashes = req.block_hashes
+        if hashes is None:
+            hashes = self.core.block_hashes(req)
         hashed = time.perf_counter()
-        decision = self.core.route(req, shared, now)
+        decision = self.core.route(req, shared, now, hashes)
         decided = time.perf_counter()
         await self.state.write(decision.writes, now)
         if stages is not None:
