@@ -9,6 +9,7 @@ for a replica alone). This is the whole of the sequence, so every caller
 from __future__ import annotations
 
 import time
+
 from services.router.routing.core import RouteDecision, RouteRequest, RoutingCore
 from services.router.routing.shared_state import LocalState
 
