@@ -371,7 +371,9 @@ class Engine:
         busy = len(self.running) + len(self.waiting) > 1
         preempted = False
         # Running requests first, oldest first; a request that cannot grow
-        # preempts the newest running one (itself, if it is the newest).
+        # preempts the newest running one (itself, if it is the newest). So
+        # a victim is never a request already in this step, as in vLLM's
+        # first-come-first-served scheduler: what this step cached stays.
         i = 0
         while i < len(self.running) and budget > 0:
             job = self.running[i]
@@ -382,8 +384,6 @@ class Engine:
             n = 1 if decoding else self._chunk(job, budget, busy)
             while not self._grow(job, job.kv_tokens() + n):
                 victim = self.running[-1]
-                chunks = [(j, c) for j, c in chunks if j is not victim]
-                decodes = [j for j in decodes if j is not victim]
                 self._preempt(victim)
                 preempted = True
                 if victim is job:
