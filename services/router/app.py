@@ -6,7 +6,8 @@ middleware and error handlers.
 A request passes, in order: `auth.ApiKeyAuth`, `rate_limits.RateLimits` and
 `admission.AdmissionMiddleware` (API keys, per-client rate limits,
 concurrency and queueing) → its family's route in `api/<family>/`
-(`api_router.py`) → that family's serving (`serving.py`: validate, translate
+(`api_router.py`; a JSON body validated in one pass, `api/json_body.py`) →
+that family's serving (`serving.py`: validate, translate
 Messages and Responses onto chat, tokenize, build the one engine request in
 `api/engine_request.py`) → `api/streaming.py`'s `Responder` (the whole
 response or its event stream, in the family's shape) → `pd.Orchestrator`
