@@ -180,7 +180,7 @@ class PolicyBench:
             kv_cache_gib=KV_CACHE_GIB,
             max_model_len=self.a.max_model_len,
             state_dir=state,
-            engine_args=blocks,
+            engine_args=[*blocks, *self.a.engine_arg],
         )
 
     def replay(self, name: str, url: str, regime: Regime, rep: int) -> dict | None:
@@ -505,6 +505,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"engines' context (the small profile compacts past {MAX_MODEL_LEN})",
     )
     ap.add_argument("--block-size", type=int, default=128, help="engines' KV block size")
+    ap.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra vLLM flag for Tandem's engines (repeat; e.g. "
+        "--engine-arg=--enable-logging-iteration-details, which logs each engine "
+        "step's prompt chunks and decodes)",
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
     ap.add_argument("--out", help="output directory (default bench/results/<time>-policies)")
     return ap
