@@ -282,8 +282,8 @@ def prompt_blocks(
     identified by the trace ids whose tokens it holds, chained on its parent
     as vLLM chains block hashes (which also fixes where in the first of those
     trace blocks it starts). The hashes
-    go to the routing core through ``RouteRequest.block_hashes`` (the seam's
-    field for callers that hashed the prompt): the simulator builds and
+    go to the routing core through ``RoutingCore.route``'s ``block_hashes``
+    (for callers that hashed the prompt): the simulator builds and
     hashes no token ids, which at tens of thousands of tokens a prompt were
     most of a large run's time."""
     tb = session.block_size
@@ -425,7 +425,7 @@ class Simulation:
         self._next_replica = (replica + 1) % len(self.cores)
         core, state = self.cores[replica], self.state
         decision = core.route(
-            RouteRequest(range(n), session=key, block_hashes=hashes), state.read(replica, key), now
+            RouteRequest(range(n), session=key), state.read(replica, key), now, hashes
         )
         state.write(replica, decision.writes)
         rec = Record(key, now, n, r.out_tokens, decode_pod=decision.decode_pod)

@@ -126,9 +126,6 @@ class RouteRequest:
     lora: tuple[str, str] | None = None  # (name, path) as vLLM hashes it
     exclude: frozenset[str] = frozenset()  # pods that already failed this request
     session_end: bool = False  # the session's last request: its KV is not needed after
-    # The prompt's block hashes (``RoutingCore.block_hashes``), if the caller
-    # computed them; None: ``route`` computes them.
-    block_hashes: Sequence[int] | None = None
 
 
 @dataclass
@@ -322,15 +319,14 @@ class RoutingCore:
         block_hashes: Sequence[int] | None = None,
     ) -> RouteDecision:
         """Choose pods for one request and hold its load (``release`` frees it).
-        ``block_hashes``: the prompt's, when the caller has just computed them
-        (else ``req.block_hashes``, else computed here).
+        ``block_hashes``: the prompt's (``block_hashes``), if the caller
+        computed them; None: computed here.
 
         Raises ``NoPodAvailable`` when no decode or aggregated pod can take it.
         Write ``decision.writes`` to the shared-state store afterwards.
         """
         n = len(req.token_ids)
-        given = block_hashes if block_hashes is not None else req.block_hashes
-        hashes = list(given) if given is not None else self.block_hashes(req)
+        hashes = list(block_hashes) if block_hashes is not None else self.block_hashes(req)
         self.index.expire_predictions(now)
         self.live.expire(now)
         views = self._views(n, hashes, req.session, shared, req.exclude, now)

@@ -29,9 +29,7 @@ class Replica:
         start = time.perf_counter()
         shared = await self.state.read(req.session, now)
         read = time.perf_counter()
-        hashes = req.block_hashes
-        if hashes is None:
-            hashes = self.core.block_hashes(req)
+        hashes = self.core.block_hashes(req)
         hashed = time.perf_counter()
         decision = self.core.route(req, shared, now, hashes)
         decided = time.perf_counter()
