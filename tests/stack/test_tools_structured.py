@@ -179,7 +179,9 @@ def test_structured_outputs_choice(stack):
         json={
             "model": MODEL_NAME,
             "messages": [{"role": "user", "content": "Yes or no?"}],
-            "max_tokens": 5,
+            # A sampled choice may be spelled in up to a token a character
+            # ('affirma' in 5 tokens was seen): room for the longest.
+            "max_tokens": 16,
             "structured_outputs": {"choice": ["affirmative", "negative"]},
         },
     )
