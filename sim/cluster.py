@@ -52,6 +52,28 @@ class Traffic:
     # Sessions per second starting as a Poisson process (seeded), instead of
     # lanes: an open-loop arrival rate (0: lanes).
     session_rate: float = 0.0
+    # Per session id, the index of the first output token with text of each of
+    # its requests (``Session.iter_requests`` order; ``bench.first_visible``
+    # finds them for a recorded run): the client's TTFT is that token's time.
+    # A session not named: every request's first token shows.
+    first_visible: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def visible_indices(self, sessions: Sequence[Session]) -> dict[int, int]:
+        """``first_visible`` by ``id(request)``."""
+        given = dict(self.first_visible)
+        out: dict[int, int] = {}
+        for s in sessions:
+            indices = given.get(s.id)
+            if indices is None:
+                continue
+            requests = [r for _, _, r in s.iter_requests()]
+            if len(indices) != len(requests):
+                raise ValueError(
+                    f"first_visible of session {s.id}: {len(indices)} indices for "
+                    f"{len(requests)} requests"
+                )
+            out.update((id(r), k) for r, k in zip(requests, indices))
+        return out
 
     def generate(self) -> list[Session]:
         if self.trace_file:
@@ -259,7 +281,7 @@ class Record:
     prompt_tokens: int
     out_tokens: int
     cached_tokens: int = 0
-    first_token: float | None = None
+    first_token: float | None = None  # when the client's first text came (its TTFT)
     end: float | None = None
     prefill_pod: str | None = None
     decode_pod: str = ""
@@ -311,6 +333,7 @@ class Simulation:
         self.core = self.cores[0]
         self.state = LaggedState(self.loop, config.router_replicas, config.state_lag_s)
         self._next_replica = 0
+        self._visible: dict[int, int] = {}  # Traffic.visible_indices of the run's sessions
         self.misses = MissLedger(config.engine.block_size) if config.miss_reasons else None
         self.store = None
         if config.store:
@@ -432,6 +455,7 @@ class Simulation:
         rec.prefill_pod, rec.reason = decision.prefill_pod, decision.reason
         self.records.append(rec)
         out = max(1, r.out_tokens)
+        visible = min(self._visible.get(id(r), 0), out - 1)
 
         def admitted(job: Job, reused_blocks: int) -> None:
             if self.misses is not None:
@@ -461,8 +485,9 @@ class Simulation:
                     decision.block_hashes,
                     out,
                     computed,
-                    first_token,
-                    finished,
+                    on_done=finished,
+                    visible_index=visible,
+                    on_visible=first_token,
                     on_admitted=admitted,
                 )
             )
@@ -473,21 +498,16 @@ class Simulation:
             rec.cached_tokens = job.cached_tokens
             state.write(replica, core.report_prefill(decision, self.loop.now))
 
-        def pulled(pjob: Job) -> Callable[[Job], None]:
-            def on_first(job: Job) -> None:
-                prefill.release(pjob)
-                first_token(job)
-
-            return on_first
-
         def to_decode(pjob: Job) -> None:
             decode.submit(
                 Job(
                     n,
                     decision.block_hashes,
                     out,
-                    on_first_token=pulled(pjob),
+                    on_first_token=lambda job: prefill.release(pjob),
                     on_done=finished,
+                    visible_index=visible,
+                    on_visible=first_token,
                     remote_kv=True,
                 )
             )
@@ -551,6 +571,7 @@ class Simulation:
         """Play the traffic to its end; ``interrupt`` (asked now and then) stops it."""
         wall = time.perf_counter()
         sessions = self.traffic.generate()
+        self._visible = self.traffic.visible_indices(sessions)
         if self.traffic.session_rate > 0:
             self._arrivals(sessions, self.traffic.session_rate)
         else:

@@ -137,6 +137,10 @@ class Job:
     on_done: Callable[[Job], None] = lambda job: None
     # first admission of a prompt computed here: the blocks reused (the pod's and the store's)
     on_admitted: Callable[[Job, int], None] = lambda job, reused_blocks: None
+    # The output token whose text the client sees first (0: the first); later
+    # when the first tokens detokenize to nothing (special tokens skipped).
+    visible_index: int = 0
+    on_visible: Callable[[Job], None] = lambda job: None
     remote_kv: bool = False  # P/D decode: the prompt's KV is pulled, not computed
     hold_kv: bool = False  # P/D prefill: keep the blocks until ``Engine.release``
     # set by the engine
@@ -148,6 +152,7 @@ class Job:
     ready_at: float = 0.0
     prompt_done: bool = False
     first_token_sent: bool = False
+    visible_sent: bool = False
     finished: bool = False
     admitted: bool = False
     preemptions: int = 0
@@ -187,7 +192,7 @@ class _DecodeRun:
     batch: int  # requests decoding, every running one
     context: int  # KV tokens they hold at the planned step
     grows: dict[int, list[Job]]  # step % block size -> requests that need a block then
-    last: int  # the step whose end finishes the first request
+    last: int  # the step whose end finishes a request or shows one its first text
     step: int = 0  # the step in flight, counted from the run's start
 
 
@@ -291,6 +296,8 @@ class Engine:
             grows.setdefault(first_grow, []).append(job)
             context += tokens
             left = job.out_tokens - job.generated - 1
+            if not job.visible_sent:
+                left = min(left, job.visible_index - job.generated)
             last = left if last is None else min(last, left)
         assert last is not None
         run = _DecodeRun(len(self.running), context, grows, last)
@@ -338,6 +345,7 @@ class Engine:
         """The run's tokens, counted: ``steps`` steps have ended."""
         for job in self.running:
             job.generated += steps
+            self._first_token(job)
         self._run = None
 
     def _grow(self, job: Job, tokens: int) -> bool:
@@ -519,9 +527,13 @@ class Engine:
             self._finish(job)
 
     def _first_token(self, job: Job) -> None:
+        """Tokens were counted: the first token's and the first text's callbacks, once."""
         if not job.first_token_sent:
             job.first_token_sent = True
             job.on_first_token(job)
+        if not job.visible_sent and job.generated > job.visible_index:
+            job.visible_sent = True
+            job.on_visible(job)
 
     def _cache(self, job: Job, tokens: int) -> None:
         """A chunk scheduled up to ``tokens`` of the prompt: its full blocks

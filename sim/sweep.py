@@ -107,6 +107,10 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
         think_scale=point["think_scale"],
         concurrency=point["concurrency"],
         trace_file=point.get("trace_file"),
+        first_visible=tuple(
+            (session, tuple(indices))
+            for session, indices in (point.get("first_visible") or {}).items()
+        ),
     )
     return config, traffic
 

@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +59,18 @@ class Measured:
     store_load_weight: float = 1.0
     # Why the run is left out of the comparison (empty: it is in).
     excluded: str = ""
+    # The run's content salt (its run.json's ``replay.salt``) and, found from
+    # it by ``bench.first_visible``, per session the index of each request's
+    # first output token with text: the token the run's TTFT timed (None: not
+    # found; the simulation times the first token).
+    salt: str = ""
+    first_visible: dict[str, list[int]] | None = None
     # Pooled runs (``pooled``): how many, and the lowest and highest of each figure.
     runs: int = 1
     hit_range: tuple[float, float] | None = None
     p50_range: tuple[float, float] | None = None
     p90_range: tuple[float, float] | None = None
+    members: tuple[Measured, ...] = ()  # a pool's runs
 
     @property
     def label(self) -> str:
@@ -128,6 +135,7 @@ def pooled(runs: Sequence[Measured]) -> list[Measured]:
                 hit_range=spread(hits),
                 p50_range=spread(p50),
                 p90_range=spread(p90),
+                members=tuple(ms),
             )
         )
     return out
@@ -143,7 +151,7 @@ def point_for(
 ) -> dict[str, Any]:
     """The simulation point of a measured run: two aggregated pods of the
     engines' usable blocks (vLLM's null block is not usable), the benchmark's
-    trace and lanes."""
+    trace and lanes, and the run's first visible tokens where found."""
     return {
         "model": model_fields(model),
         "gpus_per_pod": 1,
@@ -167,6 +175,7 @@ def point_for(
         "store_blocks": store_blocks if m.store else 0,
         "sessions": m.sessions,
         "seed": seed,
+        "first_visible": m.first_visible,
     }
 
 
@@ -198,16 +207,23 @@ class Compared:
 
 
 def compare(measured: Sequence[Measured], model: StepModel, store_blocks: int) -> list[Compared]:
-    """Each regime and policy measured, simulated (runs pooled)."""
+    """Each regime and policy measured, simulated (runs pooled): each run with
+    its own first visible tokens (its content differs), the figures averaged
+    as the runs' are; runs without them are one simulation."""
     out = []
     for m in pooled(measured):
-        row = run_point(point_for(m, model, store_blocks))
-        if row["requests"] != m.requests:
+        distinct = {json.dumps(r.first_visible, sort_keys=True): r for r in m.members or (m,)}
+        rows = [run_point(point_for(r, model, store_blocks)) for r in distinct.values()]
+        if rows[0]["requests"] != m.requests:
             raise ValueError(
-                f"{m.regime}, {m.label}: the simulation's trace has {row['requests']} "
+                f"{m.regime}, {m.label}: the simulation's trace has {rows[0]['requests']} "
                 f"requests, the measured run {m.requests}"
             )
-        out.append(Compared(m, row["hit_rate"], row["ttft_p50_s"], row["ttft_p90_s"]))
+        hit, p50, p90 = (
+            sum(row[key] for row in rows) / len(rows)
+            for key in ("hit_rate", "ttft_p50_s", "ttft_p90_s")
+        )
+        out.append(Compared(m, hit, p50, p90))
     return out
 
 
@@ -270,7 +286,11 @@ def table(rows: Sequence[Compared]) -> str:
 def to_json(rows: Sequence[Compared]) -> list[dict[str, Any]]:
     return [
         {
-            **asdict(c.measured),
+            **{
+                f.name: getattr(c.measured, f.name)
+                for f in fields(Measured)
+                if f.name not in ("first_visible", "members")
+            },
             "sim_hit_rate": c.hit_rate,
             "sim_ttft_p50_s": c.ttft_p50_s,
             "sim_ttft_p90_s": c.ttft_p90_s,

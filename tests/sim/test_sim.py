@@ -560,6 +560,70 @@ def test_a_decode_run_ends_where_blocks_do_not_fit_or_a_request_arrives():
     assert sum(runs[1]) > 0 and any(kind == "removed" for kind, *_ in runs[0])
 
 
+def test_the_first_text_comes_with_the_visible_token_in_runs_and_step_by_step():
+    """A request whose first tokens show no text: its ``on_visible`` comes at
+    the end of the step that computed token ``visible_index``, the same in
+    decode runs as step by step; a lone request's is its prompt step plus
+    that many decode steps."""
+
+    def play(decode_runs, visible):
+        loop = EventLoop()
+        log = []
+        engine = Engine(
+            "pod",
+            EngineSettings(kv_blocks=40, block_size=4, max_num_batched_tokens=64),
+            StepModel(step_s=0.01, token_s=0.001, seq_s=0.001, seq_ctx_s=1e-5),
+            loop,
+            lambda pod, hs: None,
+            lambda pod, hs: None,
+            decode_runs=decode_runs,
+        )
+        jobs = [
+            Job(
+                9,
+                [100 + i, 200 + i],
+                out,
+                on_first_token=lambda j, i=i: log.append(("first", i, loop.now)),
+                on_visible=lambda j, i=i: log.append(("visible", i, loop.now)),
+                on_done=lambda j, i=i: log.append(("done", i, loop.now)),
+                visible_index=k,
+            )
+            for i, (out, k) in enumerate(zip([30, 7, 19], visible))
+        ]
+        for i, job in enumerate(jobs):
+            loop.at(0.2 * i, lambda job=job: engine.submit(job))
+        loop.run()
+        return log
+
+    shown = play(True, [3, 0, 6])
+    assert shown == play(False, [3, 0, 6])
+    at = {(kind, i): t for kind, i, t in shown}
+    assert at["visible", 1] == at["first", 1]
+    assert at["first", 0] < at["visible", 0] < at["done", 0]
+    # Alone on the engine: the prompt step, then three decode steps of one sequence.
+    first = play(True, [0, 0, 0])
+    assert at["visible", 0] == pytest.approx(
+        next(t for kind, i, t in first if (kind, i) == ("visible", 0))
+        + sum(0.01 + 0.001 + 1e-5 * (9 + n) for n in range(3))
+    )
+
+
+def test_a_runs_first_visible_tokens_delay_its_ttft():
+    """``Traffic.first_visible`` (per session, each request's first token with
+    text) moves the simulated TTFT to that token; indices are checked against
+    the trace."""
+    traffic = Traffic()
+    sessions = traffic.generate()
+    every_third = tuple((s.id, tuple(2 for _ in s.iter_requests())) for s in sessions)
+    plain = Simulation(_small(kv_blocks=182), traffic).run()
+    later = Simulation(_small(kv_blocks=182), replace(traffic, first_visible=every_third)).run()
+    assert later["hit_rate"] == plain["hit_rate"]
+    assert later["ttft_p50_s"] > plain["ttft_p50_s"]
+    wrong = ((sessions[0].id, (1,)),)
+    with pytest.raises(ValueError, match="indices for"):
+        Simulation(_small(), replace(traffic, first_visible=wrong)).run()
+
+
 def test_an_agentx_file_replays_as_the_generated_trace_it_holds(tmp_path, capsys):
     from tandem.workload.trace import dump
 
