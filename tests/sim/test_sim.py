@@ -529,23 +529,34 @@ def test_decode_runs_change_nothing_but_the_work(config, traffic, monkeypatch):
     assert len(plans) < planned_each_step  # some steps were a run's
 
 
+def _decoding_engine(kv_blocks, decode_runs, kv_log=None):
+    """One engine of 4-token blocks whose decode cost grows with context;
+    its KV events go to ``kv_log`` when given."""
+    loop = EventLoop()
+
+    def logged(kind):
+        return lambda pod, hs: kv_log is not None and kv_log.append((kind, loop.now, list(hs)))
+
+    engine = Engine(
+        "pod",
+        EngineSettings(kv_blocks=kv_blocks, block_size=4, max_num_batched_tokens=64),
+        StepModel(step_s=0.01, token_s=0.001, seq_s=0.001, seq_ctx_s=1e-5),
+        loop,
+        logged("stored"),
+        logged("removed"),
+        decode_runs=decode_runs,
+    )
+    return loop, engine
+
+
 def test_a_decode_run_ends_where_blocks_do_not_fit_or_a_request_arrives():
     """One engine, 4-token blocks: decode runs cross block boundaries,
     evict cached blocks, end at a preemption and at arrivals mid-run; the
     times, KV events and preemptions are the step-by-step engine's."""
 
     def play(decode_runs):
-        loop = EventLoop()
         log = []
-        engine = Engine(
-            "pod",
-            EngineSettings(kv_blocks=14, block_size=4, max_num_batched_tokens=64),
-            StepModel(step_s=0.01, token_s=0.001, seq_s=0.001, seq_ctx_s=1e-5),
-            loop,
-            lambda pod, hs: log.append(("stored", loop.now, list(hs))),
-            lambda pod, hs: log.append(("removed", loop.now, list(hs))),
-            decode_runs=decode_runs,
-        )
+        loop, engine = _decoding_engine(14, decode_runs, log)
         jobs = [
             Job(9, [100 + i, 200 + i], out, on_done=lambda j: log.append(("done", loop.now)))
             for i, out in enumerate([30, 7, 19, 12, 25])
@@ -567,17 +578,8 @@ def test_the_first_text_comes_with_the_visible_token_in_runs_and_step_by_step():
     that many decode steps."""
 
     def play(decode_runs, visible):
-        loop = EventLoop()
         log = []
-        engine = Engine(
-            "pod",
-            EngineSettings(kv_blocks=40, block_size=4, max_num_batched_tokens=64),
-            StepModel(step_s=0.01, token_s=0.001, seq_s=0.001, seq_ctx_s=1e-5),
-            loop,
-            lambda pod, hs: None,
-            lambda pod, hs: None,
-            decode_runs=decode_runs,
-        )
+        loop, engine = _decoding_engine(40, decode_runs)
         jobs = [
             Job(
                 9,
