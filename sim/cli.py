@@ -100,6 +100,12 @@ def add_common(p: argparse.ArgumentParser, sweep: bool = False, step_model: bool
         "--long-prefill-threshold", type=int, default=0, help="per-request chunk cap (0: off)"
     )
     g.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="engines without vLLM's asynchronous scheduling (its default): then a request "
+        "that arrives during a step joins the next one, not the one after",
+    )
+    g.add_argument(
         "--step-by-step",
         action="store_true",
         help="plan every engine step over its whole batch instead of stepping batches of "
@@ -190,6 +196,7 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "max_num_seqs": a.max_num_seqs,
         "long_prefill_threshold": a.long_prefill_threshold,
         "decode_runs": not a.step_by_step,
+        "async_scheduling": not a.no_async_scheduling,
         "link_gbps": a.link_gbps,
         "link_latency_ms": a.link_latency_ms,
         "store_gbps": a.store_gbps,

@@ -7,6 +7,10 @@ What it keeps of vLLM's behaviour:
   left of ``max_num_batched_tokens`` on prompt chunks, first-come first-served
   (chunked prefill); ``long_prefill_threshold`` caps one request's chunk in a
   step it shares with other work (vLLM lifts the cap for a lone request).
+* Asynchronous scheduling (vLLM's default; ``async_scheduling``): the step
+  after a busy one is planned as that one starts, so a request that arrives
+  during a step of an engine with requests running is first scheduled in the
+  step after the next; an engine with nothing running schedules it at once.
 * A request is admitted when the blocks of its whole prompt fit (vLLM's
   ``scheduler_reserve_full_isl``): the longest cached prefix of its
   full-block hashes is reused (capped at ``(n - 1) // block_size`` blocks)
@@ -150,6 +154,7 @@ class Job:
     done_tokens: int = 0
     generated: int = 0
     ready_at: float = 0.0
+    submitted_at: float = 0.0
     prompt_done: bool = False
     first_token_sent: bool = False
     visible_sent: bool = False
@@ -183,6 +188,10 @@ class EngineSettings:
     max_num_seqs: int = 256
     long_prefill_threshold: int = 0  # 0: off
     block_bytes: int = 0  # bytes of one KV block (store loads, transfers)
+    # vLLM's asynchronous scheduling (its default): a step is planned when the
+    # one before it starts, so a request that arrives during a step waits for
+    # the next one too.
+    async_scheduling: bool = True
 
 
 @dataclass
@@ -224,6 +233,7 @@ class Engine:
         self.decode_runs = decode_runs
         self._run: _DecodeRun | None = None
         self._cached: list[int] = []  # blocks cached by the step being planned
+        self._step_start = self._step_end = -1.0  # the last step's
         self.busy_s = 0.0
         self.steps = 0
 
@@ -241,6 +251,7 @@ class Engine:
                 f"{self.name}: a request of {job.prompt_tokens}+{job.out_tokens} tokens needs "
                 f"{need} KV blocks, more than the pod's {self.kv.capacity}"
             )
+        job.submitted_at = self.loop.now
         self.waiting.append(job)
         self._kick()
 
@@ -270,6 +281,7 @@ class Engine:
             return
         chunks, decodes, dt = plan
         cached, self._cached = self._cached, []
+        self._step_start = now
         self._busy = True
         self.busy_s += dt
         self.steps += 1
@@ -321,6 +333,7 @@ class Engine:
                     self._removed(self.name, evicted)
                 job.anonymous += 1
         dt = self.model.step([], run.batch, run.context)
+        self._step_start = self.loop.now
         self._busy = True
         self.busy_s += dt
         self.steps += 1
@@ -329,6 +342,7 @@ class Engine:
 
     def _finish_run_step(self) -> None:
         self._busy = False
+        self._step_end = self.loop.now
         run = self._run
         assert run is not None
         if run.step == run.last:  # a request's last token: the step-by-step finish
@@ -406,6 +420,12 @@ class Engine:
                 i += 1
                 continue
             break  # the job itself was preempted: the newest are gone
+        # Asynchronous scheduling: a step that continues the work of the one
+        # before it was planned as that one started, so only requests that had
+        # come by then are in it (an engine with nothing running plans at once).
+        arrived_by = now
+        if self.s.async_scheduling and self.running and now == self._step_end:
+            arrived_by = self._step_start
         # vLLM schedules no waiting request in a step that preempted one.
         while (
             not preempted
@@ -414,6 +434,8 @@ class Engine:
             and len(self.running) < self.s.max_num_seqs
         ):
             job = self.waiting[0]
+            if job.submitted_at > arrived_by:
+                break
             first = self._admit(job, now, budget, busy)
             if first is None:
                 break  # first come, first served: the head waits for blocks
@@ -493,6 +515,7 @@ class Engine:
     ) -> None:
         """The step's end: its KV events (the blocks it cached), its tokens."""
         self._busy = False
+        self._step_end = self.loop.now
         if cached:
             self._stored(self.name, cached)
         for job, n in chunks:

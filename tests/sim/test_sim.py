@@ -513,8 +513,15 @@ def _played(config, traffic):
             _small("round-robin", kv_blocks=25, aggregated=4, store=StoreTier(20, 1e9, 0.002)),
             Traffic(sessions=16, concurrency=0),
         ),
+        (
+            replace(
+                _small(kv_blocks=24),
+                engine=replace(_small(kv_blocks=24).engine, async_scheduling=False),
+            ),
+            Traffic(),
+        ),
     ],
-    ids=["tight-kv", "ample-kv", "p-d", "store"],
+    ids=["tight-kv", "ample-kv", "p-d", "store", "synchronous"],
 )
 def test_decode_runs_change_nothing_but_the_work(config, traffic, monkeypatch):
     """Batches of only decodes stepped as runs give the step-by-step engine's
@@ -569,6 +576,46 @@ def test_a_decode_run_ends_where_blocks_do_not_fit_or_a_request_arrives():
     runs = play(True)
     assert runs == play(False)
     assert sum(runs[1]) > 0 and any(kind == "removed" for kind, *_ in runs[0])
+
+
+@pytest.mark.parametrize("decode_runs", [True, False])
+def test_asynchronous_scheduling_puts_an_arrival_during_a_step_into_the_step_after_next(
+    decode_runs,
+):
+    """vLLM plans a busy engine's next step as the current one starts: a
+    request arriving mid-step is first scheduled one step later than with
+    synchronous scheduling; on an idle engine it starts at once either way."""
+
+    def first_token_at(async_scheduling, arrival):
+        loop = EventLoop()
+        engine = Engine(
+            "pod",
+            EngineSettings(
+                kv_blocks=40,
+                block_size=4,
+                max_num_batched_tokens=64,
+                async_scheduling=async_scheduling,
+            ),
+            StepModel(step_s=0.01, token_s=0.001, seq_s=0.001),
+            loop,
+            lambda pod, hs: None,
+            lambda pod, hs: None,
+            decode_runs=decode_runs,
+        )
+        seen = {}
+        engine.submit(Job(8, [1, 2], 20, on_first_token=lambda j: seen.setdefault("busy", 0)))
+        late = Job(8, [3, 4], 2, on_first_token=lambda j: seen.setdefault("late", loop.now))
+        loop.at(arrival, lambda: engine.submit(late))
+        loop.run()
+        return seen["late"]
+
+    # The first request's prompt step ends at 0.018 s, then decode steps of 0.011 s.
+    mid_step = 0.025
+    step = 0.011
+    sync, asynchronous = first_token_at(False, mid_step), first_token_at(True, mid_step)
+    assert asynchronous == pytest.approx(sync + step)
+    alone = 1.0  # the first request has ended: the engine is idle
+    assert first_token_at(True, alone) == pytest.approx(first_token_at(False, alone))
 
 
 def test_the_first_text_comes_with_the_visible_token_in_runs_and_step_by_step():
