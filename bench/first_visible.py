@@ -97,8 +97,8 @@ def run_prompts(run: dict[str, Any], builder: PromptBuilder) -> Prompts:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.first_visible",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("runs", nargs="+", type=Path, help="run.json files of recorded replays")
     p.add_argument(
@@ -109,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--model", default=None, help="the runs' model folder (default: bundled)")
     p.add_argument("--out", type=Path, required=True, help="JSON file of every run's indices")
-    p.add_argument("--into", type=Path, help="sim/measured.json: set the entries of these salts")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument(
+        "--into",
+        type=Path,
+        help="a sim/measured.json: each run's indices go into its entry with the run's salt",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (600)")
     a = p.parse_args(argv)
 
     runs = [json.loads(f.read_text()) for f in a.runs]
