@@ -19,13 +19,15 @@ from sim.defaults import CPU_STEP_MODEL, fitted_model, load_step_model
 # "Validation"), on the runs that had the machine to themselves, each
 # simulated with its own first visible tokens and vLLM's asynchronous
 # scheduling: the cost policy's TTFT p90 at 10 sessions (whose runs span
-# 7.4-13.2 s), put shorter than the runs, and round-robin's p50, put longer
-# at 6 and 10 sessions (a p50 between a mode of warm turns and one of turns
-# queued behind cold prompts).
+# 7.4-13.2 s), put shorter than the runs, and at 16 sessions with the store
+# (one run), put longer; round-robin's p50, put longer at 6 and 10 sessions
+# (a p50 between a mode of warm turns and one of turns queued behind cold
+# prompts).
 KNOWN_OUTSIDE = {
     ("6 sessions, 64 blocks", "round-robin", "p50"): 0.55,
     ("10 sessions, 64 blocks", "cost", "p90"): 0.4,
     ("10 sessions, 64 blocks", "round-robin", "p50"): 0.8,
+    ("16 sessions, 50 blocks, store", "cost", "p90"): 0.4,
 }
 # Hit rates outside the 3 points, with how far they may be: none today.
 KNOWN_HIT_OUTSIDE: dict[tuple[str, str], float] = {}
@@ -83,7 +85,7 @@ def test_cli_validate_prints_the_table(capsys):
 
 # Hit rates of the 6-16-session regimes within 3 points, per step model, today
 # (sim/README.md, "Validation").
-HITS_WITHIN = {"default": 9, "hand-written": 8, "term by term": 7}
+HITS_WITHIN = {"default": 11, "hand-written": 10, "term by term": 9}
 
 
 def test_each_step_model_keeps_its_hit_rates_within_the_bound(compared):
