@@ -25,6 +25,7 @@ indices into the ``sim/measured.json`` entry with its salt.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 import threading
@@ -141,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 with lock:
                     errors.append(f"{path}: {e}")
                 continue
-            counts: dict[int, int] = {}
-            for k in (k for ks in indices.values() for k in ks):
-                counts[k] = counts.get(k, 0) + 1
+            counts = collections.Counter(k for ks in indices.values() for k in ks)
             with lock:
                 results[run["replay"]["salt"]] = {
                     "run": str(path),

@@ -359,7 +359,6 @@ class Engine:
         """The run's tokens, counted: ``steps`` steps have ended."""
         for job in self.running:
             job.generated += steps
-            self._first_token(job)
         self._run = None
 
     def _grow(self, job: Job, tokens: int) -> bool:
@@ -533,7 +532,7 @@ class Engine:
                 stored = self._register(job, len(job.hashes))
                 if stored:
                     self._stored(self.name, stored)
-            self._first_token(job)
+            self._tokens_counted(job)
             if job.generated >= job.out_tokens:
                 self._finish(job)
         self._kick()
@@ -545,11 +544,11 @@ class Engine:
         if job.generated == 0:
             job.on_prompt_done(job)
             job.generated = 1  # the step that ends a prompt samples its first token
-        self._first_token(job)
+        self._tokens_counted(job)
         if job.generated >= job.out_tokens:
             self._finish(job)
 
-    def _first_token(self, job: Job) -> None:
+    def _tokens_counted(self, job: Job) -> None:
         """Tokens were counted: the first token's and the first text's callbacks, once."""
         if not job.first_token_sent:
             job.first_token_sent = True

@@ -83,7 +83,7 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
             max_num_seqs=point.get("max_num_seqs", EngineSettings.max_num_seqs),
             long_prefill_threshold=point["long_prefill_threshold"],
             block_bytes=point["block_bytes"],
-            async_scheduling=point.get("async_scheduling", True),
+            async_scheduling=point.get("async_scheduling", EngineSettings.async_scheduling),
         ),
         model=StepModel(**point["model"]),
         store=store,

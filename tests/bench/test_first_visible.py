@@ -9,7 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from bench.first_visible import first_text_index, run_prompts
-from sim.cluster import Simulation, Traffic
+from sim.cluster import ClusterConfig, Simulation, Traffic
+from sim.engine import EngineSettings
 from sim.validation import engines_model
 from tandem.workload.content import PromptBuilder
 from tandem.workload.generate import generate, params_dict, params_for
@@ -79,11 +80,5 @@ def test_a_runs_prompts_come_per_session_in_the_order_the_simulator_reads_them(m
         assert all(n == 7 for _, n in prompts[s.id])
     indices = tuple((sid, tuple(1 for _ in ps)) for sid, ps in prompts.items())
     traffic = Traffic(sessions=3, turns_median=4, first_visible=indices)
-    assert Simulation(_config(), traffic).run()["requests"] == len(run["records"])
-
-
-def _config():
-    from sim.cluster import ClusterConfig
-    from sim.engine import EngineSettings
-
-    return ClusterConfig(engine=EngineSettings(kv_blocks=182), model=engines_model())
+    config = ClusterConfig(engine=EngineSettings(kv_blocks=182), model=engines_model())
+    assert Simulation(config, traffic).run()["requests"] == len(run["records"])

@@ -13,6 +13,7 @@ import pytest
 
 from sim import validation
 from sim.cli import main as sim_main
+from sim.cluster import Traffic
 from sim.defaults import CPU_STEP_MODEL, fitted_model, load_step_model
 
 # Outside the bounds today, each with how far it may be (sim/README.md,
@@ -144,8 +145,6 @@ def test_each_run_of_a_pool_is_simulated_with_its_own_first_visible_tokens(tmp_p
     """Runs of one regime differ in content (each its salt), so in which of
     their requests' first tokens show text: each is simulated with its own
     indices and the pool's simulated figures are their mean."""
-    from sim.cluster import Traffic
-
     sessions = Traffic(sessions=6, turns_median=4).generate()
 
     def indices(k):
