@@ -78,6 +78,17 @@ def add_step_model(g: argparse._ActionsContainer) -> None:
     )
 
 
+def add_shared_core(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--shared-core-s",
+        type=float,
+        default=0.0,
+        help="core time other processes take from an engine per request, where they share "
+        "its cores (the validation runs' router, client and vLLM's scheduler processes; "
+        'sim/README.md, "Validation"): added to the step that admits the request',
+    )
+
+
 def add_common(p: argparse.ArgumentParser, sweep: bool = False, step_model: bool = True) -> None:
     g = p.add_argument_group("engines")
     g.add_argument("--profiles", type=Path, default=CPU_PROFILES, help="engine profiles (YAML)")
@@ -105,6 +116,7 @@ def add_common(p: argparse.ArgumentParser, sweep: bool = False, step_model: bool
         help="engines without vLLM's asynchronous scheduling (its default): then a request "
         "that arrives during a step joins the next one, not the one after",
     )
+    add_shared_core(g)
     g.add_argument(
         "--step-by-step",
         action="store_true",
@@ -197,6 +209,7 @@ def base_point(a: argparse.Namespace) -> dict[str, Any]:
         "long_prefill_threshold": a.long_prefill_threshold,
         "decode_runs": not a.step_by_step,
         "async_scheduling": not a.no_async_scheduling,
+        "shared_core_s": a.shared_core_s,
         "link_gbps": a.link_gbps,
         "link_latency_ms": a.link_latency_ms,
         "store_gbps": a.store_gbps,
@@ -271,10 +284,12 @@ def cmd_validate(a: argparse.Namespace) -> int:
         on = [m for m in measured if (m.sessions, m.kv_blocks) == (sessions, blocks)]
         if not on:
             raise ValueError(f"no measured run of {sessions} sessions and {blocks} blocks")
-        prefill, decode = validation.calibrate(on, model, a.store_blocks)
+        prefill, decode = validation.calibrate(
+            on, model, a.store_blocks, shared_core_s=a.shared_core_s
+        )
         print(f"calibrated on {on[0].regime}: prefill {prefill:.2f}x, decode {decode:.2f}x slower")
         model = validation.slowed(model, prefill, decode)
-    rows = validation.compare(measured, model, a.store_blocks)
+    rows = validation.compare(measured, model, a.store_blocks, a.shared_core_s)
     print(json.dumps(validation.to_json(rows), indent=1) if a.json else validation.table(rows))
     return 0
 
@@ -398,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{CPU_STEP_MODEL.name})",
     )
     add_step_model(val)
+    add_shared_core(val)
     val.add_argument(
         "--store-blocks",
         type=int,

@@ -11,6 +11,10 @@ What it keeps of vLLM's behaviour:
   after a busy one is planned as that one starts, so a request that arrives
   during a step of an engine with requests running is first scheduled in the
   step after the next; an engine with nothing running schedules it at once.
+* ``shared_core_s``: core time the processes around an engine take from it
+  per prompt it computes in a step, where they share its cores (on the
+  validation machine: the router, the replay client, vLLM's scheduler and
+  front-end processes); 0 where they have CPUs of their own.
 * A request is admitted when the blocks of its whole prompt fit (vLLM's
   ``scheduler_reserve_full_isl``): the longest cached prefix of its
   full-block hashes is reused (capped at ``(n - 1) // block_size`` blocks)
@@ -192,6 +196,9 @@ class EngineSettings:
     # one before it starts, so a request that arrives during a step waits for
     # the next one too.
     async_scheduling: bool = True
+    # Core time other processes on the engine's cores take from a step, per
+    # prompt it computes (see the module docstring).
+    shared_core_s: float = 0.0
 
 
 @dataclass
@@ -453,7 +460,7 @@ class Engine:
             return None
         context = sum(j.kv_tokens() for j in decodes)
         dt = self.model.step([(n, j.done_tokens) for j, n in chunks], len(decodes), context)
-        return chunks, decodes, dt
+        return chunks, decodes, dt + len(chunks) * self.s.shared_core_s
 
     def _chunk(self, job: Job, budget: int, shared: bool) -> int:
         n = min(job.todo, budget)

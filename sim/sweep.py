@@ -84,6 +84,7 @@ def point_config(point: dict[str, Any]) -> tuple[ClusterConfig, Traffic]:
             long_prefill_threshold=point["long_prefill_threshold"],
             block_bytes=point["block_bytes"],
             async_scheduling=point.get("async_scheduling", EngineSettings.async_scheduling),
+            shared_core_s=point.get("shared_core_s", EngineSettings.shared_core_s),
         ),
         model=StepModel(**point["model"]),
         store=store,

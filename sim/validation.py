@@ -148,6 +148,7 @@ def point_for(
     think_scale: float = 0.2,
     turns_median: float = 4.0,
     seed: int = 0,
+    shared_core_s: float = 0.0,
 ) -> dict[str, Any]:
     """The simulation point of a measured run: two aggregated pods of the
     engines' usable blocks (vLLM's null block is not usable), the benchmark's
@@ -176,6 +177,7 @@ def point_for(
         "sessions": m.sessions,
         "seed": seed,
         "first_visible": m.first_visible,
+        "shared_core_s": shared_core_s,
     }
 
 
@@ -206,14 +208,20 @@ class Compared:
         )
 
 
-def compare(measured: Sequence[Measured], model: StepModel, store_blocks: int) -> list[Compared]:
+def compare(
+    measured: Sequence[Measured], model: StepModel, store_blocks: int, shared_core_s: float = 0.0
+) -> list[Compared]:
     """Each regime and policy measured, simulated (runs pooled): each run with
     its own first visible tokens (its content differs), the figures averaged
-    as the runs' are; runs without them are one simulation."""
+    as the runs' are; runs without them are one simulation. ``shared_core_s``:
+    the core time the processes around the engines take per prompt in a step."""
     out = []
     for m in pooled(measured):
         distinct = {json.dumps(r.first_visible, sort_keys=True): r for r in m.members or (m,)}
-        rows = [run_point(point_for(r, model, store_blocks)) for r in distinct.values()]
+        rows = [
+            run_point(point_for(r, model, store_blocks, shared_core_s=shared_core_s))
+            for r in distinct.values()
+        ]
         if rows[0]["requests"] != m.requests:
             raise ValueError(
                 f"{m.regime}, {m.label}: the simulation's trace has {rows[0]['requests']} "
@@ -322,13 +330,14 @@ def calibrate(
     model: StepModel,
     store_blocks: int,
     factors: Sequence[float] = FACTORS,
+    shared_core_s: float = 0.0,
 ) -> tuple[float, float]:
     """The (prefill, decode) slow-downs of ``model`` that best reproduce the
     measured runs' TTFT p50 and p90 (least squares of the log ratios): the
     engines' speed on the machine as it was loaded when they ran."""
 
     def error(pair: tuple[float, float]) -> float:
-        rows = compare(measured, slowed(model, *pair), store_blocks)
+        rows = compare(measured, slowed(model, *pair), store_blocks, shared_core_s)
         ratios = [r for c in rows for r in (c.p50_ratio, c.p90_ratio) if r is not None]
         return sum(math.log(r) ** 2 for r in ratios)
 

@@ -729,3 +729,45 @@ def test_a_scaled_profile_runs_at_k_times_the_rate():
     assert double.config.gpus_per_replica == 2
     assert double.points[0].request_rate == pytest.approx(2 * prefill.points[0].request_rate)
     assert double.points[0].ttft_p90_s == pytest.approx(prefill.points[0].ttft_p90_s / 2)
+
+
+@pytest.mark.parametrize("decode_runs", [True, False])
+def test_shared_cores_lengthen_each_step_by_the_prompts_it_computes(decode_runs):
+    """``shared_core_s``: a step that computes a prompt is longer by that
+    much; a step of decodes alone is not, in runs and step by step."""
+
+    def times(shared_core_s):
+        loop = EventLoop()
+        engine = Engine(
+            "pod",
+            EngineSettings(
+                kv_blocks=40, block_size=4, max_num_batched_tokens=64, shared_core_s=shared_core_s
+            ),
+            StepModel(step_s=0.01, token_s=0.001, seq_s=0.001),
+            loop,
+            lambda pod, hs: None,
+            lambda pod, hs: None,
+            decode_runs=decode_runs,
+        )
+        seen = {}
+
+        def job(name, hashes, out):
+            return Job(
+                8,
+                hashes,
+                out,
+                on_first_token=lambda j: seen.setdefault(f"{name} first", loop.now),
+                on_done=lambda j: seen.setdefault(f"{name} done", loop.now),
+            )
+
+        engine.submit(job("a", [1, 2], 5))
+        engine.submit(job("b", [3, 4], 5))
+        loop.run()
+        return seen
+
+    plain, shared = times(0.0), times(0.25)
+    # The idle engine starts a's prompt at once, b's in the next step (with
+    # a's first decode): each 0.25 s longer; the decode steps after them not.
+    assert shared["a first"] == pytest.approx(plain["a first"] + 0.25)
+    for name in ("b first", "a done", "b done"):
+        assert shared[name] == pytest.approx(plain[name] + 0.5)
