@@ -392,6 +392,16 @@ def test_cli_run_prints_a_row_and_refuses_bad_pods(capsys):
     assert "xPyD" in capsys.readouterr().err
 
 
+def test_cli_run_charges_shared_cores_to_prompt_steps(capsys):
+    rows = []
+    for flags in ([], ["--shared-core-s", "0.5"]):
+        assert sim_main(["run", "--kv-blocks", "64", "--json", *flags]) == 0
+        rows.append(json.loads(capsys.readouterr().out))
+    plain, shared = rows
+    assert shared["requests"] == plain["requests"]
+    assert shared["ttft_p50_s"] >= plain["ttft_p50_s"] + 0.5
+
+
 def test_a_request_that_cannot_grow_preempts_the_newest_and_it_recomputes():
     """vLLM's recompute preemption: with 4 blocks of 4 tokens, two requests of
     6-token prompts and 6 output tokens cannot both finish in KV; the newer
