@@ -235,17 +235,39 @@ def compare(
     return out
 
 
-def rankings(rows: Sequence[Compared]) -> dict[str, tuple[list[str], list[str]]]:
-    """Per regime with two or more measured TTFTs, the policies by TTFT p90
-    (best first): (measured, simulated)."""
+@dataclass(frozen=True)
+class Ranking:
+    """A regime's policies by TTFT p90, best first, measured and simulated,
+    and the pairs the simulation puts the other way round although the runs
+    tell them apart (their p90 ranges do not overlap)."""
+
+    measured: list[str]
+    simulated: list[str]
+    misordered: list[tuple[str, str]]
+
+
+def _apart(a: Measured, b: Measured) -> bool:
+    """The runs put ``a``'s TTFT p90 below ``b``'s: every run of ``a`` below every one of ``b``."""
+    ra = a.p90_range or (a.ttft_p90_s, a.ttft_p90_s)
+    rb = b.p90_range or (b.ttft_p90_s, b.ttft_p90_s)
+    return ra[1] is not None and rb[0] is not None and ra[1] < rb[0]
+
+
+def rankings(rows: Sequence[Compared]) -> dict[str, Ranking]:
+    """Per regime with two or more measured TTFTs, the policies by TTFT p90."""
     by_regime: dict[str, list[Compared]] = {}
     for c in rows:
         if c.measured.ttft_p90_s is not None:
             by_regime.setdefault(c.measured.regime, []).append(c)
     return {
-        regime: (
+        regime: Ranking(
             [c.measured.label for c in sorted(cs, key=lambda c: c.measured.ttft_p90_s or 0.0)],
             [c.measured.label for c in sorted(cs, key=lambda c: c.ttft_p90_s)],
+            [
+                (a.measured.label, b.measured.label)
+                for a, b in itertools.permutations(cs, 2)
+                if _apart(a.measured, b.measured) and a.ttft_p90_s > b.ttft_p90_s
+            ],
         )
         for regime, cs in by_regime.items()
         if len(cs) > 1
@@ -282,11 +304,16 @@ def table(rows: Sequence[Compared]) -> str:
             f"| {c.hit_off_points:+.1f} pt, {ratio(c.p50_ratio)}, {ratio(c.p90_ratio)}"
             f"{'' if c.within() else ' (outside)'} |"
         )
-    for regime, (measured, simulated) in rankings(rows).items():
-        same = "same" if measured == simulated else "DIFFERENT"
+    for regime, r in rankings(rows).items():
+        if r.misordered:
+            same = "DIFFERENT: " + ", ".join(f"{a} < {b} in every run" for a, b in r.misordered)
+        elif r.measured != r.simulated:
+            same = "different only where the runs' p90 ranges overlap"
+        else:
+            same = "same"
         lines.append(
-            f"\n{regime}: TTFT p90 order measured {' < '.join(measured)}, "
-            f"simulated {' < '.join(simulated)} ({same})"
+            f"\n{regime}: TTFT p90 order measured {' < '.join(r.measured)}, "
+            f"simulated {' < '.join(r.simulated)} ({same})"
         )
     return "\n".join(lines)
 

@@ -19,15 +19,12 @@ from sim.defaults import CPU_STEP_MODEL, fitted_model, load_step_model
 # Outside the bounds today, each with how far it may be (sim/README.md,
 # "Validation"), on the runs that had the machine to themselves, each
 # simulated with its own first visible tokens and vLLM's asynchronous
-# scheduling: the cost policy's TTFT p90 at 10 sessions (whose runs span
-# 7.4-13.2 s), put shorter than the runs, and at 16 sessions with the store
-# (one run), put longer; round-robin's p50, put longer at 6 and 10 sessions
-# (a p50 between a mode of warm turns and one of turns queued behind cold
-# prompts).
+# scheduling: the cost policy's TTFT p90 at 16 sessions with the store, put
+# longer than its three runs (16.6-20.3 s), and round-robin's p50 at 6
+# sessions, put longer (a p50 between a mode of warm turns and one of turns
+# queued behind cold prompts).
 KNOWN_OUTSIDE = {
     ("6 sessions, 64 blocks", "round-robin", "p50"): 0.55,
-    ("10 sessions, 64 blocks", "cost", "p90"): 0.4,
-    ("10 sessions, 64 blocks", "round-robin", "p50"): 0.8,
     ("16 sessions, 50 blocks, store", "cost", "p90"): 0.4,
 }
 # Hit rates outside the 3 points, with how far they may be: none today.
@@ -56,8 +53,9 @@ def test_ttft_within_a_quarter(compared):
 
 
 def test_policies_keep_their_measured_order(compared):
-    for regime, (measured, simulated) in validation.rankings(compared).items():
-        assert measured == simulated, regime
+    # TTFT p90: every two policies of a regime whose runs do not overlap.
+    for regime, ranking in validation.rankings(compared).items():
+        assert not ranking.misordered, (regime, ranking)
     # Hit rates: every two runs of a regime that the measurement tells apart
     # (more than the bound between them) in the same order in simulation.
     for a, b in itertools.combinations(compared, 2):
@@ -66,6 +64,36 @@ def test_policies_keep_their_measured_order(compared):
         gap = 100 * (a.measured.hit_rate - b.measured.hit_rate)
         if abs(gap) > validation.HIT_POINTS:
             assert (a.hit_rate - b.hit_rate) * gap > 0, (a.measured, b.measured)
+
+
+def test_an_order_is_held_only_where_the_runs_tell_the_policies_apart():
+    def row(policy, p90_range, simulated_p90):
+        m = validation.Measured(
+            16,
+            16,
+            50,
+            True,
+            policy,
+            153,
+            0.86,
+            7.0,
+            sum(p90_range) / 2,
+            "run",
+            runs=2,
+            p90_range=p90_range,
+        )
+        return validation.Compared(m, 0.86, 7.0, simulated_p90)
+
+    overlapping = [row("cost", (16.6, 19.2), 25.0), row("round-robin", (17.9, 25.9), 21.5)]
+    (ranking,) = validation.rankings(overlapping).values()
+    assert ranking.measured == ["cost", "round-robin"]
+    assert ranking.simulated == ["round-robin", "cost"]
+    assert ranking.misordered == []
+    assert "different only where the runs' p90 ranges overlap" in validation.table(overlapping)
+    apart = [row("cost", (16.6, 17.0), 25.0), row("round-robin", (17.9, 25.9), 21.5)]
+    (ranking,) = validation.rankings(apart).values()
+    assert ranking.misordered == [("cost", "round-robin")]
+    assert "DIFFERENT: cost < round-robin in every run" in validation.table(apart)
 
 
 def test_calibration_finds_the_profiles_speed_on_the_runs_they_match():
@@ -86,7 +114,7 @@ def test_cli_validate_prints_the_table(capsys):
 
 # Hit rates of the 6-16-session regimes within 3 points, per step model, today
 # (sim/README.md, "Validation").
-HITS_WITHIN = {"default": 11, "hand-written": 10, "term by term": 9}
+HITS_WITHIN = {"default": 11, "hand-written": 10, "term by term": 10}
 
 
 def test_each_step_model_keeps_its_hit_rates_within_the_bound(compared):
