@@ -588,6 +588,21 @@ def test_a_decode_run_ends_where_blocks_do_not_fit_or_a_request_arrives():
     assert sum(runs[1]) > 0 and any(kind == "removed" for kind, *_ in runs[0])
 
 
+def _plain_engine(decode_runs, **settings):
+    """One engine of 40 4-token blocks whose steps cost no context."""
+    loop = EventLoop()
+    engine = Engine(
+        "pod",
+        EngineSettings(kv_blocks=40, block_size=4, max_num_batched_tokens=64, **settings),
+        StepModel(step_s=0.01, token_s=0.001, seq_s=0.001),
+        loop,
+        lambda pod, hs: None,
+        lambda pod, hs: None,
+        decode_runs=decode_runs,
+    )
+    return loop, engine
+
+
 @pytest.mark.parametrize("decode_runs", [True, False])
 def test_asynchronous_scheduling_puts_an_arrival_during_a_step_into_the_step_after_next(
     decode_runs,
@@ -597,21 +612,7 @@ def test_asynchronous_scheduling_puts_an_arrival_during_a_step_into_the_step_aft
     synchronous scheduling; on an idle engine it starts at once either way."""
 
     def first_token_at(async_scheduling, arrival):
-        loop = EventLoop()
-        engine = Engine(
-            "pod",
-            EngineSettings(
-                kv_blocks=40,
-                block_size=4,
-                max_num_batched_tokens=64,
-                async_scheduling=async_scheduling,
-            ),
-            StepModel(step_s=0.01, token_s=0.001, seq_s=0.001),
-            loop,
-            lambda pod, hs: None,
-            lambda pod, hs: None,
-            decode_runs=decode_runs,
-        )
+        loop, engine = _plain_engine(decode_runs, async_scheduling=async_scheduling)
         seen = {}
         engine.submit(Job(8, [1, 2], 20, on_first_token=lambda j: seen.setdefault("busy", 0)))
         late = Job(8, [3, 4], 2, on_first_token=lambda j: seen.setdefault("late", loop.now))
@@ -747,18 +748,7 @@ def test_shared_cores_lengthen_each_step_by_the_prompts_it_computes(decode_runs)
     much; a step of decodes alone is not, in runs and step by step."""
 
     def times(shared_core_s):
-        loop = EventLoop()
-        engine = Engine(
-            "pod",
-            EngineSettings(
-                kv_blocks=40, block_size=4, max_num_batched_tokens=64, shared_core_s=shared_core_s
-            ),
-            StepModel(step_s=0.01, token_s=0.001, seq_s=0.001),
-            loop,
-            lambda pod, hs: None,
-            lambda pod, hs: None,
-            decode_runs=decode_runs,
-        )
+        loop, engine = _plain_engine(decode_runs, shared_core_s=shared_core_s)
         seen = {}
 
         def job(name, hashes, out):
