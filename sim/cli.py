@@ -83,9 +83,9 @@ def add_shared_core(g: argparse._ActionsContainer) -> None:
         "--shared-core-s",
         type=float,
         default=0.0,
-        help="core time other processes take from an engine per request, where they share "
-        "its cores (the validation runs' router, client and vLLM's scheduler processes; "
-        'sim/README.md, "Validation"): added to the step that admits the request',
+        help="core time other processes take from an engine's step per prompt it computes, "
+        "where they share its cores (the validation runs' router, client and vLLM's "
+        'scheduler processes; sim/README.md, "Validation")',
     )
 
 
