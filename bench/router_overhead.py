@@ -11,7 +11,12 @@ its own cost. Two measurements per router, in one run:
   router, interleaved with the same requests sent straight to its backend (the
   direct path: HTTP for the HTTP routers, gRPC Generate for Tandem's). Added
   TTFT and end-to-end p50/p99 = percentile through the router minus the same
-  percentile direct.
+  percentile direct. A closed loop by default (``--concurrency`` clients, each
+  sending its next request when the last one ends); ``--arrival-rate`` sends
+  them at random times instead (an open loop, Poisson arrivals). Under
+  ``--engine-steps`` a closed loop's requests end together at a step and the
+  next arrive together, so a router's delay costs nothing until a request
+  misses its step, then a whole step; random arrivals show the delay itself.
 * **Max request rate on one core**: a closed loop at high concurrency for
   ``--duration`` seconds with the router pinned to one CPU (sched_setaffinity)
   and the backend and the client on the others. Requests per second completed,
@@ -40,6 +45,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sys
 import time
 import uuid
@@ -320,6 +326,14 @@ def chat_body(tokens: int, fields: dict | None = None) -> bytes:
     ).encode()
 
 
+def latency_load(config: dict[str, Any]) -> str:
+    """How the latency test sent its requests, for the report."""
+    rate = config.get("arrival_rate") or 0
+    if rate > 0:
+        return f"at random times, {rate:g} a second over both paths"
+    return f"at concurrency {config['concurrency']}"
+
+
 def parse_sse_line(line: bytes) -> tuple[bool, int]:
     """(is [DONE], output tokens in this line) for one line of an SSE stream."""
     data = sse_data(line)
@@ -456,11 +470,12 @@ async def wait_serving(target, deadline: float, proc: Proc | None = None) -> Non
 
 
 async def latency_phase(
-    routed, direct, requests: int, concurrency: int, warmup: int
+    routed, direct, requests: int, concurrency: int, warmup: int, arrival_rate: float = 0.0
 ) -> tuple[list[Sample], list[Sample]]:
     """`requests` through the router and as many direct, interleaved (routed,
-    direct, routed, ...) and served by `concurrency` workers, so both paths
-    see the same machine at the same time."""
+    direct, routed, ...) so both paths see the same machine at the same time:
+    served by `concurrency` workers, or, with `arrival_rate` (requests a
+    second, both paths together), each started at Poisson arrival times."""
     for _ in range(warmup):
         await routed.one()
         await direct.one()
@@ -470,14 +485,26 @@ async def latency_phase(
         jobs.put_nowait("direct")
     out: dict[str, list[Sample]] = {"routed": [], "direct": []}
 
+    async def send(path: str) -> None:
+        target = routed if path == "routed" else direct
+        out[path].append(await target.one())
+
+    if arrival_rate > 0:
+        gaps = random.Random(0)  # the same arrival times for every router
+        started = []
+        while not jobs.empty():
+            started.append(asyncio.ensure_future(send(jobs.get_nowait())))
+            await asyncio.sleep(gaps.expovariate(arrival_rate))
+        await asyncio.gather(*started)
+        return out["routed"], out["direct"]
+
     async def worker() -> None:
         while True:
             try:
                 path = jobs.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            target = routed if path == "routed" else direct
-            out[path].append(await target.one())
+            await send(path)
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
     return out["routed"], out["direct"]
@@ -572,6 +599,7 @@ class Config:
     routers: list[str]
     requests: int = 500
     concurrency: int = 4
+    arrival_rate: float = 0.0  # latency test: Poisson arrivals a second; 0 = closed loop
     rate_concurrency: int = 128
     duration_s: float = 15.0
     warmup_s: float = 2.0
@@ -746,7 +774,12 @@ class Bench:
                 try:
                     await wait_serving(routed, self._deadline(), proc)
                     return await latency_phase(
-                        routed, direct, c.requests, c.concurrency, warmup=min(10, c.requests)
+                        routed,
+                        direct,
+                        c.requests,
+                        c.concurrency,
+                        warmup=min(10, c.requests),
+                        arrival_rate=c.arrival_rate,
                     )
                 finally:
                     await routed.close()
@@ -759,7 +792,7 @@ class Bench:
                 if v - seen_before.get(k, 0) > 0 and not k.endswith("/_fake/paths")
             }
             print(
-                f"[{spec.name}] latency: {c.requests} requests at concurrency {c.concurrency} ...",
+                f"[{spec.name}] latency: {c.requests} requests, {latency_load(asdict(c))} ...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -870,8 +903,8 @@ def render(report: dict[str, Any]) -> str:
             else ""
         ),
         "",
-        f"Added latency: {c['requests']} streaming chat requests per router at concurrency "
-        f"{c['concurrency']}, interleaved with as many straight to its backend "
+        f"Added latency: {c['requests']} streaming chat requests per router, "
+        f"{latency_load(c)}, interleaved with as many straight to its backend "
         f"(HTTP for vllm-router/sglang-router, gRPC Generate for Tandem); "
         f"added = router percentile − direct percentile.",
         f"Max req/s: closed loop, concurrency {c['rate_concurrency']}, {c['duration_s']:g} s "
@@ -945,6 +978,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=Config.concurrency,
         help="concurrent requests in the latency test",
+    )
+    p.add_argument(
+        "--arrival-rate",
+        type=float,
+        default=Config.arrival_rate,
+        help="latency test: send requests at random (Poisson) times, this many a second "
+        "over both paths, instead of --concurrency clients back to back",
     )
     p.add_argument(
         "--rate-concurrency",
@@ -1038,12 +1078,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     ):
         if value < 1:
             raise SystemExit(f"{name} must be at least 1")
+    if args.arrival_rate < 0:
+        raise SystemExit("--arrival-rate must not be negative")
     if args.duration <= 0 or args.warmup < 0:
         raise SystemExit("--duration must be positive and --warmup not negative")
     return Config(
         routers=routers,
         requests=args.requests,
         concurrency=args.concurrency,
+        arrival_rate=args.arrival_rate,
         rate_concurrency=args.rate_concurrency,
         duration_s=args.duration,
         warmup_s=args.warmup,

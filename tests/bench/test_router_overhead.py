@@ -263,6 +263,46 @@ async def test_latency_phase_runs_both_paths_equally():
     assert routed.calls == direct.calls == 14
 
 
+class CountingTarget(FixedTarget):
+    """Records the most requests in flight at once."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s)
+        self.in_flight = self.most_in_flight = 0
+
+    async def one(self) -> ro.Sample:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await super().one()
+        finally:
+            self.in_flight -= 1
+
+
+async def test_latency_phase_open_loop_does_not_wait_for_answers():
+    # 2,000 arrivals a second against 50 ms answers: ~100 in flight at once,
+    # where a closed loop would hold its concurrency (1 here)
+    routed, direct = CountingTarget(0.05), CountingTarget(0.05)
+    r, d = await ro.latency_phase(
+        routed, direct, requests=100, concurrency=1, warmup=0, arrival_rate=2000
+    )
+    assert len(r) == len(d) == 100
+    assert routed.most_in_flight > 5 and direct.most_in_flight > 5
+    assert routed.in_flight == direct.in_flight == 0
+
+
+def test_arrival_rate_in_config_and_report_text():
+    args = ro.build_parser().parse_args(["--routers", "tandem", "--arrival-rate", "80"])
+    config = ro.config_from_args(args)
+    assert config.arrival_rate == 80
+    assert ro.latency_load({"arrival_rate": 80, "concurrency": 4}) == (
+        "at random times, 80 a second over both paths"
+    )
+    assert ro.latency_load({"arrival_rate": 0, "concurrency": 4}) == "at concurrency 4"
+    with pytest.raises(SystemExit, match="--arrival-rate"):
+        ro.config_from_args(ro.build_parser().parse_args(["--arrival-rate", "-1"]))
+
+
 async def test_closed_loop_rate_and_cpu_window():
     ticks = iter([{"router": 10.0}, {"router": 10.05}])
     result = await ro.closed_loop(
