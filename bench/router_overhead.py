@@ -326,12 +326,11 @@ def chat_body(tokens: int, fields: dict | None = None) -> bytes:
     ).encode()
 
 
-def latency_load(config: dict[str, Any]) -> str:
+def latency_load(arrival_rate: float, concurrency: int) -> str:
     """How the latency test sent its requests, for the report."""
-    rate = config.get("arrival_rate") or 0
-    if rate > 0:
-        return f"at random times, {rate:g} a second over both paths"
-    return f"at concurrency {config['concurrency']}"
+    if arrival_rate > 0:
+        return f"at random times, {arrival_rate:g} a second over both paths"
+    return f"at concurrency {concurrency}"
 
 
 def parse_sse_line(line: bytes) -> tuple[bool, int]:
@@ -791,8 +790,9 @@ class Bench:
                 for k, v in seen_after.items()
                 if v - seen_before.get(k, 0) > 0 and not k.endswith("/_fake/paths")
             }
+            load = latency_load(c.arrival_rate, c.concurrency)
             print(
-                f"[{spec.name}] latency: {c.requests} requests, {latency_load(asdict(c))} ...",
+                f"[{spec.name}] latency: {c.requests} requests, {load} ...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -904,7 +904,8 @@ def render(report: dict[str, Any]) -> str:
         ),
         "",
         f"Added latency: {c['requests']} streaming chat requests per router, "
-        f"{latency_load(c)}, interleaved with as many straight to its backend "
+        f"{latency_load(c.get('arrival_rate', 0), c['concurrency'])}, "
+        "interleaved with as many straight to its backend "
         f"(HTTP for vllm-router/sglang-router, gRPC Generate for Tandem); "
         f"added = router percentile − direct percentile.",
         f"Max req/s: closed loop, concurrency {c['rate_concurrency']}, {c['duration_s']:g} s "

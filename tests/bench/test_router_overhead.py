@@ -295,10 +295,8 @@ def test_arrival_rate_in_config_and_report_text():
     args = ro.build_parser().parse_args(["--routers", "tandem", "--arrival-rate", "80"])
     config = ro.config_from_args(args)
     assert config.arrival_rate == 80
-    assert ro.latency_load({"arrival_rate": 80, "concurrency": 4}) == (
-        "at random times, 80 a second over both paths"
-    )
-    assert ro.latency_load({"arrival_rate": 0, "concurrency": 4}) == "at concurrency 4"
+    assert ro.latency_load(80, 4) == ("at random times, 80 a second over both paths")
+    assert ro.latency_load(0, 4) == "at concurrency 4"
     with pytest.raises(SystemExit, match="--arrival-rate"):
         ro.config_from_args(ro.build_parser().parse_args(["--arrival-rate", "-1"]))
 
